@@ -1,0 +1,1 @@
+"""One module per CLI subcommand: each exposes ``add_arguments(parser)`` and ``run(args) -> int``."""

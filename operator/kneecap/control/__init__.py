@@ -1,0 +1,1 @@
+"""Deciding and acting: kopf handlers, reconcile of owned objects, decision policy."""

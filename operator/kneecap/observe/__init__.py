@@ -1,0 +1,1 @@
+"""Reading the world: vLLM /metrics scraping, parsing and windowed observations."""

@@ -1,0 +1,1 @@
+"""A vLLM-compatible engine twin that shows GPU-scale behaviour on a CPU."""
