@@ -1,0 +1,213 @@
+"""Pure builders of the objects an LLMDeployment owns: one Deployment and one Service per pool.
+
+Names: ``<name>`` when colocated, ``<name>-prefill`` / ``<name>-decode`` when disaggregated
+(DESIGN §3). No I/O here; the reconcile module sends what these return.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from kneecap.control import vllm_args
+from kneecap.control.spec import GROUP, KIND, VERSION, LLMDeploymentSpec
+
+MANAGER = "kneecap"
+CONTAINER = "vllm"
+ROLE_LABEL = "kneecap.io/role"
+METRICS_URL_ANNOTATION = "kneecap.io/metrics-url"
+MAX_NUM_SEQS = "--max-num-seqs"
+GPU_MEMORY_UTILIZATION = "--gpu-memory-utilization"
+KV_CACHE_MEMORY_BYTES = "--kv-cache-memory-bytes"
+KV_TRANSFER_CONFIG = "--kv-transfer-config"
+# vLLM flags the operator owns; the rest of the argv belongs to the user (extraArgs).
+MANAGED_FLAGS = (MAX_NUM_SEQS, GPU_MEMORY_UTILIZATION, KV_CACHE_MEMORY_BYTES)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One pool of identical vLLM pods: role 'server' (colocated), 'prefill' or 'decode'."""
+
+    role: str
+    name: str
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The values the operator manages for one pool."""
+
+    max_num_seqs: int
+    gpu_memory_utilization: float
+    kv_cache_memory_bytes: int | None = None
+    replicas: int = 1
+
+
+def pools(name: str, spec: LLMDeploymentSpec) -> list[Pool]:
+    if spec.disaggregated:
+        return [Pool("prefill", f"{name}-prefill"), Pool("decode", f"{name}-decode")]
+    return [Pool("server", name)]
+
+
+def pool_bounds(spec: LLMDeploymentSpec, role: str):
+    t = spec.topology
+    return {"server": t.replicas, "prefill": t.prefill, "decode": t.decode}[role]
+
+
+def initial_settings(spec: LLMDeploymentSpec, role: str) -> EngineSettings:
+    """Start-up values: the spec's engine flags and the smallest non-zero pool size."""
+    b = pool_bounds(spec, role)
+    return EngineSettings(spec.engine.max_num_seqs, spec.engine.gpu_memory_utilization, None,
+                          replicas=b.clamp(max(b.min, 1)))
+
+
+def labels(name: str, role: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "vllm",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": role,
+        "app.kubernetes.io/managed-by": MANAGER,
+        ROLE_LABEL: role,
+    }
+
+
+def selector(name: str, role: str) -> dict[str, str]:
+    return {"app.kubernetes.io/instance": name, ROLE_LABEL: role}
+
+
+def owner_reference(owner: dict) -> dict:
+    """Controller owner reference to the LLMDeployment (what kopf.adopt sets, made explicit)."""
+    meta = owner["metadata"]
+    return {
+        "apiVersion": owner.get("apiVersion", f"{GROUP}/{VERSION}"),
+        "kind": owner.get("kind", KIND),
+        "name": meta["name"],
+        "uid": meta.get("uid", ""),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def kv_transfer_config(spec: LLMDeploymentSpec, role: str) -> str | None:
+    """vLLM --kv-transfer-config JSON: prefill produces KV, decode consumes it."""
+    if role not in ("prefill", "decode") or spec.topology.kv_transfer is None:
+        return None
+    kv_role = "kv_producer" if role == "prefill" else "kv_consumer"
+    return json.dumps({"kv_connector": spec.topology.kv_transfer.connector, "kv_role": kv_role},
+                      separators=(",", ":"))
+
+
+def vllm_argv_tail(spec: LLMDeploymentSpec, role: str, settings: EngineSettings) -> list[str]:
+    """Arguments after `vllm serve`: the model, then canonical --flag=value, then extraArgs."""
+    argv = [spec.model.name, f"--port={spec.engine.port}"]
+    if spec.model.served_model_name:
+        argv.append(f"--served-model-name={spec.model.served_model_name}")
+    argv.append(f"{MAX_NUM_SEQS}={settings.max_num_seqs}")
+    argv.append(f"{GPU_MEMORY_UTILIZATION}={settings.gpu_memory_utilization:g}")
+    if settings.kv_cache_memory_bytes is not None:
+        argv.append(f"{KV_CACHE_MEMORY_BYTES}={int(settings.kv_cache_memory_bytes)}")
+    if spec.accelerator.count > 1:
+        argv.append(f"--tensor-parallel-size={spec.accelerator.count}")
+    kv = kv_transfer_config(spec, role)
+    if kv is not None:
+        argv.append(f"{KV_TRANSFER_CONFIG}={kv}")
+    argv.extend(spec.engine.extra_args)
+    return argv
+
+
+def container(spec: LLMDeploymentSpec, role: str, settings: EngineSettings) -> dict:
+    port = spec.engine.port
+    c = {
+        "name": CONTAINER,
+        "image": spec.engine.image,
+        "command": list(spec.engine.command),
+        "args": vllm_argv_tail(spec, role, settings),
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "readinessProbe": {"httpGet": {"path": "/health", "port": port}, "periodSeconds": 5},
+    }
+    if spec.engine.env:
+        c["env"] = [dict(e) for e in spec.engine.env]
+    if spec.engine.resources:
+        c["resources"] = dict(spec.engine.resources)
+    return c
+
+
+def deployment(owner: dict, spec: LLMDeploymentSpec, pool: Pool, settings: EngineSettings) -> dict:
+    """apps/v1 Deployment for one pool."""
+    name = owner["metadata"]["name"]
+    lab = labels(name, pool.role)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": pool.name,
+            "namespace": owner["metadata"].get("namespace"),
+            "labels": lab,
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "spec": {
+            "replicas": int(settings.replicas),
+            "selector": {"matchLabels": selector(name, pool.role)},
+            "template": {
+                "metadata": {"labels": lab, "annotations": dict(spec.engine.pod_annotations)},
+                "spec": {"containers": [container(spec, pool.role, settings)]},
+            },
+        },
+    }
+
+
+def service(owner: dict, spec: LLMDeploymentSpec, pool: Pool) -> dict:
+    """v1 Service for one pool (OpenAI API and /metrics on the engine port)."""
+    name = owner["metadata"]["name"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": pool.name,
+            "namespace": owner["metadata"].get("namespace"),
+            "labels": labels(name, pool.role),
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "spec": {
+            "selector": selector(name, pool.role),
+            "ports": [{"name": "http", "port": spec.engine.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def vllm_container(deploy: dict) -> dict:
+    """The vLLM container of a Deployment (by name, else the first)."""
+    cs = deploy["spec"]["template"]["spec"]["containers"]
+    return next((c for c in cs if c.get("name") == CONTAINER), cs[0])
+
+
+def live_settings(deploy: dict, fallback: EngineSettings) -> EngineSettings:
+    """Managed values as they are live in a Deployment (fallback for flags it does not carry)."""
+    c = vllm_container(deploy)
+    mns = vllm_args.container_flag(c, MAX_NUM_SEQS)
+    gmu = vllm_args.container_flag(c, GPU_MEMORY_UTILIZATION)
+    kvb = vllm_args.container_flag(c, KV_CACHE_MEMORY_BYTES)
+    return EngineSettings(
+        max_num_seqs=int(mns) if mns is not None else fallback.max_num_seqs,
+        gpu_memory_utilization=float(gmu) if gmu is not None else fallback.gpu_memory_utilization,
+        kv_cache_memory_bytes=int(kvb) if kvb is not None else fallback.kv_cache_memory_bytes,
+        replicas=int(deploy["spec"].get("replicas", fallback.replicas)),
+    )
+
+
+def with_settings(deploy: dict, settings: EngineSettings, *, set_replicas: bool = True) -> dict:
+    """Patch body that moves a live Deployment's managed flags (and replicas) to `settings`.
+
+    Keeps the container's argv shape; only the managed flags change. Returns a merge patch.
+    """
+    cs = deploy["spec"]["template"]["spec"]["containers"]
+    idx = next((i for i, c in enumerate(cs) if c.get("name") == CONTAINER), 0)
+    c = vllm_args.set_container_flag(cs[idx], MAX_NUM_SEQS, settings.max_num_seqs)
+    c = vllm_args.set_container_flag(c, GPU_MEMORY_UTILIZATION, f"{settings.gpu_memory_utilization:g}")
+    if settings.kv_cache_memory_bytes is not None:
+        c = vllm_args.set_container_flag(c, KV_CACHE_MEMORY_BYTES, int(settings.kv_cache_memory_bytes))
+    containers = [dict(x) for x in cs]
+    containers[idx] = c
+    patch: dict = {"spec": {"template": {"spec": {"containers": containers}}}}
+    if set_replicas:
+        patch["spec"]["replicas"] = int(settings.replicas)
+    return patch

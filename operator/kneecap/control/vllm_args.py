@@ -1,0 +1,143 @@
+"""Read and write vLLM flags in a container spec, whatever shape the argv comes in.
+
+Three shapes are common (DESIGN §3):
+
+* ``args``:    ``command: [vllm, serve]`` (or no command) and the flags in ``args``;
+* ``command``: the whole argv in ``command`` (``[vllm, serve, model, --max-num-seqs, 8]``);
+* ``shell``:   one ``sh -c`` string (``command: [sh, -c, "vllm serve m --max_num_seqs 8"]``,
+  or ``command: [sh, -c]`` with the string as the single arg).
+
+Reading accepts ``--flag value``, ``--flag=value`` and underscore spellings
+(``--max_num_seqs``). Writing removes every spelling of the flag and leaves one canonical
+``--flag=value`` in the place of the first occurrence (or at the end), in the same shape.
+"""
+
+from __future__ import annotations
+
+import copy
+import shlex
+from dataclasses import dataclass
+
+SHELLS = {"sh", "bash", "/bin/sh", "/bin/bash", "/usr/bin/env sh"}
+
+
+def canonical_flag(flag: str) -> str:
+    """'--max_num_seqs' / 'max-num-seqs' -> '--max-num-seqs'."""
+    return "--" + flag.lstrip("-").replace("_", "-")
+
+
+def _flag_of(token: str) -> str | None:
+    """Canonical flag name of a token that is a long option, else None."""
+    if not token.startswith("--") or len(token) <= 2:
+        return None
+    return canonical_flag(token.split("=", 1)[0])
+
+
+def get_flag(argv: list[str], flag: str) -> str | None:
+    """Value of a value-taking flag in argv (last occurrence wins, as in argparse), or None."""
+    want = canonical_flag(flag)
+    value = None
+    for i, tok in enumerate(argv):
+        if _flag_of(tok) != want:
+            continue
+        if "=" in tok:
+            value = tok.split("=", 1)[1]
+        elif i + 1 < len(argv):
+            value = argv[i + 1]
+    return value
+
+
+def set_flag(argv: list[str], flag: str, value) -> list[str]:
+    """argv with every spelling of `flag` removed and one canonical `--flag=value` in its place."""
+    want = canonical_flag(flag)
+    out: list[str] = []
+    insert_at = None
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if _flag_of(tok) == want:
+            if insert_at is None:
+                insert_at = len(out)
+            i += 1 if "=" in tok else 2
+            continue
+        out.append(tok)
+        i += 1
+    item = f"{want}={value}"
+    if insert_at is None:
+        out.append(item)
+    else:
+        out.insert(insert_at, item)
+    return out
+
+
+def remove_flag(argv: list[str], flag: str) -> list[str]:
+    """argv without any spelling of a value-taking flag."""
+    want = canonical_flag(flag)
+    out, i = [], 0
+    while i < len(argv):
+        if _flag_of(argv[i]) == want:
+            i += 1 if "=" in argv[i] else 2
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
+@dataclass(frozen=True)
+class ContainerArgv:
+    """Where a container keeps its vLLM argv: shape, and the argv tokens as vLLM sees them."""
+
+    shape: str  # "args" | "command" | "shell"
+    argv: list[str]
+
+
+def _is_shell(command: list[str]) -> bool:
+    return bool(command) and command[0] in SHELLS and "-c" in command[1:]
+
+
+def read_argv(container: dict) -> ContainerArgv:
+    """The container's argv in one of the three shapes."""
+    command = list(container.get("command") or [])
+    args = list(container.get("args") or [])
+    if _is_shell(command):
+        rest = command[command.index("-c") + 1:]
+        script = rest[0] if rest else (args[0] if args else "")
+        return ContainerArgv("shell", shlex.split(script))
+    if command and command[0] in SHELLS and args[:1] == ["-c"]:
+        return ContainerArgv("shell", shlex.split(args[1] if len(args) > 1 else ""))
+    if args:
+        return ContainerArgv("args", command + args)
+    return ContainerArgv("command", command)
+
+
+def write_argv(container: dict, argv: list[str]) -> dict:
+    """A copy of `container` with its argv replaced, keeping its shape."""
+    out = copy.deepcopy(container)
+    shape = read_argv(container).shape
+    if shape == "shell":
+        command = list(container.get("command") or [])
+        args = list(container.get("args") or [])
+        script = shlex.join(argv)
+        if _is_shell(command):
+            k = command.index("-c") + 1
+            if len(command) > k:
+                out["command"] = command[:k] + [script] + command[k + 1:]
+            else:
+                out["args"] = [script] + args[1:]
+        else:
+            out["args"] = ["-c", script] + args[2:]
+    elif shape == "args":
+        n = len(container.get("command") or [])
+        out["args"] = argv[n:]
+    else:
+        out["command"] = argv
+    return out
+
+
+def container_flag(container: dict, flag: str) -> str | None:
+    return get_flag(read_argv(container).argv, flag)
+
+
+def set_container_flag(container: dict, flag: str, value) -> dict:
+    """A copy of `container` with `flag` set canonically, in the container's own shape."""
+    return write_argv(container, set_flag(read_argv(container).argv, flag, value))

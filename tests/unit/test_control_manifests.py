@@ -1,0 +1,140 @@
+"""vLLM argv in three shapes, and the pure Deployment/Service builders."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kneecap.control import manifests as M
+from kneecap.control import vllm_args as V
+from kneecap.control.spec import parse_spec
+
+OWNER = {"apiVersion": "kneecap.io/v1alpha1", "kind": "LLMDeployment",
+         "metadata": {"name": "llama", "namespace": "serving", "uid": "u-123"}}
+BASE = {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "accelerator": {"type": "h100-80gb"},
+        "engine": {"image": "vllm/vllm-openai:v0.11.0", "extraArgs": ["--max-model-len=8192"],
+                   "podAnnotations": {"prometheus.io/scrape": "true"}}}
+DISAGG = {**BASE, "topology": {"mode": "disaggregated", "prefill": {"min": 2, "max": 4},
+                               "decode": {"min": 1, "max": 8}, "kvTransfer": {"connector": "NixlConnector"}}}
+
+
+@pytest.mark.parametrize("argv,value", [
+    (["m", "--max-num-seqs", "8"], "8"),
+    (["m", "--max-num-seqs=8"], "8"),
+    (["m", "--max_num_seqs", "8"], "8"),
+    (["m", "--max_num_seqs=8", "--enforce-eager"], "8"),
+    (["m", "--max-num-seqs=4", "--max_num_seqs", "16"], "16"),  # last wins, as argparse
+    (["m", "--enforce-eager"], None),
+])
+def test_get_flag_spellings(argv, value):
+    assert V.get_flag(argv, "--max-num-seqs") == value
+    assert V.get_flag(argv, "max_num_seqs") == value
+
+
+def test_set_flag_canonical_in_place():
+    argv = ["m", "--max_num_seqs", "8", "--enforce-eager", "--max-num-seqs=4", "--port=8000"]
+    out = V.set_flag(argv, "--max-num-seqs", 32)
+    assert out == ["m", "--max-num-seqs=32", "--enforce-eager", "--port=8000"]
+    assert V.set_flag(["m"], "--gpu-memory-utilization", 0.5) == ["m", "--gpu-memory-utilization=0.5"]
+    assert V.remove_flag(out, "max-num-seqs") == ["m", "--enforce-eager", "--port=8000"]
+
+
+SHAPES = [
+    ("args", {"command": ["vllm", "serve"], "args": ["m", "--max-num-seqs", "8"]}),
+    ("command", {"command": ["vllm", "serve", "m", "--max_num_seqs=8"]}),
+    ("shell", {"command": ["sh", "-c", "vllm serve m --max-num-seqs 8 --enforce-eager"]}),
+    ("shell", {"command": ["/bin/bash", "-c"], "args": ["vllm serve m --max_num_seqs=8"]}),
+    ("shell", {"command": ["sh"], "args": ["-c", "vllm serve m --max-num-seqs 8"]}),
+]
+
+
+@pytest.mark.parametrize("shape,container", SHAPES)
+def test_three_shapes_read_and_write(shape, container):
+    assert V.read_argv(container).shape == shape
+    assert V.container_flag(container, "--max-num-seqs") == "8"
+    out = V.set_container_flag(container, "--max-num-seqs", 64)
+    assert V.read_argv(out).shape == shape
+    assert V.container_flag(out, "--max-num-seqs") == "64"
+    argv = V.read_argv(out).argv
+    assert "--max-num-seqs=64" in argv and "8" not in argv
+    assert argv[:3] == ["vllm", "serve", "m"]
+    assert container["command"][0] == out["command"][0]  # input untouched, shape kept
+    assert V.container_flag(container, "--max-num-seqs") == "8"
+
+
+def test_shell_write_is_one_string():
+    c = {"command": ["sh", "-c", "vllm serve m --max-num-seqs 8 --kv-transfer-config '{\"a\": 1}'"]}
+    out = V.set_container_flag(c, "--max-num-seqs", 2)
+    assert len(out["command"]) == 3
+    assert V.container_flag(out, "--kv-transfer-config") == '{"a": 1}'
+
+
+def test_colocated_objects():
+    spec = parse_spec(BASE)
+    (pool,) = M.pools("llama", spec)
+    assert pool == M.Pool("server", "llama")
+    d = M.deployment(OWNER, spec, pool, M.initial_settings(spec, "server"))
+    assert d["metadata"]["name"] == "llama" and d["metadata"]["namespace"] == "serving"
+    assert d["metadata"]["ownerReferences"] == [{"apiVersion": "kneecap.io/v1alpha1", "kind": "LLMDeployment",
+                                                 "name": "llama", "uid": "u-123", "controller": True,
+                                                 "blockOwnerDeletion": True}]
+    lab = d["metadata"]["labels"]
+    assert lab == {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": "llama",
+                   "app.kubernetes.io/component": "server", "app.kubernetes.io/managed-by": "kneecap",
+                   "kneecap.io/role": "server"}
+    assert d["spec"]["replicas"] == 1
+    tmpl = d["spec"]["template"]
+    assert set(d["spec"]["selector"]["matchLabels"].items()) <= set(tmpl["metadata"]["labels"].items())
+    assert tmpl["metadata"]["annotations"] == {"prometheus.io/scrape": "true"}
+    c = tmpl["spec"]["containers"][0]
+    assert c["command"] == ["vllm", "serve"]
+    assert c["args"] == ["meta-llama/Llama-3.1-8B-Instruct", "--port=8000", "--max-num-seqs=256",
+                         "--gpu-memory-utilization=0.9", "--max-model-len=8192"]
+    s = M.service(OWNER, spec, pool)
+    assert s["spec"]["selector"] == d["spec"]["selector"]["matchLabels"]
+    assert s["spec"]["ports"][0]["port"] == 8000
+    assert s["metadata"]["ownerReferences"][0]["uid"] == "u-123"
+
+
+def test_disaggregated_objects_and_kv_transfer():
+    spec = parse_spec(DISAGG)
+    ps = M.pools("llama", spec)
+    assert [p.name for p in ps] == ["llama-prefill", "llama-decode"]
+    by_role = {}
+    for p in ps:
+        d = M.deployment(OWNER, spec, p, M.initial_settings(spec, p.role))
+        by_role[p.role] = d
+        assert d["metadata"]["labels"]["kneecap.io/role"] == p.role
+        assert d["metadata"]["labels"]["app.kubernetes.io/component"] == p.role
+    assert by_role["prefill"]["spec"]["replicas"] == 2
+    assert by_role["decode"]["spec"]["replicas"] == 1
+    for role, kv_role in (("prefill", "kv_producer"), ("decode", "kv_consumer")):
+        c = M.vllm_container(by_role[role])
+        cfg = json.loads(V.container_flag(c, "--kv-transfer-config"))
+        assert cfg == {"kv_connector": "NixlConnector", "kv_role": kv_role}
+    assert M.kv_transfer_config(parse_spec(BASE), "server") is None
+
+
+def test_live_settings_roundtrip_through_any_shape():
+    spec = parse_spec(BASE)
+    d = M.deployment(OWNER, spec, M.Pool("server", "llama"), M.EngineSettings(64, 0.5, replicas=3))
+    live = M.live_settings(d, M.initial_settings(spec, "server"))
+    assert live == M.EngineSettings(64, 0.5, None, 3)
+    # a person rewrote the container as one shell string with underscore flags
+    d["spec"]["template"]["spec"]["containers"][0] = {
+        "name": "vllm", "image": "x", "command": ["sh", "-c", "vllm serve m --max_num_seqs 12 --gpu_memory_utilization 0.7"]}
+    assert M.live_settings(d, M.initial_settings(spec, "server")) == M.EngineSettings(12, 0.7, None, 3)
+    patch = M.with_settings(d, M.EngineSettings(24, 0.35, replicas=2))
+    c = patch["spec"]["template"]["spec"]["containers"][0]
+    assert V.read_argv(c).shape == "shell"
+    assert V.read_argv(c).argv == ["vllm", "serve", "m", "--max-num-seqs=24", "--gpu-memory-utilization=0.35"]
+    assert patch["spec"]["replicas"] == 2
+    assert "replicas" not in M.with_settings(d, M.EngineSettings(24, 0.35), set_replicas=False)["spec"]
+
+
+def test_kv_cache_bytes_knob_and_tensor_parallel():
+    spec = parse_spec({**BASE, "accelerator": {"type": "h100-80gb", "count": 2}})
+    c = M.container(spec, "server", M.EngineSettings(8, 0.9, kv_cache_memory_bytes=2 * 1024**3))
+    assert "--kv-cache-memory-bytes=2147483648" in c["args"]
+    assert "--tensor-parallel-size=2" in c["args"]
