@@ -55,7 +55,7 @@ ALIASES = {"h100": "h100-80gb", "h100-sxm-80gb": "h100-80gb", "h100-sxm": "h100-
 _OVERRIDABLE = {f.name for f in fields(GPU)} - {"key"}
 
 
-def get_gpu(key: str, **overrides) -> GPU:
+def get_gpu(key: str, /, **overrides) -> GPU:
     """Catalog lookup; ``overrides`` replace fields (e.g. ``cost_per_hour=2.5``)."""
     k = str(key).strip().lower()
     k = ALIASES.get(k, k)
