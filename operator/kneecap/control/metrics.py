@@ -1,0 +1,74 @@
+"""The operator's own Prometheus metrics, one label set per LLMDeployment (namespace, name).
+
+A private CollectorRegistry per OperatorMetrics keeps tests isolated; `kneecap run` serves it
+with prometheus_client's HTTP server on --metrics-port.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
+
+LABELS = ("namespace", "name")
+POOL_LABELS = ("namespace", "name", "pool")
+
+
+class OperatorMetrics:
+    """All kneecap_* series; `forget` drops a deleted resource's label sets."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.recommended_max_num_seqs = Gauge("kneecap_recommended_max_num_seqs",
+                                              "BCA cap (--max-num-seqs) recommended", POOL_LABELS, registry=r)
+        self.applied_max_num_seqs = Gauge("kneecap_applied_max_num_seqs", "--max-num-seqs live in the pool",
+                                          POOL_LABELS, registry=r)
+        self.recommended_memory_fraction = Gauge("kneecap_recommended_gpu_memory_utilization",
+                                                 "--gpu-memory-utilization recommended", POOL_LABELS, registry=r)
+        self.applied_memory_fraction = Gauge("kneecap_applied_gpu_memory_utilization",
+                                             "--gpu-memory-utilization live in the pool", POOL_LABELS, registry=r)
+        self.memory_released_gib = Gauge("kneecap_memory_released_gib",
+                                         "GPU memory per replica released versus the default reservation",
+                                         POOL_LABELS, registry=r)
+        self.knee_batch = Gauge("kneecap_knee_batch", "batch size at the knee of the throughput curve",
+                                POOL_LABELS, registry=r)
+        self.predicted_throughput = Gauge("kneecap_predicted_throughput_tokens_per_second",
+                                          "SLIM throughput at the observed batch", POOL_LABELS, registry=r)
+        self.observed_throughput = Gauge("kneecap_observed_throughput_tokens_per_second",
+                                         "measured token throughput in the last window", POOL_LABELS, registry=r)
+        self.calibration_error = Gauge("kneecap_calibration_error_ratio",
+                                       "SLIM fit error (MAPE on throughput, 0-1)", LABELS, registry=r)
+        self.slo_attainment = Gauge("kneecap_slo_attainment_ratio",
+                                    "fraction of requests in the window that met the SLO", LABELS, registry=r)
+        self.replicas = Gauge("kneecap_replicas", "replicas of the pool (live)", POOL_LABELS, registry=r)
+        self.scrape_failures = Counter("kneecap_scrape_failures", "failed /metrics scrapes", LABELS, registry=r)
+        self.decisions = Counter("kneecap_decisions", "control decisions by reason",
+                                 ("namespace", "name", "reason"), registry=r)
+        self.restarts = Counter("kneecap_restarts", "pod rollouts caused by the operator, by reason",
+                                ("namespace", "name", "reason"), registry=r)
+        self._seen: dict[tuple[str, str], set[tuple]] = {}
+
+    def _remember(self, metric, labels: tuple) -> None:
+        self._seen.setdefault(labels[:2], set()).add((metric, labels))
+
+    def set(self, metric: Gauge, value: float | None, *labels: str) -> None:
+        if value is None:
+            return
+        metric.labels(*labels).set(float(value))
+        self._remember(metric, labels)
+
+    def inc(self, metric: Counter, *labels: str, amount: float = 1.0) -> None:
+        metric.labels(*labels).inc(amount)
+        self._remember(metric, labels)
+
+    def forget(self, namespace: str, name: str) -> None:
+        for metric, labels in self._seen.pop((namespace, name), set()):
+            try:
+                metric.remove(*labels)
+            except KeyError:
+                pass
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def serve(self, port: int, addr: str = "0.0.0.0"):
+        return start_http_server(port, addr=addr, registry=self.registry)

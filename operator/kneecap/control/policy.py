@@ -1,0 +1,139 @@
+"""Guards between a recommendation and a pod restart (DESIGN §4.5). Pure.
+
+Changing --max-num-seqs or the memory flag restarts vLLM pods, so the operator acts only when
+the models are trustworthy and the predicted gain is worth a restart: never on a failed scrape
+or a bad fit, only with enough observations, no rollout in progress, cooldown elapsed, gain ≥
+minImprovement and outside the hysteresis band; the target is clamped to the spec's bounds and
+moves at most ×maxStepFactor per step. Every outcome carries a CamelCase reason and a message.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from kneecap.control.manifests import EngineSettings
+from kneecap.control.spec import BatchingSpec, ControlSpec, PoolBounds
+
+APPLY = "apply"
+HOLD = "hold"
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """What the models recommend for one pool, with its predicted benefit over what is live."""
+
+    settings: EngineSettings
+    throughput_gain: float  # predicted relative throughput (or goodput) gain, e.g. 0.12
+    memory_gain: float = 0.0  # relative GPU memory reservation released, e.g. 0.4
+
+
+@dataclass(frozen=True)
+class GuardState:
+    """Facts about the world the guards need."""
+
+    now_s: float
+    last_applied_s: float | None
+    rollout_in_progress: bool
+    n_observations: int
+    scrape_ok: bool
+    fit_ok: bool
+    fit_message: str = ""
+    replicas_external: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # APPLY | HOLD
+    reason: str  # CamelCase, for conditions, Events and the decisions counter
+    message: str
+    target: EngineSettings  # what would be (or is) applied after clamping and step limiting
+    clamped: bool = False
+    step_limited: bool = False
+
+
+def step_limit(current: int, target: int, factor: float) -> int:
+    """Move from current toward target by at most ×factor (or ÷factor)."""
+    if current <= 0:
+        return target
+    hi = math.floor(current * factor)
+    lo = math.ceil(current / factor)
+    return max(lo, min(hi, target))
+
+
+def _rel(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
+def guard(
+    current: EngineSettings,
+    proposal: Proposal,
+    control: ControlSpec,
+    batching: BatchingSpec,
+    replica_bounds: PoolBounds,
+    state: GuardState,
+    memory_for_cap: Callable[[int], tuple[float, int | None]] | None = None,
+) -> Decision:
+    """Decide whether to move `current` toward `proposal`. Pure; see the module docstring.
+
+    `memory_for_cap(cap) -> (gpu_memory_utilization, kv_cache_memory_bytes)` recomputes the
+    memory setting when the step limit shortens the cap, so KV always matches the cap applied.
+    """
+    want = proposal.settings
+    hold = lambda reason, msg, target=current: Decision(HOLD, reason, msg, target)  # noqa: E731
+    if not state.scrape_ok:
+        return hold("ScrapeFailed", "metrics scrape failed; keeping the last good state")
+    if not state.fit_ok:
+        return hold("BadFit", f"calibration not trusted ({state.fit_message or 'fit failed'}); keeping the last good state")
+    if state.n_observations < control.min_observations:
+        return hold("TooFewObservations",
+                    f"{state.n_observations} observations < minObservations {control.min_observations}")
+
+    cap = min(max(want.max_num_seqs, batching.min_max_num_seqs), batching.max_max_num_seqs)
+    replicas = current.replicas if state.replicas_external else replica_bounds.clamp(want.replicas)
+    clamped = cap != want.max_num_seqs or (not state.replicas_external and replicas != want.replicas)
+    limited_cap = step_limit(current.max_num_seqs, cap, control.max_step_factor)
+    limited_replicas = replicas if state.replicas_external else step_limit(current.replicas, replicas,
+                                                                          control.max_step_factor)
+    step_limited = limited_cap != cap or limited_replicas != replicas
+    gmu, kvb = want.gpu_memory_utilization, want.kv_cache_memory_bytes
+    if limited_cap != want.max_num_seqs and memory_for_cap is not None:
+        gmu, kvb = memory_for_cap(limited_cap)
+    target = EngineSettings(limited_cap, gmu, kvb, limited_replicas)
+    d = lambda action, reason, msg: Decision(action, reason, msg, target, clamped, step_limited)  # noqa: E731
+    note = (" (clamped to bounds)" if clamped else "") + (f" (step limited to ×{control.max_step_factor:g})"
+                                                          if step_limited else "")
+
+    flags_same = (target.max_num_seqs == current.max_num_seqs
+                  and math.isclose(target.gpu_memory_utilization, current.gpu_memory_utilization, abs_tol=1e-3)
+                  and target.kv_cache_memory_bytes == current.kv_cache_memory_bytes)
+    if flags_same and target.replicas == current.replicas:
+        return d(HOLD, "NoChange", f"live settings already match the recommendation{note}")
+    within_band = (_rel(target.max_num_seqs, current.max_num_seqs) < control.hysteresis
+                   and _rel(target.gpu_memory_utilization, current.gpu_memory_utilization) < control.hysteresis
+                   and target.replicas == current.replicas)
+    if within_band:
+        return d(HOLD, "WithinHysteresis",
+                 f"change cap {current.max_num_seqs}->{target.max_num_seqs}, memory "
+                 f"{current.gpu_memory_utilization:g}->{target.gpu_memory_utilization:g} is inside the "
+                 f"{control.hysteresis:.0%} hysteresis band")
+    gain = max(proposal.throughput_gain, proposal.memory_gain)
+    if gain < control.min_improvement and target.replicas == current.replicas:
+        return d(HOLD, "BelowMinImprovement",
+                 f"predicted gain {gain:.1%} (throughput {proposal.throughput_gain:+.1%}, memory released "
+                 f"{proposal.memory_gain:.1%}) < minImprovement {control.min_improvement:.1%}")
+    if state.rollout_in_progress:
+        return d(HOLD, "RolloutInProgress", "a rollout of the pool is still in progress")
+    if state.last_applied_s is not None and state.now_s - state.last_applied_s < control.cooldown_s:
+        left = control.cooldown_s - (state.now_s - state.last_applied_s)
+        return d(HOLD, "Cooldown", f"cooldown: {left:.0f}s left of {control.cooldown_s:.0f}s since the last change")
+    return d(APPLY, "Recommended",
+             f"cap {current.max_num_seqs}->{target.max_num_seqs}, memory {current.gpu_memory_utilization:g}->"
+             f"{target.gpu_memory_utilization:g}, replicas {current.replicas}->{target.replicas}; predicted "
+             f"throughput {proposal.throughput_gain:+.1%}, memory released {proposal.memory_gain:.1%}{note}")
+
+
+def only_replicas_changed(current: EngineSettings, target: EngineSettings) -> bool:
+    """True when applying `target` would not restart pods (only the replica count moves)."""
+    return replace(current, replicas=target.replicas) == target

@@ -1,0 +1,86 @@
+"""Status helpers: Kubernetes-style conditions and the bounded observation ring. Pure.
+
+Conditions follow the API conventions (type, status "True"/"False"/"Unknown", CamelCase
+reason, message, observedGeneration, lastTransitionTime); lastTransitionTime only moves when
+the status flips, so it says how long a state has held.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Any, Iterable
+
+READY = "Ready"
+CALIBRATED = "Calibrated"
+SLO_MET = "SLOMet"
+DEGRADED = "Degraded"
+CONDITION_TYPES = (READY, CALIBRATED, SLO_MET, DEGRADED)
+
+
+def iso(t_s: float) -> str:
+    """RFC 3339 UTC timestamp with second precision (as Kubernetes writes them)."""
+    return _dt.datetime.fromtimestamp(t_s, tz=_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_iso(text: str | None) -> float | None:
+    if not text:
+        return None
+    return _dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=_dt.timezone.utc).timestamp()
+
+
+def _status_str(status: bool | str | None) -> str:
+    if status is None:
+        return "Unknown"
+    if isinstance(status, bool):
+        return "True" if status else "False"
+    if status not in ("True", "False", "Unknown"):
+        raise ValueError(f"condition status must be True/False/Unknown, got {status!r}")
+    return status
+
+
+def get_condition(conditions: Iterable[dict] | None, type_: str) -> dict | None:
+    return next((c for c in conditions or () if c.get("type") == type_), None)
+
+
+def set_condition(conditions: list[dict] | None, type_: str, status: bool | str | None, reason: str,
+                  message: str, generation: int | None, now_s: float) -> list[dict]:
+    """New conditions list with `type_` set; lastTransitionTime kept unless the status flips."""
+    st = _status_str(status)
+    old = get_condition(conditions, type_)
+    ltt = old["lastTransitionTime"] if old and old.get("status") == st and old.get("lastTransitionTime") else iso(now_s)
+    new = {"type": type_, "status": st, "reason": reason, "message": message,
+           "observedGeneration": generation, "lastTransitionTime": ltt}
+    out = [c for c in conditions or () if c.get("type") != type_]
+    out.append(new)
+    order = {t: i for i, t in enumerate(CONDITION_TYPES)}
+    return sorted(out, key=lambda c: order.get(c["type"], len(order)))
+
+
+def push_observation(ring: list[dict] | None, observation: dict, limit: int) -> list[dict]:
+    """Append to the bounded ring (oldest dropped first)."""
+    if limit < 1:
+        raise ValueError(f"limit must be ≥ 1, got {limit}")
+    return (list(ring or []) + [observation])[-limit:]
+
+
+def condition_true(conditions: Iterable[dict] | None, type_: str) -> bool:
+    c = get_condition(conditions, type_)
+    return bool(c and c.get("status") == "True")
+
+
+def phase_of(conditions: list[dict] | None, invalid: bool = False) -> str:
+    """One word for `kubectl get`: Invalid, Degraded, Calibrating, Running, Pending."""
+    if invalid:
+        return "Invalid"
+    if condition_true(conditions, DEGRADED):
+        return "Degraded"
+    if not condition_true(conditions, READY):
+        return "Pending"
+    if not condition_true(conditions, CALIBRATED):
+        return "Calibrating"
+    return "Running"
+
+
+def compact(d: dict[str, Any]) -> dict[str, Any]:
+    """Drop None values (status stays readable; merge-patch would delete those keys anyway)."""
+    return {k: v for k, v in d.items() if v is not None}

@@ -1,0 +1,137 @@
+"""Guards of DESIGN §4.5, status conditions and the observation ring, operator metrics."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from kneecap.control import policy as P
+from kneecap.control import status as St
+from kneecap.control.manifests import EngineSettings
+from kneecap.control.metrics import OperatorMetrics
+from kneecap.control.spec import parse_spec
+
+SPEC = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb"},
+                   "engine": {"image": "vllm", "maxNumSeqs": 64},
+                   "control": {"mode": "enforce", "cooldown": "10m", "minObservations": 3}})
+CUR = EngineSettings(64, 0.9, None, 2)
+OK = P.GuardState(now_s=10_000.0, last_applied_s=None, rollout_in_progress=False, n_observations=5,
+                  scrape_ok=True, fit_ok=True)
+
+
+def run(settings, gain=0.2, mem=0.0, state=OK, cur=CUR, memfn=None):
+    return P.guard(cur, P.Proposal(settings, gain, mem), SPEC.control, SPEC.batching,
+                   SPEC.topology.replicas, state, memfn)
+
+
+def test_apply_when_all_guards_pass():
+    d = run(EngineSettings(96, 0.5, None, 2))
+    assert d.action == P.APPLY and d.reason == "Recommended"
+    assert d.target == EngineSettings(96, 0.5, None, 2)
+    assert "64->96" in d.message
+
+
+@pytest.mark.parametrize("state,reason", [
+    (replace(OK, scrape_ok=False), "ScrapeFailed"),
+    (replace(OK, fit_ok=False, fit_message="MAPE 45%"), "BadFit"),
+    (replace(OK, n_observations=2), "TooFewObservations"),
+    (replace(OK, rollout_in_progress=True), "RolloutInProgress"),
+    (replace(OK, last_applied_s=OK.now_s - 599), "Cooldown"),
+])
+def test_each_guard_holds(state, reason):
+    d = run(EngineSettings(128, 0.5, None, 2), state=state)
+    assert (d.action, d.reason) == (P.HOLD, reason)
+    if reason in ("ScrapeFailed", "BadFit", "TooFewObservations"):
+        assert d.target == CUR  # never act, not even a computed target
+    if reason == "BadFit":
+        assert "MAPE 45%" in d.message
+
+
+def test_cooldown_elapsed_allows():
+    d = run(EngineSettings(128, 0.5, None, 2), state=replace(OK, last_applied_s=OK.now_s - 600))
+    assert d.action == P.APPLY
+    assert "1s left" in run(EngineSettings(128, 0.5, None, 2),
+                            state=replace(OK, last_applied_s=OK.now_s - 599)).message
+
+
+def test_min_improvement_counts_memory_too():
+    assert run(EngineSettings(128, 0.9, None, 2), gain=0.01).reason == "BelowMinImprovement"
+    d = run(EngineSettings(32, 0.3, None, 2), gain=0.0, mem=0.6)  # same throughput, 60% memory back
+    assert d.action == P.APPLY
+
+
+def test_step_limit_x2_and_memory_recomputed():
+    mem = {128: (0.4, None), 32: (0.2, None)}
+    d = run(EngineSettings(1000, 0.95, None, 2), memfn=lambda cap: mem[cap])
+    assert d.target.max_num_seqs == 128 and d.step_limited
+    assert d.target.gpu_memory_utilization == 0.4  # KV sized for the cap actually applied
+    d = run(EngineSettings(2, 0.1, None, 2), mem=0.9, memfn=lambda cap: mem[cap])
+    assert d.target.max_num_seqs == 32
+    assert P.step_limit(64, 1000, 2) == 128 and P.step_limit(64, 10, 2) == 32 and P.step_limit(64, 100, 2) == 100
+    assert P.step_limit(3, 100, 2) == 6 and P.step_limit(3, 1, 2) == 2
+
+
+def test_clamp_to_bounds():
+    spec = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb"},
+                       "engine": {"image": "vllm", "maxNumSeqs": 64},
+                       "batching": {"minMaxNumSeqs": 8, "maxMaxNumSeqs": 100},
+                       "topology": {"replicas": {"min": 1, "max": 3}}})
+    d = P.guard(CUR, P.Proposal(EngineSettings(1000, 0.9, None, 50), 0.5), spec.control, spec.batching,
+                spec.topology.replicas, OK)
+    assert d.target.max_num_seqs == 100 and d.target.replicas == 3 and d.clamped
+
+
+def test_hysteresis_and_no_change():
+    assert run(EngineSettings(64, 0.9, None, 2)).reason == "NoChange"
+    assert run(EngineSettings(68, 0.88, None, 2)).reason == "WithinHysteresis"  # 6% < 10%
+    assert run(EngineSettings(72, 0.9, None, 2)).reason == "Recommended"  # 12.5% > 10%
+
+
+def test_external_replicas_are_not_touched():
+    d = run(EngineSettings(128, 0.5, None, 7), state=replace(OK, replicas_external=True))
+    assert d.target.replicas == CUR.replicas
+    assert P.only_replicas_changed(CUR, EngineSettings(64, 0.9, None, 5))
+    assert not P.only_replicas_changed(CUR, EngineSettings(65, 0.9, None, 2))
+
+
+def test_conditions_transition_time_moves_only_on_flip():
+    c = St.set_condition(None, St.READY, False, "Creating", "m", 1, 1000.0)
+    assert c == [{"type": "Ready", "status": "False", "reason": "Creating", "message": "m",
+                  "observedGeneration": 1, "lastTransitionTime": "1970-01-01T00:16:40Z"}]
+    c = St.set_condition(c, St.READY, False, "StillCreating", "m2", 2, 2000.0)
+    assert c[0]["lastTransitionTime"] == "1970-01-01T00:16:40Z" and c[0]["reason"] == "StillCreating"
+    assert c[0]["observedGeneration"] == 2
+    c = St.set_condition(c, St.READY, True, "Ready", "ok", 2, 3000.0)
+    assert c[0]["lastTransitionTime"] == St.iso(3000.0) and c[0]["status"] == "True"
+    c = St.set_condition(c, St.DEGRADED, True, "ScrapeFailed", "x", 2, 3000.0)
+    c = St.set_condition(c, St.CALIBRATED, None, "NotYet", "x", 2, 3000.0)
+    assert [x["type"] for x in c] == ["Ready", "Calibrated", "Degraded"]
+    assert St.get_condition(c, "Calibrated")["status"] == "Unknown"
+    assert St.phase_of(c) == "Degraded"
+    assert St.parse_iso(St.iso(3000.0)) == 3000.0
+    with pytest.raises(ValueError):
+        St.set_condition(c, St.READY, "yes", "r", "m", 1, 0.0)
+
+
+def test_observation_ring_is_bounded():
+    ring = None
+    for i in range(7):
+        ring = St.push_observation(ring, {"i": i}, 5)
+    assert [o["i"] for o in ring] == [2, 3, 4, 5, 6]
+
+
+def test_metrics_exposition_and_forget():
+    m = OperatorMetrics()
+    m.set(m.recommended_max_num_seqs, 96, "ns", "a", "server")
+    m.set(m.memory_released_gib, 31.5, "ns", "a", "server")
+    m.inc(m.decisions, "ns", "a", "Cooldown")
+    m.inc(m.decisions, "ns", "a", "Cooldown")
+    m.inc(m.scrape_failures, "ns", "b")
+    text = m.exposition().decode()
+    assert 'kneecap_recommended_max_num_seqs{name="a",namespace="ns",pool="server"} 96.0' in text
+    assert 'kneecap_memory_released_gib{name="a",namespace="ns",pool="server"} 31.5' in text
+    assert 'kneecap_decisions_total{name="a",namespace="ns",reason="Cooldown"} 2.0' in text
+    m.forget("ns", "a")
+    text = m.exposition().decode()
+    assert 'name="a"' not in text and 'kneecap_scrape_failures_total{name="b",namespace="ns"} 1.0' in text
