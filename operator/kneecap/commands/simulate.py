@@ -1,0 +1,295 @@
+"""`kneecap simulate`: GAUSS Monte-Carlo TTFT/TBT percentiles and sustainable request rate.
+
+Two modes:
+
+* engine (default): ``--model``/``--gpu`` catalog keys with ``--calibration CALIB.json``
+  (SLIM parameters from ``kneecap fit``) or explicit cost coefficients (``--prefill-s-per-token``
+  …); workload as length mean and CV (log-normal; CV 0 = fixed).
+* raw queue (``--service-mean``): a G/G/k FCFS queue for textbook checks; ``ttft_s`` is the
+  sojourn W + S and ``tbt_s`` quantiles are null.
+
+Exit codes: 0 ok, 2 bad input, 1 when the rate is at or past the stability limit (the answer
+is an ``infeasible: <stage> stage: …`` message; with ``--json`` a JSON object with
+``feasible: false``, ``infeasible`` and ``stage``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from kneecap.errors import InputError
+from kneecap.model import gauss
+
+HELP = "GAUSS: Monte-Carlo TTFT/TBT percentiles, service rate and SLO-sustainable rate"
+
+_COEF_FLAGS = {
+    "prefill_s_per_token": "seconds per uncached prompt token (linear prefill cost)",
+    "prefill_s_per_attended_token": "seconds per (chunk token × attended context token)",
+    "prefill_s_per_chunk": "fixed seconds per prefill chunk step",
+    "decode_step_s": "decode step base cost p",
+    "decode_s_per_context_token": "decode cost q per mean context token (multiplies C/B)",
+    "decode_s_per_seq": "decode cost r per sequence in the batch",
+    "decode_s_per_resident_token": "decode cost s per resident context token (multiplies C)",
+    "request_overhead_s": "fixed per-request latency added to TTFT (SLIM t_fixed)",
+}
+
+# accepted spellings of the SLIM parameters in a calibration file
+_SLIM_KEYS = {
+    "eta_c": ("eta_c", "η_c", "etac"), "eta_m": ("eta_m", "η_m", "etam"), "alpha": ("alpha", "α"),
+    "gamma": ("gamma", "γ"), "b0": ("b0", "B0", "B_0"), "t_fixed_s": ("t_fixed_s", "t_fixed", "tfixed"),
+}
+
+
+def add_arguments(p) -> None:
+    g = p.add_argument_group("engine (catalog + calibration or explicit coefficients)")
+    g.add_argument("--model", help="model catalog key (e.g. llama-3.1-8b)")
+    g.add_argument("--gpu", help="GPU catalog key (e.g. h100-80gb)")
+    g.add_argument("--calibration", metavar="CALIB.json", help="SLIM parameters (from `kneecap fit`)")
+    for name, text in _COEF_FLAGS.items():
+        g.add_argument("--" + name.replace("_", "-"), type=float, help=text)
+    g.add_argument("--chunk-tokens", type=int, default=2048, help="prefill chunk Δ (vLLM max_num_batched_tokens)")
+    w = p.add_argument_group("workload")
+    w.add_argument("--rate", type=float, required=True, help="arrival rate, requests/s")
+    w.add_argument("--input-mean", type=float, help="mean prompt tokens")
+    w.add_argument("--input-cv", type=float, default=1.0, help="prompt length CV (log-normal; 0 = fixed)")
+    w.add_argument("--output-mean", type=float, help="mean generated tokens")
+    w.add_argument("--output-cv", type=float, default=1.0, help="output length CV (log-normal; 0 = fixed)")
+    w.add_argument("--cached-tokens", type=float, default=0.0, help="cached prefix tokens per request")
+    w.add_argument("--burst-cv", type=float, default=1.0, help="inter-arrival CV (1 = Poisson; Gamma otherwise)")
+    q = p.add_argument_group("raw queue (textbook checks)")
+    q.add_argument("--servers", type=int, default=1, help="servers (engines) sharing one FCFS queue")
+    q.add_argument("--service-mean", type=float, help="raw queue mode: mean service time, seconds")
+    q.add_argument("--service-cv", type=float, help="raw queue: service CV (log-normal unless --service-dist)")
+    q.add_argument("--service-dist", choices=("exp", "det", "lognormal", "gamma"), help="raw queue service law")
+    s = p.add_argument_group("SLO and sampling")
+    s.add_argument("--slo-ttft-s", type=float, help="TTFT SLO (raw queue: sojourn SLO), seconds")
+    s.add_argument("--slo-tbt-s", type=float, help="TBT (time between tokens) SLO, seconds")
+    s.add_argument("--quantile", type=float, default=0.95, help="SLO quantile: 0.5, 0.95 or 0.99")
+    s.add_argument("--samples", type=int, default=10**6, help="simulated requests (all replications)")
+    s.add_argument("--replications", type=int, default=8, help="independent replications for the CIs")
+    s.add_argument("--sweep-points", type=int, default=12, help="rates in the λ sweep (0: none)")
+    s.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--plot", metavar="PNG", help="write TTFT/TBT distributions and the λ sweep")
+
+
+def _load_calibration(path: str) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise InputError("calibration", f"no such file: {path}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError("calibration", f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InputError("calibration", "expected a JSON object")
+    scopes = [data] + [data[k] for k in ("params", "theta", "parameters", "slim") if isinstance(data.get(k), dict)]
+    out = {}
+    for name, spellings in _SLIM_KEYS.items():
+        for scope in scopes:
+            hit = next((scope[s] for s in spellings if s in scope), None)
+            if hit is not None:
+                out[name] = hit
+                break
+        else:
+            if name == "t_fixed_s":
+                out[name] = 0.0
+            else:
+                raise InputError("calibration", f"{path}: missing SLIM parameter {name!r} (expected keys {spellings})")
+    for key in ("model", "gpu", "hardware"):
+        for scope in scopes:
+            if isinstance(scope.get(key), str):
+                out.setdefault("_" + key, scope[key])
+    return out
+
+
+def _coefficients(args) -> gauss.ServiceCoefficients:
+    explicit = {n: getattr(args, n) for n in _COEF_FLAGS if getattr(args, n) is not None}
+    if args.chunk_tokens is None or args.chunk_tokens < 1:
+        raise InputError("chunk_tokens", f"expected a positive integer, got {args.chunk_tokens!r}")
+    if args.calibration:
+        from kneecap.model.arch import get_arch
+        from kneecap.model.hardware import get_gpu
+
+        calib = _load_calibration(args.calibration)
+        model = args.model or calib.pop("_model", None)
+        gpu_key = args.gpu or calib.pop("_gpu", None) or calib.pop("_hardware", None)
+        calib = {k: v for k, v in calib.items() if not k.startswith("_")}
+        if not model or not gpu_key:
+            raise InputError("model" if not model else "gpu", "--calibration needs --model and --gpu catalog keys")
+        arch, gpu = get_arch(model), get_gpu(gpu_key)
+        coef = gauss.coefficients_from_slim(
+            **calib, layers=arch.layers, hidden=arch.hidden, kv_dim=arch.d_kv, ff_ratio=arch.r_ff,
+            kv_bytes=arch.dtype_bytes, peak_flops=gpu.peak_flops, bandwidth_bytes_s=gpu.mem_bw_bytes_s,
+            chunk_tokens=args.chunk_tokens)
+        if explicit:  # explicit flags override the derived coefficients
+            from dataclasses import replace
+            coef = replace(coef, **explicit)
+        return coef
+    if not explicit:
+        raise InputError("calibration", "engine mode needs --calibration CALIB.json (with --model/--gpu) or explicit "
+                         "coefficients (--prefill-s-per-token, --decode-step-s, …); or use --service-mean for a raw queue")
+    return gauss.ServiceCoefficients(**{"prefill_s_per_token": 0.0, **explicit}, chunk_tokens=args.chunk_tokens)
+
+
+def _length(field: str, mean, cv) -> gauss.LengthDist:
+    if mean is None:
+        raise InputError(field + "_mean", f"--{field.replace('_', '-')}-mean is required in engine mode")
+    if not (math.isfinite(mean) and mean >= 1):
+        raise InputError(field + "_mean", f"expected ≥ 1 token, got {mean!r}")
+    if not (math.isfinite(cv) and cv >= 0):
+        raise InputError(field + "_cv", f"expected a non-negative CV, got {cv!r}")
+    return gauss.FixedLength(mean) if cv == 0 else gauss.LogNormalLength(mean, cv)
+
+
+def _check(args) -> None:
+    if args.quantile in (50, 95, 99):
+        args.quantile = args.quantile / 100
+    if args.quantile not in gauss.QUANTILES:
+        raise InputError("quantile", f"expected 0.5, 0.95 or 0.99, got {args.quantile!r}")
+    for name in ("rate", "slo_ttft_s", "slo_tbt_s", "service_mean"):
+        v = getattr(args, name)
+        if v is not None and not (math.isfinite(v) and v > 0):
+            raise InputError(name, f"expected a positive number, got {v!r}")
+    if args.servers < 1:
+        raise InputError("servers", f"expected ≥ 1, got {args.servers}")
+    if args.replications < 2:
+        raise InputError("replications", f"expected ≥ 2, got {args.replications}")
+    if args.samples < 100 * args.replications:
+        raise InputError("samples", f"expected ≥ {100 * args.replications} (100 per replication), got {args.samples}")
+    if args.sweep_points < 0:
+        raise InputError("sweep_points", f"expected ≥ 0, got {args.sweep_points}")
+    if not (math.isfinite(args.burst_cv) and args.burst_cv >= 0):
+        raise InputError("burst_cv", f"expected a non-negative CV, got {args.burst_cv!r}")
+    if args.service_mean is None and (args.service_cv is not None or args.service_dist is not None):
+        raise InputError("service_mean", "--service-cv/--service-dist need --service-mean (raw queue mode)")
+    if args.service_cv is not None and not (math.isfinite(args.service_cv) and args.service_cv >= 0):
+        raise InputError("service_cv", f"expected a non-negative CV, got {args.service_cv!r}")
+
+
+def _stats(s: gauss.LatencyStats | None) -> dict:
+    if s is None:
+        return {"mean": None, "p50": None, "p95": None, "p99": None, "ci95_halfwidth": None}
+    return s.to_dict()
+
+
+def _to_json(r: gauss.GaussResult, mode: str, seed: int, coef) -> dict:
+    out = {
+        "feasible": True, "mode": mode, "rate_rps": r.rate_rps, "servers": r.servers, "quantile": r.quantile,
+        "ttft_s": _stats(r.ttft), "tbt_s": _stats(r.tbt), "wait_s": _stats(r.wait), "service_s": _stats(r.service),
+        "service_rate_rps": r.service_rate_rps, "utilisation": r.utilisation,
+        "stable_rate_rps": r.stable_rate_rps, "stable_binding": r.stable_binding,
+        "sustainable_rate_rps": r.sustainable_rate_rps, "sustainable_binding": r.sustainable_binding,
+        "sustainable_note": r.sustainable_note, "decode_batch": r.decode_batch,
+        "samples": r.samples, "replications": r.replications, "seed": seed,
+        "sweep": [{"rate_rps": p.rate_rps, "utilisation": p.utilisation,
+                   "ttft_s": dict(zip(("p50", "p95", "p99"), p.ttft_s)),
+                   "tbt_s": None if p.tbt_s is None else dict(zip(("p50", "p95", "p99"), p.tbt_s))} for p in r.sweep],
+    }
+    if coef is not None:
+        from dataclasses import asdict
+        out["coefficients"] = asdict(coef)
+    return out
+
+
+def _plot(path: str, r: gauss.GaussResult, slo_ttft, slo_tbt) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    q = r.quantile
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, sample, stats, slo, name in ((axes[0], r.ttft_sample_s, r.ttft, slo_ttft, "TTFT"),
+                                         (axes[1], r.tbt_sample_s, r.tbt, slo_tbt, "TBT")):
+        if sample is None or stats is None:
+            ax.text(0.5, 0.5, f"no {name} (raw queue)", ha="center", va="center", transform=ax.transAxes)
+            ax.set_axis_off()
+            continue
+        ax.hist(sample, bins=120, range=(float(sample.min()), float(np.quantile(sample, 0.999))), color="#4878a8", alpha=0.8)
+        for qq, style in ((0.5, ":"), (0.95, "--"), (0.99, "-.")):
+            ax.axvline(stats.quantile(qq), color="k", ls=style, lw=1, label=f"p{round(qq * 100)} {stats.quantile(qq):.3g} s")
+        if slo is not None:
+            ax.axvline(slo, color="r", lw=1.5, label=f"SLO {slo:.3g} s")
+        ax.set_xlabel(f"{name} (s)")
+        ax.set_ylabel("requests")
+        ax.set_title(f"{name} at {r.rate_rps:.3g} req/s")
+        ax.legend(fontsize=8)
+    ax = axes[2]
+    if r.sweep:
+        lam = [p.rate_rps for p in r.sweep]
+        for i, lbl in enumerate(("p50", "p95", "p99")):
+            ax.plot(lam, [p.ttft_s[i] for p in r.sweep], marker="o", ms=3, label=f"TTFT {lbl}")
+        if r.sweep[0].tbt_s is not None:
+            ax2 = ax.twinx()
+            ax2.plot(lam, [p.tbt_s[1] for p in r.sweep], color="tab:purple", ls="--", label="TBT p95")
+            if slo_tbt is not None:
+                ax2.axhline(slo_tbt, color="tab:purple", lw=1, ls=":", label="TBT SLO")
+            ax2.set_ylabel("TBT (s)")
+            ax2.legend(loc="upper center", fontsize=8)
+        if slo_ttft is not None:
+            ax.axhline(slo_ttft, color="r", lw=1, label="TTFT SLO")
+        ax.axvline(r.sustainable_rate_rps, color="g", lw=1.5, label=f"λ* {r.sustainable_rate_rps:.3g} req/s")
+        ax.axvline(r.stable_rate_rps, color="gray", ls=":", label=f"stability {r.stable_rate_rps:.3g}")
+        ax.set_yscale("log")
+        ax.set_xlabel("arrival rate λ (req/s)")
+        ax.set_ylabel("TTFT (s)")
+        ax.set_title("λ sweep")
+        ax.legend(fontsize=8, loc="upper left")
+    else:
+        ax.set_axis_off()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(args) -> int:
+    _check(args)
+    rng = np.random.default_rng(args.seed)
+    coef = None
+    try:
+        if args.service_mean is not None:
+            mode = "queue"
+            dist = args.service_dist or ("lognormal" if args.service_cv is not None else "exp")
+            result = gauss.simulate_queue(
+                args.rate, args.service_mean, rng=rng, service_dist=dist, service_cv=args.service_cv,
+                servers=args.servers, burst_cv=args.burst_cv, samples=args.samples, replications=args.replications,
+                slo_s=args.slo_ttft_s, quantile=args.quantile, sweep_points=args.sweep_points)
+        else:
+            mode = "engine"
+            coef = _coefficients(args)
+            workload = gauss.Workload(
+                _length("input", args.input_mean, args.input_cv), _length("output", args.output_mean, args.output_cv),
+                gauss.FixedLength(args.cached_tokens) if args.cached_tokens else None)
+            result = gauss.simulate(
+                workload, coef, args.rate, rng=rng, servers=args.servers, burst_cv=args.burst_cv,
+                samples=args.samples, replications=args.replications, slo_ttft_s=args.slo_ttft_s,
+                slo_tbt_s=args.slo_tbt_s, quantile=args.quantile, sweep_points=args.sweep_points)
+    except gauss.Infeasible as exc:
+        if args.json:
+            print(json.dumps({"feasible": False, "infeasible": str(exc), "stage": exc.stage, **exc.details}))
+        else:
+            print(str(exc))
+        return 1
+    if args.plot:
+        _plot(args.plot, result, args.slo_ttft_s, args.slo_tbt_s)
+    if args.json:
+        print(json.dumps(_to_json(result, mode, args.seed, coef)))
+        return 0
+    rows = [("TTFT" if mode == "engine" else "sojourn", result.ttft), ("TBT", result.tbt), ("wait", result.wait)]
+    print(f"{'metric':8} {'mean':>10} {'p50':>10} {'p95':>10} {'p99':>10}   (s, ±95% CI of p95)")
+    for name, st in rows:
+        if st is not None:
+            print(f"{name:8} {st.mean:10.4g} {st.p50:10.4g} {st.p95:10.4g} {st.p99:10.4g}   ±{st.p95_ci:.2g}")
+    print(f"service rate μ·k   {result.service_rate_rps:.4g} req/s   (ρ = {result.utilisation:.3f})")
+    print(f"stability limit    {result.stable_rate_rps:.4g} req/s   ({result.stable_binding})")
+    print(f"sustainable λ*     {result.sustainable_rate_rps:.4g} req/s   ({result.sustainable_binding})")
+    if result.sustainable_note:
+        print(result.sustainable_note)
+    if result.decode_batch is not None:
+        print(f"mean decode batch  {result.decode_batch:.3g}")
+    print(f"samples            {result.samples} in {result.replications} replications, seed {args.seed}")
+    return 0

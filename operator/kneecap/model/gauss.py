@@ -1,0 +1,802 @@
+"""GAUSS (paper 003, DESIGN §5.5): Monte-Carlo TTFT/TBT distributions and sustainable rate.
+
+Pure numpy, no I/O. Every random draw comes from a caller-supplied ``numpy.random.Generator``.
+
+Model (paper §3, our reading where the summary is loose):
+
+* Workload: weighted buckets (input, cached prefix, output tokens) or independent length
+  distributions; arrivals Poisson at λ, or Gamma inter-arrivals with a CV for burstiness.
+* Prefill (§3.2): a request with s = input − cached uncached tokens runs n = ⌈s/Δ⌉ chunks;
+  chunk j (m_j tokens) attends A_j = cached + tokens through the end of chunk j and costs
+  t_chunk + t_tok·m_j + t_attn·m_j·A_j (affine in A_j for full chunks, GAUSS a + b·A_j).
+* Decode step (§3.3): d(B, C) = p + q·C/B + r·B + s·C with C the resident context of the
+  batch (tokens). p, q, r is the GAUSS form; s (default 0) is our addition so that SLIM
+  eqs 9–11 map exactly (see :func:`coefficients_from_slim`).
+* Service (§3.4): S = prefill compute + n·d̄, each chunk step also carrying the concurrent
+  decode batch; the prefill slot is the server of an M/G/k FCFS queue (§3.6).
+* Operating batch (§3.8): by Little's law the mean decode batch B̄ = λ·E[OL]·τ̄ with the mean
+  step time τ̄ = d̄(B̄)/(1 − ρ_c), ρ_c = λ·E[prefill compute] (chunk steps inflate decode steps);
+  solved as a scalar fixed point. Stability: decode needs 1 − ρ_c − λ·E[OL]·(r + s·c̄) > 0,
+  prefill needs ρ = λ·E[S] < k.
+* Queue delay by the Lindley recurrence, vectorised (one server), Kiefer–Wolfowitz (k servers).
+  TTFT = W + S + t_fixed (§3.7); TBT per request = mean step time over its decode steps:
+  d(B_i, C_i) plus the chunk cost of the steps that carry a chunk (§3.4).
+
+Fast-sampling approximations (documented, CRN-friendly): the batch a tagged request sees is
+1 + Poisson(B̄) drawn by a normal approximation, its resident context is its own mean context
+plus c̄ per other sequence, and the fraction of its steps that carry a chunk is a normal
+approximation of Binomial(K, f). TBT uses the mean chunk cost (no chunk-size variance).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Union
+
+import numpy as np
+
+from kneecap.errors import InputError
+
+QUANTILES = (0.5, 0.95, 0.99)
+_BLOCK = 1 << 20  # Lindley block length: bounds temporaries to ~8 MiB per array
+
+
+class Infeasible(Exception):
+    """No finite answer: a stage is unstable (ρ ≥ 1) or an SLO is below the service time.
+
+    ``stage`` names the binding stage (``prefill``, ``decode``, ``queue``); ``str()`` starts
+    with ``"infeasible: <stage> stage: "``.
+    """
+
+    def __init__(self, stage: str, reason: str, **details: float):
+        self.stage = stage
+        self.reason = reason
+        self.details = details
+        super().__init__(f"infeasible: {stage} stage: {reason}")
+
+
+# --------------------------------------------------------------------------- workload
+
+
+@dataclass(frozen=True)
+class FixedLength:
+    tokens: float
+
+
+@dataclass(frozen=True)
+class ExponentialLength:
+    mean: float
+
+
+@dataclass(frozen=True)
+class LogNormalLength:
+    """Log-normal from mean and coefficient of variation: σ² = ln(1 + cv²), μ = ln(mean) − σ²/2."""
+
+    mean: float
+    cv: float
+
+
+@dataclass(frozen=True)
+class HistogramLength:
+    """Empirical lengths as vLLM exports a histogram: finite ``le`` upper bounds and the
+    *cumulative* counts at each (Prometheus style; a trailing +Inf bound is allowed).
+    Sampled by inverse CDF, linear within a bucket from the previous bound (0 for the first);
+    mass in the +Inf bucket is placed at the last finite bound."""
+
+    upper_bounds: tuple[float, ...]
+    cumulative_counts: tuple[float, ...]
+
+
+LengthDist = Union[FixedLength, ExponentialLength, LogNormalLength, HistogramLength]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Independent length distributions; ``cached_tokens`` is the reused prefix (≤ input − 1)."""
+
+    input_tokens: LengthDist
+    output_tokens: LengthDist
+    cached_tokens: LengthDist | None = None
+
+
+@dataclass(frozen=True)
+class BucketWorkload:
+    """GAUSS §3.1 weighted buckets: per bucket (input, cached prefix, output) and a weight."""
+
+    input_tokens: tuple[float, ...]
+    cached_tokens: tuple[float, ...]
+    output_tokens: tuple[float, ...]
+    weights: tuple[float, ...]
+
+
+def _positive(field_name: str, value: float, allow_zero: bool = False) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise InputError(field_name, f"expected a number, got {value!r}") from None
+    if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
+        raise InputError(field_name, f"expected a {'non-negative' if allow_zero else 'positive'} finite number, got {value!r}")
+    return v
+
+
+def lognormal_params(mean: float, cv: float) -> tuple[float, float]:
+    """(μ, σ) of the log-normal with the given mean and CV (moment matching)."""
+    sigma2 = math.log1p(cv * cv)
+    return math.log(mean) - sigma2 / 2.0, math.sqrt(sigma2)
+
+
+def sample_lengths(dist: LengthDist, n: int, rng: np.random.Generator, field_name: str = "length") -> np.ndarray:
+    """Draw ``n`` real-valued lengths (tokens, or seconds for service times) as float64."""
+    if isinstance(dist, FixedLength):
+        return np.full(n, _positive(f"{field_name}.tokens", dist.tokens, allow_zero=True))
+    if isinstance(dist, ExponentialLength):
+        return rng.standard_exponential(n) * _positive(f"{field_name}.mean", dist.mean)
+    if isinstance(dist, LogNormalLength):
+        mean = _positive(f"{field_name}.mean", dist.mean)
+        cv = _positive(f"{field_name}.cv", dist.cv, allow_zero=True)
+        if cv == 0:
+            return np.full(n, mean)
+        mu, sigma = lognormal_params(mean, cv)
+        return np.exp(mu + sigma * rng.standard_normal(n))
+    if isinstance(dist, HistogramLength):
+        bounds = np.asarray(dist.upper_bounds, dtype=np.float64)
+        cum = np.asarray(dist.cumulative_counts, dtype=np.float64)
+        if bounds.ndim != 1 or bounds.shape != cum.shape or bounds.size == 0:
+            raise InputError(f"{field_name}.upper_bounds", "expected equal-length 1-D bounds and cumulative counts")
+        if np.isinf(bounds[-1]):
+            if bounds.size < 2:
+                raise InputError(f"{field_name}.upper_bounds", "need at least one finite bound")
+            bounds = bounds.copy()
+            bounds[-1] = bounds[-2]
+        if not np.all(np.isfinite(bounds)) or np.any(np.diff(bounds) < 0) or bounds[0] < 0:
+            raise InputError(f"{field_name}.upper_bounds", "expected non-negative increasing bounds")
+        if np.any(np.diff(cum) < 0) or cum[0] < 0 or cum[-1] <= 0:
+            raise InputError(f"{field_name}.cumulative_counts", "expected non-decreasing cumulative counts with a positive total")
+        cdf = np.concatenate(([0.0], cum / cum[-1]))
+        edges = np.concatenate(([0.0], bounds))
+        u = rng.random(n)
+        # inverse CDF, linear within buckets; np.interp needs increasing xp: drop empty buckets
+        keep = np.concatenate(([True], np.diff(cdf) > 0))
+        return np.interp(u, cdf[keep], edges[keep])
+    raise InputError(field_name, f"unknown length distribution {type(dist).__name__}")
+
+
+def sample_workload(workload: Workload | BucketWorkload, n: int, rng: np.random.Generator):
+    """(input, cached, output) token counts, integers ≥ 1 stored as float64; cached ≤ input − 1."""
+    if isinstance(workload, BucketWorkload):
+        w = np.asarray(workload.weights, dtype=np.float64)
+        cols = [np.asarray(c, dtype=np.float64) for c in (workload.input_tokens, workload.cached_tokens, workload.output_tokens)]
+        if w.ndim != 1 or w.size == 0 or any(c.shape != w.shape for c in cols):
+            raise InputError("workload.weights", "expected one weight per bucket and equal-length bucket columns")
+        if np.any(w < 0) or not w.sum() > 0 or not np.all(np.isfinite(w)):
+            raise InputError("workload.weights", "expected non-negative weights with a positive sum")
+        if np.any(cols[0] < 1) or np.any(cols[2] < 1) or np.any(cols[1] < 0):
+            raise InputError("workload.input_tokens", "expected input and output ≥ 1 and cached ≥ 0 tokens per bucket")
+        idx = np.searchsorted(np.cumsum(w) / w.sum(), rng.random(n), side="right")
+        idx = np.minimum(idx, w.size - 1)
+        inp, cached, out = (c[idx] for c in cols)
+    elif isinstance(workload, Workload):
+        inp = sample_lengths(workload.input_tokens, n, rng, "input_tokens")
+        out = sample_lengths(workload.output_tokens, n, rng, "output_tokens")
+        cached = (sample_lengths(workload.cached_tokens, n, rng, "cached_tokens")
+                  if workload.cached_tokens is not None else np.zeros(n))
+    else:
+        raise InputError("workload", f"expected Workload or BucketWorkload, got {type(workload).__name__}")
+    inp = np.maximum(np.rint(inp), 1.0)
+    out = np.maximum(np.rint(out), 1.0)
+    cached = np.clip(np.rint(cached), 0.0, inp - 1.0)
+    return inp, cached, out
+
+
+def unit_interarrivals(shape, rng: np.random.Generator, burst_cv: float = 1.0) -> np.ndarray:
+    """Inter-arrival times of a unit-rate process (mean 1): exponential (Poisson arrivals,
+    burst_cv = 1) or Gamma with shape 1/cv² (burst_cv ≠ 1). Divide by λ for rate λ; keeping
+    these fixed across λ gives common random numbers."""
+    cv = _positive("burst_cv", burst_cv, allow_zero=True)
+    if cv == 1.0:
+        return rng.standard_exponential(shape)
+    if cv == 0.0:
+        return np.ones(shape)
+    k = 1.0 / (cv * cv)
+    return rng.standard_gamma(k, shape) / k
+
+
+# --------------------------------------------------------------------------- service
+
+
+@dataclass(frozen=True)
+class ServiceCoefficients:
+    """Engine cost coefficients, seconds (GAUSS §3.2–3.4, DESIGN §5.5).
+
+    Chunk step cost: prefill_s_per_chunk + prefill_s_per_token·m + prefill_s_per_attended_token·m·A
+    (m chunk tokens, A attended context). Decode step: d(B, C) = decode_step_s
+    + decode_s_per_context_token·C/B + decode_s_per_seq·B + decode_s_per_resident_token·C.
+    ``request_overhead_s`` (SLIM t_fixed) adds to TTFT but does not occupy the prefill slot.
+    """
+
+    prefill_s_per_token: float
+    prefill_s_per_attended_token: float = 0.0
+    prefill_s_per_chunk: float = 0.0
+    decode_step_s: float = 0.0  # p
+    decode_s_per_context_token: float = 0.0  # q, multiplies C/B
+    decode_s_per_seq: float = 0.0  # r, multiplies B
+    decode_s_per_resident_token: float = 0.0  # s, multiplies C (0 in the GAUSS form)
+    chunk_tokens: int = 2048  # Δ: vLLM max_num_batched_tokens
+    request_overhead_s: float = 0.0
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "chunk_tokens":
+                if not isinstance(value, (int, np.integer)) or value < 1:
+                    raise InputError("chunk_tokens", f"expected a positive integer, got {value!r}")
+            else:
+                _positive(f.name, value, allow_zero=True)
+        if self.prefill_s_per_token + self.prefill_s_per_attended_token + self.prefill_s_per_chunk <= 0:
+            raise InputError("prefill_s_per_token", "prefill costs are all zero; expected a positive prefill cost")
+        if self.decode_step_s + self.decode_s_per_context_token + self.decode_s_per_seq + self.decode_s_per_resident_token <= 0:
+            raise InputError("decode_step_s", "decode costs are all zero; expected a positive decode cost")
+
+
+def coefficients_from_slim(
+    *, eta_c: float, eta_m: float, alpha: float, gamma: float, b0: float, t_fixed_s: float,
+    layers: int, hidden: int, kv_dim: int, ff_ratio: float, kv_bytes: float,
+    peak_flops: float, bandwidth_bytes_s: float, chunk_tokens: int = 2048,
+) -> ServiceCoefficients:
+    """GAUSS coefficients from a calibrated SLIM (DESIGN §5.1), plain numbers in.
+
+    ``ff_ratio`` is the effective r_ff (×1.5 for gated MLPs), ``kv_bytes`` is b_kv.
+
+    * Prefill, SLIM eqs 7–8 at B = 1: T_pre = L·[IL·(4D² + 4·D·Dkv + 4·r_ff·D²) + 4·IL²·D]/(η_c·Fmax).
+      prefill_s_per_token = L·(4D² + 4·D·Dkv + 4·r_ff·D²)/(η_c·Fmax) and
+      prefill_s_per_attended_token = 4·L·D/(η_c·Fmax), so one chunk holding the whole prompt
+      (m = A = IL) reproduces eq. 8 exactly; smaller chunks give the causal Σ m_j·A_j ≈ IL²/2.
+      prefill_s_per_chunk = 0 (SLIM has no per-step prefill overhead).
+    * Decode, SLIM eqs 9–11 per step (T_dec/OL): (B + B0)·[α' + κ·c̄] with α' = α + γ·L·(D/1024)²
+      (eq. 10 per token), κ = 2·L·Dkv·b_kv/(η_m·BW) (eq. 11 per token of context) and
+      c̄ = C(IL, OL)/OL = C/B the mean context per sequence (eq. 12). Expanding,
+      d(B, C) = B0·α' + B0·κ·C/B + α'·B + κ·C, i.e. p = B0·α', q = B0·κ, r = α', s = κ.
+    * request_overhead_s = t_fixed (eq. 5).
+    """
+    vals = dict(eta_c=eta_c, eta_m=eta_m, layers=layers, hidden=hidden, kv_dim=kv_dim,
+                kv_bytes=kv_bytes, peak_flops=peak_flops, bandwidth_bytes_s=bandwidth_bytes_s)
+    for name, v in vals.items():
+        _positive(name, v)
+    for name, v in dict(alpha=alpha, gamma=gamma, b0=b0, t_fixed_s=t_fixed_s, ff_ratio=ff_ratio).items():
+        _positive(name, v, allow_zero=True)
+    L, D, Dkv = float(layers), float(hidden), float(kv_dim)
+    compute_s_per_flop = 1.0 / (eta_c * peak_flops)  # eq. 7
+    per_token = L * (4 * D * D + 4 * D * Dkv + 4 * ff_ratio * D * D) * compute_s_per_flop  # eq. 8, linear
+    per_attended = 4.0 * L * D * compute_s_per_flop  # eq. 8, 4·IL²·D
+    alpha_step = alpha + gamma * L * (D / 1024.0) ** 2  # eq. 10 per output token
+    kappa = 2.0 * L * Dkv * kv_bytes / (eta_m * bandwidth_bytes_s)  # eq. 11 per context token
+    return ServiceCoefficients(
+        prefill_s_per_token=per_token, prefill_s_per_attended_token=per_attended, prefill_s_per_chunk=0.0,
+        decode_step_s=b0 * alpha_step, decode_s_per_context_token=b0 * kappa,
+        decode_s_per_seq=alpha_step, decode_s_per_resident_token=kappa,
+        chunk_tokens=int(chunk_tokens), request_overhead_s=float(t_fixed_s),
+    )
+
+
+def prefill_compute_s(coef: ServiceCoefficients, input_tokens, cached_tokens):
+    """(compute seconds, chunk count) of chunked prefill, closed form per request (GAUSS §3.2).
+
+    With s uncached tokens, n = ⌈s/Δ⌉, the last chunk m = s − (n−1)·Δ tokens:
+    Σ m_j·A_j = (n−1)·Δ·c + Δ²·n·(n−1)/2 + m·(c + s)  (A_j = c + tokens through chunk j).
+    """
+    inp = np.asarray(input_tokens, dtype=np.float64)
+    c = np.asarray(cached_tokens, dtype=np.float64)
+    delta = float(coef.chunk_tokens)
+    s = np.maximum(inp - c, 1.0)
+    n = np.ceil(s / delta)
+    last = s - (n - 1.0) * delta
+    attended = (n - 1.0) * delta * c + delta * delta * n * (n - 1.0) / 2.0 + last * (c + s)
+    compute = coef.prefill_s_per_chunk * n + coef.prefill_s_per_token * s + coef.prefill_s_per_attended_token * attended
+    return compute, n
+
+
+def decode_step_s(coef: ServiceCoefficients, batch, resident_tokens):
+    """d(B, C) = p + q·C/B + r·B + s·C (GAUSS §3.3; s from SLIM eq. 9–11), B ≥ 1."""
+    b = np.maximum(np.asarray(batch, dtype=np.float64), 1.0)
+    C = np.asarray(resident_tokens, dtype=np.float64)
+    return (coef.decode_step_s + coef.decode_s_per_context_token * C / b
+            + coef.decode_s_per_seq * b + coef.decode_s_per_resident_token * C)
+
+
+@dataclass(frozen=True)
+class WorkloadMoments:
+    """Moments of a sampled workload under given coefficients (per request)."""
+
+    prefill_compute_s: float  # E[S_c]
+    chunks: float  # E[n]
+    output_tokens: float  # E[OL]
+    context_tokens: float  # c̄: decode-time-weighted mean resident context per sequence
+
+
+def workload_moments(coef: ServiceCoefficients, inp, cached, out) -> WorkloadMoments:
+    compute, n = prefill_compute_s(coef, inp, cached)
+    own_ctx = inp + (out + 1.0) / 2.0  # eq. 12 / OL: mean context during this request's decode
+    return WorkloadMoments(float(compute.mean()), float(n.mean()), float(out.mean()),
+                           float((out * own_ctx).sum() / out.sum()))
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """Mean-field steady state of one server at per-server rate λ_s (GAUSS §3.5, §3.8)."""
+
+    rate_per_server_rps: float
+    decode_batch: float  # B̄, time-average sequences in decode (Little's law)
+    decode_step_s: float  # d̄: mean decode cost of a step (expectation over Poisson(B̄))
+    mean_step_s: float  # τ̄ = d̄/(1 − ρ_c), chunk inflation included
+    chunk_step_fraction: float  # f = λ_s·E[n]·τ̄: fraction of steps carrying a prefill chunk
+    mean_chunk_s: float  # ℓ̄ = E[S_c]/E[n]
+    mean_service_s: float  # E[S] = E[S_c] + E[n]·d̄
+    utilisation: float  # ρ = λ_s·E[S]
+
+
+def _decode_mean(coef: ServiceCoefficients, b: float, cbar: float) -> float:
+    # E over B ~ Poisson(b) of d(B, B·c̄) with an empty batch costing p only.
+    return (coef.decode_step_s + coef.decode_s_per_context_token * cbar * (-math.expm1(-b))
+            + (coef.decode_s_per_seq + coef.decode_s_per_resident_token * cbar) * b)
+
+
+def operating_point(coef: ServiceCoefficients, m: WorkloadMoments, rate_per_server_rps: float) -> OperatingPoint:
+    """Solve B̄ = λ_s·E[OL]·d̄(B̄)/(1 − ρ_c) (Little's law, GAUSS §3.8); raise Infeasible
+    when decode (denominator ≤ 0) or prefill (ρ ≥ 1) is unstable."""
+    lam = float(rate_per_server_rps)
+    rho_c = lam * m.prefill_compute_s
+    slope = coef.decode_s_per_seq + coef.decode_s_per_resident_token * m.context_tokens
+    den = 1.0 - rho_c - lam * m.output_tokens * slope
+    if rho_c >= 1.0:
+        raise Infeasible("prefill", f"prefill compute alone loads the server to ρ = {rho_c:.3g} ≥ 1 at {lam:.4g} req/s per server",
+                         utilisation=rho_c)
+    if den <= 0.0:
+        raise Infeasible("decode", f"decode batch grows without bound at {lam:.4g} req/s per server "
+                         f"(1 − ρ_c − λ·E[OL]·(r + s·c̄) = {den:.3g} ≤ 0)", margin=den)
+    k = lam * m.output_tokens / (1.0 - rho_c)
+    hi = k * (coef.decode_step_s + coef.decode_s_per_context_token * m.context_tokens) / den  # linear-bound root
+    lo = 0.0
+    for _ in range(80):  # g(b) − b is decreasing past the root; bisection on a scalar
+        mid = 0.5 * (lo + hi)
+        if k * _decode_mean(coef, mid, m.context_tokens) > mid:
+            lo = mid
+        else:
+            hi = mid
+    b = 0.5 * (lo + hi)
+    dbar = _decode_mean(coef, b, m.context_tokens)
+    tau = dbar / (1.0 - rho_c)
+    service = m.prefill_compute_s + m.chunks * dbar
+    rho = lam * service
+    if rho >= 1.0:
+        # name the stage whose work dominates the saturated prefill slot
+        stage = "decode" if m.chunks * dbar > m.prefill_compute_s else "prefill"
+        raise Infeasible(stage, f"ρ = λ·E[S] = {rho:.3g} ≥ 1 at {lam:.4g} req/s per server (E[S] = {service:.4g} s: "
+                         f"prefill compute {m.prefill_compute_s:.4g} s + {m.chunks:.3g} chunk steps × decode batch "
+                         f"step {dbar:.4g} s at B̄ = {b:.3g})", utilisation=rho)
+    return OperatingPoint(lam, b, dbar, tau, lam * m.chunks * tau, m.prefill_compute_s / max(m.chunks, 1e-300),
+                          service, rho)
+
+
+def stability_limit_rps(coef: ServiceCoefficients, m: WorkloadMoments, servers: int = 1) -> tuple[float, str]:
+    """Largest total λ with both stages stable (bisection on the mean-field model) and the stage
+    that binds there."""
+    def stable(lam):
+        try:
+            operating_point(coef, m, lam / servers)
+            return None
+        except Infeasible as exc:
+            return exc.stage
+    hi = servers / max(m.prefill_compute_s + m.chunks * coef.decode_step_s, 1e-300)  # ρ(λ) ≥ λ·E[S] at B̄ = 0
+    lo = 0.0
+    stage = stable(hi) or "prefill"
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        st = stable(mid)
+        if st is None:
+            lo = mid
+        else:
+            hi, stage = mid, st
+        if hi - lo <= 1e-10 * hi:
+            break
+    return lo, stage
+
+
+# --------------------------------------------------------------------------- queues
+
+
+def lindley_waits(service_s: np.ndarray, interarrival_s: np.ndarray, initial_wait_s: float = 0.0,
+                  block: int = _BLOCK) -> np.ndarray:
+    """Single-server FCFS waits, W_{n+1} = max(0, W_n + S_n − A_{n+1}), along the last axis.
+
+    ``interarrival_s[..., n]`` is the gap before request n (index 0 unused). Vectorised per
+    block (GAUSS §3.6, DESIGN §5.5): with X the partial sums of (S − A) inside the block and
+    W₀ the wait carried in, W_n = X_n − min(−W₀, min_{k≤n} X_k). Blocks bound temporaries
+    and keep the partial sums small (float64 drift stays ~1e-16·block·E[A]).
+    """
+    S = np.asarray(service_s, dtype=np.float64)
+    A = np.asarray(interarrival_s, dtype=np.float64)
+    if S.shape != A.shape:
+        raise InputError("interarrival_s", f"expected the shape of service_s {S.shape}, got {A.shape}")
+    n = S.shape[-1]
+    W = np.empty_like(S)
+    if n == 0:
+        return W
+    W[..., 0] = initial_wait_s
+    for start in range(1, n, block):
+        stop = min(start + block, n)
+        x = S[..., start - 1:stop - 1] - A[..., start:stop]
+        np.cumsum(x, axis=-1, out=x)
+        low = np.minimum.accumulate(x, axis=-1)
+        np.minimum(low, -W[..., start - 1:start], out=low)
+        np.subtract(x, low, out=W[..., start:stop])
+    return W
+
+
+def kiefer_wolfowitz_waits(service_s: np.ndarray, interarrival_s: np.ndarray, servers: int) -> np.ndarray:
+    """k-server FCFS waits by the Kiefer–Wolfowitz workload vector, arrays (chains, n).
+
+    w ← sort((w + S_n·e₁ − A_{n+1})⁺); the wait of request n is the smallest workload w₁.
+    Cost: a Python loop over the n requests of a chain, vectorised over the chains (one numpy
+    call sequence of O(chains·k log k) per request), ~10 µs per step: use many short chains
+    (the caller runs ≥ 256) rather than one long one. Exact, not an approximation.
+    """
+    k = int(servers)
+    S = np.ascontiguousarray(np.asarray(service_s, dtype=np.float64).T)  # (n, chains): rows contiguous
+    A = np.ascontiguousarray(np.asarray(interarrival_s, dtype=np.float64).T)
+    n, chains = S.shape
+    out = np.empty((n, chains))
+    w = np.zeros((chains, k))
+    w0 = w[:, 0]
+    for i in range(n):
+        out[i] = w0
+        w0 += S[i]
+        if i + 1 < n:
+            w -= A[i + 1][:, None]
+            np.maximum(w, 0.0, out=w)
+            w.sort(axis=1)
+    return out.T
+
+
+def queue_waits(service_s: np.ndarray, interarrival_s: np.ndarray, servers: int = 1) -> np.ndarray:
+    """FCFS waits for 1 (Lindley) or k (Kiefer–Wolfowitz) servers, arrays (chains, n)."""
+    if int(servers) == 1:
+        return lindley_waits(service_s, interarrival_s)
+    return kiefer_wolfowitz_waits(service_s, interarrival_s, servers)
+
+
+def _layout(samples: int, replications: int, servers: int) -> tuple[int, int, int]:
+    """(chains, kept steps per chain, warm-up steps per chain). One chain per replication for a
+    single server; ≥ 256 short chains (grouped into replications) for Kiefer–Wolfowitz."""
+    if servers == 1:
+        kept = -(-samples // replications)
+        return replications, kept, kept // 20
+    per = max(1, -(-256 // replications))
+    chains = replications * per
+    kept = -(-samples // chains)
+    return chains, kept, max(500, kept // 5)
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class LatencyStats:
+    """Pooled mean and p50/p95/p99 (seconds) with 95% CI half-widths from the spread of
+    independent replications (Student t)."""
+
+    mean: float
+    p50: float
+    p95: float
+    p99: float
+    mean_ci: float
+    p50_ci: float
+    p95_ci: float
+    p99_ci: float
+
+    def quantile(self, q: float) -> float:
+        return {0.5: self.p50, 0.95: self.p95, 0.99: self.p99}[q]
+
+    def to_dict(self) -> dict:
+        return {"mean": self.mean, "p50": self.p50, "p95": self.p95, "p99": self.p99,
+                "ci95_halfwidth": {"mean": self.mean_ci, "p50": self.p50_ci, "p95": self.p95_ci, "p99": self.p99_ci}}
+
+
+def latency_stats(groups: list[np.ndarray]) -> LatencyStats:
+    """Stats over replications (a list of 1-D sample arrays, one per replication)."""
+    from scipy.stats import t as student_t
+
+    pooled = np.concatenate(groups)
+    if pooled.size == 0:
+        raise InputError("samples", "no samples to summarise")
+    qs = np.quantile(pooled, QUANTILES)
+    per = np.array([[g.mean(), *np.quantile(g, QUANTILES)] for g in groups if g.size])
+    if per.shape[0] > 1:
+        half = student_t.ppf(0.975, per.shape[0] - 1) * per.std(axis=0, ddof=1) / math.sqrt(per.shape[0])
+    else:
+        half = np.full(4, float("inf"))
+    return LatencyStats(float(pooled.mean()), *map(float, qs), *map(float, half))
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    rate_rps: float
+    ttft_s: tuple[float, float, float]  # p50, p95, p99
+    tbt_s: tuple[float, float, float] | None
+    utilisation: float
+
+
+@dataclass(frozen=True)
+class GaussResult:
+    """Outcome of :func:`simulate`. ``tbt`` is None in raw-queue mode (no decode)."""
+
+    rate_rps: float
+    servers: int
+    ttft: LatencyStats
+    tbt: LatencyStats | None
+    wait: LatencyStats
+    service: LatencyStats
+    service_rate_rps: float  # μ·k = k/E[S] at this rate
+    utilisation: float  # ρ per server
+    stable_rate_rps: float  # largest stable λ (GAUSS λ* = μ, §3.5)
+    stable_binding: str
+    sustainable_rate_rps: float  # λ where the SLO quantile crosses the SLO (stable rate if no SLO)
+    sustainable_binding: str  # which limit sets it: ttft_slo, tbt_slo, prefill, decode, queue
+    sustainable_note: str | None  # "infeasible: …" when no λ > 0 meets the SLO
+    decode_batch: float | None
+    quantile: float
+    samples: int
+    replications: int
+    sweep: tuple[SweepPoint, ...] = ()
+    ttft_sample_s: np.ndarray = field(default=None, repr=False, compare=False)  # subsample for plots
+    tbt_sample_s: np.ndarray | None = field(default=None, repr=False, compare=False)
+
+
+# --------------------------------------------------------------------------- engine
+
+
+@dataclass(frozen=True)
+class _Draws:
+    """Base random numbers, fixed across λ (common random numbers)."""
+
+    unit_inter: np.ndarray  # (chains, steps)
+    inp: np.ndarray
+    cached: np.ndarray
+    out: np.ndarray
+    z_batch: np.ndarray
+    z_chunk: np.ndarray
+    raw_service_s: np.ndarray | None  # raw-queue mode: service times
+
+
+def _draw_llm(workload, chains, steps, burst_cv, rng) -> _Draws:
+    shape = (chains, steps)
+    inter = unit_interarrivals(shape, rng, burst_cv)
+    inp, cached, out = (a.reshape(shape) for a in sample_workload(workload, chains * steps, rng))
+    return _Draws(inter, inp, cached, out, rng.standard_normal(shape), rng.standard_normal(shape), None)
+
+
+def raw_service_draws(dist: str, mean_s: float, cv: float | None, n: int | tuple, rng: np.random.Generator) -> np.ndarray:
+    """Service times for the raw queue: ``exp``, ``det``, ``lognormal`` or ``gamma`` (mean, CV)."""
+    mean = _positive("service_mean_s", mean_s)
+    if dist == "exp":
+        return rng.standard_exponential(n) * mean
+    if dist == "det":
+        return np.full(n, mean)
+    cv = _positive("service_cv", 1.0 if cv is None else cv, allow_zero=True)
+    if cv == 0:
+        return np.full(n, mean)
+    if dist == "lognormal":
+        mu, sigma = lognormal_params(mean, cv)
+        return np.exp(mu + sigma * rng.standard_normal(n))
+    if dist == "gamma":
+        k = 1.0 / (cv * cv)
+        return rng.standard_gamma(k, n) * (mean / k)
+    raise InputError("service_dist", f"expected one of exp, det, lognormal, gamma, got {dist!r}")
+
+
+def _evaluate(draws: _Draws, coef: ServiceCoefficients | None, moments: WorkloadMoments | None,
+              rate_rps: float, servers: int, warm: int, want_tbt: bool = True):
+    """(ttft, tbt or None, wait, service, operating point or None) at λ: kept columns only."""
+    inter = draws.unit_inter / rate_rps
+    if coef is None:
+        S = draws.raw_service_s
+        op = None
+        overhead = 0.0
+    else:
+        op = operating_point(coef, moments, rate_rps / servers)
+        compute, n = prefill_compute_s(coef, draws.inp, draws.cached)
+        S = compute + n * op.decode_step_s  # GAUSS §3.4: chunk steps carry the decode batch
+        overhead = coef.request_overhead_s
+    W = queue_waits(S, inter, servers)[:, warm:]
+    S = S[:, warm:]
+    ttft = W + S + overhead  # GAUSS §3.7
+    tbt = None
+    if coef is not None and want_tbt:
+        inp, out = draws.inp[:, warm:], draws.out[:, warm:]
+        b = op.decode_batch
+        others = np.maximum(b + math.sqrt(b) * draws.z_batch[:, warm:], 0.0)  # ≈ Poisson(B̄), PASTA
+        own_ctx = inp + (out + 1.0) / 2.0
+        d = decode_step_s(coef, 1.0 + others, own_ctx + others * moments.context_tokens)
+        steps = np.maximum(out - 1.0, 1.0)
+        f = min(op.chunk_step_fraction, 1.0)
+        frac = np.clip(f + np.sqrt(f * (1.0 - f) / steps) * draws.z_chunk[:, warm:], 0.0, 1.0)  # ≈ Bin(K, f)/K
+        tbt = d + frac * op.mean_chunk_s  # GAUSS §3.4: chunk steps inflate the decode step
+        tbt = np.where(out >= 2.0, tbt, -1.0)  # requests with one output token have no TBT
+    return ttft, tbt, W, S, op
+
+
+def _groups(x: np.ndarray, replications: int, valid: np.ndarray | None = None) -> list[np.ndarray]:
+    rows = x.reshape(replications, -1)
+    if valid is None:
+        return list(rows)
+    ok = valid.reshape(replications, -1)
+    return [r[m] for r, m in zip(rows, ok)]
+
+
+def _tail(ttft, tbt, q):
+    tq = float(np.quantile(ttft, q))
+    if tbt is None:
+        return tq, None
+    v = tbt[tbt >= 0]
+    return tq, (float(np.quantile(v, q)) if v.size else None)
+
+
+def _sustainable(draws, coef, moments, servers, warm, stable_rps, stable_stage, slo_ttft_s, slo_tbt_s, q, rel_tol=1e-3):
+    """λ* by bisection with common random numbers: the largest λ whose q-quantiles meet the SLOs."""
+    if slo_ttft_s is None and slo_tbt_s is None:
+        return stable_rps, stable_stage, None
+
+    def meets(lam):
+        ttft, tbt, *_ = _evaluate(draws, coef, moments, lam, servers, warm, want_tbt=slo_tbt_s is not None)
+        tq, bq = _tail(ttft, tbt, q)
+        if slo_ttft_s is not None and tq > slo_ttft_s:
+            return "ttft_slo", tq
+        if slo_tbt_s is not None and bq is not None and bq > slo_tbt_s:
+            return "tbt_slo", bq
+        return None, None
+
+    lo = stable_rps * 1e-6
+    why, val = meets(lo)
+    if why is not None:
+        stage = "prefill" if why == "ttft_slo" else "decode"
+        slo = slo_ttft_s if why == "ttft_slo" else slo_tbt_s
+        metric = "TTFT" if why == "ttft_slo" else "TBT"
+        return 0.0, why, (f"infeasible: {stage} stage: p{round(q * 100):d} {metric} {val:.4g} s at near-zero load "
+                          f"exceeds the SLO {slo:.4g} s (the SLO is below the service time)")
+    hi = stable_rps * (1.0 - 1e-6)
+    why_hi, _ = meets(hi)
+    if why_hi is None:
+        return hi, stable_stage, None
+    binding = why_hi
+    while hi - lo > rel_tol * hi:
+        mid = 0.5 * (lo + hi)
+        why, _ = meets(mid)
+        if why is None:
+            lo = mid
+        else:
+            hi, binding = mid, why
+    return lo, binding, None
+
+
+def _check_common(rate_rps, servers, samples, replications, quantile):
+    rate = _positive("rate_rps", rate_rps)
+    if not isinstance(servers, (int, np.integer)) or servers < 1:
+        raise InputError("servers", f"expected a positive integer, got {servers!r}")
+    if not isinstance(replications, (int, np.integer)) or replications < 2:
+        raise InputError("replications", f"expected an integer ≥ 2 (CIs need several), got {replications!r}")
+    if not isinstance(samples, (int, np.integer)) or samples < 100 * replications:
+        raise InputError("samples", f"expected an integer ≥ 100·replications = {100 * replications}, got {samples!r}")
+    if quantile not in QUANTILES:
+        raise InputError("quantile", f"expected one of {QUANTILES}, got {quantile!r}")
+    return rate
+
+
+def _sweep(draws, coef, moments, servers, warm, stable_rps, points, fractions=None):
+    fr = np.linspace(0.05, 0.98, points) if fractions is None else np.asarray(fractions)
+    out = []
+    for lam in fr * stable_rps:
+        ttft, tbt, _, _, op = _evaluate(draws, coef, moments, float(lam), servers, warm)
+        tt = tuple(float(v) for v in np.quantile(ttft, QUANTILES))
+        bt = None
+        if tbt is not None and np.any(tbt >= 0):
+            bt = tuple(float(v) for v in np.quantile(tbt[tbt >= 0], QUANTILES))
+        rho = op.utilisation if op is not None else float(lam * draws.raw_service_s.mean() / servers)
+        out.append(SweepPoint(float(lam), tt, bt, rho))
+    return tuple(out)
+
+
+def _search_draws(draws: _Draws, search_samples: int, servers: int, warm: int):
+    """A prefix of the base draws (same random numbers) sized for λ search and sweeps."""
+    chains, steps = draws.unit_inter.shape
+    keep = min(steps, max(warm + 1000, warm + -(-search_samples // chains)))
+    sl = (slice(None), slice(0, keep))
+    return _Draws(draws.unit_inter[sl], draws.inp[sl], draws.cached[sl], draws.out[sl], draws.z_batch[sl],
+                  draws.z_chunk[sl], None if draws.raw_service_s is None else draws.raw_service_s[sl])
+
+
+def _finish(draws, coef, moments, rate, servers, replications, chains, warm, slo_ttft_s, slo_tbt_s,
+            quantile, sweep_points, search_samples, stable_rps, stable_stage, rng_plot):
+    ttft, tbt, W, S, op = _evaluate(draws, coef, moments, rate, servers, warm)
+    # group chains into replications: (chains, kept) -> (replications, chains/replications·kept)
+    ttft_stats = latency_stats(_groups(ttft, replications))
+    wait_stats = latency_stats(_groups(W, replications))
+    service_stats = latency_stats(_groups(S, replications))
+    tbt_stats = None
+    if tbt is not None and np.any(tbt >= 0):
+        tbt_stats = latency_stats(_groups(tbt, replications, tbt >= 0))
+    sd = _search_draws(draws, search_samples, servers, warm)
+    lam_star, binding, note = _sustainable(sd, coef, moments, servers, warm, stable_rps, stable_stage,
+                                           slo_ttft_s, slo_tbt_s, quantile)
+    sweep = _sweep(sd, coef, moments, servers, warm, stable_rps, sweep_points) if sweep_points else ()
+    mean_s = op.mean_service_s if op is not None else float(draws.raw_service_s.mean())
+    rho = op.utilisation if op is not None else rate * mean_s / servers
+    sub = rng_plot.choice(ttft.size, size=min(ttft.size, 20000), replace=False)
+    tbt_sub = None
+    if tbt is not None:
+        v = tbt[tbt >= 0]
+        tbt_sub = v[rng_plot.choice(v.size, size=min(v.size, 20000), replace=False)] if v.size else None
+    return GaussResult(
+        rate_rps=rate, servers=servers, ttft=ttft_stats, tbt=tbt_stats, wait=wait_stats, service=service_stats,
+        service_rate_rps=servers / mean_s, utilisation=rho, stable_rate_rps=stable_rps, stable_binding=stable_stage,
+        sustainable_rate_rps=lam_star, sustainable_binding=binding, sustainable_note=note,
+        decode_batch=None if op is None else op.decode_batch, quantile=quantile, samples=int(ttft.size),
+        replications=replications, sweep=sweep, ttft_sample_s=ttft.ravel()[sub], tbt_sample_s=tbt_sub)
+
+
+def simulate(
+    workload: Workload | BucketWorkload, coef: ServiceCoefficients, rate_rps: float, *,
+    rng: np.random.Generator, servers: int = 1, burst_cv: float = 1.0, samples: int = 10**6,
+    replications: int = 8, slo_ttft_s: float | None = None, slo_tbt_s: float | None = None,
+    quantile: float = 0.95, sweep_points: int = 0, search_samples: int = 200_000,
+) -> GaussResult:
+    """GAUSS Algorithm 1: TTFT/TBT/wait distributions at λ = ``rate_rps`` on ``servers`` engines
+    sharing one FCFS queue, the service rate, the stability limit and the SLO-sustainable rate
+    (bisection over λ with common random numbers on ``search_samples`` samples), and optionally a
+    λ sweep of ``sweep_points`` rates from 5% to 98% of the stability limit.
+
+    Raises :class:`Infeasible` when ``rate_rps`` is at or past the stability limit; an SLO that
+    no λ > 0 meets gives ``sustainable_rate_rps = 0`` and an ``infeasible: …`` note.
+    """
+    rate = _check_common(rate_rps, servers, samples, replications, quantile)
+    for name, v in (("slo_ttft_s", slo_ttft_s), ("slo_tbt_s", slo_tbt_s)):
+        if v is not None:
+            _positive(name, v)
+    if not isinstance(coef, ServiceCoefficients):
+        raise InputError("coef", f"expected ServiceCoefficients, got {type(coef).__name__}")
+    chains, kept, warm = _layout(samples, replications, servers)
+    draws = _draw_llm(workload, chains, kept + warm, burst_cv, rng)
+    moments = workload_moments(coef, draws.inp, draws.cached, draws.out)
+    stable_rps, stage = stability_limit_rps(coef, moments, servers)
+    if rate >= stable_rps:
+        op_stage = stage
+        raise Infeasible(op_stage, f"{rate:.4g} req/s is at or past the stability limit {stable_rps:.4g} req/s "
+                         f"({servers} server{'s' if servers > 1 else ''}; ρ ≥ 1)", stable_rate_rps=stable_rps)
+    return _finish(draws, coef, moments, rate, servers, replications, chains, warm, slo_ttft_s, slo_tbt_s,
+                   quantile, sweep_points, search_samples, stable_rps, stage, rng)
+
+
+def simulate_queue(
+    rate_rps: float, service_mean_s: float, *, rng: np.random.Generator, service_dist: str = "exp",
+    service_cv: float | None = None, servers: int = 1, burst_cv: float = 1.0, samples: int = 10**6,
+    replications: int = 8, slo_s: float | None = None, quantile: float = 0.95, sweep_points: int = 0,
+    search_samples: int = 200_000,
+) -> GaussResult:
+    """Raw G/G/k FCFS queue for textbook checks: ``ttft`` is the sojourn W + S, ``tbt`` None.
+    ``slo_s`` applies to the sojourn quantile. Raises :class:`Infeasible` when ρ = λ·E[S]/k ≥ 1."""
+    rate = _check_common(rate_rps, servers, samples, replications, quantile)
+    mean = _positive("service_mean_s", service_mean_s)
+    if slo_s is not None:
+        _positive("slo_s", slo_s)
+    rho = rate * mean / servers
+    stable_rps = servers / mean
+    if rho >= 1.0:
+        raise Infeasible("queue", f"ρ = λ·E[S]/k = {rho:.4g} ≥ 1 (stability limit {stable_rps:.4g} req/s)",
+                         utilisation=rho)
+    chains, kept, warm = _layout(samples, replications, servers)
+    shape = (chains, kept + warm)
+    inter = unit_interarrivals(shape, rng, burst_cv)
+    service = raw_service_draws(service_dist, mean, service_cv, shape, rng)
+    empty = np.empty((0, 0))
+    draws = _Draws(inter, empty, empty, empty, empty, empty, service)
+    return _finish(draws, None, None, rate, servers, replications, chains, warm, slo_s, None,
+                   quantile, sweep_points, search_samples, stable_rps, "queue", rng)
