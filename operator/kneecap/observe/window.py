@@ -1,0 +1,496 @@
+"""Window observations: what a vLLM pod did between two scrapes (DESIGN.md §4 step 2, §6).
+
+Means are Δsum/Δcount of histograms, rates Δcounter/Δt, percentiles are interpolated from
+histogram bucket deltas (as Prometheus' ``histogram_quantile``), the batch and queue are the
+average of the gauge samples available in the window. Series of several ``engine`` label
+values are summed. Every failure mode answers with a typed :class:`NoObservation`, never a
+wrong number: counter resets, series appearing or vanishing, missing or renamed metrics,
+NaN/garbage values, truncated bodies, idle windows.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, fields
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from kneecap.observe.scrape import Labels, Snapshot
+
+# --- metric names (vLLM V1; old names second) -------------------------------------------
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+PREEMPTIONS = "vllm:num_preemptions_total"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+SUCCESS = "vllm:request_success_total"
+CACHE_CONFIG = "vllm:cache_config_info"
+PROCESS_START = "process_start_time_seconds"
+SUCCESS_CREATED = "vllm:request_success_created"  # a new value means the counters restarted
+PROMPT_TOKENS_CREATED = "vllm:prompt_tokens_created"
+
+H_PROMPT = ("vllm:request_prompt_tokens",)
+H_GENERATION = ("vllm:request_generation_tokens",)
+H_TTFT = ("vllm:time_to_first_token_seconds",)
+H_ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+H_TPOT = ("vllm:request_time_per_output_token_seconds",)
+H_E2E = ("vllm:e2e_request_latency_seconds",)
+H_QUEUE = ("vllm:request_queue_time_seconds",)
+H_PREFILL = ("vllm:request_prefill_time_seconds",)
+H_DECODE = ("vllm:request_decode_time_seconds",)
+H_INFERENCE = ("vllm:request_inference_time_seconds",)
+
+# field prefix -> (histogram names, required)
+_HISTOGRAMS: dict[str, tuple[tuple[str, ...], bool]] = {
+    "input_len": (H_PROMPT, True),
+    "output_len": (H_GENERATION, True),
+    "ttft": (H_TTFT, True),
+    "itl": (H_ITL, True),
+    "tpot": (H_TPOT, False),
+    "e2e": (H_E2E, True),
+    "queue_time": (H_QUEUE, False),
+    "prefill_time": (H_PREFILL, False),
+    "decode_time": (H_DECODE, False),
+    "inference_time": (H_INFERENCE, False),
+}
+_COUNTERS: dict[str, tuple[tuple[str, ...], bool]] = {
+    "finished": ((SUCCESS,), True),
+    "prompt_tokens": ((PROMPT_TOKENS,), True),
+    "generation_tokens": ((GENERATION_TOKENS,), True),
+    "preemptions": ((PREEMPTIONS,), False),
+}
+_GAUGES: dict[str, tuple[tuple[str, ...], bool]] = {
+    "running": ((RUNNING,), True),
+    "waiting": ((WAITING,), True),
+    "kv_usage": (KV_USAGE, True),
+}
+
+QUANTILE = 0.95
+
+
+class Reason(str, enum.Enum):
+    """Why a window gave no observation."""
+
+    IDLE = "idle"  # nothing ran, nothing finished
+    NO_FINISHED = "no_finished_requests"  # work ran but no request finished: no distributions
+    COUNTER_RESET = "counter_reset"  # a counter went down or the process restarted
+    SERIES_CHANGED = "series_changed"  # a series (e.g. an engine) appeared or vanished
+    MISSING_METRIC = "missing_metric"
+    INVALID_VALUE = "invalid_value"  # NaN/inf/garbage, or an inconsistent histogram
+    TRUNCATED = "truncated"  # the body was cut inside a metric we need
+    BAD_WINDOW = "bad_window"  # non-positive window length
+    NO_PODS = "no_pods"
+
+
+@dataclass(frozen=True)
+class NoObservation:
+    """A window that yields no observation, and why (``code`` is e.g. ``missing_metric:vllm:x``)."""
+
+    reason: Reason
+    detail: str = ""
+
+    @property
+    def code(self) -> str:
+        return f"{self.reason.value}:{self.detail}" if self.detail else self.reason.value
+
+    def __str__(self) -> str:
+        return self.code
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One window of one pod (or of a pool, see :mod:`kneecap.observe.pool`).
+
+    Counts and rates are window totals (pool: summed over pods). ``mean_batch``,
+    ``max_batch``, ``kv_usage`` and the KV capacity/memory fields are per pod (pool: averaged
+    over pods). Lengths are in tokens, times in seconds. ``None`` marks a metric this vLLM
+    version does not export.
+    """
+
+    window_s: float
+    t_end_s: float
+    pods: int
+    finished_requests: float
+    request_rate_rps: float
+    mean_batch: float
+    max_batch: float
+    batch_samples: int
+    queue_len: float
+    prompt_tokens: float
+    generation_tokens: float
+    prompt_tok_s: float
+    generation_tok_s: float
+    input_len_mean: float
+    input_len_cv: float
+    input_len_p95: float
+    output_len_mean: float
+    output_len_cv: float
+    output_len_p95: float
+    ttft_mean_s: float
+    ttft_p95_s: float
+    itl_mean_s: float
+    itl_p95_s: float
+    e2e_mean_s: float
+    e2e_p95_s: float
+    kv_usage: float
+    kv_usage_max: float
+    tpot_mean_s: float | None = None
+    tpot_p95_s: float | None = None
+    queue_time_mean_s: float | None = None
+    queue_time_p95_s: float | None = None
+    prefill_time_mean_s: float | None = None
+    prefill_time_p95_s: float | None = None
+    decode_time_mean_s: float | None = None
+    decode_time_p95_s: float | None = None
+    mean_batch_little: float | None = None  # Σ inference time / window (Little's law)
+    preemptions: float | None = None
+    kv_capacity_tokens: float | None = None
+    gpu_memory_utilization: float | None = None
+    kv_cache_memory_bytes: float | None = None
+
+
+OBSERVATION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Observation))
+
+
+# --- histogram maths (vectorised) ---------------------------------------------------------
+@dataclass(frozen=True)
+class Histogram:
+    """A window's histogram delta: cumulative counts per upper bound (last is +inf)."""
+
+    bounds: np.ndarray  # ascending, last = +inf
+    cumulative: np.ndarray
+    sum: float
+    count: float
+
+    def mean(self) -> float:
+        return self.sum / self.count
+
+    def quantile(self, q: float) -> float:
+        """Linear interpolation inside the bucket holding rank q·count (Prometheus
+        ``histogram_quantile``); lower edge of the first bucket is 0. A rank in the +inf
+        bucket returns the highest finite bound, a lower bound of the truth."""
+        rank = q * self.count
+        i = int(np.searchsorted(self.cumulative, rank, side="left"))
+        i = min(i, len(self.bounds) - 1)
+        if not math.isfinite(self.bounds[i]):
+            return float(self.bounds[i - 1]) if i > 0 else 0.0
+        lo = float(self.bounds[i - 1]) if i > 0 else min(0.0, float(self.bounds[0]))
+        below = float(self.cumulative[i - 1]) if i > 0 else 0.0
+        in_bucket = float(self.cumulative[i]) - below
+        if in_bucket <= 0:
+            return float(self.bounds[i])
+        return lo + (float(self.bounds[i]) - lo) * (rank - below) / in_bucket
+
+    def cv(self) -> float:
+        """Coefficient of variation from the buckets, mass uniform inside each finite bucket
+        (E[x²] of U(a,b) = (a²+ab+b²)/3); the +inf bucket's mass sits where it makes the
+        bucket mean equal the exact mean Δsum/Δcount (at its lower edge if that is lower).
+        Its resolution is the bucket width: a tight distribution inside one bucket reads as
+        that bucket's uniform spread."""
+        counts = np.diff(np.concatenate([[0.0], self.cumulative]))
+        hi = self.bounds.astype(float)
+        lo = np.concatenate([[min(0.0, hi[0])], hi[:-1]])
+        finite = np.isfinite(hi)
+        m1 = np.where(finite, (lo + np.where(finite, hi, 0.0)) / 2.0, 0.0)
+        m2 = np.where(finite, (lo**2 + lo * np.where(finite, hi, 0.0) + np.where(finite, hi, 0.0) ** 2) / 3.0, 0.0)
+        n_inf = float(counts[~finite].sum())
+        if n_inf > 0:
+            rest = float(np.sum(counts[finite] * m1[finite]))
+            x_inf = max(float(lo[~finite][0]), (self.sum - rest) / n_inf)
+            m1 = np.where(finite, m1, x_inf)
+            m2 = np.where(finite, m2, x_inf**2)
+        mean_b = float(np.sum(counts * m1)) / self.count
+        var_b = max(float(np.sum(counts * m2)) / self.count - mean_b**2, 0.0)
+        return math.sqrt(var_b) / mean_b if mean_b > 0 else 0.0
+
+
+def merge_histograms(parts: Sequence[Histogram]) -> Histogram:
+    """Sum histogram deltas (engines or pods) over their common bucket bounds."""
+    common = parts[0].bounds
+    for p in parts[1:]:
+        common = np.intersect1d(common, p.bounds)
+    cum = np.zeros(len(common))
+    for p in parts:
+        cum += p.cumulative[np.searchsorted(p.bounds, common)]
+    return Histogram(common, cum, math.fsum(p.sum for p in parts), math.fsum(p.count for p in parts))
+
+
+# --- window deltas -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WindowDeltas:
+    """Everything one pod's window contributes, before turning it into an observation."""
+
+    window_s: float
+    t_end_s: float
+    counters: Mapping[str, float | None]
+    histograms: Mapping[str, Histogram | None]
+    running: tuple[float, ...]
+    waiting: tuple[float, ...]
+    kv_usage: tuple[float, ...]
+    kv_capacity_tokens: float | None
+    gpu_memory_utilization: float | None
+    kv_cache_memory_bytes: float | None
+
+
+class _Fail(Exception):
+    def __init__(self, no: NoObservation):
+        self.no = no
+
+
+def _missing(name: str, snaps: Iterable[Snapshot]) -> NoObservation:
+    snaps = list(snaps)
+    for s in snaps:
+        if name in s.invalid:
+            return NoObservation(Reason.INVALID_VALUE, name)
+    for s in snaps:
+        if s.truncated:
+            return NoObservation(Reason.TRUNCATED, name)
+    return NoObservation(Reason.MISSING_METRIC, name)
+
+
+def _pick(names: tuple[str, ...], suffix: str, snaps: Sequence[Snapshot], required: bool) -> str | None:
+    """First of ``names`` (current name, then older ones) present in every snapshot; None for
+    an optional metric present in none; otherwise a typed failure."""
+    for n in names:
+        if all(s.get(n + suffix) for s in snaps):
+            return n
+    seen = [n for n in names if any(s.get(n + suffix) for s in snaps)]
+    if required or seen:
+        raise _Fail(_missing((seen or names)[0] + suffix, snaps))
+    return None
+
+
+def _series_delta(name: str, prev: Snapshot, cur: Snapshot) -> dict[Labels, float]:
+    a, b = prev.get(name) or {}, cur.get(name) or {}
+    if set(a) != set(b):
+        if name in prev.invalid or name in cur.invalid:
+            raise _Fail(NoObservation(Reason.INVALID_VALUE, name))
+        gone = sorted(set(a) ^ set(b))
+        raise _Fail(NoObservation(Reason.SERIES_CHANGED, f"{name}{dict(gone[0])}"))
+    out = {}
+    for k, v in b.items():
+        d = v - a[k]
+        if d < 0:
+            raise _Fail(NoObservation(Reason.COUNTER_RESET, name))
+        out[k] = d
+    return out
+
+
+def _counter(names: tuple[str, ...], prev: Snapshot, cur: Snapshot, required: bool) -> float | None:
+    name = _pick(names, "", (prev, cur), required)
+    if name is None:
+        return None
+    return math.fsum(_series_delta(name, prev, cur).values())
+
+
+def _histogram(names: tuple[str, ...], prev: Snapshot, cur: Snapshot, required: bool) -> Histogram | None:
+    base = _pick(names, "_count", (prev, cur), required)
+    if base is None:
+        return None
+    for sfx in ("_bucket", "_sum"):
+        if not all(s.get(base + sfx) for s in (prev, cur)):
+            raise _Fail(_missing(base + sfx, (prev, cur)))
+    d_bucket = _series_delta(base + "_bucket", prev, cur)
+    d_sum = _series_delta(base + "_sum", prev, cur)
+    d_count = _series_delta(base + "_count", prev, cur)
+    # group buckets by series (labels without `le`)
+    per_series: dict[Labels, dict[float, float]] = {}
+    for labels, v in d_bucket.items():
+        rest = tuple(kv for kv in labels if kv[0] != "le")
+        le = dict(labels).get("le")
+        try:
+            bound = float(le)
+        except (TypeError, ValueError):
+            raise _Fail(NoObservation(Reason.INVALID_VALUE, f"{base}_bucket le={le!r}")) from None
+        per_series.setdefault(rest, {})[bound] = v
+    parts = []
+    for rest, buckets in per_series.items():
+        if rest not in d_count or rest not in d_sum:
+            raise _Fail(_missing(base + "_count", (prev, cur)))
+        bounds = np.array(sorted(buckets))
+        cum = np.array([buckets[b] for b in bounds])
+        count = d_count[rest]
+        if not np.isinf(bounds[-1]) or np.any(np.diff(cum) < -1e-9) or abs(cum[-1] - count) > 1e-6 * max(1.0, count):
+            raise _Fail(NoObservation(Reason.INVALID_VALUE, f"{base} (inconsistent buckets)"))
+        parts.append(Histogram(bounds, cum, d_sum[rest], count))
+    if len(per_series) != len(d_count):
+        raise _Fail(_missing(base + "_bucket", (prev, cur)))
+    return merge_histograms(parts)
+
+
+def _gauge_samples(names: tuple[str, ...], snaps: Sequence[Snapshot], how: str) -> tuple[float, ...]:
+    name = _pick(names, "", snaps, True)
+    keys = set(snaps[-1].get(name))
+    out = []
+    for s in snaps:
+        series = s.get(name)
+        if set(series) != keys:
+            gone = sorted(set(series) ^ keys)
+            raise _Fail(NoObservation(Reason.SERIES_CHANGED, f"{name}{dict(gone[0])}"))
+        vals = list(series.values())
+        out.append(math.fsum(vals) if how == "sum" else math.fsum(vals) / len(vals))
+    return tuple(out)
+
+
+def _cache_config(snap: Snapshot) -> tuple[float | None, float | None, float | None]:
+    """KV capacity (tokens, summed over engines), memory fraction and KV bytes (first engine)."""
+    series = snap.get(CACHE_CONFIG)
+    if not series:
+        return None, None, None
+
+    def num(labels: dict[str, str], key: str) -> float | None:
+        try:
+            v = float(labels.get(key, "None"))
+        except ValueError:
+            return None
+        return v if math.isfinite(v) else None
+
+    capacity, gmu, kvb = 0.0, None, None
+    for key in sorted(series):
+        labels = dict(key)
+        blocks, size = num(labels, "num_gpu_blocks"), num(labels, "block_size")
+        if blocks is None or size is None:
+            capacity = None
+        elif capacity is not None:
+            capacity += blocks * size
+        gmu = num(labels, "gpu_memory_utilization") if gmu is None else gmu
+        kvb = num(labels, "kv_cache_memory_bytes") if kvb is None else kvb
+    return capacity, gmu, kvb
+
+
+def window_deltas(prev: Snapshot, cur: Snapshot, between: Sequence[Snapshot] = ()) -> WindowDeltas | NoObservation:
+    """One pod's raw window (counters, histogram deltas, gauge samples), or why not."""
+    window_s = cur.t_s - prev.t_s
+    if not window_s > 0:
+        return NoObservation(Reason.BAD_WINDOW, f"window_s={window_s}")
+    a, b = prev.process_start_s, cur.process_start_s
+    if a is not None and b is not None and b != a:
+        return NoObservation(Reason.COUNTER_RESET, "process restarted")
+    for created in (SUCCESS_CREATED, PROMPT_TOKENS_CREATED):
+        ca, cb = prev.get(created), cur.get(created)
+        if ca and cb and any(k in ca and ca[k] != v for k, v in cb.items()):
+            return NoObservation(Reason.COUNTER_RESET, f"{created} changed")
+    try:
+        counters = {k: _counter(names, prev, cur, req) for k, (names, req) in _COUNTERS.items()}
+        hists = {k: _histogram(names, prev, cur, req) for k, (names, req) in _HISTOGRAMS.items()}
+        snaps = (prev, *between, cur)
+        running = _gauge_samples(_GAUGES["running"][0], snaps, "sum")
+        waiting = _gauge_samples(_GAUGES["waiting"][0], snaps, "sum")
+        kv = _gauge_samples(_GAUGES["kv_usage"][0], snaps, "mean")
+    except _Fail as f:
+        return f.no
+    capacity, gmu, kvb = _cache_config(cur)
+    return WindowDeltas(window_s, cur.t_s, counters, hists, running, waiting, kv, capacity, gmu, kvb)
+
+
+def _mean(xs: Iterable[float]) -> float:
+    xs = list(xs)
+    return math.fsum(xs) / len(xs)
+
+
+def _all_or_none(xs: Sequence[float | None]) -> list[float] | None:
+    return None if any(x is None for x in xs) else list(xs)  # type: ignore[return-value]
+
+
+def combine(parts: Sequence[WindowDeltas]) -> Observation | NoObservation:
+    """Turn one or more pods' window deltas into one observation (pool semantics, see
+    :class:`Observation`): counts and rates add, per-request distributions merge their
+    histograms, batch/KV quantities average over pods."""
+    if not parts:
+        return NoObservation(Reason.NO_PODS)
+    window_s = _mean(p.window_s for p in parts)
+    total = {k: _all_or_none([p.counters[k] for p in parts]) for k in _COUNTERS}
+    finished = math.fsum(total["finished"])
+    if finished <= 0:
+        busy = (
+            math.fsum(total["prompt_tokens"]) > 0
+            or math.fsum(total["generation_tokens"]) > 0
+            or any(max(p.running) > 0 for p in parts)
+        )
+        return NoObservation(Reason.NO_FINISHED if busy else Reason.IDLE)
+    hist: dict[str, Histogram | None] = {}
+    for k in _HISTOGRAMS:
+        hs = _all_or_none([p.histograms[k] for p in parts])
+        hist[k] = merge_histograms(hs) if hs else None
+    for k in ("input_len", "output_len", "ttft", "e2e"):
+        if hist[k].count <= 0:  # type: ignore[union-attr]
+            return NoObservation(Reason.INVALID_VALUE, f"{k}: histogram count 0 with {finished:g} finished")
+
+    def mean_p95(k: str) -> tuple[float | None, float | None]:
+        h = hist[k]
+        if h is None or h.count <= 0:
+            return None, None
+        return h.mean(), h.quantile(QUANTILE)
+
+    def rate(k: str) -> float:
+        # rates add over pods, each over its own window
+        return math.fsum(c / p.window_s for c, p in zip(total[k], parts))
+
+    lens = {}
+    for k in ("input_len", "output_len"):
+        h = hist[k]
+        lens[k] = (h.mean(), h.cv(), h.quantile(QUANTILE))  # type: ignore[union-attr]
+    lat = {k: mean_p95(k) for k in ("ttft", "itl", "tpot", "e2e", "queue_time", "prefill_time", "decode_time")}
+    if lat["itl"][0] is None:
+        return NoObservation(Reason.INVALID_VALUE, "itl: histogram count 0")
+    inference = [p.histograms["inference_time"] for p in parts]
+    little = (
+        _mean(h.sum / p.window_s for h, p in zip(inference, parts))  # type: ignore[union-attr]
+        if all(h is not None for h in inference)
+        else None
+    )
+    caps = _all_or_none([p.kv_capacity_tokens for p in parts])
+    gmus = _all_or_none([p.gpu_memory_utilization for p in parts])
+    kvbs = _all_or_none([p.kv_cache_memory_bytes for p in parts])
+    return Observation(
+        window_s=window_s,
+        t_end_s=max(p.t_end_s for p in parts),
+        pods=len(parts),
+        finished_requests=finished,
+        request_rate_rps=rate("finished"),
+        mean_batch=_mean(_mean(p.running) for p in parts),
+        max_batch=max(max(p.running) for p in parts),
+        batch_samples=sum(len(p.running) for p in parts),
+        queue_len=math.fsum(_mean(p.waiting) for p in parts),
+        prompt_tokens=math.fsum(total["prompt_tokens"]),
+        generation_tokens=math.fsum(total["generation_tokens"]),
+        prompt_tok_s=rate("prompt_tokens"),
+        generation_tok_s=rate("generation_tokens"),
+        input_len_mean=lens["input_len"][0],
+        input_len_cv=lens["input_len"][1],
+        input_len_p95=lens["input_len"][2],
+        output_len_mean=lens["output_len"][0],
+        output_len_cv=lens["output_len"][1],
+        output_len_p95=lens["output_len"][2],
+        ttft_mean_s=lat["ttft"][0],
+        ttft_p95_s=lat["ttft"][1],
+        itl_mean_s=lat["itl"][0],
+        itl_p95_s=lat["itl"][1],
+        e2e_mean_s=lat["e2e"][0],
+        e2e_p95_s=lat["e2e"][1],
+        kv_usage=_mean(_mean(p.kv_usage) for p in parts),
+        kv_usage_max=max(max(p.kv_usage) for p in parts),
+        tpot_mean_s=lat["tpot"][0],
+        tpot_p95_s=lat["tpot"][1],
+        queue_time_mean_s=lat["queue_time"][0],
+        queue_time_p95_s=lat["queue_time"][1],
+        prefill_time_mean_s=lat["prefill_time"][0],
+        prefill_time_p95_s=lat["prefill_time"][1],
+        decode_time_mean_s=lat["decode_time"][0],
+        decode_time_p95_s=lat["decode_time"][1],
+        mean_batch_little=little,
+        preemptions=math.fsum(total["preemptions"]) if total["preemptions"] is not None else None,
+        kv_capacity_tokens=_mean(caps) if caps else None,
+        gpu_memory_utilization=_mean(gmus) if gmus else None,
+        kv_cache_memory_bytes=_mean(kvbs) if kvbs else None,
+    )
+
+
+def observe(prev: Snapshot, cur: Snapshot, between: Sequence[Snapshot] = ()) -> Observation | NoObservation:
+    """The observation of one pod's window ``prev`` → ``cur``; ``between`` are optional
+    intermediate scrapes whose gauges (batch, queue, KV usage) join the averages."""
+    d = window_deltas(prev, cur, between)
+    return d if isinstance(d, NoObservation) else combine([d])
