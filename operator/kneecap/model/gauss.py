@@ -157,7 +157,7 @@ def sample_lengths(dist: LengthDist, n: int, rng: np.random.Generator, field_nam
         edges = np.concatenate(([0.0], bounds))
         u = rng.random(n)
         # inverse CDF, linear within buckets; np.interp needs increasing xp: drop empty buckets
-        keep = np.concatenate(([True], np.diff(cdf) > 0))
+        keep = np.concatenate((np.diff(cdf) > 0, [True]))  # flat runs keep their last edge
         return np.interp(u, cdf[keep], edges[keep])
     raise InputError(field_name, f"unknown length distribution {type(dist).__name__}")
 
@@ -700,7 +700,7 @@ def _sweep(draws, coef, moments, servers, warm, stable_rps, points, fractions=No
         bt = None
         if tbt is not None and np.any(tbt >= 0):
             bt = tuple(float(v) for v in np.quantile(tbt[tbt >= 0], QUANTILES))
-        rho = op.utilisation if op is not None else float(lam * draws.raw_service_s.mean() / servers)
+        rho = op.utilisation if op is not None else float(lam / stable_rps)
         out.append(SweepPoint(float(lam), tt, bt, rho))
     return tuple(out)
 
@@ -728,7 +728,7 @@ def _finish(draws, coef, moments, rate, servers, replications, chains, warm, slo
     lam_star, binding, note = _sustainable(sd, coef, moments, servers, warm, stable_rps, stable_stage,
                                            slo_ttft_s, slo_tbt_s, quantile)
     sweep = _sweep(sd, coef, moments, servers, warm, stable_rps, sweep_points) if sweep_points else ()
-    mean_s = op.mean_service_s if op is not None else float(draws.raw_service_s.mean())
+    mean_s = op.mean_service_s if op is not None else servers / stable_rps  # raw queue: nominal E[S]
     rho = op.utilisation if op is not None else rate * mean_s / servers
     sub = rng_plot.choice(ttft.size, size=min(ttft.size, 20000), replace=False)
     tbt_sub = None

@@ -1,0 +1,320 @@
+"""GAUSS Monte-Carlo queueing against closed forms (fixed seeds), and the service model."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+from scipy.optimize import brentq
+
+from kneecap.errors import InputError
+from kneecap.model import gauss as g
+
+
+def rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def erlang_c(k: int, a: float) -> float:
+    """Textbook Erlang C: probability that an arrival waits in M/M/k with offered load a = λ/μ."""
+    head = sum(a**i / math.factorial(i) for i in range(k))
+    tail = a**k / math.factorial(k) * k / (k - a)
+    return tail / (head + tail)
+
+
+# ------------------------------------------------------------------ recurrences are exact
+
+
+def naive_lindley(S, A, w0=0.0):
+    W = np.empty_like(S)
+    W[0] = w0
+    for n in range(1, len(S)):
+        W[n] = max(0.0, W[n - 1] + S[n - 1] - A[n])
+    return W
+
+
+def naive_fcfs_k(S, A, k):
+    """Event-style FCFS with k servers: each request starts when the earliest server frees."""
+    free = [0.0] * k
+    t = 0.0
+    waits = []
+    for n in range(len(S)):
+        t += A[n] if n else 0.0
+        i = int(np.argmin(free))
+        start = max(t, free[i])
+        waits.append(start - t)
+        free[i] = start + S[n]
+    return np.array(waits)
+
+
+def test_lindley_matches_the_recurrence_across_blocks():
+    r = rng(3)
+    S, A = r.exponential(1.0, 1000), r.exponential(1.1, 1000)
+    ref = naive_lindley(S, A, w0=2.5)
+    np.testing.assert_allclose(g.lindley_waits(S, A, initial_wait_s=2.5, block=7), ref, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(g.lindley_waits(S, A, initial_wait_s=2.5), ref, rtol=0, atol=1e-12)
+    # rows are independent chains
+    W2 = g.lindley_waits(np.stack([S, S[::-1]]), np.stack([A, A[::-1]]), block=64)
+    np.testing.assert_allclose(W2[1], naive_lindley(S[::-1], A[::-1]), atol=1e-12)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_kiefer_wolfowitz_matches_event_simulation(k):
+    r = rng(5)
+    S, A = r.exponential(k * 0.9, (4, 500)), r.exponential(1.0, (4, 500))
+    W = g.kiefer_wolfowitz_waits(S, A, k)
+    for c in range(4):
+        np.testing.assert_allclose(W[c], naive_fcfs_k(S[c], A[c], k), atol=1e-9)
+    if k == 1:
+        np.testing.assert_allclose(W, g.lindley_waits(S, A), atol=1e-9)
+
+
+# ------------------------------------------------------------------ textbook queues, 10^6 samples
+
+
+@pytest.mark.parametrize("rho, samples", [(0.5, 4 * 10**6), (0.8, 4 * 10**6)])
+def test_mm1_mean_wait_and_tail(rho, samples):
+    r = g.simulate_queue(rho, 1.0, rng=rng(1), service_dist="exp", samples=samples, replications=4)
+    mu_minus_lam = 1.0 - rho
+    assert r.wait.mean == pytest.approx(rho / mu_minus_lam, rel=0.02)  # E[W] = ρ/(μ − λ)
+    assert r.ttft.mean == pytest.approx(1.0 / mu_minus_lam, rel=0.02)  # sojourn = 1/(μ − λ)
+    # P(W > t) = ρ·e^{−(μ−λ)t}, checked on the raw waits of the same configuration
+    chains, kept, warm = g._layout(samples, 4, 1)
+    gen = rng(1)
+    inter = g.unit_interarrivals((chains, kept + warm), gen) / rho
+    S = gen.standard_exponential((chains, kept + warm))
+    W = g.lindley_waits(S, inter)[:, warm:]
+    for t in (0.0, 1.0 / mu_minus_lam, 2.0 / mu_minus_lam):
+        expected = rho * math.exp(-mu_minus_lam * t)
+        assert np.mean(W > t) == pytest.approx(expected, rel=0.02), t
+    assert r.utilisation == pytest.approx(rho)
+    assert r.service_rate_rps == pytest.approx(1.0, rel=0.01)
+
+
+@pytest.mark.parametrize("rho", [0.5, 0.8])
+def test_md1_mean_wait_pollaczek_khinchine(rho):
+    r = g.simulate_queue(rho / 2.0, 2.0, rng=rng(2), service_dist="det", samples=10**6, replications=4)
+    lam = rho / 2.0
+    pk = lam * 2.0**2 / (2.0 * (1.0 - rho))  # P–K: E[W] = λ·E[S²]/(2(1 − ρ))
+    assert r.wait.mean == pytest.approx(pk, rel=0.02)
+
+
+def test_mg1_lognormal_pollaczek_khinchine():
+    # heavy-ish tail (CV 2): slower convergence, 5% band
+    rho, cv = 0.5, 2.0
+    r = g.simulate_queue(rho, 1.0, rng=rng(4), service_dist="lognormal", service_cv=cv, samples=2 * 10**6,
+                         replications=4)
+    assert r.wait.mean == pytest.approx(rho * (1 + cv * cv) / (2 * (1 - rho)), rel=0.05)
+
+
+@pytest.mark.parametrize("k, rho", [(2, 0.5), (4, 0.8)])
+def test_mmk_mean_wait_erlang_c(k, rho):
+    lam = k * rho
+    r = g.simulate_queue(lam, 1.0, rng=rng(6), servers=k, samples=10**6, replications=4)
+    wq = erlang_c(k, lam) / (k - lam)  # E[W] = C(k, a)/(kμ − λ)
+    assert r.wait.mean == pytest.approx(wq, rel=0.03)
+    assert r.utilisation == pytest.approx(rho)
+
+
+def test_gamma_bursts_match_gi_m1():
+    # GI/M/1 exact: P(W > 0) = σ with σ = A*(μ(1 − σ)); E[W] = σ/(μ(1 − σ)).
+    rho, cv = 0.5, 2.0
+    shape = 1.0 / cv**2
+    lst = lambda s: (shape * rho / (shape * rho + s)) ** shape  # Gamma inter-arrivals, mean 1/λ
+    sigma = brentq(lambda x: x - lst(1.0 - x), 1e-9, 1 - 1e-9)
+    r = g.simulate_queue(rho, 1.0, rng=rng(7), burst_cv=cv, samples=2 * 10**6, replications=4)
+    assert r.wait.mean == pytest.approx(sigma / (1 - sigma), rel=0.03)
+    assert r.wait.mean > 1.5 * rho / (1 - rho)  # burstier than Poisson waits longer
+
+
+def test_sustainable_rate_mm1_sojourn_quantile():
+    # M/M/1 sojourn ~ Exp(μ − λ): p95 = ln 20/(μ − λ) ⇒ λ* = μ − ln 20/SLO.
+    slo = 20.0
+    r = g.simulate_queue(0.3, 1.0, rng=rng(8), samples=10**6, replications=4, slo_s=slo, quantile=0.95,
+                         search_samples=10**6, sweep_points=6)
+    assert r.sustainable_rate_rps == pytest.approx(1.0 - math.log(20) / slo, rel=0.02)
+    assert r.sustainable_binding == "ttft_slo"
+    p95 = [p.ttft_s[1] for p in r.sweep]
+    assert all(b >= a for a, b in zip(p95, p95[1:]))  # common random numbers: monotone in λ
+
+
+def test_same_seed_same_result_and_ci_covers():
+    a = g.simulate_queue(0.7, 1.0, rng=rng(11), samples=200_000, replications=8)
+    b = g.simulate_queue(0.7, 1.0, rng=rng(11), samples=200_000, replications=8)
+    c = g.simulate_queue(0.7, 1.0, rng=rng(12), samples=200_000, replications=8)
+    assert asdict(a.wait) == asdict(b.wait) and a.sustainable_rate_rps == b.sustainable_rate_rps
+    assert a.wait.mean != c.wait.mean
+    assert a.samples == 200_000 and a.replications == 8
+    assert 0 < a.wait.mean_ci < 0.2 * a.wait.mean
+
+
+# ------------------------------------------------------------------ workload sampling
+
+
+def test_lognormal_lengths_have_the_requested_moments():
+    x = g.sample_lengths(g.LogNormalLength(1000.0, 1.5), 10**6, rng(1))
+    assert x.mean() == pytest.approx(1000.0, rel=0.02)
+    assert x.std() / x.mean() == pytest.approx(1.5, rel=0.05)
+
+
+def test_histogram_lengths_follow_vllm_cumulative_buckets():
+    # vLLM/Prometheus style: le bounds with cumulative counts and a +Inf bucket
+    bounds = (10.0, 50.0, 100.0, 200.0, float("inf"))
+    cum = (0.0, 300.0, 800.0, 1000.0, 1000.0)
+    x = g.sample_lengths(g.HistogramLength(bounds, cum), 200_000, rng(2))
+    assert np.mean(x <= 10) == pytest.approx(0.0, abs=1e-9)
+    assert np.mean(x <= 50) == pytest.approx(0.3, abs=0.005)
+    assert np.mean(x <= 100) == pytest.approx(0.8, abs=0.005)
+    assert x.max() <= 200.0
+    with pytest.raises(InputError, match="cumulative_counts"):
+        g.sample_lengths(g.HistogramLength((1.0, 2.0), (5.0, 3.0)), 10, rng())
+
+
+def test_bucket_workload_weights_and_cached_prefix():
+    wl = g.BucketWorkload(input_tokens=(100, 4000), cached_tokens=(0, 3000), output_tokens=(50, 10),
+                          weights=(3.0, 1.0))
+    inp, cached, out = g.sample_workload(wl, 100_000, rng(3))
+    assert np.mean(inp == 4000) == pytest.approx(0.25, abs=0.01)
+    assert np.all(cached[inp == 4000] == 3000) and np.all(cached[inp == 100] == 0)
+    with pytest.raises(InputError, match="weights"):
+        g.sample_workload(g.BucketWorkload((1,), (0,), (1,), (-1.0,)), 5, rng())
+
+
+# ------------------------------------------------------------------ service model
+
+
+COEF = g.ServiceCoefficients(prefill_s_per_token=3e-5, prefill_s_per_attended_token=1e-9, prefill_s_per_chunk=2e-3,
+                             decode_step_s=0.012, decode_s_per_context_token=1e-6, decode_s_per_seq=5e-4,
+                             decode_s_per_resident_token=4e-8, chunk_tokens=512, request_overhead_s=0.01)
+
+
+def test_prefill_closed_form_matches_chunk_by_chunk_sum():
+    for inp, cached in ((1, 0), (512, 0), (513, 0), (5000, 1200), (3000, 2999)):
+        s, c, total, n = inp - cached, cached, 0.0, 0
+        done = 0
+        while done < s:
+            m = min(512, s - done)
+            done += m
+            total += 2e-3 + 3e-5 * m + 1e-9 * m * (c + done)  # chunk attends prefix + tokens through it
+            n += 1
+        compute, chunks = g.prefill_compute_s(COEF, inp, cached)
+        assert chunks == n
+        assert compute == pytest.approx(total, rel=1e-12)
+
+
+def test_slim_mapping_reproduces_slim_equations():
+    L, D, Dkv, rff, bkv, F, BW = 32, 4096, 1024, 5.25, 2, 989e12, 3.35e12
+    th = dict(eta_c=0.55, eta_m=0.8, alpha=2e-4, gamma=1e-6, b0=12.0, t_fixed_s=0.02)
+    coef = g.coefficients_from_slim(**th, layers=L, hidden=D, kv_dim=Dkv, ff_ratio=rff, kv_bytes=bkv,
+                                    peak_flops=F, bandwidth_bytes_s=BW, chunk_tokens=8192)
+    IL, OL, B = 3000, 400, 16
+    f_pre = L * (IL * (4 * D**2 + 4 * D * Dkv + 4 * rff * D**2) + 4 * IL**2 * D)  # eq. 8, B = 1
+    compute, n = g.prefill_compute_s(coef, IL, 0)
+    assert n == 1 and compute == pytest.approx(f_pre / (th["eta_c"] * F), rel=1e-12)  # eq. 7
+    c_tokens = OL * (IL + 1) + OL * (OL - 1) / 2  # eq. 12
+    m_dec = 2 * L * Dkv * bkv * c_tokens  # eq. 11
+    t_d = th["alpha"] * OL + th["gamma"] * L * (D / 1024) ** 2 * OL  # eq. 10
+    t_dec = (B + th["b0"]) * (t_d + m_dec / (th["eta_m"] * BW))  # eq. 9
+    per_step = g.decode_step_s(coef, B, B * c_tokens / OL)
+    assert OL * per_step == pytest.approx(t_dec, rel=1e-12)
+    assert coef.request_overhead_s == 0.02
+
+
+def test_operating_point_obeys_littles_law():
+    inp, cached, out = g.sample_workload(g.Workload(g.LogNormalLength(800, 1.0), g.LogNormalLength(150, 1.0)),
+                                         200_000, rng(9))
+    m = g.workload_moments(COEF, inp, cached, out)
+    op = g.operating_point(COEF, m, 2.0)
+    assert op.decode_batch == pytest.approx(2.0 * m.output_tokens * op.mean_step_s, rel=1e-9)
+    assert op.mean_step_s == pytest.approx(op.decode_step_s / (1 - 2.0 * m.prefill_compute_s), rel=1e-12)
+    assert op.utilisation == pytest.approx(2.0 * op.mean_service_s)
+    assert op.chunk_step_fraction == pytest.approx(op.utilisation * op.mean_step_s / (op.mean_chunk_s + op.decode_step_s),
+                                                   rel=1e-9)
+
+
+WL = g.Workload(g.LogNormalLength(800, 1.0), g.LogNormalLength(150, 1.0))
+
+
+def test_engine_simulation_light_load_is_service_time():
+    r = g.simulate(WL, COEF, 0.05, rng=rng(10), samples=200_000, replications=4)
+    assert r.wait.mean < 0.01 * r.service.mean
+    assert r.ttft.mean == pytest.approx(r.service.mean + COEF.request_overhead_s, rel=0.02)
+    # nearly alone in the batch: TBT ≈ d(1, own context) with a context ≈ 800 + 75
+    assert r.tbt.p50 == pytest.approx(float(g.decode_step_s(COEF, 1.0, 876.0)), rel=0.05)
+    assert r.decode_batch < 0.2
+
+
+def test_engine_simulation_tail_grows_with_load_and_finds_lambda_star():
+    r = g.simulate(WL, COEF, 3.0, rng=rng(10), samples=400_000, replications=4, slo_ttft_s=0.6, slo_tbt_s=0.06,
+                   sweep_points=8)
+    assert 0 < r.sustainable_rate_rps < r.stable_rate_rps
+    assert r.sustainable_binding in ("ttft_slo", "tbt_slo")
+    ttft95 = [p.ttft_s[1] for p in r.sweep]
+    tbt95 = [p.tbt_s[1] for p in r.sweep]
+    assert all(b >= a for a, b in zip(ttft95, ttft95[1:])) and all(b >= a for a, b in zip(tbt95, tbt95[1:]))
+    assert r.ttft.p50 <= r.ttft.p95 <= r.ttft.p99 and r.tbt.p50 <= r.tbt.p95 <= r.tbt.p99
+    # at λ* the binding quantile sits at the SLO (evaluated on fresh samples: 5% band)
+    at = g.simulate(WL, COEF, r.sustainable_rate_rps, rng=rng(10), samples=400_000, replications=4)
+    value = at.ttft.p95 if r.sustainable_binding == "ttft_slo" else at.tbt.p95
+    slo = 0.6 if r.sustainable_binding == "ttft_slo" else 0.06
+    assert value == pytest.approx(slo, rel=0.05)
+    k2 = g.simulate(WL, COEF, 3.0, rng=rng(10), samples=400_000, replications=4, servers=2)
+    assert k2.stable_rate_rps == pytest.approx(2 * r.stable_rate_rps, rel=0.01)  # other samples, same law
+    assert k2.wait.mean < r.wait.mean
+
+
+# ------------------------------------------------------------------ infeasible inputs
+
+
+def test_unstable_queue_is_infeasible_not_nan():
+    with pytest.raises(g.Infeasible, match=r"^infeasible: queue stage: ρ") as exc:
+        g.simulate_queue(1.0, 1.0, rng=rng())
+    assert exc.value.stage == "queue"
+    with pytest.raises(g.Infeasible, match="infeasible: queue stage"):
+        g.simulate_queue(5.0, 1.0, servers=4, rng=rng())
+
+
+def test_engine_rate_past_stability_names_the_stage():
+    r = g.simulate(WL, COEF, 1.0, rng=rng(), samples=20_000, replications=4)
+    with pytest.raises(g.Infeasible, match=r"^infeasible: (prefill|decode) stage: ") as exc:
+        g.simulate(WL, COEF, r.stable_rate_rps * 1.01, rng=rng(), samples=20_000, replications=4)
+    assert exc.value.stage == r.stable_binding
+    # prefill compute alone saturating the slot
+    slow = g.ServiceCoefficients(prefill_s_per_token=1e-3, decode_step_s=1e-4)
+    with pytest.raises(g.Infeasible, match="infeasible: prefill stage"):
+        g.simulate(WL, slow, 2.0, rng=rng(), samples=20_000, replications=4)
+
+
+def test_slo_below_service_time_is_infeasible():
+    r = g.simulate(WL, COEF, 1.0, rng=rng(), samples=50_000, replications=4, slo_ttft_s=0.001)
+    assert r.sustainable_rate_rps == 0.0
+    assert r.sustainable_note.startswith("infeasible: prefill stage: ") and "below the service time" in r.sustainable_note
+    r = g.simulate(WL, COEF, 1.0, rng=rng(), samples=50_000, replications=4, slo_tbt_s=0.005)
+    assert r.sustainable_rate_rps == 0.0 and r.sustainable_note.startswith("infeasible: decode stage: ")
+    for value in (*asdict(r.ttft).values(), *asdict(r.tbt).values(), *asdict(r.wait).values()):
+        assert math.isfinite(value)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(rate_rps=-1.0), "rate_rps"), (dict(servers=0), "servers"), (dict(replications=1), "replications"),
+    (dict(samples=10), "samples"), (dict(quantile=0.9), "quantile"), (dict(service_mean_s=0.0), "service_mean_s"),
+])
+def test_bad_queue_arguments_name_the_field(kwargs, field):
+    args = dict(rate_rps=0.5, service_mean_s=1.0, rng=rng(), samples=10_000)
+    args.update(kwargs)
+    rate, mean = args.pop("rate_rps"), args.pop("service_mean_s")
+    with pytest.raises(InputError) as exc:
+        g.simulate_queue(rate, mean, **args)
+    assert exc.value.field == field
+
+
+def test_bad_coefficients_are_rejected():
+    with pytest.raises(InputError, match="chunk_tokens"):
+        g.ServiceCoefficients(prefill_s_per_token=1e-5, decode_step_s=0.01, chunk_tokens=0)
+    with pytest.raises(InputError, match="decode"):
+        g.ServiceCoefficients(prefill_s_per_token=1e-5)
+    with pytest.raises(InputError, match="eta_c"):
+        g.coefficients_from_slim(eta_c=0, eta_m=1, alpha=0, gamma=0, b0=0, t_fixed_s=0, layers=1, hidden=1,
+                                 kv_dim=1, ff_ratio=1, kv_bytes=2, peak_flops=1, bandwidth_bytes_s=1)

@@ -1,0 +1,107 @@
+"""`kneecap simulate`: JSON keys, exit codes, plot, calibration file."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from kneecap.cli import main
+
+ENGINE = ["--prefill-s-per-token", "3e-5", "--prefill-s-per-attended-token", "1e-9", "--decode-step-s", "0.012",
+          "--decode-s-per-seq", "5e-4", "--decode-s-per-resident-token", "4e-8",
+          "--input-mean", "800", "--output-mean", "150"]
+
+
+def run_json(capsys, argv):
+    code = main(["simulate", *argv, "--json"])
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if out.strip() else None), err
+
+
+def test_raw_queue_json_keys_and_values(capsys):
+    code, out, _ = run_json(capsys, ["--rate", "0.5", "--service-mean", "1", "--samples", "200000", "--seed", "3",
+                                     "--slo-ttft-s", "10", "--sweep-points", "4"])
+    assert code == 0
+    for key in ("ttft_s", "tbt_s", "wait_s"):
+        assert set(out[key]) >= {"p50", "p95", "p99"}
+    assert out["wait_s"]["mean"] == pytest.approx(1.0, rel=0.05)  # M/M/1, ρ = 0.5
+    assert out["tbt_s"]["p95"] is None  # no decode in a raw queue
+    assert out["service_rate_rps"] == pytest.approx(1.0)
+    assert out["sustainable_rate_rps"] == pytest.approx(1 - math.log(20) / 10, rel=0.03)  # sojourn p95 = ln20/(μ−λ)
+    assert out["samples"] == 200000 and len(out["sweep"]) == 4
+
+
+def test_engine_json_and_plot(capsys, tmp_path):
+    png = tmp_path / "gauss.png"
+    code, out, _ = run_json(capsys, ["--rate", "2", *ENGINE, "--samples", "100000", "--slo-ttft-s", "0.6",
+                                     "--slo-tbt-s", "0.06", "--plot", str(png), "--sweep-points", "5"])
+    assert code == 0
+    assert 0 < out["ttft_s"]["p50"] < out["ttft_s"]["p95"] < out["ttft_s"]["p99"]
+    assert 0 < out["tbt_s"]["p50"] < out["tbt_s"]["p95"] < out["tbt_s"]["p99"]
+    assert 2.0 < out["sustainable_rate_rps"] < out["stable_rate_rps"]
+    assert out["mode"] == "engine" and out["coefficients"]["chunk_tokens"] == 2048
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_calibration_file_with_catalog_keys(capsys, tmp_path):
+    calib = tmp_path / "calib.json"
+    calib.write_text(json.dumps({"model": "llama-3.1-8b", "gpu": "h100-80gb",
+                                 "params": {"eta_c": 0.5, "eta_m": 0.8, "alpha": 2e-4, "gamma": 1e-6, "b0": 20,
+                                            "t_fixed": 0.01}}))
+    code, out, _ = run_json(capsys, ["--rate", "2", "--calibration", str(calib), "--input-mean", "1000",
+                                     "--output-mean", "200", "--samples", "50000", "--sweep-points", "0"])
+    assert code == 0
+    assert out["coefficients"]["request_overhead_s"] == 0.01
+    assert out["coefficients"]["decode_s_per_seq"] == pytest.approx(2e-4 + 1e-6 * 32 * 16)  # α + γ·L·(D/1024)²
+    code, out, err = run_json(capsys, ["--rate", "2", "--calibration", str(calib), "--model", "no-such-model",
+                                       "--input-mean", "1000", "--output-mean", "200"])
+    assert code == 2 and json.loads(err.splitlines()[0])["field"] == "model"
+    calib.write_text(json.dumps({"eta_c": 0.5}))
+    code, out, err = run_json(capsys, ["--rate", "2", "--calibration", str(calib), "--model", "llama-3.1-8b",
+                                       "--gpu", "h100-80gb", "--input-mean", "1000", "--output-mean", "200"])
+    assert code == 2 and "eta_m" in json.loads(err.splitlines()[0])["error"]
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--rate", "-1", "--service-mean", "1"], "rate"),
+    (["--rate", "0.5", "--service-mean", "1", "--quantile", "0.9"], "quantile"),
+    (["--rate", "0.5", "--service-mean", "1", "--samples", "10"], "samples"),
+    (["--rate", "0.5", "--service-cv", "2"], "service_mean"),
+    (["--rate", "0.5", "--prefill-s-per-token", "1e-5", "--decode-step-s", "0.01", "--output-mean", "10"], "input_mean"),
+    (["--rate", "0.5", "--decode-step-s", "0.01", "--input-mean", "10", "--output-mean", "10"], "prefill_s_per_token"),
+    (["--rate", "0.5", "--input-mean", "100", "--output-mean", "10"], "calibration"),
+    (["--rate", "0.5", "--calibration", "/nonexistent.json", "--model", "llama-3.1-8b", "--gpu", "h100-80gb",
+      "--input-mean", "100", "--output-mean", "10"], "calibration"),
+])
+def test_bad_arguments_exit_2_naming_the_field(capsys, argv, field):
+    code, out, err = run_json(capsys, argv)
+    assert code == 2 and out is None
+    assert json.loads(err.splitlines()[0])["field"] == field
+
+
+def test_argparse_errors_exit_2():
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", "--rate", "abc", "--service-mean", "1"])
+    assert exc.value.code == 2
+
+
+def test_unstable_rate_is_an_infeasible_answer(capsys):
+    code, out, _ = run_json(capsys, ["--rate", "2", "--service-mean", "1"])
+    assert code == 1
+    assert out["feasible"] is False and out["stage"] == "queue" and out["infeasible"].startswith("infeasible: queue stage")
+
+
+def test_subprocess_json_round_trip():
+    proc = subprocess.run([sys.executable, "-m", "kneecap", "simulate", "--rate", "3", "--servers", "4",
+                           "--service-mean", "1", "--samples", "100000", "--sweep-points", "0", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["servers"] == 4 and out["ttft_s"]["p99"] > out["ttft_s"]["p50"] > 0
+    bad = subprocess.run([sys.executable, "-m", "kneecap", "simulate", "--rate", "0", "--service-mean", "1", "--json"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and json.loads(bad.stderr.splitlines()[0])["field"] == "rate"
