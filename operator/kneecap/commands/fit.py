@@ -1,0 +1,60 @@
+"""`kneecap fit`: calibrate SLIM on profile rows and write CALIB.json."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from kneecap.errors import InputError
+from kneecap.model import calibrate, profiles, slim
+from kneecap.model.hardware import get_gpu
+
+HELP = "calibrate the SLIM performance model on a profiles CSV (writes CALIB.json)"
+
+
+def add_arguments(p):
+    p.add_argument("profiles", metavar="PROFILES.csv",
+                   help="rows with model, batch, input_len, output_len, throughput_tok_s")
+    p.add_argument("--gpu", required=True, help="GPU catalog key the profiles were measured on (e.g. h100-64gb)")
+    p.add_argument("--where", action="append", default=[], metavar="COL=VALUE",
+                   help="keep rows whose COL equals VALUE (repeatable; repeated COL = any of)")
+    p.add_argument("--model-form", default=slim.DEFAULT_FORM, choices=slim.FORMS, help="SLIM form to fit")
+    p.add_argument("-o", "--output", required=True, metavar="CALIB.json", help="where to write the calibration")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def read_text(path: str, field: str) -> str:
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(field, f"no such file: {path}")
+    try:
+        return p.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(field, f"cannot read {path}: {exc}") from None
+
+
+def run(args) -> int:
+    gpu = get_gpu(args.gpu)
+    rows = profiles.read_csv_text(read_text(args.profiles, "PROFILES.csv"))
+    rows = profiles.filter_rows(rows, profiles.parse_where(args.where))
+    if not rows:
+        raise InputError("--where", "no rows match the filters")
+    data = profiles.profile_arrays(rows)
+    cv_by_dataset = profiles.estimate_output_cv(list(data.rows))
+    cv = profiles.apply_output_cv(data.rows, cv_by_dataset)
+    cal = calibrate.fit(list(data.models), gpu, data.batch, data.input_len, data.output_len,
+                        data.throughput_tok_s, form=args.model_form, output_cv=cv)
+    cal = replace(cal, notes={
+        "source": str(args.profiles), "where": list(args.where),
+        "skipped_outliers": len(rows) - len(data), "output_cv_by_dataset": cv_by_dataset})
+    try:
+        Path(args.output).write_text(cal.to_json() + "\n")
+    except OSError as exc:
+        raise InputError("-o", f"cannot write {args.output}: {exc}") from None
+    if args.json:
+        print(json.dumps({"output": str(args.output), **json.loads(cal.to_json())}))
+    else:
+        print(calibrate.report(cal))
+        print(f"wrote {args.output}")
+    return 0
