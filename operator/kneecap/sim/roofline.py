@@ -1,0 +1,84 @@
+"""Per-step time of one vLLM engine iteration: a roofline of the model on the GPU.
+
+A step runs every scheduled token through the weights once and reads the KV cache of every
+scheduled sequence's earlier context. Its time is (Williams et al., "Roofline", CACM 2009:
+time = max(bytes / bandwidth, FLOPs / compute) per kernel class)
+
+    t = t_step + c_seq·S + max(W / (η_w·BW), 2·N·T / (η_c·F))          (linear layers)
+          + max(KV_read / (η_a·BW), F_attn / (η_c·F))                 (attention)
+          + [eager] · L · t_layer                                      (launches without CUDA graphs)
+
+with S sequences and T tokens in the step, W weight bytes, N parameters (2·N FLOPs per token:
+Kaplan et al. 2020, "Scaling laws", §2.1), KV_read = (earlier context tokens) · 2·L·D_kv·b_kv,
+F_attn = 4·L·D·Σ_chunks (n·p + n(n+1)/2) for a chunk of n new tokens after p earlier ones
+(QKᵀ and AV, 2 FLOPs per multiply-add, causal). A step is "eager" when it carries prefill
+tokens or more decode sequences than vLLM captures CUDA graphs for (256).
+
+This is deliberately not SLIM (kneecap.model.slim): it is a per-step physical model that the
+engine integrates step by step, so calibrating SLIM on the twin's output is not circular.
+
+The efficiency constants are set once for all models (not per model, not per curve) from the
+offline prefill/decode step timings of the real H100 (shared/data/real-h100/offline.csv, 54
+runs, 3 models; nsys runs deflated 5%): η_w = 0.90 fixed from microbenchmark knowledge (large
+fp16 GEMV reach ~90% of peak HBM bandwidth), the rest by one least-squares fit on log step
+time (RMS error 10% over all 108 prefill and decode steps, 5% over decode steps);
+``benchmarks/twin_vs_h100.py --refit`` reproduces it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kneecap.errors import InputError
+from kneecap.model.arch import ModelArch
+from kneecap.model.hardware import GPU
+
+
+@dataclass(frozen=True)
+class StepCostParams:
+    """Achievable fractions of peak and fixed costs of one engine step."""
+
+    bw_efficiency: float = 0.90  # η_w: weight streaming (large GEMV)
+    attn_bw_efficiency: float = 0.78  # η_a: paged-attention KV reads
+    compute_efficiency: float = 0.61  # η_c: dense GEMM at prefill sizes
+    step_overhead_s: float = 2.2e-3  # scheduler, input prep, sampling, output processing
+    per_seq_overhead_s: float = 28e-6  # per scheduled sequence (metadata, sampling, detokenise)
+    eager_layer_overhead_s: float = 0.24e-3  # kernel launches per layer without CUDA graphs
+    cuda_graph_max_batch: int = 256  # vLLM captures decode graphs up to this batch
+
+    def __post_init__(self):
+        for name in ("bw_efficiency", "attn_bw_efficiency", "compute_efficiency"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and 0.0 < v <= 1.0):
+                raise InputError(f"step_cost.{name}", f"expected a fraction in (0, 1], got {v!r}")
+        for name in ("step_overhead_s", "per_seq_overhead_s", "eager_layer_overhead_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and v >= 0.0):
+                raise InputError(f"step_cost.{name}", f"expected a non-negative time, got {v!r}")
+
+
+DEFAULT_STEP_COST = StepCostParams()
+
+
+def attention_flops(arch: ModelArch, new_tokens, prior_tokens) -> float:
+    """F_attn = 4·L·D·Σ (n·p + n(n+1)/2) over chunks (module docstring)."""
+    n = np.asarray(new_tokens, dtype=float)
+    p = np.asarray(prior_tokens, dtype=float)
+    d_attn = arch.q_heads * arch.head_dim
+    return float(4.0 * arch.layers * d_attn * np.sum(n * p + n * (n + 1.0) / 2.0))
+
+
+def step_time_s(arch: ModelArch, gpu: GPU, *, num_seqs: int, num_tokens: int, kv_read_tokens: float,
+                attn_flops: float, has_prefill: bool, cost: StepCostParams = DEFAULT_STEP_COST) -> float:
+    """Time of one engine step (module docstring). ``kv_read_tokens``: earlier-context tokens read."""
+    if num_tokens <= 0:
+        return 0.0
+    linear_s = max(arch.weight_bytes / (cost.bw_efficiency * gpu.mem_bw_bytes_s),
+                   2.0 * arch.params * num_tokens / (cost.compute_efficiency * gpu.peak_flops))
+    attn_s = max(kv_read_tokens * arch.kv_bytes_per_token / (cost.attn_bw_efficiency * gpu.mem_bw_bytes_s),
+                 attn_flops / (cost.compute_efficiency * gpu.peak_flops))
+    eager = has_prefill or num_seqs > cost.cuda_graph_max_batch
+    return (cost.step_overhead_s + cost.per_seq_overhead_s * num_seqs + linear_s + attn_s
+            + (arch.layers * cost.eager_layer_overhead_s if eager else 0.0))
