@@ -1,0 +1,212 @@
+"""`kneecap plan`: SARA pool sizing for disaggregated serving under quantile SLOs and a budget."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from kneecap.errors import InputError
+
+HELP = "size prefill/KV/decode pools for p-quantile TTFT/KV/TPOT SLOs under a $/h budget (SARA)"
+
+EXIT_INFEASIBLE = 1
+
+
+def add_arguments(p):
+    p.add_argument("--model", required=True, help="model catalog key (e.g. llama-3.1-8b, qwen2.5-32b, gpt-3-175b)")
+    p.add_argument("--gpu", default="a100-80gb", help="GPU catalog key (default a100-80gb, as in SARA)")
+    p.add_argument("--calibration", metavar="CALIB.json",
+                   help="calibrated SLIM from `kneecap fit`: prefill time at batch 1 from its efficiencies")
+    p.add_argument("--prefill-coeffs", metavar="A,B,C",
+                   help="explicit prefill time per replica: A + B·IL + C·IL² seconds")
+    p.add_argument("--prefill-gpus", type=int, help="GPUs per prefill replica (default: fewest that hold the model)")
+    p.add_argument("--input-mean", type=float, default=1024.0, help="mean input length, tokens")
+    p.add_argument("--input-cv", type=float, default=1.25, help="input length coefficient of variation")
+    p.add_argument("--output-mean", type=float, default=256.0, help="mean output length, tokens")
+    p.add_argument("--output-cv", type=float, default=1.0, help="output length CV (1 = exponential)")
+    p.add_argument("--tail", choices=("light", "heavy"), default="heavy",
+                   help="input length law: heavy = log-normal, light = gamma (exponential at CV 1)")
+    p.add_argument("--slo-ttft-s", type=float, default=0.5)
+    p.add_argument("--slo-kv-s", type=float, default=0.15)
+    p.add_argument("--slo-tpot-s", type=float, default=0.04)
+    p.add_argument("--quantile", type=float, default=0.95, help="SLO quantile p_SLO")
+    p.add_argument("--p-mem", type=float, default=0.99)
+    p.add_argument("--p-join", type=float, default=0.99)
+    p.add_argument("--budget-per-hour", type=float, required=True, help="cost budget C_max, $/h")
+    p.add_argument("--prefill-cost", type=float, help="$/h per prefill GPU (default: the GPU catalog cost)")
+    p.add_argument("--decode-cost", type=float, help="$/h per decode GPU (default: the GPU catalog cost)")
+    p.add_argument("--kv-cost-per-gibps", type=float, default=0.1, help="$/h per GiB/s of KV link")
+    p.add_argument("--colocated-rate-per-replica", type=float, metavar="RPS",
+                   help="also plan a colocated pool from this per-replica sustainable rate λ* (e.g. GAUSS)")
+    p.add_argument("--colocated-gpus", type=int, default=1, help="GPUs per colocated replica")
+    p.add_argument("--exhaustive", action="store_true", help="also run the exhaustive reference and report the gap")
+    p.add_argument("--plot", metavar="PNG", help="write goodput vs budget (SARA, and exhaustive if asked)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _finite(name, value, positive=True):
+    if value is None:
+        return None
+    if not math.isfinite(value) or (positive and value <= 0) or (not positive and value < 0):
+        raise InputError(name, f"expected a {'positive' if positive else 'non-negative'} number, got {value!r}")
+    return value
+
+
+def _prefill_from_coeffs(text: str):
+    try:
+        a, b, c = (float(x) for x in text.split(","))
+    except ValueError:
+        raise InputError("prefill_coeffs", f"expected three numbers A,B,C, got {text!r}") from None
+    if min(a, b, c) < 0 or a + b + c <= 0 or not all(map(math.isfinite, (a, b, c))):
+        raise InputError("prefill_coeffs", "expected non-negative finite A,B,C, not all zero")
+    return lambda il: a + b * np.asarray(il, dtype=float) + c * np.asarray(il, dtype=float) ** 2
+
+
+def _prefill_from_calibration(path: str, arch, gpu, m_p: int):
+    """Prefill of one request (batch 1) from a calibrated SLIM: F_pre/(η_c·m_p·F_max), floored by
+    streaming the weights at η_m·m_p·B_HBM (SLIM eqs 7–8 with B = 1)."""
+    from kneecap.model import calibrate, slim
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise InputError("calibration", f"cannot read {path}: {exc.strerror}") from None
+    cal = calibrate.Calibration.from_json(text)
+    if cal.gpu != gpu.key:
+        raise InputError("calibration", f"calibrated on {cal.gpu}, but --gpu is {gpu.key}")
+    params = cal.slim_params
+    aa = slim.arch_arrays(arch)
+    eta_c = float(params.eta_c)
+    eta_m = float(getattr(params, "eta_m", 1.0) or 1.0)
+
+    def service(il):
+        il = np.asarray(il, dtype=float)
+        compute = slim.prefill_flops(aa, 1.0, il) / (eta_c * m_p * gpu.peak_flops)
+        return np.maximum(compute, arch.weight_bytes / (eta_m * m_p * gpu.mem_bw_bytes_s))
+
+    return service
+
+
+def build(args):
+    from kneecap.model import sara
+    from kneecap.model.arch import get_arch
+    from kneecap.model.hardware import get_gpu
+
+    arch = get_arch(args.model)
+    gpu = get_gpu(args.gpu)
+    _finite("budget_per_hour", args.budget_per_hour)
+    _finite("prefill_cost", args.prefill_cost)
+    _finite("decode_cost", args.decode_cost)
+    _finite("kv_cost_per_gibps", args.kv_cost_per_gibps, positive=False)
+    if args.calibration and args.prefill_coeffs:
+        raise InputError("calibration", "give --calibration or --prefill-coeffs, not both")
+    workload = sara.make_workload(args.input_mean, args.input_cv, args.output_mean, args.output_cv, args.tail)
+    slo = sara.SLO(args.slo_ttft_s, args.slo_kv_s, args.slo_tpot_s, args.quantile, args.p_mem, args.p_join)
+    costs = sara.Costs(args.prefill_cost or gpu.cost_per_hour, args.decode_cost or gpu.cost_per_hour,
+                       args.kv_cost_per_gibps)
+    m_p = args.prefill_gpus or sara.prefill_gpus_needed(arch, gpu, workload, slo)
+    service = None
+    if args.prefill_coeffs:
+        service = _prefill_from_coeffs(args.prefill_coeffs)
+    elif args.calibration:
+        service = _prefill_from_calibration(args.calibration, arch, gpu, m_p)
+    return sara.build_problem(arch, gpu, workload, slo, costs, prefill_service_s=service,
+                              prefill_gpus_per_replica=m_p)
+
+
+def _plot(path, pb, budget, with_exhaustive):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kneecap.model import sara
+
+    budgets = np.linspace(budget / 8, budget * 2, 16)
+    sara_g = [sara.plan(pb, b).goodput_rps for b in budgets]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(budgets, sara_g, "o-", label="SARA")
+    if with_exhaustive:
+        ax.plot(budgets, [sara.exhaustive(pb, b).goodput_rps for b in budgets], "x--", label="exhaustive")
+    ax.axvline(budget, color="grey", lw=0.8, ls=":")
+    ax.set_xlabel("budget ($/h)")
+    ax.set_ylabel("goodput (req/s)")
+    ax.set_title(f"{pb.arch.key} on {pb.gpu.key}, {pb.workload.tail}-tailed, p{pb.slo.quantile * 100:g}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(args) -> int:
+    from kneecap.model import sara
+
+    pb = build(args)
+    result = sara.plan(pb, args.budget_per_hour)
+    out = result.to_dict()
+    if args.exhaustive:
+        ex = sara.exhaustive(pb, args.budget_per_hour)
+        out["exhaustive_goodput_rps"] = ex.goodput_rps
+        out["exhaustive_seconds"] = ex.solve_seconds
+        out["exhaustive_allocation"] = {k: v for k, v in ex.to_dict().items() if k in (
+            "prefill_replicas", "decode_replicas", "kv_bandwidth_gibps", "max_num_seqs", "cost_per_hour")}
+        out["gap_pct"] = (100.0 * (ex.goodput_rps - result.goodput_rps) / ex.goodput_rps
+                          if ex.goodput_rps > 0 else 0.0)
+    if args.colocated_rate_per_replica is not None:
+        colo = sara.plan_colocated(args.colocated_rate_per_replica, args.colocated_gpus,
+                                   pb.costs.decode_gpu_per_hour, budget_per_hour=args.budget_per_hour)
+        out["colocated"] = colo.to_dict()
+    if result.feasible:
+        mu, sd = sara.decode_batch_stats(pb, result.goodput_rps, result.allocation.decode_replicas)
+        a = result.allocation
+        out["predicted"] = {
+            "ttft_s": sara.ttft_quantile_s(pb, result.goodput_rps, a.prefill_replicas),
+            "kv_s": sara.kv_quantile_s(pb, result.goodput_rps, a.kv_bandwidth_gibps),
+            "tpot_s": sara.tpot_quantile_s(pb, result.goodput_rps, a.decode_replicas),
+            "quantile": pb.slo.quantile, "decode_batch_mean": mu, "decode_batch_std": sd,
+        }
+    if args.plot:
+        _plot(args.plot, pb, args.budget_per_hour, args.exhaustive)
+        out["plot"] = args.plot
+    if args.json:
+        print(json.dumps(_clean(out), sort_keys=True, allow_nan=False))
+    else:
+        _print(out, pb)
+    return 0 if result.feasible else EXIT_INFEASIBLE
+
+
+def _clean(x):
+    """JSON has no inf/NaN: non-finite numbers become null."""
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def _print(out, pb):
+    print(f"model {pb.arch.key} on {pb.gpu.key}; {pb.workload.tail}-tailed input "
+          f"(mean {pb.workload.input.mean_tok:g}, CV {pb.workload.input.cv:g}), output mean {pb.workload.output.mean_tok:g}")
+    if not out["feasible"]:
+        print(out["message"])
+        return
+    print(f"goodput            {out['goodput_rps']:.3f} req/s at {out['cost_per_hour']:.2f} $/h "
+          f"(solved in {out['solve_seconds'] * 1e3:.1f} ms)")
+    print(f"prefill            {out['prefill_replicas']} replica(s) × {out['prefill_gpus_per_replica']} GPU  "
+          f"[{out['binding']['prefill']}]")
+    print(f"KV link            {out['kv_bandwidth_gibps']:.2f} GiB/s  [{out['binding']['kv']}]")
+    print(f"decode             {out['decode_replicas']} GPU(s), max_num_seqs {out['max_num_seqs']}  "
+          f"[{out['binding']['decode']}]")
+    pr = out["predicted"]
+    print(f"predicted p{pr['quantile'] * 100:g}      TTFT {pr['ttft_s']:.3f} s, KV {pr['kv_s']:.3f} s, "
+          f"TPOT {pr['tpot_s'] * 1e3:.1f} ms")
+    if "exhaustive_goodput_rps" in out:
+        print(f"exhaustive         {out['exhaustive_goodput_rps']:.3f} req/s in {out['exhaustive_seconds']:.2f} s "
+              f"(SARA gap {out['gap_pct']:.2f}%)")
+    if "colocated" in out:
+        c = out["colocated"]
+        print(f"colocated          {c['replicas']} replica(s), {c['goodput_rps']:.3f} req/s at {c['cost_per_hour']:.2f} $/h"
+              if c["feasible"] else c["message"])
