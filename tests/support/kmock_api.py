@@ -53,7 +53,6 @@ CORE_RESOURCES: dict[str, tuple[str, bool, set[str]]] = {
     "v1/services": ("Service", True, {"status"}),
     "v1/events": ("Event", True, set()),
     "apps/v1/deployments": ("Deployment", True, {"status", "scale"}),
-    "events.k8s.io/v1/events": ("Event", True, set()),
     "coordination.k8s.io/v1/leases": ("Lease", True, set()),
     "autoscaling/v2/horizontalpodautoscalers": ("HorizontalPodAutoscaler", True, {"status"}),
 }
@@ -194,16 +193,46 @@ class KubeAPI(kmock.KubernetesEmulator):
     # ------------------------------------------------------------ request handling
 
     async def __call__(self, raw_request):
-        # kmock 0.8's path parser raises on the namespaces list ("/api/v1/namespaces" -> 500).
-        if raw_request.path.rstrip("/") == "/api/v1/namespaces" and raw_request.method == "GET" \
-                and raw_request.query.get("watch") != "true":
+        # kmock 0.8's path parser raises on the cluster-scoped namespaces collection
+        # ("/api/v1/namespaces" -> 500), which kopf lists and watches: serve it here.
+        if raw_request.path.rstrip("/") == "/api/v1/namespaces":
+            return await self._namespaces(raw_request)
+        return await super().__call__(raw_request)
+
+    async def _namespaces(self, raw_request):
+        res = kmock.resource("", "v1", "namespaces")
+        if raw_request.method == "POST":
+            obj = await raw_request.json()
+            name = obj["metadata"]["name"]
             async with self._lock:
-                items = [obj.raw for (r, _, _), obj in self._objects.items()
-                         if r.plural == "namespaces" and r.group == "" and not obj.deleted]
+                if self._live((res, None, name)) is not None:
+                    return await self._render_error(KubernetesObjectConflictError(reason="AlreadyExists"))
+                obj["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp=_now())
+                self._stamp(obj)
+                if (res, None, name) in self._objects:
+                    self._objects[res, None, name].create(obj)
+                else:
+                    self._objects[res, None, name] = obj
+            await self._buses[res].put({"type": "ADDED", "object": obj})
+            return aiohttp.web.json_response(obj, status=201)
+        async with self._lock:
+            items = [obj.raw for (r, _, _), obj in self._objects.items() if r == res and not obj.deleted]
+        if raw_request.query.get("watch") != "true":
             return aiohttp.web.json_response({"apiVersion": "v1", "kind": "NamespaceList",
                                               "metadata": {"resourceVersion": str(next(self._rv))},
                                               "items": items})
-        return await super().__call__(raw_request)
+        resp = aiohttp.web.StreamResponse()
+        await resp.prepare(raw_request)
+        for obj in items:
+            await resp.write(json.dumps({"type": "ADDED", "object": obj}).encode() + b"\n")
+        try:
+            async with asyncio.timeout(float(raw_request.query.get("timeoutSeconds", 60))):
+                async for event in self._buses[res]:
+                    await resp.write(json.dumps(event).encode() + b"\n")
+        except (TimeoutError, ConnectionError):
+            pass
+        await resp.write_eof()
+        return resp
 
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         res = request.resource
@@ -440,6 +469,12 @@ class KubeAPIThread:
         if self.api is None or key not in self.api.objects:
             return []
         return [None if v is None else copy.deepcopy(v.raw) for v in self.api.objects[key].history]
+
+    def add_namespace(self, name: str) -> dict:
+        code, body = self.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                                  "metadata": {"name": name}})
+        assert code in (201, 409), (code, body)
+        return body
 
     def add_pod(self, namespace: str, name: str, labels: dict, ip: str = "127.0.0.1", port: int = 8000,
                 annotations: dict | None = None, ready: bool = True) -> dict:

@@ -1,0 +1,68 @@
+"""`kneecap run`: the operator (kopf), namespace- or cluster-scoped, with liveness and metrics."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+HELP = "run the operator: reconcile LLMDeployments and keep vLLM at the knee"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", default=[],
+                       help="watch this namespace (repeatable; globs as kopf allows)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch the whole cluster")
+    parser.add_argument("--liveness", type=int, metavar="PORT", default=None,
+                        help="serve kopf's liveness probe at http://0.0.0.0:PORT/healthz")
+    parser.add_argument("--metrics-port", type=int, metavar="PORT", default=None,
+                        help="serve the operator's Prometheus metrics on this port")
+    peering = parser.add_mutually_exclusive_group()
+    peering.add_argument("--peering", metavar="NAME", default=None,
+                         help="kopf peering object for leader election among operator replicas")
+    peering.add_argument("--standalone", action="store_true", help="no peering (one replica only)")
+    parser.add_argument("--priority", type=int, default=0, help="peering priority of this replica")
+    parser.add_argument("--tick", type=float, default=5.0, metavar="SECONDS",
+                        help="timer wake-up period; each resource acts every spec.control.interval")
+    parser.add_argument("--verbose", action="store_true")
+
+
+def _check(args) -> None:
+    from kneecap.errors import InputError
+
+    for name in ("liveness", "metrics_port"):
+        port = getattr(args, name)
+        if port is not None and not 0 < port < 65536:
+            raise InputError(f"--{name.replace('_', '-')}", f"expected a TCP port 1-65535, got {port}")
+    if args.tick <= 0:
+        raise InputError("--tick", f"expected seconds > 0, got {args.tick}")
+
+
+def run(args) -> int:
+    _check(args)
+    import kopf
+
+    from kneecap.control.handlers import OperatorConfig, build_registry
+    from kneecap.control.metrics import OperatorMetrics
+
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    metrics = OperatorMetrics()
+    if args.metrics_port:
+        metrics.serve(args.metrics_port)
+    registry = build_registry(OperatorConfig(metrics=metrics, tick_s=args.tick))
+    kwargs: dict = {
+        "registry": registry,
+        "standalone": args.standalone or args.peering is None,
+        "priority": args.priority,
+        "clusterwide": bool(args.all_namespaces),
+        "namespaces": list(args.namespace),
+        "liveness_endpoint": f"http://0.0.0.0:{args.liveness}/healthz" if args.liveness else None,
+    }
+    if args.peering:
+        kwargs["peering_name"] = args.peering
+    if not args.all_namespaces and not args.namespace:
+        kwargs["clusterwide"] = True
+    asyncio.run(kopf.operator(**kwargs))
+    return 0

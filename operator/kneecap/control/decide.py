@@ -1,0 +1,314 @@
+"""The decision seam: observations + calibration + what is live -> a recommendation. Pure.
+
+No Kubernetes and no I/O here: the loop hands in plain values, this module calls the model
+modules (SLIM calibration, BCA, memory, SARA, GAUSS) and returns frozen results that explain
+themselves. The guards (policy.py) decide afterwards whether a recommendation is acted on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import numpy as np
+
+from kneecap.control.manifests import EngineSettings
+from kneecap.control.spec import LLMDeploymentSpec
+from kneecap.errors import InputError
+from kneecap.model import calibrate, memory
+from kneecap.model.arch import get_arch
+from kneecap.model.hardware import get_gpu
+from kneecap.observe.window import Observation
+
+GIB = 1024**3
+MIN_BATCH_LEVELS = 2  # distinct operating batches before SLIM is (re)fitted (DESIGN §4.3)
+RATE_HEADROOM = 1.2  # size pools for 20% more than the observed request rate
+GAUSS_SAMPLES = 60_000
+PROBE_RATE_RPS = 1e-3  # GAUSS is run for λ* (its bisection); the probe rate only has to be stable  # enough for p95 at the operator's cadence; benchmarks use 10^6
+
+
+# ---------------------------------------------------------------- calibration
+
+@dataclass(frozen=True)
+class FitRows:
+    """Observations of one pool as SLIM rows: per-pod batch, lengths, token throughput."""
+
+    batch: np.ndarray
+    input_len: np.ndarray
+    output_len: np.ndarray
+    output_cv: np.ndarray
+    throughput_tok_s: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return int(self.batch.size)
+
+    @property
+    def batch_levels(self) -> int:
+        return int(np.unique(np.round(self.batch)).size)
+
+
+def fit_rows(observations: Sequence[Observation]) -> FitRows:
+    """Rows for SLIM: B = mean running batch, T = (prompt + generated tokens)/s per pod (eq. 6)."""
+    ok = [o for o in observations if o.mean_batch > 0 and o.prompt_tok_s + o.generation_tok_s > 0]
+    arr = lambda f: np.array([f(o) for o in ok], dtype=float)  # noqa: E731
+    return FitRows(
+        batch=arr(lambda o: max(o.mean_batch, 1e-3)),
+        input_len=arr(lambda o: max(o.input_len_mean, 1.0)),
+        output_len=arr(lambda o: max(o.output_len_mean, 1.0)),
+        output_cv=arr(lambda o: max(o.output_len_cv, 0.0)),
+        throughput_tok_s=arr(lambda o: (o.prompt_tok_s + o.generation_tok_s) / max(o.pods, 1)),
+    )
+
+
+@dataclass(frozen=True)
+class CalibrationOutcome:
+    calibration: calibrate.Calibration | None  # the one to use: new, or the previous one kept
+    ok: bool  # trustworthy enough to act on
+    refit: bool  # a new fit replaced the previous one
+    reason: str  # Fitted | KeptPrevious | TooFewBatchLevels | FitFailed | FitErrorTooHigh
+    message: str
+    error: float | None = None  # MAPE of the calibration in use on the current rows (fraction)
+
+
+def _mape(cal: calibrate.Calibration, arch_key: str, rows: FitRows) -> float:
+    thr, _ = calibrate.predict(cal, arch_key, None, rows.batch, rows.input_len, rows.output_len,
+                               output_cv=rows.output_cv)
+    return float(np.mean(np.abs(thr / rows.throughput_tok_s - 1.0)))
+
+
+def recalibrate(arch_key: str, gpu_key: str, observations: Sequence[Observation],
+                previous: calibrate.Calibration | None, max_fit_error: float) -> CalibrationOutcome:
+    """Refit SLIM on the observation ring; keep the previous fit if the new one is worse or fails."""
+    rows = fit_rows(observations)
+    prev_err = _mape(previous, arch_key, rows) if previous is not None and rows.n else None
+    if rows.batch_levels < MIN_BATCH_LEVELS:
+        msg = f"{rows.batch_levels} distinct batch level(s) in {rows.n} observations; need {MIN_BATCH_LEVELS}"
+        if previous is not None:
+            return CalibrationOutcome(previous, prev_err is None or prev_err <= max_fit_error, False, "KeptPrevious",
+                                      msg + "; keeping the previous fit", prev_err)
+        return CalibrationOutcome(None, False, False, "TooFewBatchLevels", msg)
+    try:
+        new = calibrate.fit(arch_key, gpu_key, rows.batch, rows.input_len, rows.output_len, rows.throughput_tok_s,
+                            output_cv=rows.output_cv, n_starts=3)
+        new_err = float(new.metrics["mape_pct"]) / 100.0
+    except (InputError, ValueError, FloatingPointError) as exc:
+        if previous is not None:
+            return CalibrationOutcome(previous, prev_err is not None and prev_err <= max_fit_error, False, "FitFailed",
+                                      f"refit failed ({exc}); keeping the previous fit", prev_err)
+        return CalibrationOutcome(None, False, False, "FitFailed", f"fit failed: {exc}")
+    if previous is not None and prev_err is not None and prev_err <= new_err:
+        return CalibrationOutcome(previous, prev_err <= max_fit_error, False, "KeptPrevious",
+                                  f"new fit error {new_err:.1%} is not better than the previous {prev_err:.1%}",
+                                  prev_err)
+    if new_err > max_fit_error:
+        if previous is not None and prev_err is not None and prev_err <= max_fit_error:
+            return CalibrationOutcome(previous, True, False, "KeptPrevious",
+                                      f"new fit error {new_err:.1%} > maxFitError {max_fit_error:.0%}", prev_err)
+        return CalibrationOutcome(new, False, True, "FitErrorTooHigh",
+                                  f"fit error {new_err:.1%} > maxFitError {max_fit_error:.0%}", new_err)
+    return CalibrationOutcome(new, True, True, "Fitted",
+                              f"SLIM fitted on {rows.n} observations, {rows.batch_levels} batch levels, "
+                              f"error {new_err:.1%}", new_err)
+
+
+def calibration_to_status(cal: calibrate.Calibration, error: float | None) -> dict:
+    d = json.loads(cal.to_json())
+    d.update(fitErrorPct=None if error is None else round(100.0 * error, 3),
+             nPoints=int(cal.metrics.get("n_points", 0)), time=cal.created)
+    return d
+
+
+def calibration_from_status(d: dict | None) -> calibrate.Calibration | None:
+    if not d or "params" not in d:
+        return None
+    try:
+        return calibrate.Calibration.from_json(json.dumps({k: v for k, v in d.items()
+                                                           if k in ("version", "form", "gpu", "models", "params",
+                                                                    "std", "metrics", "created", "notes")}))
+    except InputError:
+        return None
+
+
+# ---------------------------------------------------------------- recommendation
+
+@dataclass(frozen=True)
+class Recommendation:
+    """What the models recommend for one pool, and the numbers behind it."""
+
+    pool: str
+    max_num_seqs: int
+    gpu_memory_utilization: float
+    kv_cache_memory_bytes: int | None
+    kv_gib: float
+    released_gib: float
+    replicas: int
+    pred_throughput_tok_s: float  # per replica at the recommended cap
+    current_pred_throughput_tok_s: float  # per replica at the live cap
+    pred_e2e_s: float
+    efficiency: float
+    knee_batch: float
+    binding: str  # BCA's binding constraint
+    replicas_binding: str
+    throughput_gain: float
+    memory_gain: float
+    allocation: dict
+
+    @property
+    def settings(self) -> EngineSettings:
+        return EngineSettings(self.max_num_seqs, self.gpu_memory_utilization, self.kv_cache_memory_bytes,
+                              self.replicas)
+
+    def to_status(self) -> dict:
+        d = asdict(self)
+        d.pop("allocation")
+        return {_camel(k): _round(v) for k, v in d.items()}
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+def _round(v):
+    return round(v, 6) if isinstance(v, float) else v
+
+
+def measured_non_kv_bytes(arch, gpu, obs: Observation) -> float | None:
+    """non_kv from the pod's cache config (DESIGN §5.3): total·u − KV capacity·bytes/token."""
+    if obs.gpu_memory_utilization and obs.kv_capacity_tokens:
+        v = gpu.memory_bytes * obs.gpu_memory_utilization - obs.kv_capacity_tokens * arch.kv_bytes_per_token
+        return float(v) if v > 0 else None
+    return None
+
+
+def memory_for_cap(spec: LLMDeploymentSpec, obs: Observation, cap: int) -> tuple[float, int | None, float]:
+    """(gpu_memory_utilization, kv_cache_memory_bytes or None, KV bytes) sized for `cap` (§5.3)."""
+    arch, gpu = get_arch(spec.model.architecture), get_gpu(spec.accelerator.type)
+    ctx_mean = obs.input_len_mean + obs.output_len_mean
+    ctx_std = math.hypot(obs.input_len_mean * obs.input_len_cv, obs.output_len_mean * obs.output_len_cv)
+    kv_tokens = int(memory.kv_tokens_for_cap(cap, ctx_mean, ctx_std))
+    non_kv = measured_non_kv_bytes(arch, gpu, obs)
+    try:
+        split = memory.utilization_for_kv_tokens(arch, gpu, max(kv_tokens, 1), cap, measured_non_kv_bytes=non_kv)
+    except InputError:
+        split = memory.memory_split(arch, gpu, memory.UTILIZATION_BOUNDS[1], cap, measured_non_kv_bytes=non_kv)
+    kvb = memory.kv_cache_memory_bytes_for_tokens(arch, max(kv_tokens, 1)) \
+        if spec.engine.memory_knob == "kvCacheMemoryBytes" else None
+    return split.gpu_memory_utilization, kvb, split.kv_bytes
+
+
+def _kv_capacity_tokens(spec: LLMDeploymentSpec, obs: Observation, u: float, cap: int) -> int:
+    arch, gpu = get_arch(spec.model.architecture), get_gpu(spec.accelerator.type)
+    non_kv = measured_non_kv_bytes(arch, gpu, obs)
+    try:
+        return memory.memory_split(arch, gpu, u, max(cap, 1), measured_non_kv_bytes=non_kv).kv_capacity_tokens
+    except InputError:
+        return 1
+
+
+def colocated_replicas(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs: Observation,
+                       seed: int = 0) -> tuple[int, str, dict]:
+    """GAUSS: per-replica SLO-sustainable rate λ*, replicas = ⌈headroom·λ/λ*⌉ (clamped later)."""
+    from kneecap.model import gauss
+    from kneecap.model.sara import plan_colocated
+
+    arch, gpu = get_arch(spec.model.architecture), get_gpu(spec.accelerator.type)
+    p = cal.params
+    coef = gauss.coefficients_from_slim(
+        eta_c=p["eta_c"], eta_m=p["eta_m"], alpha=p.get("alpha_s", 0.0), gamma=p.get("gamma_s", 0.0),
+        b0=p.get("b0", 0.0), t_fixed_s=p.get("t_fixed_s", 0.0), layers=arch.layers, hidden=arch.hidden,
+        kv_dim=arch.d_kv, ff_ratio=arch.r_ff, kv_bytes=arch.dtype_bytes, peak_flops=gpu.peak_flops,
+        bandwidth_bytes_s=gpu.mem_bw_bytes_s)
+    wl = gauss.Workload(
+        input_tokens=gauss.LogNormalLength(max(obs.input_len_mean, 1.0), max(obs.input_len_cv, 0.05)),
+        output_tokens=gauss.LogNormalLength(max(obs.output_len_mean, 1.0), max(obs.output_len_cv, 0.05)))
+    rate = max(obs.request_rate_rps, 1e-6)
+    pods = max(obs.pods, 1)
+    rng = np.random.default_rng(seed)
+    slo_tbt = spec.slo.tpot_s
+    try:
+        res = gauss.simulate(wl, coef, PROBE_RATE_RPS, rng=rng, samples=GAUSS_SAMPLES, replications=4,
+                             slo_ttft_s=spec.slo.ttft_s, slo_tbt_s=slo_tbt, quantile=spec.slo.quantile,
+                             search_samples=GAUSS_SAMPLES)
+        lam_star = res.sustainable_rate_rps if (spec.slo.ttft_s or slo_tbt) else 0.8 * res.stable_rate_rps
+        binding = res.sustainable_binding
+    except gauss.Infeasible as exc:
+        return pods, f"gauss-infeasible: {exc}", {}
+    cp = plan_colocated(lam_star, spec.accelerator.count, max(spec.accelerator.cost_per_hour, 1e-9),
+                        rate_rps=RATE_HEADROOM * rate, budget_per_hour=spec.max_cost_per_hour)
+    alloc = {"replicas": cp.replicas, "sustainableRatePerReplicaRps": round(lam_star, 6),
+             "observedRateRps": round(rate, 6), "goodputRps": round(cp.goodput_rps, 6),
+             "costPerHour": round(cp.cost_per_hour, 4), "binding": binding if cp.binding == "rate" else cp.binding,
+             "feasible": cp.feasible, "message": cp.message}
+    return (cp.replicas if cp.feasible else pods), alloc["binding"], alloc
+
+
+def disaggregated_allocation(spec: LLMDeploymentSpec, cal: calibrate.Calibration | None,
+                             obs: Observation) -> dict:
+    """SARA: cheapest prefill/KV/decode allocation meeting the SLO quantiles at the observed rate."""
+    from kneecap.model import sara
+
+    slo_kw = {k: v for k, v in (("ttft_s", spec.slo.ttft_s), ("tpot_s", spec.slo.tpot_s)) if v}
+    slo = sara.SLO(quantile=max(spec.slo.quantile, 0.5), **slo_kw)
+    wl = sara.make_workload(max(obs.input_len_mean, 1.0), max(obs.input_len_cv, 0.05),
+                            max(obs.output_len_mean, 1.0), max(obs.output_len_cv, 0.05))
+    gpu = get_gpu(spec.accelerator.type)
+    kv = spec.topology.kv_transfer
+    costs = sara.Costs(max(spec.accelerator.cost_per_hour, 1e-9), max(spec.accelerator.cost_per_hour, 1e-9),
+                       kv.cost_per_gib_s_hour if kv else 0.1)
+    service = None
+    if cal is not None:
+        arch_key = spec.model.architecture
+
+        def service(il):  # calibrated SLIM at B = 1 (DESIGN §5.4)
+            il = np.asarray(il, dtype=float)
+            _, e2e = calibrate.predict(cal, arch_key, None, np.ones_like(il), il, np.ones_like(il))
+            return e2e
+    pb = sara.build_problem(spec.model.architecture, gpu, wl, slo, costs, prefill_service_s=service)
+    rate = RATE_HEADROOM * max(obs.request_rate_rps, 1e-6)
+    alloc, binding = sara.min_resources(pb, rate)
+    out = {"prefillReplicas": alloc.prefill_replicas, "decodeReplicas": alloc.decode_replicas,
+           "kvBandwidthGiBps": round(alloc.kv_bandwidth_gibps, 4), "maxNumSeqs": alloc.max_num_seqs,
+           "costPerHour": round(alloc.cost_per_hour(costs), 4), "targetRateRps": round(rate, 6),
+           "binding": binding}
+    if spec.max_cost_per_hour:
+        p = sara.plan(pb, spec.max_cost_per_hour)
+        out.update(goodputRps=round(p.goodput_rps, 6), budgetFeasible=p.feasible, budgetMessage=p.message)
+    return out
+
+
+def recommend(spec: LLMDeploymentSpec, role: str, cal: calibrate.Calibration, obs: Observation,
+              current: EngineSettings, *, replicas: int | None = None, replicas_binding: str = "unchanged",
+              allocation: dict | None = None) -> Recommendation:
+    """BCA cap and the memory that holds it for one pool, with the predicted gain over `current`."""
+    from kneecap.model import bca
+
+    arch, gpu = get_arch(spec.model.architecture), get_gpu(spec.accelerator.type)
+    kv_cap_max = _kv_capacity_tokens(spec, obs, memory.UTILIZATION_BOUNDS[1], spec.batching.max_max_num_seqs)
+    slo_e2e = spec.slo.e2e_s
+    res = bca.advise(cal, arch, gpu, obs.input_len_mean, obs.output_len_mean, slo_e2e_s=slo_e2e,
+                     epsilon=spec.batching.efficiency_floor, min_cap=spec.batching.min_max_num_seqs,
+                     max_cap=spec.batching.max_max_num_seqs, kv_capacity_tokens=kv_cap_max)
+    cap = int(res.cap)
+    u, kvb, kv_bytes = memory_for_cap(spec, obs, cap)
+    cur_kv = _kv_capacity_tokens(spec, obs, current.gpu_memory_utilization, current.max_num_seqs)
+    new_kv = _kv_capacity_tokens(spec, obs, u, cap)
+    thr, _ = calibrate.predict(cal, arch, gpu, np.array([current.max_num_seqs, cap], float),
+                               obs.input_len_mean, obs.output_len_mean, output_cv=obs.output_len_cv,
+                               kv_capacity_tokens=np.array([max(cur_kv, 1), max(new_kv, 1)], float))
+    cur_thr, new_thr = float(thr[0]), float(thr[1])
+    released = memory.released_bytes(gpu.memory_bytes * current.gpu_memory_utilization, gpu.memory_bytes * u)
+    return Recommendation(
+        pool=role, max_num_seqs=cap, gpu_memory_utilization=float(u), kv_cache_memory_bytes=kvb,
+        kv_gib=kv_bytes / GIB, released_gib=released / GIB,
+        replicas=current.replicas if replicas is None else int(replicas),
+        pred_throughput_tok_s=new_thr, current_pred_throughput_tok_s=cur_thr,
+        pred_e2e_s=float(res.pred_e2e_s), efficiency=float(res.efficiency), knee_batch=float(res.knee_batch),
+        binding=str(res.binding), replicas_binding=replicas_binding,
+        throughput_gain=new_thr / cur_thr - 1.0 if cur_thr > 0 else 0.0,
+        memory_gain=max(released, 0.0) / (gpu.memory_bytes * current.gpu_memory_utilization),
+        allocation=dict(allocation or {}),
+    )

@@ -1,0 +1,134 @@
+"""kopf handlers: each is a guard and one call into reconcile/loop (STYLE: thin handlers).
+
+`build_registry(config)` returns a fresh kopf registry, so `kneecap run` and the tests (which
+point the operator at an emulated API) register the same handlers with different settings.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import kopf
+
+from kneecap.control import loop as L, reconcile as R, status as St
+from kneecap.control.kube import KubeClient
+from kneecap.control.metrics import OperatorMetrics
+from kneecap.control.spec import GROUP, PLURAL, VERSION, LLMDeploymentSpec, parse_spec
+from kneecap.errors import InputError
+
+RESOURCE = (GROUP, VERSION, PLURAL)
+
+
+@dataclass
+class OperatorConfig:
+    """How the operator connects and paces itself."""
+
+    connection: kopf.ConnectionInfo | None = None  # None: in-cluster service account, else kubeconfig
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    tick_s: float = 5.0  # how often timers wake to check whether spec.control.interval elapsed
+    scrape_timeout_s: float = 5.0
+    now: Callable[[], float] = time.time
+    scrape: L.ScrapeFn | None = None
+
+
+def _connection(config: OperatorConfig, logger) -> kopf.ConnectionInfo:
+    if config.connection is None:
+        info = kopf.login_with_service_account(logger=logger) or kopf.login_with_kubeconfig(logger=logger)
+        if info is None:
+            raise kopf.PermanentError("no Kubernetes credentials: neither a service account nor a kubeconfig")
+        config.connection = info
+    return config.connection
+
+
+def _invalid(body, exc: InputError, now_s: float) -> dict:
+    gen = body["metadata"].get("generation")
+    conds = St.set_condition((body.get("status") or {}).get("conditions"), St.READY, False, "InvalidSpec",
+                             str(exc), gen, now_s)
+    return {"observedGeneration": gen, "phase": St.phase_of(conds, invalid=True), "conditions": conds,
+            "invalidField": exc.field}
+
+
+def _parse(body, patch, logger, config: OperatorConfig, *, emit: bool) -> LLMDeploymentSpec | None:
+    """The spec, or None after recording an InvalidSpec condition (and an Event when `emit`)."""
+    try:
+        return parse_spec(body.get("spec"))
+    except InputError as exc:
+        patch.status.update(_invalid(body, exc, config.now()))
+        if emit:
+            kopf.warn(body, reason="InvalidSpec", message=str(exc))
+        logger.error("invalid spec: %s", exc)
+        return None
+
+
+def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistry:
+    config = config or OperatorConfig()
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(registry=registry)
+    def login(logger, **_):
+        return _connection(config, logger)
+
+    @kopf.on.startup(registry=registry)
+    async def startup(memo: kopf.Memo, settings: kopf.OperatorSettings, logger, **_):
+        settings.persistence.finalizer = "kneecap.io/finalizer"
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kneecap.io")
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix="kneecap.io", key="last-handled-configuration")
+        settings.posting.level = logging.INFO
+        memo.kube = KubeClient.from_connection_info(_connection(config, logger))
+        memo.metrics = config.metrics
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(memo: kopf.Memo, **_):
+        kube = getattr(memo, "kube", None)
+        if kube is not None:
+            await kube.close()
+
+    @kopf.on.resume(*RESOURCE, registry=registry)
+    @kopf.on.create(*RESOURCE, registry=registry)
+    @kopf.on.update(*RESOURCE, field="spec", registry=registry)
+    async def reconcile(body, patch, memo, logger, reason, **_):
+        spec = _parse(body, patch, logger, config, emit=True)
+        if spec is None:
+            return
+        result = await R.reconcile(memo.kube, dict(body), spec)
+        now = config.now()
+        gen = body["metadata"].get("generation")
+        conds = (body.get("status") or {}).get("conditions")
+        ready = all(int((p.deployment.get("status") or {}).get("readyReplicas", 0)) >= 1 for p in result.pools)
+        conds = St.set_condition(conds, St.READY, ready, "PodsReady" if ready else "PodsNotReady",
+                                 ", ".join(f"{p.pool.name}: {'created' if p.created else 'patched' if p.patched else 'in sync'}"
+                                           for p in result.pools), gen, now)
+        patch.status.update({"observedGeneration": gen, "conditions": conds, "phase": St.phase_of(conds),
+                             "invalidField": None})
+        if result.changed:
+            kopf.info(body, reason="Reconciled", message=f"{reason}: " + ", ".join(
+                [f"{p.pool.name} {'created' if p.created else 'patched'}" for p in result.pools
+                 if p.created or p.patched] + [f"{d} deleted" for d in result.deleted]))
+
+    @kopf.timer(*RESOURCE, interval=config.tick_s, initial_delay=config.tick_s, registry=registry)
+    async def control(body, patch, memo, logger, **_):
+        spec = _parse(body, patch, logger, config, emit=False)
+        if spec is None:
+            return
+        mem: L.LoopMemory = memo.setdefault("loop", L.LoopMemory())
+        now = config.now()
+        if mem.last_tick_s and now - mem.last_tick_s < spec.control.interval_s:
+            return
+        mem.last_tick_s = now
+        ctx = L.LoopContext(kube=memo.kube, metrics=memo.metrics, now=config.now,
+                            scrape_timeout_s=config.scrape_timeout_s, scrape=config.scrape,
+                            event=lambda etype, reason, message: kopf.event(body, type=etype, reason=reason,
+                                                                            message=message))
+        patch.status.update(await L.tick(ctx, dict(body), spec, mem))
+
+    @kopf.on.delete(*RESOURCE, registry=registry)
+    async def delete(body, memo, logger, **_):
+        gone = await R.delete_owned(memo.kube, dict(body))
+        memo.metrics.forget(body["metadata"]["namespace"], body["metadata"]["name"])
+        logger.info("deleted owned objects: %s", ", ".join(gone) or "none left")
+
+    return registry

@@ -1,0 +1,149 @@
+"""A small async Kubernetes API client for the objects the operator owns.
+
+kopf talks to the API for the LLMDeployment itself; owned Deployments, Services and Pods go
+through this client, built from the same `kopf.ConnectionInfo` the operator logged in with
+(so in-cluster service accounts, kubeconfigs and the tests' emulated API all work alike).
+"""
+
+from __future__ import annotations
+
+import base64
+import ssl
+import tempfile
+import urllib.parse
+from typing import Any
+
+import aiohttp
+
+MERGE = "application/merge-patch+json"
+FIELD_MANAGER = "kneecap"
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, body: Any, what: str):
+        self.status = status
+        self.body = body
+        msg = body.get("message") if isinstance(body, dict) else body
+        super().__init__(f"{what}: HTTP {status}: {msg}")
+
+
+def resource_path(api_version: str, plural: str, namespace: str | None = None, name: str | None = None,
+                  sub: str | None = None) -> str:
+    base = f"/api/{api_version}" if api_version == "v1" else f"/apis/{api_version}"
+    p = base + (f"/namespaces/{namespace}" if namespace else "") + f"/{plural}"
+    return p + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
+
+
+def _ssl_context(info) -> ssl.SSLContext | bool | None:
+    if getattr(info, "insecure", False):
+        return False
+    ca_path, ca_data = getattr(info, "ca_path", None), getattr(info, "ca_data", None)
+    cert_path, cert_data = getattr(info, "certificate_path", None), getattr(info, "certificate_data", None)
+    key_path, key_data = getattr(info, "private_key_path", None), getattr(info, "private_key_data", None)
+    if not (ca_path or ca_data or cert_path or cert_data):
+        return None
+    ctx = ssl.create_default_context(cafile=ca_path) if ca_path else ssl.create_default_context()
+    if ca_data:
+        data = ca_data.decode() if isinstance(ca_data, bytes) else ca_data
+        if "BEGIN CERTIFICATE" not in data:
+            data = base64.b64decode(data).decode()
+        ctx.load_verify_locations(cadata=data)
+    if cert_path or cert_data:
+        def _file(path, data):
+            if path:
+                return path
+            f = tempfile.NamedTemporaryFile(delete=False, suffix=".pem")
+            raw = data if isinstance(data, bytes) else data.encode()
+            if b"BEGIN" not in raw:
+                raw = base64.b64decode(raw)
+            f.write(raw)
+            f.close()
+            return f.name
+        ctx.load_cert_chain(_file(cert_path, cert_data), _file(key_path, key_data))
+    return ctx
+
+
+class KubeClient:
+    """JSON over HTTP to one API server. Methods raise ApiError on non-2xx (404 -> None for get)."""
+
+    def __init__(self, server: str, token: str | None = None, scheme: str | None = None, ssl_context=None,
+                 timeout_s: float = 15.0):
+        self.server = server.rstrip("/")
+        self._headers = {"Accept": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"{scheme or 'Bearer'} {token}"
+        self._ssl = ssl_context
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    @classmethod
+    def from_connection_info(cls, info) -> "KubeClient":
+        return cls(info.server, token=getattr(info, "token", None), scheme=getattr(info, "scheme", None),
+                   ssl_context=_ssl_context(info))
+
+    async def _sess(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(headers=self._headers, timeout=self._timeout)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
+                      params: dict | None = None) -> tuple[int, Any]:
+        sess = await self._sess()
+        kw: dict = {"params": params or None}
+        if self._ssl is not None:
+            kw["ssl"] = self._ssl
+        if body is not None:
+            kw["json"] = body
+            kw["headers"] = {"Content-Type": content_type}
+        async with sess.request(method, self.server + path, **kw) as resp:
+            try:
+                data = await resp.json(content_type=None)
+            except (ValueError, aiohttp.ContentTypeError):
+                data = await resp.text()
+            return resp.status, data
+
+    async def get(self, path: str) -> dict | None:
+        status, body = await self.request("GET", path)
+        if status == 404:
+            return None
+        if status >= 300:
+            raise ApiError(status, body, f"GET {path}")
+        return body
+
+    async def list(self, path: str, label_selector: str | None = None) -> list[dict]:
+        params = {"labelSelector": label_selector} if label_selector else None
+        status, body = await self.request("GET", path, params=params)
+        if status >= 300:
+            raise ApiError(status, body, f"LIST {path}")
+        return list(body.get("items") or [])
+
+    async def create(self, path: str, obj: dict) -> tuple[dict, bool]:
+        """(object, created). An existing object (409) is fetched and returned with created=False."""
+        status, body = await self.request("POST", path, obj, params={"fieldManager": FIELD_MANAGER})
+        if status == 409:
+            name = obj["metadata"]["name"]
+            existing = await self.get(f"{path}/{urllib.parse.quote(name)}")
+            if existing is not None:
+                return existing, False
+        if status >= 300:
+            raise ApiError(status, body, f"POST {path}")
+        return body, True
+
+    async def patch(self, path: str, patch: Any, content_type: str = MERGE) -> dict:
+        status, body = await self.request("PATCH", path, patch, content_type=content_type,
+                                          params={"fieldManager": FIELD_MANAGER})
+        if status >= 300:
+            raise ApiError(status, body, f"PATCH {path}")
+        return body
+
+    async def delete(self, path: str) -> bool:
+        status, body = await self.request("DELETE", path)
+        if status == 404:
+            return False
+        if status >= 300:
+            raise ApiError(status, body, f"DELETE {path}")
+        return True

@@ -1,0 +1,299 @@
+"""One control-loop iteration per LLMDeployment (DESIGN §4).
+
+scrape → observe → observation ring → recalibrate SLIM → BCA cap + memory → SARA allocation
+(disaggregated) or GAUSS replica count (colocated) → guards → apply (enforce) or record (advise).
+
+Everything a restarted operator needs lives in the resource's status (observation ring,
+calibration, applied settings and when they were applied); the in-process `LoopMemory` only
+holds the previous scrape of each pod, which a restart loses (the first tick after it only
+re-primes the scrapes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable
+
+from kneecap.control import decide, manifests as M, policy, reconcile as R, status as St
+from kneecap.control.kube import KubeClient
+from kneecap.control.metrics import OperatorMetrics
+from kneecap.control.spec import LLMDeploymentSpec
+from kneecap.observe import pool as obs_pool
+from kneecap.observe.scrape import ScrapeError, Snapshot, scrape as http_scrape
+from kneecap.observe.window import NoObservation, Observation
+
+log = logging.getLogger("kneecap.loop")
+
+ScrapeFn = Callable[[str], Awaitable[Snapshot]]
+EventFn = Callable[[str, str, str], None]  # (type Normal|Warning, reason, message)
+
+
+@dataclass
+class LoopMemory:
+    """In-process state of one resource: the last snapshot of every pod URL."""
+
+    snapshots: dict[str, Snapshot] = field(default_factory=dict)
+    last_tick_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class LoopContext:
+    kube: KubeClient
+    metrics: OperatorMetrics
+    event: EventFn
+    now: Callable[[], float] = time.time
+    scrape_timeout_s: float = 5.0
+    scrape: ScrapeFn | None = None
+
+    async def scrape_url(self, url: str) -> Snapshot:
+        if self.scrape is not None:
+            return await self.scrape(url)
+        return await http_scrape(url, timeout_s=self.scrape_timeout_s)
+
+
+@dataclass
+class PoolTick:
+    role: str
+    state: R.PoolState
+    observation: Observation | None = None
+    no_observation: str | None = None
+    scrape_ok: bool = True
+    scrape_errors: list[str] = field(default_factory=list)
+
+
+def primary_role(spec: LLMDeploymentSpec) -> str:
+    """The pool whose batch cap BCA sets: the decode pool, or the only pool."""
+    return "decode" if spec.disaggregated else "server"
+
+
+def ring_entries(status: dict, role: str) -> list[Observation]:
+    out = []
+    for e in status.get("observations") or []:
+        if e.get("pool", "server") != role:
+            continue
+        try:
+            out.append(obs_pool.from_status({k: v for k, v in e.items()
+                                             if k not in ("pool", "maxNumSeqs", "gpuMemoryUtilization")}))
+        except ValueError:
+            continue
+    return out
+
+
+async def observe_pool(ctx: LoopContext, mem: LoopMemory, ns: str, name: str, spec: LLMDeploymentSpec,
+                       state: R.PoolState) -> PoolTick:
+    """Scrape the pool's ready pods and turn the windows since the last scrapes into one observation."""
+    tick = PoolTick(state.pool.role, state)
+    pods = await R.ready_pods(ctx.kube, ns, name, state.pool.role)
+    urls = [u for u in (R.metrics_url(p, spec.engine.port) for p in pods) if u]
+    if not urls:
+        tick.no_observation = "no_pods: no ready pod with an IP or a metrics URL"
+        return tick
+    results = await asyncio.gather(*(ctx.scrape_url(u) for u in urls), return_exceptions=True)
+    windows = []
+    for url, res in zip(urls, results):
+        if isinstance(res, BaseException):
+            tick.scrape_ok = False
+            tick.scrape_errors.append(f"{url}: {res}" if isinstance(res, ScrapeError) else f"{url}: {res!r}")
+            continue
+        prev = mem.snapshots.get(url)
+        mem.snapshots[url] = res
+        if prev is not None:
+            windows.append((prev, res))
+    for gone in set(mem.snapshots) - set(urls):
+        mem.snapshots.pop(gone, None)
+    if not tick.scrape_ok:
+        return tick
+    if not windows:
+        tick.no_observation = "priming: first scrape of these pods"
+        return tick
+    po = obs_pool.observe_pool(windows)
+    if isinstance(po.observation, NoObservation):
+        tick.no_observation = po.observation.code
+    else:
+        tick.observation = po.observation
+    return tick
+
+
+def _settings_status(s: M.EngineSettings) -> dict:
+    return St.compact({"maxNumSeqs": s.max_num_seqs, "gpuMemoryUtilization": s.gpu_memory_utilization,
+                       "kvCacheMemoryBytes": s.kv_cache_memory_bytes, "replicas": s.replicas})
+
+
+async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopMemory) -> dict:
+    """One iteration. Returns the status patch (the caller writes it)."""
+    now = ctx.now()
+    meta, status = body["metadata"], dict(body.get("status") or {})
+    ns, name, gen = meta["namespace"], meta["name"], meta.get("generation")
+    labels = (ns, name)
+    conds = status.get("conditions") or []
+    out: dict = {"observedGeneration": gen}
+
+    rec = await R.reconcile(ctx.kube, body, spec)
+    if rec.changed:
+        ctx.event("Normal", "Reconciled", ", ".join(
+            [f"{p.pool.name} {'created' if p.created else 'patched'}" for p in rec.pools if p.created or p.patched]
+            + [f"{d} deleted" for d in rec.deleted]))
+    pools = {p.pool.role: p for p in rec.pools}
+    ready = all(int((p.deployment.get("status") or {}).get("readyReplicas", 0)) >= 1 for p in rec.pools)
+    conds = St.set_condition(conds, St.READY, ready, "PodsReady" if ready else "PodsNotReady",
+                             "every pool has a ready replica" if ready else "a pool has no ready replica", gen, now)
+
+    ticks = [await observe_pool(ctx, mem, ns, name, spec, p) for p in rec.pools]
+    scrape_ok = all(t.scrape_ok for t in ticks)
+    for t in ticks:
+        if not t.scrape_ok:
+            ctx.metrics.inc(ctx.metrics.scrape_failures, *labels, amount=len(t.scrape_errors))
+        ctx.metrics.set(ctx.metrics.replicas, t.state.settings.replicas, *labels, t.role)
+        ctx.metrics.set(ctx.metrics.applied_max_num_seqs, t.state.settings.max_num_seqs, *labels, t.role)
+        ctx.metrics.set(ctx.metrics.applied_memory_fraction, t.state.settings.gpu_memory_utilization, *labels, t.role)
+
+    # ring: append this window's observations (status keeps them across restarts)
+    ring = list(status.get("observations") or [])
+    for t in ticks:
+        if t.observation is not None:
+            entry = {"pool": t.role, **_settings_status(t.state.settings), **obs_pool.to_status(t.observation)}
+            entry.pop("replicas", None)
+            ring = St.push_observation(ring, entry, spec.control.observation_history)
+    out["observations"] = ring
+    status["observations"] = ring
+
+    role = primary_role(spec)
+    main = next(t for t in ticks if t.role == role)
+    if main.observation is not None:
+        out["workload"] = {"pool": role, **obs_pool.to_status(main.observation)}
+        ctx.metrics.set(ctx.metrics.observed_throughput,
+                        main.observation.prompt_tok_s + main.observation.generation_tok_s, *labels, role)
+        slo_ok = _slo_met(spec, main.observation)
+        if slo_ok is not None:
+            conds = St.set_condition(conds, St.SLO_MET, slo_ok[0], "SLOMet" if slo_ok[0] else "SLOMissed",
+                                     slo_ok[1], gen, now)
+            ctx.metrics.set(ctx.metrics.slo_attainment, 1.0 if slo_ok[0] else 0.0, *labels)
+
+    if not scrape_ok:
+        errs = "; ".join(e for t in ticks for e in t.scrape_errors)
+        conds = St.set_condition(conds, St.DEGRADED, True, "ScrapeFailed", errs[:900], gen, now)
+        out.update(conditions=conds, phase=St.phase_of(conds))
+        _record(ctx, out, labels, "ScrapeFailed", f"scrape failed, keeping the last good state: {errs}"[:900],
+                "Warning", now, action=policy.HOLD)
+        return out
+
+    # calibration (kept across restarts in status)
+    previous = decide.calibration_from_status(status.get("calibration"))
+    observations = ring_entries(status, role)
+    cal_out = decide.recalibrate(spec.model.architecture, spec.accelerator.type, observations, previous,
+                                 spec.control.max_fit_error)
+    if cal_out.calibration is not None:
+        out["calibration"] = decide.calibration_to_status(cal_out.calibration, cal_out.error)
+        ctx.metrics.set(ctx.metrics.calibration_error, cal_out.error, *labels)
+    conds = St.set_condition(conds, St.CALIBRATED, cal_out.calibration is not None and cal_out.ok,
+                             cal_out.reason, cal_out.message, gen, now)
+    degraded_reason = None
+    if cal_out.calibration is not None and not cal_out.ok:
+        degraded_reason = ("BadFit", cal_out.message)
+    conds = St.set_condition(conds, St.DEGRADED, degraded_reason is not None,
+                             degraded_reason[0] if degraded_reason else "Healthy",
+                             degraded_reason[1] if degraded_reason else "scrapes and fit are healthy", gen, now)
+
+    latest = main.observation or (observations[-1] if observations else None)
+    if cal_out.calibration is None or latest is None:
+        out.update(conditions=conds, phase=St.phase_of(conds))
+        why = main.no_observation or cal_out.message
+        ctx.metrics.inc(ctx.metrics.decisions, *labels, "WaitingForData")
+        out["lastDecision"] = {"action": policy.HOLD, "reason": "WaitingForData", "message": why, "time": St.iso(now)}
+        return out
+
+    # decide
+    cur = pools[role].settings
+    external = pools[role].ownership.external
+    try:
+        replicas, rbind, alloc = _replicas(spec, cal_out.calibration, latest, pools, role)
+        r = decide.recommend(spec, role, cal_out.calibration, latest, cur,
+                             replicas=replicas, replicas_binding=rbind, allocation=alloc)
+    except Exception as exc:  # noqa: BLE001 - a model failure must not take the operator down
+        log.exception("decision failed for %s/%s", ns, name)
+        conds = St.set_condition(conds, St.DEGRADED, True, "ModelError", f"{type(exc).__name__}: {exc}"[:900],
+                                 gen, now)
+        out.update(conditions=conds, phase=St.phase_of(conds))
+        _record(ctx, out, labels, "ModelError", f"{type(exc).__name__}: {exc}"[:900], "Warning", now,
+                action=policy.HOLD)
+        return out
+    out["recommendation"] = r.to_status()
+    if r.allocation:
+        out["allocation"] = r.allocation
+    _export_recommendation(ctx, labels, role, r)
+
+    applied = status.get("applied") or {}
+    state = policy.GuardState(
+        now_s=now, last_applied_s=St.parse_iso(applied.get("time")),
+        rollout_in_progress=any(p.rollout_in_progress for p in rec.pools),
+        n_observations=len(observations), scrape_ok=scrape_ok, fit_ok=cal_out.ok, fit_message=cal_out.message,
+        replicas_external=external)
+    d = policy.guard(cur, policy.Proposal(r.settings, r.throughput_gain, r.memory_gain), spec.control,
+                     spec.batching, M.pool_bounds(spec, role), state,
+                     memory_for_cap=lambda cap: decide.memory_for_cap(spec, latest, cap)[:2])
+    out["ownership"] = {"replicas": pools[role].ownership.replicas_owner,
+                        "message": ("replicas are owned by " + pools[role].ownership.replicas_owner
+                                    + "; kneecap only recommends them") if external else "kneecap manages replicas"}
+
+    if d.action == policy.APPLY and spec.enforce:
+        patch = M.with_settings(pools[role].deployment, d.target, set_replicas=not external)
+        await ctx.kube.patch(R.deployments_path(ns, pools[role].pool.name), patch)
+        restart = not policy.only_replicas_changed(cur, d.target)
+        if restart:
+            ctx.metrics.inc(ctx.metrics.restarts, *labels, d.reason)
+        out["applied"] = {**_settings_status(d.target), "pool": role, "time": St.iso(now),
+                          "reason": d.reason, "restart": restart}
+        ctx.metrics.set(ctx.metrics.applied_max_num_seqs, d.target.max_num_seqs, *labels, role)
+        ctx.metrics.set(ctx.metrics.applied_memory_fraction, d.target.gpu_memory_utilization, *labels, role)
+        reason, message, etype = "Applied", d.message, "Normal"
+    elif d.action == policy.APPLY:
+        reason, message, etype = "Advised", "advise mode, not applied: " + d.message, "Normal"
+    else:
+        reason, message, etype = d.reason, d.message, "Normal"
+    if "applied" not in out:
+        out["applied"] = {**applied, **_settings_status(cur), "pool": role}
+        if "time" not in out["applied"]:
+            out["applied"]["time"] = None
+    out.update(conditions=conds, phase=St.phase_of(conds))
+    _record(ctx, out, labels, reason, message, etype, now, action=d.action, target=d.target)
+    return out
+
+
+def _replicas(spec, cal, obs, pools, role):
+    if spec.disaggregated:
+        alloc = decide.disaggregated_allocation(spec, cal, obs)
+        return alloc["decodeReplicas"], "sara:" + str(alloc["binding"].get("decode", "")), alloc
+    n, binding, alloc = decide.colocated_replicas(spec, cal, obs)
+    return n, "gauss:" + str(binding), alloc
+
+
+def _slo_met(spec: LLMDeploymentSpec, o: Observation) -> tuple[bool, str] | None:
+    checks = [(spec.slo.ttft_s, o.ttft_p95_s, "TTFT"), (spec.slo.tpot_s, o.itl_p95_s, "TPOT"),
+              (spec.slo.e2e_s, o.e2e_p95_s, "E2E")]
+    checks = [(slo, v, n) for slo, v, n in checks if slo is not None and v is not None]
+    if not checks:
+        return None
+    missed = [f"{n} p95 {v:.3g}s > {slo:g}s" for slo, v, n in checks if v > slo]
+    if missed:
+        return False, "; ".join(missed)
+    return True, ", ".join(f"{n} p95 {v:.3g}s ≤ {slo:g}s" for slo, v, n in checks)
+
+
+def _export_recommendation(ctx: LoopContext, labels, role: str, r: decide.Recommendation) -> None:
+    m = ctx.metrics
+    m.set(m.recommended_max_num_seqs, r.max_num_seqs, *labels, role)
+    m.set(m.recommended_memory_fraction, r.gpu_memory_utilization, *labels, role)
+    m.set(m.memory_released_gib, r.released_gib, *labels, role)
+    m.set(m.knee_batch, r.knee_batch, *labels, role)
+    m.set(m.predicted_throughput, r.pred_throughput_tok_s, *labels, role)
+
+
+def _record(ctx: LoopContext, out: dict, labels, reason: str, message: str, etype: str, now: float,
+            action: str, target: M.EngineSettings | None = None) -> None:
+    ctx.metrics.inc(ctx.metrics.decisions, *labels, reason)
+    out["lastDecision"] = St.compact({"action": action, "reason": reason, "message": message, "time": St.iso(now),
+                                      "target": _settings_status(target) if target else None})
+    ctx.event(etype, reason, message)

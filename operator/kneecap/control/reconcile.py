@@ -1,0 +1,193 @@
+"""Level-triggered reconcile of the objects an LLMDeployment owns.
+
+Observe what is live, compare with what the spec asks for, and send only the difference:
+reconciling twice changes nothing. The values the control loop manages (--max-num-seqs, the
+memory flag, replicas) are read back from the live Deployment, so a spec reconcile never undoes
+a decision; everything else in the pod template follows the spec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kneecap.control import manifests as M
+from kneecap.control.kube import FIELD_MANAGER, KubeClient, resource_path
+from kneecap.control.spec import LLMDeploymentSpec
+
+
+def deployments_path(ns: str, name: str | None = None) -> str:
+    return resource_path("apps/v1", "deployments", ns, name)
+
+
+def services_path(ns: str, name: str | None = None) -> str:
+    return resource_path("v1", "services", ns, name)
+
+
+def pods_path(ns: str) -> str:
+    return resource_path("v1", "pods", ns)
+
+
+def is_subset(want: Any, have: Any) -> bool:
+    """True when every field in `want` is present and equal in `have` (server defaults ignored)."""
+    if isinstance(want, dict):
+        return isinstance(have, dict) and all(k in have and is_subset(v, have[k]) for k, v in want.items())
+    if isinstance(want, list):
+        return isinstance(have, list) and len(want) == len(have) and all(map(is_subset, want, have))
+    return want == have
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """Who owns a pool's `replicas`: kneecap, or someone it must not fight (HPA, a person)."""
+
+    replicas_owner: str  # "kneecap" | "spec" | "hpa/<name>" | "manager/<field manager>"
+
+    @property
+    def external(self) -> bool:
+        return self.replicas_owner != "kneecap"
+
+
+def replicas_owner(spec: LLMDeploymentSpec, deploy: dict | None, hpas: list[dict]) -> Ownership:
+    """Declared in spec, an HPA targeting the Deployment, or another field manager of spec.replicas."""
+    if spec.topology.replicas_managed_by == "external":
+        return Ownership("spec")
+    if deploy is None:
+        return Ownership("kneecap")
+    name = deploy["metadata"]["name"]
+    for h in hpas:
+        ref = h.get("spec", {}).get("scaleTargetRef", {})
+        if ref.get("kind") == "Deployment" and ref.get("name") == name:
+            return Ownership(f"hpa/{h['metadata']['name']}")
+    for mf in deploy["metadata"].get("managedFields") or []:
+        fields = (mf.get("fieldsV1") or {}).get("f:spec") or {}
+        manager = mf.get("manager", "")
+        if "f:replicas" in fields and manager not in (FIELD_MANAGER, "kube-controller-manager", ""):
+            return Ownership(f"manager/{manager}")
+    return Ownership("kneecap")
+
+
+@dataclass
+class PoolState:
+    pool: M.Pool
+    deployment: dict
+    settings: M.EngineSettings
+    ownership: Ownership
+    created: bool = False
+    patched: bool = False
+
+    @property
+    def rollout_in_progress(self) -> bool:
+        """Deployment controller has not caught up, or not all replicas run the new template."""
+        d, st = self.deployment, self.deployment.get("status") or {}
+        if not st:
+            return False
+        if int(st.get("observedGeneration", 0)) < int(d["metadata"].get("generation", 0)):
+            return True
+        want = int(d["spec"].get("replicas", 1))
+        return int(st.get("updatedReplicas", want)) < want or int(st.get("unavailableReplicas", 0)) > 0
+
+
+@dataclass
+class ReconcileResult:
+    pools: list[PoolState] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.deleted) or any(p.created or p.patched for p in self.pools)
+
+
+async def _hpas(kube: KubeClient, ns: str) -> list[dict]:
+    try:
+        return await kube.list(resource_path("autoscaling/v2", "horizontalpodautoscalers", ns))
+    except Exception:  # noqa: BLE001 - no HPA API is the same as no HPA
+        return []
+
+
+async def reconcile(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec) -> ReconcileResult:
+    """Create what is missing, patch what drifted from the spec, delete pools the spec dropped."""
+    ns, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
+    result = ReconcileResult()
+    hpas = await _hpas(kube, ns)
+    for pool in M.pools(name, spec):
+        live = await kube.get(deployments_path(ns, pool.name))
+        start = M.initial_settings(spec, pool.role)
+        ownership = replicas_owner(spec, live, hpas)
+        if live is None:
+            desired = M.deployment(owner, spec, pool, start)
+            live, created = await kube.create(deployments_path(ns), desired)
+            state = PoolState(pool, live, M.live_settings(live, start), ownership, created=created)
+        else:
+            settings = M.live_settings(live, start)
+            bounds = M.pool_bounds(spec, pool.role)
+            if not ownership.external:
+                settings = M.EngineSettings(settings.max_num_seqs, settings.gpu_memory_utilization,
+                                            settings.kv_cache_memory_bytes, bounds.clamp(settings.replicas))
+            desired = M.deployment(owner, spec, pool, settings)
+            patched = False
+            want = {"metadata": {"labels": desired["metadata"]["labels"],
+                                 "ownerReferences": desired["metadata"]["ownerReferences"]},
+                    "spec": {"template": desired["spec"]["template"]}}
+            if not ownership.external:
+                want["spec"]["replicas"] = desired["spec"]["replicas"]
+            if not is_subset(want, live):
+                live = await kube.patch(deployments_path(ns, pool.name), want)
+                patched = True
+            state = PoolState(pool, live, M.live_settings(live, start), ownership, patched=patched)
+        result.pools.append(state)
+
+        svc = M.service(owner, spec, pool)
+        live_svc = await kube.get(services_path(ns, pool.name))
+        if live_svc is None:
+            await kube.create(services_path(ns), svc)
+        elif not is_subset({"metadata": {"labels": svc["metadata"]["labels"]}, "spec": svc["spec"]}, live_svc):
+            await kube.patch(services_path(ns, pool.name), {"metadata": {"labels": svc["metadata"]["labels"]},
+                                                            "spec": svc["spec"]})
+
+    keep = {p.name for p in M.pools(name, spec)}
+    selector = f"app.kubernetes.io/instance={name},app.kubernetes.io/managed-by={M.MANAGER}"
+    for path_fn in (deployments_path, services_path):
+        for obj in await kube.list(path_fn(ns), selector):
+            n = obj["metadata"]["name"]
+            refs = obj["metadata"].get("ownerReferences") or []
+            ours = any(r.get("uid") == owner["metadata"].get("uid") for r in refs)
+            if n not in keep and ours:
+                await kube.delete(path_fn(ns, n))
+                result.deleted.append(f"{obj.get('kind', path_fn.__name__)}/{n}")
+    return result
+
+
+async def delete_owned(kube: KubeClient, owner: dict) -> list[str]:
+    """Explicit cleanup of owned objects (clusters garbage-collect by ownerReferences anyway)."""
+    ns, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
+    selector = f"app.kubernetes.io/instance={name},app.kubernetes.io/managed-by={M.MANAGER}"
+    gone = []
+    for path_fn in (deployments_path, services_path):
+        for obj in await kube.list(path_fn(ns), selector):
+            refs = obj["metadata"].get("ownerReferences") or []
+            if any(r.get("uid") == owner["metadata"].get("uid") for r in refs):
+                if await kube.delete(path_fn(ns, obj["metadata"]["name"])):
+                    gone.append(obj["metadata"]["name"])
+    return gone
+
+
+async def ready_pods(kube: KubeClient, ns: str, name: str, role: str) -> list[dict]:
+    """Running pods of a pool whose Ready condition is True and that have an IP."""
+    selector = f"app.kubernetes.io/instance={name},{M.ROLE_LABEL}={role}"
+    out = []
+    for p in await kube.list(pods_path(ns), selector):
+        st = p.get("status") or {}
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
+        if ready and st.get("phase", "Running") == "Running" and not p["metadata"].get("deletionTimestamp"):
+            out.append(p)
+    return out
+
+
+def metrics_url(pod: dict, port: int) -> str | None:
+    """`kneecap.io/metrics-url` annotation, else http://<podIP>:<port>/metrics."""
+    ann = (pod["metadata"].get("annotations") or {}).get(M.METRICS_URL_ANNOTATION)
+    if ann:
+        return ann
+    ip = (pod.get("status") or {}).get("podIP")
+    return f"http://{ip}:{port}/metrics" if ip else None
