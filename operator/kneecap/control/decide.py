@@ -288,10 +288,11 @@ def recommend(spec: LLMDeploymentSpec, role: str, cal: calibrate.Calibration, ob
 
     arch, gpu = get_arch(spec.model.architecture), get_gpu(spec.accelerator.type)
     kv_cap_max = _kv_capacity_tokens(spec, obs, memory.UTILIZATION_BOUNDS[1], spec.batching.max_max_num_seqs)
-    slo_e2e = spec.slo.e2e_s
-    res = bca.advise(cal, arch, gpu, obs.input_len_mean, obs.output_len_mean, slo_e2e_s=slo_e2e,
+    ctx_std = math.hypot(obs.input_len_mean * obs.input_len_cv, obs.output_len_mean * obs.output_len_cv)
+    res = bca.advise(cal, arch, gpu, obs.input_len_mean, obs.output_len_mean, slo_e2e_s=spec.slo.e2e_s,
                      epsilon=spec.batching.efficiency_floor, min_cap=spec.batching.min_max_num_seqs,
-                     max_cap=spec.batching.max_max_num_seqs, kv_capacity_tokens=kv_cap_max)
+                     max_cap=spec.batching.max_max_num_seqs, kv_capacity_tokens=kv_cap_max,
+                     output_cv=obs.output_len_cv, length_std_tok=ctx_std)
     cap = int(res.cap)
     u, kvb, kv_bytes = memory_for_cap(spec, obs, cap)
     cur_kv = _kv_capacity_tokens(spec, obs, current.gpu_memory_utilization, current.max_num_seqs)

@@ -1,0 +1,114 @@
+"""The decision seam on real H100 measurements (shared/data/real-h100/profiles.csv)."""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from kneecap.control import decide
+from kneecap.control.manifests import EngineSettings
+from kneecap.control.spec import parse_spec
+from kneecap.observe.window import Observation
+
+CURVE = "advisor_output_length/llama-2-7b/ol130/n2000/mem0.9"
+SPEC = parse_spec({"model": {"name": "meta-llama/Llama-2-7b-hf"}, "accelerator": {"type": "h100-64gb"},
+                   "engine": {"image": "vllm", "maxNumSeqs": 8}})
+
+
+def observation(row: dict) -> Observation:
+    """One measured operating point as the window observation the loop would have made."""
+    thr = float(row["throughput_tok_s"])
+    il, ol = float(row["input_len"]), float(row["output_len"])
+    rps = float(row["request_throughput"])
+    e2e = float(row["e2e_client_ms"]) / 1e3
+    return Observation(
+        window_s=60.0, t_end_s=0.0, pods=1, finished_requests=rps * 60, request_rate_rps=rps,
+        mean_batch=float(row["batch"]), max_batch=float(row["max_num_seqs"]), batch_samples=12, queue_len=0.0,
+        prompt_tokens=rps * 60 * il, generation_tokens=rps * 60 * ol, prompt_tok_s=thr * il / (il + ol),
+        generation_tok_s=thr * ol / (il + ol), input_len_mean=il, input_len_cv=0.0, input_len_p95=il,
+        output_len_mean=ol, output_len_cv=0.0, output_len_p95=ol, ttft_mean_s=0.05, ttft_p95_s=0.1,
+        itl_mean_s=float(row["itl_ms"]) / 1e3, itl_p95_s=float(row["itl_ms"]) / 1e3, e2e_mean_s=e2e,
+        e2e_p95_s=e2e, kv_usage=float(row["kv_usage_mean"]), kv_usage_max=float(row["kv_usage_max"]),
+        kv_capacity_tokens=float(row["kv_capacity_tokens"]),
+        gpu_memory_utilization=float(row["gpu_memory_utilization"]))
+
+
+@pytest.fixture(scope="module")
+def curve(profiles_csv):
+    rows = [r for r in csv.DictReader(open(profiles_csv)) if r["curve"] == CURVE]
+    assert len(rows) == 9
+    return {int(r["max_num_seqs"]): r for r in rows}
+
+
+def test_fit_rows_are_per_pod_total_token_throughput(curve):
+    obs = [observation(curve[c]) for c in (8, 16)]
+    obs[1] = replace(obs[1], pods=2, prompt_tok_s=2 * obs[1].prompt_tok_s, generation_tok_s=2 * obs[1].generation_tok_s)
+    rows = decide.fit_rows(obs)
+    assert rows.throughput_tok_s == pytest.approx([1889.0143, 3377.3357])
+    assert rows.batch_levels == 2
+
+
+def test_one_batch_level_is_not_enough(curve):
+    out = decide.recalibrate("llama-2-7b", "h100-64gb", [observation(curve[8])] * 3, None, 0.3)
+    assert (out.calibration, out.ok, out.reason) == (None, False, "TooFewBatchLevels")
+
+
+def test_calibrate_then_recommend_on_the_measured_curve(curve):
+    # the operator has seen the pool run at caps 8..32 (B only reaches the live cap)
+    obs = [observation(curve[c]) for c in (8, 16, 32)]
+    out = decide.recalibrate("llama-2-7b", "h100-64gb", obs, None, 0.3)
+    assert out.ok and out.refit and out.reason == "Fitted"
+    assert out.error < 0.05  # in-sample MAPE on three real points
+    rec = decide.recommend(SPEC, "server", out.calibration, obs[-1], EngineSettings(32, 0.9, None, 1))
+    # BCA moves up the curve: the measured curve keeps rising past 32 (5618 -> 8470 tok/s at 64)
+    assert rec.max_num_seqs > 32 and rec.throughput_gain > 0.05
+    measured = {c: float(curve[c]["throughput_tok_s"]) for c in curve}
+    caps = np.array(sorted(measured))
+    nearest = caps[np.argmin(np.abs(caps - rec.max_num_seqs))]
+    assert measured[nearest] >= 0.6 * max(measured.values())
+    # Llama-2-7B's 512 KiB/token KV fills the cache first (the data plateaus at ~238 sequences
+    # = 90832 tokens / 381): the cap is KV-bound and the KV is sized to hold exactly it.
+    assert rec.binding == "kv_capacity"
+    assert rec.kv_gib * 2**30 >= rec.max_num_seqs * (250 + 131) * 524288 * 0.99
+    st = rec.to_status()
+    assert st["maxNumSeqs"] == rec.max_num_seqs and st["releasedGib"] == pytest.approx(rec.released_gib)
+
+
+def test_small_model_releases_memory(profiles_csv):
+    rows = {int(r["max_num_seqs"]): r for r in csv.DictReader(open(profiles_csv))
+            if r["curve"] == "advisor_output_length/opt-1.3b/ol260/n2000/mem0.9"}
+    obs = [observation(rows[c]) for c in (8, 16, 32, 64)]
+    spec = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb"},
+                       "engine": {"image": "vllm", "maxNumSeqs": 64}})
+    out = decide.recalibrate("opt-1.3b", "h100-64gb", obs, None, 0.3)
+    assert out.ok
+    rec = decide.recommend(spec, "server", out.calibration, obs[-1], EngineSettings(64, 0.9, None, 1))
+    # OPT-1.3B needs 192 KiB/token: the cap's KV is a fraction of the default 0.9 reservation
+    assert rec.max_num_seqs > 64
+    assert rec.gpu_memory_utilization < 0.9 and rec.released_gib > 5.0 and rec.memory_gain > 0.1
+    measured = {c: float(rows[c]["throughput_tok_s"]) for c in rows}
+    caps = np.array(sorted(measured))
+    nearest = caps[np.argmin(np.abs(caps - rec.max_num_seqs))]
+    assert measured[nearest] >= 0.75 * max(measured.values())
+
+
+def test_worse_fit_keeps_the_previous_calibration(curve):
+    good = decide.recalibrate("llama-2-7b", "h100-64gb", [observation(curve[c]) for c in (8, 16, 32)], None, 0.3)
+    noisy = [observation(curve[c]) for c in (8, 16, 32)]
+    noisy += [replace(observation(curve[16]), prompt_tok_s=o.prompt_tok_s * 3, generation_tok_s=o.generation_tok_s * 3)
+              for o in [observation(curve[16])]]
+    out = decide.recalibrate("llama-2-7b", "h100-64gb", noisy, good.calibration, 0.3)
+    assert out.calibration is good.calibration and not out.refit
+    assert out.reason == "KeptPrevious"
+
+
+def test_calibration_roundtrips_through_status(curve):
+    out = decide.recalibrate("llama-2-7b", "h100-64gb", [observation(curve[c]) for c in (8, 16, 32)], None, 0.3)
+    st = decide.calibration_to_status(out.calibration, out.error)
+    back = decide.calibration_from_status(st)
+    assert back.params == out.calibration.params and st["nPoints"] == 3
+    assert decide.calibration_from_status({"params": {"eta_c": "x"}}) is None
+    assert decide.calibration_from_status(None) is None
