@@ -65,7 +65,8 @@ class SimRequest:
 
 @dataclass(frozen=True)
 class StepResult:
-    """What one engine step did. ``tokens``: (request, is_first) that got a token at ``end_s``."""
+    """What one engine step did. ``tokens``: (request, is_first, inter-token interval or None) for
+    each request that got a token at ``end_s``."""
 
     start_s: float
     end_s: float
@@ -350,8 +351,8 @@ class Engine:
                 first = req.first_token_s is None
                 if first:
                     req.first_token_s = end
+                tokens.append((req, first, None if first else end - req.last_token_s))
                 req.last_token_s = end
-                tokens.append((req, first))
                 if req.output_tokens >= req.max_tokens:
                     req.state, req.finished_reason, req.finish_s = FINISHED, "length", end
                     self.free_blocks += req.num_blocks

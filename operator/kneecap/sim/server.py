@@ -1,0 +1,254 @@
+"""The twin's HTTP face: vLLM's OpenAI-compatible server over :class:`kneecap.sim.engine.Engine`.
+
+Endpoints: ``POST /v1/completions`` (OpenAI shape with ``usage``; ``stream`` as server-sent
+events, ``stream_options.include_usage``), ``GET /v1/models``, ``/health``, ``/version``,
+``/metrics`` (vLLM names, see :mod:`kneecap.sim.metrics`).
+
+Time: one driver task steps the engine and sleeps until wall time reaches each step's end, so
+simulated time runs ``time_scale`` times faster than the wall clock; every latency the twin
+reports (metrics, and what a client measures × time_scale) is in simulated seconds. When the
+CPU cannot keep up the engine falls behind the wall clock and the twin runs slower than asked.
+
+Tokens: a string prompt has one token per whitespace-separated word; a list of token ids has
+one per id. The twin has no EOS: every request generates exactly ``max_tokens`` tokens
+(``finish_reason`` "length"), as a real server does with ``ignore_eos``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+import uuid
+
+from aiohttp import web
+
+from kneecap.errors import InputError
+from kneecap.sim.engine import Engine, EngineConfig, SimRequest
+from kneecap.sim.metrics import VLLM_VERSION, TwinMetrics
+
+DEFAULT_MAX_TOKENS = 16  # vLLM's default for /v1/completions
+WORDS = ("the", "knee", "of", "a", "curve", "is", "where", "batching", "stops", "paying", "off", "and",
+         "memory", "waits", "for", "tokens")
+
+
+def count_prompt_tokens(prompt) -> int:
+    """Deterministic tokenisation (module docstring). Raises InputError for what vLLM would refuse."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        n = len(prompt.split())
+    elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt):
+        n = len(prompt)
+    elif isinstance(prompt, list):
+        raise InputError("prompt", "batched prompts are not supported by the twin; send one string or one list of "
+                                   "token ids per request")
+    else:
+        raise InputError("prompt", f"expected a string or a list of token ids, got {type(prompt).__name__}")
+    if n == 0:
+        raise InputError("prompt", "prompt cannot be empty")
+    return n
+
+
+def _error(status: int, message: str, kind: str = "BadRequestError", param: str | None = None) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": kind, "param": param, "code": status}},
+                             status=status)
+
+
+class TwinServer:
+    """Engine + metrics + pacing; ``app()`` gives the aiohttp application."""
+
+    def __init__(self, config: EngineConfig, served_model_names: list[str], time_scale: float = 1.0,
+                 seed: int = 0, root_model: str | None = None):
+        if not (isinstance(time_scale, (int, float)) and time_scale > 0):
+            raise InputError("time_scale", f"expected a positive number, got {time_scale!r}")
+        if not served_model_names:
+            raise InputError("served_model_name", "expected at least one name")
+        self.config = config
+        self.names = list(served_model_names)
+        self.root_model = root_model or self.names[0]
+        self.time_scale = float(time_scale)
+        self.seed = int(seed)
+        self.engine = Engine(config)
+        self.metrics = TwinMetrics(self.names[0], config)
+        self.created = int(time.time())
+        self._streams: dict[SimRequest, asyncio.Queue] = {}
+        self._wake: asyncio.Event | None = None
+        self._driver: asyncio.Task | None = None
+        self._wall0 = 0.0
+
+    # ------------------------------------------------------------------ time
+    def sim_now(self) -> float:
+        return (asyncio.get_running_loop().time() - self._wall0) * self.time_scale
+
+    async def _drive(self) -> None:
+        engine = self.engine
+        while True:
+            if not engine.has_work():
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            result = engine.step()
+            if result is None:
+                continue
+            delay = (result.end_s - self.sim_now()) / self.time_scale
+            await asyncio.sleep(max(delay, 0.0))
+            self.metrics.on_step(result)
+            for req, _first, _itl in result.tokens:
+                q = self._streams.get(req)
+                if q is not None:
+                    q.put_nowait(("token", req.output_tokens))
+            for req in result.finished:
+                q = self._streams.get(req)
+                if q is not None:
+                    q.put_nowait(("done", req.finished_reason))
+
+    async def _startup(self, app: web.Application) -> None:
+        self._wake = asyncio.Event()
+        self._wall0 = asyncio.get_running_loop().time()
+        self._driver = asyncio.create_task(self._drive())
+
+    async def _cleanup(self, app: web.Application) -> None:
+        if self._driver:
+            self._driver.cancel()
+            try:
+                await self._driver
+            except asyncio.CancelledError:
+                pass
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/ping", self.health)
+        app.router.add_get("/version", self.version)
+        app.router.add_get("/metrics", self.metrics_handler)
+        app.on_startup.append(self._startup)
+        app.on_cleanup.append(self._cleanup)
+        return app
+
+    # ------------------------------------------------------------------ handlers
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": VLLM_VERSION})
+
+    async def models(self, request: web.Request) -> web.Response:
+        data = [{"id": n, "object": "model", "created": self.created, "owned_by": "vllm", "root": self.root_model,
+                 "parent": None, "max_model_len": self.config.max_model_len} for n in self.names]
+        return web.json_response({"object": "list", "data": data})
+
+    async def metrics_handler(self, request: web.Request) -> web.Response:
+        body = self.metrics.render(self.engine)
+        return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    def _text(self, req: SimRequest, k: int) -> str:
+        return " " + WORDS[(self.seed + 7 * k) % len(WORDS)]
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, "request body is not valid JSON")
+        if not isinstance(body, dict):
+            return _error(400, "request body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model not in self.names:
+            return _error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        if body.get("n", 1) != 1:
+            return _error(400, "the twin supports n=1 only", param="n")
+        max_tokens = body.get("max_tokens", DEFAULT_MAX_TOKENS)
+        if max_tokens is None:
+            max_tokens = DEFAULT_MAX_TOKENS
+        try:
+            prompt_tokens = count_prompt_tokens(body.get("prompt"))
+            if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+                raise InputError("max_tokens", f"expected a positive integer, got {max_tokens!r}")
+            req = self.engine.add_request(prompt_tokens, max_tokens, arrival_s=self.sim_now(),
+                                          request_id=f"cmpl-{uuid.uuid4().hex}")
+        except InputError as exc:
+            return _error(400, str(exc), param=exc.field)
+        self.metrics.on_request(req)
+        queue: asyncio.Queue = asyncio.Queue()
+        self._streams[req] = queue
+        self._wake.set()
+        stream = bool(body.get("stream", False))
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
+        name = model or self.names[0]
+        try:
+            if stream:
+                return await self._stream(request, req, queue, name, include_usage)
+            return await self._complete(req, queue, name)
+        except (asyncio.CancelledError, ConnectionResetError):
+            if req.state != "finished":
+                self.engine.abort(req)
+                self.metrics.on_finish(req)
+            raise
+        finally:
+            self._streams.pop(req, None)
+
+    def _usage(self, req: SimRequest) -> dict:
+        return {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + req.output_tokens,
+                "completion_tokens": req.output_tokens, "prompt_tokens_details": None}
+
+    async def _complete(self, req: SimRequest, queue: asyncio.Queue, name: str) -> web.Response:
+        while True:
+            kind, value = await queue.get()
+            if kind == "done":
+                break
+        text = "".join(self._text(req, k) for k in range(req.output_tokens))
+        return web.json_response({
+            "id": req.request_id, "object": "text_completion", "created": int(time.time()), "model": name,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": value, "stop_reason": None,
+                         "prompt_logprobs": None}],
+            "usage": self._usage(req),
+        })
+
+    async def _stream(self, request: web.Request, req: SimRequest, queue: asyncio.Queue, name: str,
+                      include_usage: bool) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        created = int(time.time())
+
+        def chunk(choices, usage=None) -> bytes:
+            obj = {"id": req.request_id, "object": "text_completion", "created": created, "model": name,
+                   "choices": choices}
+            if usage is not None:
+                obj["usage"] = usage
+            return f"data: {json.dumps(obj)}\n\n".encode()
+
+        while True:
+            kind, value = await queue.get()
+            if kind == "token":
+                last = req.state == "finished" and value == req.output_tokens
+                await resp.write(chunk([{"index": 0, "text": self._text(req, value - 1), "logprobs": None,
+                                         "finish_reason": req.finished_reason if last else None,
+                                         "stop_reason": None}]))
+            else:
+                break
+        if include_usage:
+            await resp.write(chunk([], self._usage(req)))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+async def serve(server: TwinServer, host: str, port: int, ready_message: bool = True) -> None:
+    """Run until cancelled."""
+    runner = web.AppRunner(server.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    if ready_message:
+        cfg = server.config
+        print(f"INFO: kneecap twin serving {server.names[0]} ({cfg.arch.key} on {cfg.gpu.key}, "
+              f"max_num_seqs={cfg.max_num_seqs}, num_gpu_blocks={cfg.num_gpu_blocks}, "
+              f"time_scale={server.time_scale}) on http://{host}:{port}", file=sys.stderr, flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,77 @@
+"""`kneecap load`: arrival process and length draws, and a run against an in-process twin."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from aiohttp import ClientSession
+from aiohttp.test_utils import TestServer
+
+from kneecap.cli import main
+from kneecap.commands.twin import build_server
+from kneecap.cli import build_parser
+from kneecap.errors import InputError
+from kneecap.sim.loadgen import arrival_times, completions_url, run_load, sample_lengths
+
+
+@pytest.mark.parametrize("cv", [0.5, 1.0, 2.0])
+def test_lengths_have_the_asked_mean_and_cv(cv):
+    x = sample_lengths(np.random.default_rng(1), 400_000, 300.0, cv)
+    assert x.min() >= 1 and x.dtype.kind == "i"
+    assert x.mean() == pytest.approx(300.0, rel=0.02)
+    assert x.std() / x.mean() == pytest.approx(cv, rel=0.05)
+
+
+def test_cv_zero_is_constant():
+    assert set(sample_lengths(np.random.default_rng(0), 50, 127.6, 0.0)) == {128}
+
+
+@pytest.mark.parametrize("burst_cv", [1.0, 2.5, 0.5])
+def test_arrivals_have_the_rate_and_burstiness(burst_cv):
+    t = arrival_times(np.random.default_rng(3), 50.0, 2000.0, burst_cv)
+    gaps = np.diff(t)
+    assert len(t) / 2000.0 == pytest.approx(50.0, rel=0.03)
+    assert gaps.std() / gaps.mean() == pytest.approx(burst_cv, rel=0.05)
+    assert t.max() < 2000.0 and np.all(gaps >= 0)
+
+
+def test_same_seed_same_arrivals():
+    a = arrival_times(np.random.default_rng(7), 3.0, 10.0)
+    b = arrival_times(np.random.default_rng(7), 3.0, 10.0)
+    assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("kwargs, field", [({"rate_rps": 0}, "rate"), ({"duration_s": -1}, "duration"),
+                                           ({"burst_cv": 0}, "burst_cv")])
+def test_bad_arguments_name_the_field(kwargs, field):
+    args = {"rate_rps": 1.0, "duration_s": 1.0, "burst_cv": 1.0, **kwargs}
+    with pytest.raises(InputError) as err:
+        arrival_times(np.random.default_rng(0), args["rate_rps"], args["duration_s"], args["burst_cv"])
+    assert err.value.field == field
+
+
+def test_completions_url_forms():
+    assert completions_url("http://h:1") == "http://h:1/v1/completions"
+    assert completions_url("http://h:1/v1/") == "http://h:1/v1/completions"
+    assert completions_url("http://h:1/v1/completions") == "http://h:1/v1/completions"
+
+
+async def test_run_load_against_the_twin_counts_every_token():
+    args = build_parser("twin").parse_args(["twin", "opt-125m", "--time-scale", "200", "--gpu", "l4",
+                                            "--max-model-len", "1024"])
+    twin = build_server(args)
+    async with TestServer(twin.app()) as srv, ClientSession() as session:
+        report = await run_load(str(srv.make_url("/")), rate_rps=40.0, duration_s=1.0, input_mean=60,
+                                input_cv=0.8, output_mean=20, output_cv=0.5, seed=5, session=session)
+    sent = [r for r in report.records]
+    assert report.failed == 0 and report.completed == report.sent == len(sent) > 20
+    assert report.prompt_tokens_total == sum(r.prompt_tokens for r in sent)
+    assert report.completion_tokens_total == sum(r.max_tokens for r in sent)
+    assert report.ttft_s["p50"] <= report.e2e_s["p50"]
+    assert report.model == "opt-125m"
+    assert twin.engine.num_steps > 0 and not twin.engine.has_work()
+
+
+def test_cli_rejects_bad_rate_with_exit_2(capsys):
+    assert main(["load", "http://127.0.0.1:9", "--rate", "-1", "--duration", "1", "--json"]) == 2
+    assert '"field": "rate"' in capsys.readouterr().err
