@@ -1,1 +1,40 @@
-"""Reading the world: vLLM /metrics scraping, parsing and windowed observations."""
+"""Reading the world: vLLM /metrics scraping, parsing and windowed observations.
+
+``await scrape(url, timeout_s=, max_bytes=, session=)`` -> :class:`Snapshot`;
+``observe(prev, cur, between=())`` -> :class:`Observation` or :class:`NoObservation`;
+``observe_pool([(prev, cur), ...])`` -> :class:`PoolObservation`;
+``to_status(obs)`` / ``from_status(dict)`` for the custom resource's status (camelCase).
+"""
+
+from kneecap.observe.pool import PoolObservation, from_status, observe_pool, to_status
+from kneecap.observe.scrape import (
+    ScrapeConnectionError,
+    ScrapeError,
+    ScrapeHTTPError,
+    ScrapeTimeout,
+    ScrapeTooLarge,
+    Snapshot,
+    parse_metrics,
+    scrape,
+)
+from kneecap.observe.window import NoObservation, Observation, Reason, observe, window_deltas
+
+__all__ = [
+    "NoObservation",
+    "Observation",
+    "PoolObservation",
+    "Reason",
+    "ScrapeConnectionError",
+    "ScrapeError",
+    "ScrapeHTTPError",
+    "ScrapeTimeout",
+    "ScrapeTooLarge",
+    "Snapshot",
+    "from_status",
+    "observe",
+    "observe_pool",
+    "parse_metrics",
+    "scrape",
+    "to_status",
+    "window_deltas",
+]

@@ -1,0 +1,85 @@
+"""A pool's observation from its pods' scrapes, and Observation <-> Kubernetes status dicts.
+
+Pods are merged at the level of their window deltas, not of finished observations: rates and
+counts add, per-request distributions merge their histogram buckets (so the pool's p95 is the
+p95 of all the pool's requests, which no average of per-pod p95s gives), and per-pod
+quantities (batch, KV usage, KV capacity, memory settings) are averaged over pods.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, Mapping, Sequence
+
+from kneecap.observe.scrape import Snapshot
+from kneecap.observe.window import (
+    NoObservation,
+    Observation,
+    Reason,
+    WindowDeltas,
+    combine,
+    window_deltas,
+)
+
+@dataclass(frozen=True)
+class PoolObservation:
+    """The pool's observation (or why none), and which pods were left out and why."""
+
+    observation: Observation | NoObservation
+    excluded: Mapping[str, NoObservation]  # pod url -> reason
+
+
+def observe_pool(windows: Sequence[tuple[Snapshot, Snapshot]]) -> PoolObservation:
+    """Merge several pods' windows ``(prev, cur)`` into one pool observation.
+
+    A pod whose window is broken (counter reset, missing metric, truncated, ...) is left out
+    and named in ``excluded``; the pool observation comes from the others.
+    """
+    parts: list[WindowDeltas] = []
+    excluded: dict[str, NoObservation] = {}
+    for i, (prev, cur) in enumerate(windows):
+        d = window_deltas(prev, cur)
+        if isinstance(d, NoObservation):
+            excluded[cur.url or f"pod{i}"] = d
+        else:
+            parts.append(d)
+    if not parts:
+        reasons = list(excluded.values())
+        return PoolObservation(reasons[0] if reasons else NoObservation(Reason.NO_PODS), excluded)
+    return PoolObservation(combine(parts), excluded)
+
+
+# --- Kubernetes status dicts ---------------------------------------------------------------
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+_TO_CAMEL = {f.name: _camel(f.name) for f in fields(Observation)}
+_FROM_CAMEL = {v: k for k, v in _TO_CAMEL.items()}
+
+
+def to_status(obs: Observation) -> dict[str, Any]:
+    """Plain JSON-able dict with camelCase keys (``ttftP95S``); ``None`` fields are omitted."""
+    return {_TO_CAMEL[k]: getattr(obs, k) for k in _TO_CAMEL if getattr(obs, k) is not None}
+
+
+def from_status(data: Mapping[str, Any]) -> Observation:
+    """Inverse of :func:`to_status`. Raises ValueError naming an unknown, missing or
+    non-numeric key."""
+    unknown = set(data) - set(_FROM_CAMEL)
+    if unknown:
+        raise ValueError(f"observation: unknown keys {sorted(unknown)}")
+    kwargs: dict[str, Any] = {}
+    for f in fields(Observation):
+        key = _TO_CAMEL[f.name]
+        if key not in data:
+            if f.default is None:
+                continue
+            raise ValueError(f"observation.{key}: missing")
+        v = data[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"observation.{key}: expected a finite number, got {v!r}")
+        kwargs[f.name] = int(v) if f.name in ("pods", "batch_samples") else float(v)
+    return Observation(**kwargs)

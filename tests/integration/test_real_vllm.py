@@ -1,0 +1,124 @@
+"""kneecap.observe against a real vLLM (CPU build) serving a tiny random-weight Llama.
+
+Load with known prompt lengths (token-id prompts) and known output lengths (``ignore_eos``),
+scrape /metrics before, during and after, and hold the observation to what was sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import aiohttp
+import numpy as np
+import pytest
+
+from kneecap.observe import Observation, observe, scrape
+from tests.integration.conftest import BLOCK_SIZE, MAX_NUM_SEQS, NUM_GPU_BLOCKS
+
+pytestmark = pytest.mark.vllm
+
+
+async def _complete(session: aiohttp.ClientSession, base_url: str, prompt_ids: list[int], max_tokens: int) -> dict:
+    body = {
+        "model": "tiny",
+        "prompt": prompt_ids,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+    }
+    async with session.post(base_url + "/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=300)) as r:
+        assert r.status == 200, await r.text()
+        return await r.json()
+
+
+def _prompts(lengths: list[int], seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [[int(t) for t in rng.integers(3, 500, size=n)] for n in lengths]
+
+
+async def _run_load(server, prompt_lens: list[int], output_lens: list[int], seed: int, sample_every_s: float = 0.1):
+    """Send all requests at once; scrape before, every ``sample_every_s`` while they run, after."""
+    async with aiohttp.ClientSession() as session:
+        prev = await scrape(server.metrics_url, timeout_s=10, max_bytes=4 << 20, session=session)
+        tasks = [
+            asyncio.create_task(_complete(session, server.base_url, p, n))
+            for p, n in zip(_prompts(prompt_lens, seed), output_lens)
+        ]
+        between = []
+        while not all(t.done() for t in tasks):
+            await asyncio.sleep(sample_every_s)
+            between.append(await scrape(server.metrics_url, timeout_s=10, max_bytes=4 << 20, session=session))
+        responses = [t.result() for t in tasks]
+        await asyncio.sleep(0.5)  # let the engine publish the last request's stats
+        cur = await scrape(server.metrics_url, timeout_s=10, max_bytes=4 << 20, session=session)
+    return prev, between, cur, responses
+
+
+async def test_observation_matches_what_was_sent(vllm_server):
+    prompt_lens = [7, 12, 19, 25, 33, 41, 52, 64]
+    output_lens = [60, 70, 80, 90, 100, 110, 120, 130]
+    prev, between, cur, responses = await _run_load(vllm_server, prompt_lens, output_lens, seed=1, sample_every_s=0.05)
+    assert [r["usage"]["prompt_tokens"] for r in responses] == prompt_lens
+    assert [r["usage"]["completion_tokens"] for r in responses] == output_lens
+
+    obs = observe(prev, cur, between)
+    assert isinstance(obs, Observation), obs
+    assert obs.finished_requests == len(prompt_lens)
+    assert obs.prompt_tokens == sum(prompt_lens)
+    assert obs.generation_tokens == sum(output_lens)
+    assert obs.input_len_mean == pytest.approx(np.mean(prompt_lens), rel=1e-12)
+    assert obs.output_len_mean == pytest.approx(np.mean(output_lens), rel=1e-12)
+    assert obs.request_rate_rps == pytest.approx(len(prompt_lens) / (cur.t_s - prev.t_s))
+    assert obs.prompt_tok_s == pytest.approx(sum(prompt_lens) / obs.window_s)
+    # p95 of 8 values (rank 7.6) lies in vLLM's (50, 100] token bucket for the prompts and
+    # (100, 200] for the outputs (5 of 8 are <= 100)
+    assert 50 < obs.input_len_p95 <= 100
+    assert 100 < obs.output_len_p95 <= 200
+    # the batch cap shows: never more than --max-num-seqs running, and it was reached
+    assert obs.max_batch <= MAX_NUM_SEQS
+    assert obs.max_batch >= 2
+    assert 0 < obs.mean_batch <= MAX_NUM_SEQS
+    assert obs.kv_capacity_tokens == NUM_GPU_BLOCKS * BLOCK_SIZE
+    assert obs.ttft_mean_s > 0 and obs.itl_mean_s > 0 and obs.e2e_mean_s >= obs.ttft_mean_s
+    assert obs.e2e_mean_s <= obs.window_s
+
+
+async def test_kv_saturation_shows_usage_and_preemptions(vllm_server):
+    # 4 running × (40 + 440 tokens) = 16 blocks of 128 wanted, 8 exist: usage hits the top
+    # and the scheduler preempts (recompute) to make room. The gauge is sampled during load.
+    n = 16
+    prompt_lens = [40] * n
+    output_lens = [440] * n
+    prev, between, cur, responses = await _run_load(vllm_server, prompt_lens, output_lens, seed=2, sample_every_s=0.02)
+    assert len(between) >= 4
+    obs = observe(prev, cur, between)
+    assert isinstance(obs, Observation), obs
+    assert obs.finished_requests == n
+    assert obs.prompt_tokens == sum(prompt_lens)
+    assert obs.generation_tokens == sum(output_lens)
+    assert obs.preemptions is not None and obs.preemptions > 0
+    assert obs.kv_usage_max >= 0.85
+    assert obs.max_batch <= MAX_NUM_SEQS
+
+
+async def test_idle_window_is_typed(vllm_server):
+    async with aiohttp.ClientSession() as session:
+        a = await scrape(vllm_server.metrics_url, timeout_s=10, max_bytes=4 << 20, session=session)
+        await asyncio.sleep(0.2)
+        b = await scrape(vllm_server.metrics_url, timeout_s=10, max_bytes=4 << 20, session=session)
+    no = observe(a, b)
+    assert str(no) == "idle"
+
+
+def test_cli_observe_prints_json_lines(vllm_server):
+    res = subprocess.run(
+        [sys.executable, "-m", "kneecap", "observe", vllm_server.metrics_url, "--interval", "0.3", "--count", "2", "--json"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    lines = [json.loads(x) for x in res.stdout.splitlines()]
+    assert len(lines) == 2
+    assert all(x["url"] == vllm_server.metrics_url and x["reason"] == "idle" for x in lines)

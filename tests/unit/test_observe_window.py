@@ -1,0 +1,369 @@
+"""Parsing and window observations on the real vLLM 0.32 captures, and every robustness case
+(reset, rename, multi-engine, idle, NaN/garbage, truncated) built from them by text edits.
+
+Each capture is cumulative since its server started; its window is taken from a copy with
+every vLLM counter, histogram and gauge zeroed (a freshly started server, same series) to the
+capture, 10 s later. Expected values were read off the files by hand (bucket counts quoted).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from kneecap.observe import NoObservation, Observation, Reason, observe, parse_metrics
+
+CAPTURES = ("vllm-0.32-cpu-20req.txt", "vllm-0.32-cpu-kv-saturated.txt", "vllm-0.32-cpu-run4.txt")
+T0, T1 = 1000.0, 1010.0
+
+
+def read_capture(shared_dir: Path, name: str) -> str:
+    return (shared_dir / "fixtures" / "vllm-metrics" / name).read_text()
+
+
+def zeroed(text: str) -> str:
+    """The same exposition with every vLLM sample at 0 (cache config and *_created kept)."""
+    out = []
+    for line in text.split("\n"):
+        name = line.split("{")[0].split(" ")[0]
+        if line.startswith("vllm:") and name != "vllm:cache_config_info" and not name.endswith("_created"):
+            line = re.sub(r" \S+$", " 0.0", line)
+        out.append(line)
+    return "\n".join(out)
+
+
+def window(shared_dir: Path, name: str, edit=lambda t: t, edit_prev=None):
+    text = read_capture(shared_dir, name)
+    prev_text = zeroed(text)
+    prev = parse_metrics((edit_prev or edit)(prev_text), t_s=T0)
+    cur = parse_metrics(edit(text), t_s=T1)
+    return observe(prev, cur)
+
+
+def uniform_cv(edges_counts: list[tuple[float, float, float]]) -> float:
+    """CV of a histogram with mass uniform inside each (lo, hi] bucket: [(lo, hi, count)]."""
+    n = sum(c for _, _, c in edges_counts)
+    m1 = sum(c * (lo + hi) / 2 for lo, hi, c in edges_counts) / n
+    m2 = sum(c * (lo * lo + lo * hi + hi * hi) / 3 for lo, hi, c in edges_counts) / n
+    return math.sqrt(m2 - m1 * m1) / m1
+
+
+# --- exact values on every capture ----------------------------------------------------------
+def test_capture_20req(shared_dir):
+    o = window(shared_dir, "vllm-0.32-cpu-20req.txt")
+    assert isinstance(o, Observation), o
+    assert o.window_s == 10.0 and o.pods == 1
+    assert o.finished_requests == 20  # request_success_total{finished_reason="length"} 20
+    assert o.request_rate_rps == 2.0
+    assert o.prompt_tokens == 372 and o.generation_tokens == 848
+    assert o.prompt_tok_s == pytest.approx(37.2) and o.generation_tok_s == pytest.approx(84.8)
+    assert o.input_len_mean == pytest.approx(372 / 20) and o.output_len_mean == pytest.approx(848 / 20)
+    # prompt buckets: <=10: 4, <=20: 14, <=50: 20 -> rank 19 in (20, 50]: 20 + 30*(19-14)/6
+    assert o.input_len_p95 == pytest.approx(45.0)
+    assert o.input_len_cv == pytest.approx(uniform_cv([(5, 10, 4), (10, 20, 10), (20, 50, 6)]))
+    # generation buckets: <=20: 6, <=50: 12, <=100: 20 -> 50 + 50*(19-12)/8
+    assert o.output_len_p95 == pytest.approx(93.75)
+    assert o.output_len_cv == pytest.approx(uniform_cv([(10, 20, 6), (20, 50, 6), (50, 100, 8)]))
+    # TTFT: sum 4.1649415493011475; <=0.1: 0, <=0.25: 12, <=0.5: 20 -> 0.25 + 0.25*7/8
+    assert o.ttft_mean_s == pytest.approx(4.1649415493011475 / 20)
+    assert o.ttft_p95_s == pytest.approx(0.46875)
+    # ITL: 828 samples, sum 3.5062735290001683, <=0.01: 802 -> 0.01 * 786.6/802
+    assert o.itl_mean_s == pytest.approx(3.5062735290001683 / 828)
+    assert o.itl_p95_s == pytest.approx(0.01 * 0.95 * 828 / 802)
+    assert o.tpot_mean_s == pytest.approx(0.08257322100496885 / 20)
+    assert o.tpot_p95_s == pytest.approx(0.0095)  # all 20 in (0, 0.01]
+    # E2E: sum 7.600830316543579; <=0.3: 7, <=0.5: 15, <=0.8: 20 -> 0.5 + 0.3*4/5
+    assert o.e2e_mean_s == pytest.approx(7.600830316543579 / 20)
+    assert o.e2e_p95_s == pytest.approx(0.74)
+    assert o.queue_time_mean_s == pytest.approx(2.2316796289998706 / 20)
+    assert o.queue_time_p95_s == pytest.approx(0.3)  # <=0.3: 19 of 20
+    assert o.prefill_time_mean_s == pytest.approx(0.24866555200014773 / 20)
+    assert o.prefill_time_p95_s == pytest.approx(0.285)
+    assert o.decode_time_mean_s == pytest.approx(3.5062735290001683 / 20)
+    assert o.mean_batch_little == pytest.approx(3.754939081000316 / 10)
+    assert o.preemptions == 0
+    assert o.mean_batch == 0 and o.max_batch == 0 and o.queue_len == 0 and o.kv_usage == 0
+    # cache_config_info: num_gpu_blocks="8192", block_size="128", gpu_memory_utilization="0.92"
+    assert o.kv_capacity_tokens == 8192 * 128
+    assert o.gpu_memory_utilization == 0.92
+    assert o.kv_cache_memory_bytes == 1073741824
+
+
+def test_capture_kv_saturated(shared_dir):
+    o = window(shared_dir, "vllm-0.32-cpu-kv-saturated.txt")
+    assert isinstance(o, Observation), o
+    assert o.finished_requests == 44 and o.request_rate_rps == pytest.approx(4.4)
+    assert o.prompt_tokens == 1660 and o.generation_tokens == 10448
+    assert o.input_len_mean == pytest.approx(1660 / 44) and o.output_len_mean == pytest.approx(10448 / 44)
+    # prompt: <=20: 14, <=50: 30, <=100: 44 -> rank 41.8: 50 + 50*11.8/14
+    assert o.input_len_p95 == pytest.approx(50 + 50 * 11.8 / 14)
+    # generation: <=200: 20, <=500: 44 -> 200 + 300*21.8/24
+    assert o.output_len_p95 == pytest.approx(200 + 300 * 21.8 / 24)
+    # TTFT: sum 64.56146693229675; <=5.0: 40, <=7.5: 44 -> 5 + 2.5*1.8/4
+    assert o.ttft_mean_s == pytest.approx(64.56146693229675 / 44)
+    assert o.ttft_p95_s == pytest.approx(6.125)
+    assert o.itl_mean_s == pytest.approx(31.47763643100052 / 10404)
+    assert o.e2e_mean_s == pytest.approx(96.0290310382843 / 44)
+    assert o.queue_time_mean_s == pytest.approx(63.65650862099949 / 44)
+    assert o.preemptions == 43  # num_preemptions_total 43
+    assert o.kv_capacity_tokens == 8 * 128  # num_gpu_blocks="8" (--num-gpu-blocks-override 8)
+
+
+def test_capture_run4(shared_dir):
+    o = window(shared_dir, "vllm-0.32-cpu-run4.txt")
+    assert isinstance(o, Observation), o
+    assert o.finished_requests == 44 and o.prompt_tokens == 1660 and o.generation_tokens == 10448
+    # TTFT: sum 17.630914211273193; <=1.0: 36, <=2.5: 44 -> 1 + 1.5*5.8/8
+    assert o.ttft_mean_s == pytest.approx(17.630914211273193 / 44)
+    assert o.ttft_p95_s == pytest.approx(1 + 1.5 * 5.8 / 8)
+    assert o.itl_mean_s == pytest.approx(17.536895548998473 / 10404)
+    assert o.tpot_mean_s == pytest.approx(0.07354584758880367 / 44)
+    assert o.e2e_mean_s == pytest.approx(35.16685485839844 / 44)
+    assert o.prefill_time_mean_s == pytest.approx(0.4310820150011523 / 44)
+    assert o.mean_batch_little == pytest.approx(17.967977563999625 / 10)
+    assert o.preemptions == 0 and o.kv_capacity_tokens == 8192 * 128
+
+
+@pytest.mark.parametrize("name", CAPTURES)
+def test_every_capture_parses_clean(shared_dir, name):
+    snap = parse_metrics(read_capture(shared_dir, name), t_s=T1)
+    assert not snap.truncated and snap.invalid == frozenset() and snap.dropped_family is None
+    assert snap.value("vllm:num_requests_running") == 0
+    assert len(snap.get("vllm:request_prompt_tokens_bucket")) == 10
+    assert snap.process_start_s is not None
+
+
+# --- robustness -----------------------------------------------------------------------------
+def _fields(o: Observation) -> dict:
+    return {k: v for k, v in o.__dict__.items()}
+
+
+def test_renamed_metrics_read_the_same(shared_dir):
+    def old_names(t: str) -> str:
+        return t.replace("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc").replace(
+            "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"
+        )
+
+    new = window(shared_dir, "vllm-0.32-cpu-20req.txt")
+    old = window(shared_dir, "vllm-0.32-cpu-20req.txt", old_names)
+    assert isinstance(old, Observation)
+    assert old == new
+
+
+def _two_engines(t: str) -> str:
+    out = []
+    for line in t.split("\n"):
+        out.append(line)
+        if 'engine="0"' in line and not line.startswith("#"):
+            out.append(line.replace('engine="0"', 'engine="1"'))
+    return "\n".join(out)
+
+
+def test_two_engines_add_up(shared_dir):
+    one = window(shared_dir, "vllm-0.32-cpu-20req.txt")
+    two = window(shared_dir, "vllm-0.32-cpu-20req.txt", _two_engines)
+    assert isinstance(two, Observation)
+    assert two.finished_requests == 40 and two.prompt_tokens == 744 and two.generation_tokens == 1696
+    assert two.request_rate_rps == 4.0
+    assert two.input_len_mean == pytest.approx(one.input_len_mean)
+    assert two.input_len_p95 == pytest.approx(one.input_len_p95)
+    assert two.ttft_p95_s == pytest.approx(one.ttft_p95_s) and two.itl_mean_s == pytest.approx(one.itl_mean_s)
+    assert two.kv_capacity_tokens == 2 * 8192 * 128
+
+
+def test_engine_appearing_is_series_changed(shared_dir):
+    o = window(shared_dir, "vllm-0.32-cpu-20req.txt", lambda t: t, edit_prev=lambda t: _two_engines(t))
+    assert isinstance(o, NoObservation) and o.reason is Reason.SERIES_CHANGED
+
+
+def test_process_restart_is_counter_reset(shared_dir):
+    big = read_capture(shared_dir, "vllm-0.32-cpu-kv-saturated.txt")
+    small = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+    o = observe(parse_metrics(big, t_s=T0), parse_metrics(small, t_s=T1))
+    assert isinstance(o, NoObservation)
+    assert o.code == "counter_reset:process restarted"
+
+
+def test_counter_going_down_is_counter_reset(shared_dir):
+    # no restart marker left (start time and *_created lines removed): the decrease itself tells
+    def strip(t: str) -> str:
+        return "\n".join(
+            x for x in t.split("\n") if "process_start_time_seconds" not in x and "_created" not in x.split(" ")[0]
+        )
+
+    big = strip(read_capture(shared_dir, "vllm-0.32-cpu-kv-saturated.txt"))
+    small = strip(read_capture(shared_dir, "vllm-0.32-cpu-20req.txt"))
+    o = observe(parse_metrics(big, t_s=T0), parse_metrics(small, t_s=T1))
+    assert isinstance(o, NoObservation)
+    assert o.code == "counter_reset:vllm:request_success_total"
+
+
+def test_created_timestamp_change_is_counter_reset(shared_dir):
+    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+    later = text.replace(
+        'vllm:request_success_created{engine="0",finished_reason="length",model_name="tiny"} 1.796009202647013e+09',
+        'vllm:request_success_created{engine="0",finished_reason="length",model_name="tiny"} 1.796009999e+09',
+    )
+    assert later != text
+    o = observe(parse_metrics(text, t_s=T0), parse_metrics(later, t_s=T1))
+    assert isinstance(o, NoObservation) and o.reason is Reason.COUNTER_RESET
+
+
+def test_idle_window(shared_dir):
+    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+    o = observe(parse_metrics(text, t_s=T0), parse_metrics(text, t_s=T1))
+    assert isinstance(o, NoObservation) and o.code == "idle"
+
+
+def test_work_without_finished_requests(shared_dir):
+    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+    busy = text.replace(
+        'vllm:generation_tokens_total{engine="0",model_name="tiny"} 848.0',
+        'vllm:generation_tokens_total{engine="0",model_name="tiny"} 900.0',
+    ).replace(
+        'vllm:num_requests_running{engine="0",model_name="tiny"} 0.0',
+        'vllm:num_requests_running{engine="0",model_name="tiny"} 3.0',
+    )
+    o = observe(parse_metrics(text, t_s=T0), parse_metrics(busy, t_s=T1))
+    assert isinstance(o, NoObservation) and o.reason is Reason.NO_FINISHED
+
+
+def test_non_positive_window(shared_dir):
+    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+    o = observe(parse_metrics(zeroed(text), t_s=T1), parse_metrics(text, t_s=T1))
+    assert isinstance(o, NoObservation) and o.reason is Reason.BAD_WINDOW
+
+
+def test_nan_in_needed_gauge_is_invalid(shared_dir):
+    def nan_kv(t: str) -> str:
+        return t.replace(
+            'vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.0',
+            'vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} NaN',
+        )
+
+    o = window(shared_dir, "vllm-0.32-cpu-20req.txt", nan_kv)
+    assert isinstance(o, NoObservation)
+    assert o.code == "invalid_value:vllm:kv_cache_usage_perc"
+
+
+def test_nan_in_histogram_sum_is_invalid(shared_dir):
+    def nan_sum(t: str) -> str:
+        return re.sub(r"(vllm:request_prompt_tokens_sum\{[^}]*\}) \S+", r"\1 NaN", t)
+
+    o = window(shared_dir, "vllm-0.32-cpu-20req.txt", nan_sum)
+    assert isinstance(o, NoObservation) and o.code == "invalid_value:vllm:request_prompt_tokens_sum"
+
+
+def test_nan_and_garbage_in_unneeded_lines_are_ignored(shared_dir):
+    def dirty(t: str) -> str:
+        t = t.replace(
+            'vllm:estimated_flops_per_gpu_total{engine="0",model_name="tiny"} 0.0',
+            'vllm:estimated_flops_per_gpu_total{engine="0",model_name="tiny"} NaN',
+        )
+        t = t.replace("# HELP vllm:num_requests_running", 'garbage{{ line "with no value\n# HELP vllm:num_requests_running')
+        return t + "vllm:half_written_metric{engine=\n"
+
+    clean = window(shared_dir, "vllm-0.32-cpu-20req.txt")
+    o = window(shared_dir, "vllm-0.32-cpu-20req.txt", dirty)
+    assert isinstance(o, Observation)
+    assert o == clean
+    snap = parse_metrics(dirty(read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")))
+    assert {"garbage", "vllm:half_written_metric", "vllm:estimated_flops_per_gpu_total"} <= snap.invalid
+
+
+def test_garbage_value_is_dropped_not_misread(shared_dir):
+    def bad(t: str) -> str:
+        return t.replace(
+            'vllm:prompt_tokens_total{engine="0",model_name="tiny"} 372.0',
+            'vllm:prompt_tokens_total{engine="0",model_name="tiny"} 37two',
+        )
+
+    o = window(shared_dir, "vllm-0.32-cpu-20req.txt", bad, edit_prev=lambda t: t)
+    assert isinstance(o, NoObservation) and o.code == "invalid_value:vllm:prompt_tokens_total"
+
+
+def test_inconsistent_histogram_is_invalid(shared_dir):
+    def bad(t: str) -> str:  # +Inf bucket says 19, count says 20
+        return t.replace(
+            'vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="tiny"} 20.0',
+            'vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="tiny"} 19.0',
+        )
+
+    o = window(shared_dir, "vllm-0.32-cpu-20req.txt", bad, edit_prev=lambda t: t)
+    assert isinstance(o, NoObservation) and o.reason is Reason.INVALID_VALUE
+
+
+def _cut_inside(text: str, marker: str, extra_chars: int = 20) -> str:
+    i = text.index(marker)
+    return text[: i + extra_chars]
+
+
+def test_body_cut_inside_a_needed_histogram_is_truncated(shared_dir):
+    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+    cut = _cut_inside(text, 'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.5"')
+    snap = parse_metrics(cut)
+    assert snap.truncated and snap.dropped_family == "vllm:time_to_first_token_seconds"
+    assert snap.get("vllm:time_to_first_token_seconds_bucket") is None  # not a partial histogram
+    o = observe(parse_metrics(zeroed(text), t_s=T0), parse_metrics(cut, t_s=T1))
+    assert isinstance(o, NoObservation)
+    assert o.reason is Reason.TRUNCATED
+
+
+def test_body_cut_inside_a_counter_family_drops_it(shared_dir):
+    text = _two_engines(read_capture(shared_dir, "vllm-0.32-cpu-20req.txt"))
+    # cut after engine 0's line, inside engine 1's: a sum over engines would be half the truth
+    cut = _cut_inside(text, 'vllm:prompt_tokens_total{engine="1"')
+    snap = parse_metrics(cut)
+    assert snap.truncated and snap.get("vllm:prompt_tokens_total") is None
+
+
+def test_body_cut_in_trailing_unneeded_lines_still_observes(shared_dir):
+    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+    cut = _cut_inside(text, "http_request_duration_seconds_bucket{", 30)
+    o = observe(parse_metrics(zeroed(text), t_s=T0), parse_metrics(cut, t_s=T1))
+    assert isinstance(o, Observation)
+    assert o == window(shared_dir, "vllm-0.32-cpu-20req.txt")
+
+
+def test_missing_metric_is_named(shared_dir):
+    def drop_ttft(t: str) -> str:
+        return "\n".join(x for x in t.split("\n") if "vllm:time_to_first_token_seconds" not in x)
+
+    o = window(shared_dir, "vllm-0.32-cpu-20req.txt", drop_ttft)
+    assert isinstance(o, NoObservation)
+    assert o.code == "missing_metric:vllm:time_to_first_token_seconds_count"
+
+
+def test_optional_metric_absent_gives_none(shared_dir):
+    def drop_tpot(t: str) -> str:
+        return "\n".join(x for x in t.split("\n") if "vllm:request_time_per_output_token_seconds" not in x)
+
+    o = window(shared_dir, "vllm-0.32-cpu-20req.txt", drop_tpot)
+    assert isinstance(o, Observation)
+    assert o.tpot_mean_s is None and o.tpot_p95_s is None
+    assert o.ttft_mean_s == pytest.approx(4.1649415493011475 / 20)
+
+
+def test_gauge_samples_between_scrapes_are_averaged(shared_dir):
+    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+
+    def running(n: float, kv: float):
+        t = text.replace(
+            'vllm:num_requests_running{engine="0",model_name="tiny"} 0.0',
+            f'vllm:num_requests_running{{engine="0",model_name="tiny"}} {n}',
+        ).replace(
+            'vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.0',
+            f'vllm:kv_cache_usage_perc{{engine="0",model_name="tiny"}} {kv}',
+        )
+        return parse_metrics(t, t_s=T0 + 5)
+
+    prev = parse_metrics(zeroed(text), t_s=T0)
+    cur = parse_metrics(text, t_s=T1)
+    o = observe(prev, cur, [running(4, 0.5), running(2, 1.0)])
+    assert isinstance(o, Observation)
+    assert o.mean_batch == pytest.approx((0 + 4 + 2 + 0) / 4)
+    assert o.max_batch == 4 and o.batch_samples == 4
+    assert o.kv_usage == pytest.approx(1.5 / 4) and o.kv_usage_max == 1.0
