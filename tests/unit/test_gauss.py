@@ -222,6 +222,25 @@ def test_slim_mapping_reproduces_slim_equations():
     assert coef.request_overhead_s == 0.02
 
 
+@pytest.mark.parametrize("form", ["paper-a", "paper-b", "kneecap"])
+def test_coefficients_reproduce_the_slim_module(form):
+    # E2E of a batch of B requests from kneecap.model.slim (written independently) equals
+    # B·prefill(IL) + OL·d(B, B·C(IL, OL)/OL) + t_fixed with GAUSS coefficients.
+    from kneecap.model import slim
+    from kneecap.model.arch import get_arch
+    from kneecap.model.hardware import get_gpu
+
+    arch, gpu = get_arch("llama-3.1-8b"), get_gpu("h100-80gb")
+    params = slim.SlimParams(eta_c=0.45, eta_m=0.7, alpha_s=6e-5, gamma_s=2e-7, b0=25.0, t_fixed_s=0.02,
+                             t_step_s=3e-4, t_layer_s=5e-5, eta_w=0.85)
+    coef = g.coefficients_for(arch, gpu, params, form=form, chunk_tokens=10**6)
+    B, IL, OL = np.array([1.0, 8.0, 64.0]), np.array([500.0, 2000.0, 128.0]), np.array([300.0, 50.0, 900.0])
+    e2e = slim.predict(form, params, arch, gpu, B, IL, OL).e2e_s
+    compute, _ = g.prefill_compute_s(coef, IL, 0.0)
+    ours = B * compute + OL * g.decode_step_s(coef, B, B * slim.c_tokens(IL, OL) / OL) + coef.request_overhead_s
+    np.testing.assert_allclose(ours, e2e, rtol=1e-10)
+
+
 def test_operating_point_obeys_littles_law():
     inp, cached, out = g.sample_workload(g.Workload(g.LogNormalLength(800, 1.0), g.LogNormalLength(150, 1.0)),
                                          200_000, rng(9))

@@ -47,23 +47,33 @@ def test_engine_json_and_plot(capsys, tmp_path):
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_calibration_file_with_catalog_keys(capsys, tmp_path):
+def test_calibration_from_kneecap_fit(capsys, tmp_path, profiles_csv):
     calib = tmp_path / "calib.json"
-    calib.write_text(json.dumps({"model": "llama-3.1-8b", "gpu": "h100-80gb",
-                                 "params": {"eta_c": 0.5, "eta_m": 0.8, "alpha": 2e-4, "gamma": 1e-6, "b0": 20,
-                                            "t_fixed": 0.01}}))
+    assert main(["fit", str(profiles_csv), "--gpu", "h100-64gb", "--where", "model=llama-2-7b", "-o", str(calib)]) == 0
+    capsys.readouterr()
+    # model and GPU come from the calibration file (one model, its GPU)
     code, out, _ = run_json(capsys, ["--rate", "2", "--calibration", str(calib), "--input-mean", "1000",
                                      "--output-mean", "200", "--samples", "50000", "--sweep-points", "0"])
-    assert code == 0
-    assert out["coefficients"]["request_overhead_s"] == 0.01
-    assert out["coefficients"]["decode_s_per_seq"] == pytest.approx(2e-4 + 1e-6 * 32 * 16)  # α + γ·L·(D/1024)²
-    code, out, err = run_json(capsys, ["--rate", "2", "--calibration", str(calib), "--model", "no-such-model",
-                                       "--input-mean", "1000", "--output-mean", "200"])
+    assert code == 0 and out["service_model"].startswith("calibration")
+    assert out["tbt_s"]["p50"] > 0.005 and out["ttft_s"]["p50"] > 0.01  # a 7B model on an H100
+    code, out2, _ = run_json(capsys, ["--rate", "2", "--calibration", str(calib), "--input-mean", "1000",
+                                      "--output-mean", "200", "--samples", "50000", "--sweep-points", "0",
+                                      "--decode-step-s", "0.05"])
+    assert out2["coefficients"]["decode_step_s"] == 0.05 and out2["tbt_s"]["p50"] > out["tbt_s"]["p50"] + 0.04
+    code, _, err = run_json(capsys, ["--rate", "2", "--calibration", str(calib), "--model", "no-such-model",
+                                     "--input-mean", "1000", "--output-mean", "200"])
     assert code == 2 and json.loads(err.splitlines()[0])["field"] == "model"
-    calib.write_text(json.dumps({"eta_c": 0.5}))
-    code, out, err = run_json(capsys, ["--rate", "2", "--calibration", str(calib), "--model", "llama-3.1-8b",
-                                       "--gpu", "h100-80gb", "--input-mean", "1000", "--output-mean", "200"])
-    assert code == 2 and "eta_m" in json.loads(err.splitlines()[0])["error"]
+    calib.write_text(json.dumps({"form": "kneecap"}))
+    code, _, err = run_json(capsys, ["--rate", "2", "--calibration", str(calib), "--model", "llama-2-7b",
+                                     "--input-mean", "1000", "--output-mean", "200"])
+    assert code == 2 and json.loads(err.splitlines()[0])["field"].startswith("calibration")
+
+
+def test_catalog_keys_without_calibration_use_slim_defaults(capsys):
+    code, out, _ = run_json(capsys, ["--rate", "1", "--model", "llama-3.1-8b", "--gpu", "h100-80gb",
+                                     "--input-mean", "1000", "--output-mean", "200", "--samples", "20000",
+                                     "--sweep-points", "0"])
+    assert code == 0 and out["service_model"].startswith("uncalibrated")
 
 
 @pytest.mark.parametrize("argv, field", [
@@ -73,7 +83,8 @@ def test_calibration_file_with_catalog_keys(capsys, tmp_path):
     (["--rate", "0.5", "--service-cv", "2"], "service_mean"),
     (["--rate", "0.5", "--prefill-s-per-token", "1e-5", "--decode-step-s", "0.01", "--output-mean", "10"], "input_mean"),
     (["--rate", "0.5", "--decode-step-s", "0.01", "--input-mean", "10", "--output-mean", "10"], "prefill_s_per_token"),
-    (["--rate", "0.5", "--input-mean", "100", "--output-mean", "10"], "calibration"),
+    (["--rate", "0.5", "--input-mean", "100", "--output-mean", "10"], "model"),
+    (["--rate", "0.5", "--model", "llama-3.1-8b", "--input-mean", "100", "--output-mean", "10"], "gpu"),
     (["--rate", "0.5", "--calibration", "/nonexistent.json", "--model", "llama-3.1-8b", "--gpu", "h100-80gb",
       "--input-mean", "100", "--output-mean", "10"], "calibration"),
 ])

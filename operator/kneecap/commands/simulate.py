@@ -3,8 +3,9 @@
 Two modes:
 
 * engine (default): ``--model``/``--gpu`` catalog keys with ``--calibration CALIB.json``
-  (SLIM parameters from ``kneecap fit``) or explicit cost coefficients (``--prefill-s-per-token``
-  …); workload as length mean and CV (log-normal; CV 0 = fixed).
+  (from ``kneecap fit``; without it the uncalibrated SLIM defaults) mapped to GAUSS coefficients
+  by ``gauss.coefficients_for``, or explicit cost coefficients (``--prefill-s-per-token`` …, which
+  also override catalog values); workload as length mean and CV (log-normal; CV 0 = fixed).
 * raw queue (``--service-mean``): a G/G/k FCFS queue for textbook checks; ``ttft_s`` is the
   sojourn W + S and ``tbt_s`` quantiles are null.
 
@@ -37,18 +38,11 @@ _COEF_FLAGS = {
     "request_overhead_s": "fixed per-request latency added to TTFT (SLIM t_fixed)",
 }
 
-# accepted spellings of the SLIM parameters in a calibration file
-_SLIM_KEYS = {
-    "eta_c": ("eta_c", "η_c", "etac"), "eta_m": ("eta_m", "η_m", "etam"), "alpha": ("alpha", "α"),
-    "gamma": ("gamma", "γ"), "b0": ("b0", "B0", "B_0"), "t_fixed_s": ("t_fixed_s", "t_fixed", "tfixed"),
-}
-
-
 def add_arguments(p) -> None:
     g = p.add_argument_group("engine (catalog + calibration or explicit coefficients)")
     g.add_argument("--model", help="model catalog key (e.g. llama-3.1-8b)")
     g.add_argument("--gpu", help="GPU catalog key (e.g. h100-80gb)")
-    g.add_argument("--calibration", metavar="CALIB.json", help="SLIM parameters (from `kneecap fit`)")
+    g.add_argument("--calibration", metavar="CALIB.json", help="SLIM calibration written by `kneecap fit`")
     for name, text in _COEF_FLAGS.items():
         g.add_argument("--" + name.replace("_", "-"), type=float, help=text)
     g.add_argument("--chunk-tokens", type=int, default=2048, help="prefill chunk Δ (vLLM max_num_batched_tokens)")
@@ -77,62 +71,42 @@ def add_arguments(p) -> None:
     p.add_argument("--plot", metavar="PNG", help="write TTFT/TBT distributions and the λ sweep")
 
 
-def _load_calibration(path: str) -> dict:
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise InputError("calibration", f"no such file: {path}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InputError("calibration", f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise InputError("calibration", "expected a JSON object")
-    scopes = [data] + [data[k] for k in ("params", "theta", "parameters", "slim") if isinstance(data.get(k), dict)]
-    out = {}
-    for name, spellings in _SLIM_KEYS.items():
-        for scope in scopes:
-            hit = next((scope[s] for s in spellings if s in scope), None)
-            if hit is not None:
-                out[name] = hit
-                break
-        else:
-            if name == "t_fixed_s":
-                out[name] = 0.0
-            else:
-                raise InputError("calibration", f"{path}: missing SLIM parameter {name!r} (expected keys {spellings})")
-    for key in ("model", "gpu", "hardware"):
-        for scope in scopes:
-            if isinstance(scope.get(key), str):
-                out.setdefault("_" + key, scope[key])
-    return out
-
-
-def _coefficients(args) -> gauss.ServiceCoefficients:
+def _coefficients(args):
+    """(coefficients, where they came from). Explicit coefficient flags override catalog values."""
     explicit = {n: getattr(args, n) for n in _COEF_FLAGS if getattr(args, n) is not None}
     if args.chunk_tokens is None or args.chunk_tokens < 1:
         raise InputError("chunk_tokens", f"expected a positive integer, got {args.chunk_tokens!r}")
-    if args.calibration:
-        from kneecap.model.arch import get_arch
-        from kneecap.model.hardware import get_gpu
+    if args.calibration or args.model or args.gpu:
+        from dataclasses import replace
 
-        calib = _load_calibration(args.calibration)
-        model = args.model or calib.pop("_model", None)
-        gpu_key = args.gpu or calib.pop("_gpu", None) or calib.pop("_hardware", None)
-        calib = {k: v for k, v in calib.items() if not k.startswith("_")}
-        if not model or not gpu_key:
-            raise InputError("model" if not model else "gpu", "--calibration needs --model and --gpu catalog keys")
-        arch, gpu = get_arch(model), get_gpu(gpu_key)
-        coef = gauss.coefficients_from_slim(
-            **calib, layers=arch.layers, hidden=arch.hidden, kv_dim=arch.d_kv, ff_ratio=arch.r_ff,
-            kv_bytes=arch.dtype_bytes, peak_flops=gpu.peak_flops, bandwidth_bytes_s=gpu.mem_bw_bytes_s,
-            chunk_tokens=args.chunk_tokens)
-        if explicit:  # explicit flags override the derived coefficients
-            from dataclasses import replace
-            coef = replace(coef, **explicit)
-        return coef
+        from kneecap.model.arch import get_arch
+        from kneecap.model.calibrate import Calibration
+        from kneecap.model.hardware import get_gpu
+        from kneecap.model.slim import SlimParams
+
+        if args.calibration:
+            try:
+                cal = Calibration.from_json(Path(args.calibration).read_text())
+            except OSError as exc:
+                raise InputError("calibration", f"cannot read {args.calibration}: {exc.strerror or exc}") from None
+            form, params, source = cal.form, cal.slim_params, f"calibration {args.calibration} ({cal.form})"
+            model = args.model or (cal.models[0] if len(cal.models) == 1 else None)
+            gpu_key = args.gpu or cal.gpu
+        else:
+            form, params, source = "kneecap", SlimParams(), "uncalibrated SLIM defaults (kneecap form)"
+            model, gpu_key = args.model, args.gpu
+        if not model:
+            raise InputError("model", "a catalog model key is required (--model)")
+        if not gpu_key:
+            raise InputError("gpu", "a catalog GPU key is required (--gpu)")
+        coef = gauss.coefficients_for(get_arch(model), get_gpu(gpu_key), params, form=form,
+                                      chunk_tokens=args.chunk_tokens)
+        return (replace(coef, **explicit) if explicit else coef), source
     if not explicit:
-        raise InputError("calibration", "engine mode needs --calibration CALIB.json (with --model/--gpu) or explicit "
+        raise InputError("model", "engine mode needs --model/--gpu (optionally --calibration CALIB.json) or explicit "
                          "coefficients (--prefill-s-per-token, --decode-step-s, …); or use --service-mean for a raw queue")
-    return gauss.ServiceCoefficients(**{"prefill_s_per_token": 0.0, **explicit}, chunk_tokens=args.chunk_tokens)
+    coef = gauss.ServiceCoefficients(**{"prefill_s_per_token": 0.0, **explicit}, chunk_tokens=args.chunk_tokens)
+    return coef, "explicit coefficients"
 
 
 def _length(field: str, mean, cv) -> gauss.LengthDist:
@@ -249,7 +223,7 @@ def _plot(path: str, r: gauss.GaussResult, slo_ttft, slo_tbt) -> None:
 def run(args) -> int:
     _check(args)
     rng = np.random.default_rng(args.seed)
-    coef = None
+    coef, source = None, "raw queue"
     try:
         if args.service_mean is not None:
             mode = "queue"
@@ -260,7 +234,7 @@ def run(args) -> int:
                 slo_s=args.slo_ttft_s, quantile=args.quantile, sweep_points=args.sweep_points)
         else:
             mode = "engine"
-            coef = _coefficients(args)
+            coef, source = _coefficients(args)
             workload = gauss.Workload(
                 _length("input", args.input_mean, args.input_cv), _length("output", args.output_mean, args.output_cv),
                 gauss.FixedLength(args.cached_tokens) if args.cached_tokens else None)
@@ -277,7 +251,7 @@ def run(args) -> int:
     if args.plot:
         _plot(args.plot, result, args.slo_ttft_s, args.slo_tbt_s)
     if args.json:
-        print(json.dumps(_to_json(result, mode, args.seed, coef)))
+        print(json.dumps({**_to_json(result, mode, args.seed, coef), "service_model": source}))
         return 0
     rows = [("TTFT" if mode == "engine" else "sojourn", result.ttft), ("TBT", result.tbt), ("wait", result.wait)]
     print(f"{'metric':8} {'mean':>10} {'p50':>10} {'p95':>10} {'p99':>10}   (s, ±95% CI of p95)")
@@ -291,5 +265,6 @@ def run(args) -> int:
         print(result.sustainable_note)
     if result.decode_batch is not None:
         print(f"mean decode batch  {result.decode_batch:.3g}")
+    print(f"service model      {source}")
     print(f"samples            {result.samples} in {result.replications} replications, seed {args.seed}")
     return 0

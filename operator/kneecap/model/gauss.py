@@ -240,11 +240,13 @@ class ServiceCoefficients:
 
 
 def coefficients_from_slim(
-    *, eta_c: float, eta_m: float, alpha: float, gamma: float, b0: float, t_fixed_s: float,
+    *, eta_c: float, eta_m: float, alpha: float, gamma: float, t_fixed_s: float,
     layers: int, hidden: int, kv_dim: int, ff_ratio: float, kv_bytes: float,
-    peak_flops: float, bandwidth_bytes_s: float, chunk_tokens: int = 2048,
+    peak_flops: float, bandwidth_bytes_s: float, b0: float = 0.0, form: str = "paper-a",
+    t_step_s: float = 0.0, t_layer_s: float = 0.0, eta_w: float = 1.0, weight_bytes: float = 0.0,
+    chunk_tokens: int = 2048,
 ) -> ServiceCoefficients:
-    """GAUSS coefficients from a calibrated SLIM (DESIGN §5.1), plain numbers in.
+    """GAUSS coefficients from a calibrated SLIM (DESIGN §5.1, kneecap.model.slim), plain numbers in.
 
     ``ff_ratio`` is the effective r_ff (×1.5 for gated MLPs), ``kv_bytes`` is b_kv.
 
@@ -253,17 +255,22 @@ def coefficients_from_slim(
       prefill_s_per_attended_token = 4·L·D/(η_c·Fmax), so one chunk holding the whole prompt
       (m = A = IL) reproduces eq. 8 exactly; smaller chunks give the causal Σ m_j·A_j ≈ IL²/2.
       prefill_s_per_chunk = 0 (SLIM has no per-step prefill overhead).
-    * Decode, SLIM eqs 9–11 per step (T_dec/OL): (B + B0)·[α' + κ·c̄] with α' = α + γ·L·(D/1024)²
-      (eq. 10 per token), κ = 2·L·Dkv·b_kv/(η_m·BW) (eq. 11 per token of context) and
-      c̄ = C(IL, OL)/OL = C/B the mean context per sequence (eq. 12). Expanding,
-      d(B, C) = B0·α' + B0·κ·C/B + α'·B + κ·C, i.e. p = B0·α', q = B0·κ, r = α', s = κ.
+    * Decode per step (T_dec/OL), with α' = α + γ·L·(D/1024)² (eq. 10 per token),
+      κ = 2·L·Dkv·b_kv/(η_m·BW) (eq. 11 per context token) and c̄ = C(IL, OL)/OL = C/B the mean
+      context per sequence (eq. 12), so d(B, C) = p + q·C/B + r·B + s·C with r = α', s = κ and
+        - ``paper-a``, eq. 9 as (B + B0)·[T_d + M_dec/(η_m·BW)]: p = B0·α', q = B0·κ;
+        - ``paper-b``, eq. 9 as (B + B0)·T_d + B·M_dec/(η_m·BW): p = B0·α', q = 0;
+        - ``kneecap`` (slim.py): p = t_step + L·t_layer + W/(η_w·BW) (W = streamed weight bytes), q = 0.
     * request_overhead_s = t_fixed (eq. 5).
     """
+    if form not in ("paper-a", "paper-b", "kneecap"):
+        raise InputError("form", f"expected paper-a, paper-b or kneecap, got {form!r}")
     vals = dict(eta_c=eta_c, eta_m=eta_m, layers=layers, hidden=hidden, kv_dim=kv_dim,
-                kv_bytes=kv_bytes, peak_flops=peak_flops, bandwidth_bytes_s=bandwidth_bytes_s)
+                kv_bytes=kv_bytes, peak_flops=peak_flops, bandwidth_bytes_s=bandwidth_bytes_s, eta_w=eta_w)
     for name, v in vals.items():
         _positive(name, v)
-    for name, v in dict(alpha=alpha, gamma=gamma, b0=b0, t_fixed_s=t_fixed_s, ff_ratio=ff_ratio).items():
+    for name, v in dict(alpha=alpha, gamma=gamma, b0=b0, t_fixed_s=t_fixed_s, ff_ratio=ff_ratio, t_step_s=t_step_s,
+                        t_layer_s=t_layer_s, weight_bytes=weight_bytes).items():
         _positive(name, v, allow_zero=True)
     L, D, Dkv = float(layers), float(hidden), float(kv_dim)
     compute_s_per_flop = 1.0 / (eta_c * peak_flops)  # eq. 7
@@ -271,12 +278,28 @@ def coefficients_from_slim(
     per_attended = 4.0 * L * D * compute_s_per_flop  # eq. 8, 4·IL²·D
     alpha_step = alpha + gamma * L * (D / 1024.0) ** 2  # eq. 10 per output token
     kappa = 2.0 * L * Dkv * kv_bytes / (eta_m * bandwidth_bytes_s)  # eq. 11 per context token
+    if form == "kneecap":
+        p, q = t_step_s + t_layer_s * L + weight_bytes / (eta_w * bandwidth_bytes_s), 0.0
+    else:
+        p, q = b0 * alpha_step, (b0 * kappa if form == "paper-a" else 0.0)
     return ServiceCoefficients(
         prefill_s_per_token=per_token, prefill_s_per_attended_token=per_attended, prefill_s_per_chunk=0.0,
-        decode_step_s=b0 * alpha_step, decode_s_per_context_token=b0 * kappa,
-        decode_s_per_seq=alpha_step, decode_s_per_resident_token=kappa,
-        chunk_tokens=int(chunk_tokens), request_overhead_s=float(t_fixed_s),
+        decode_step_s=p, decode_s_per_context_token=q, decode_s_per_seq=alpha_step,
+        decode_s_per_resident_token=kappa, chunk_tokens=int(chunk_tokens), request_overhead_s=float(t_fixed_s),
     )
+
+
+def coefficients_for(arch, gpu, params, form: str = "kneecap", chunk_tokens: int = 2048) -> ServiceCoefficients:
+    """:func:`coefficients_from_slim` from catalog objects (``kneecap.model.arch.ModelArch``,
+    ``kneecap.model.hardware.GPU``) and SLIM parameters (``slim.SlimParams`` or its dict)."""
+    from kneecap.model.slim import SlimParams, streamed_weight_bytes
+
+    p = params if isinstance(params, SlimParams) else SlimParams.from_dict(dict(params))
+    return coefficients_from_slim(
+        eta_c=p.eta_c, eta_m=p.eta_m, alpha=p.alpha_s, gamma=p.gamma_s, b0=p.b0, t_fixed_s=p.t_fixed_s,
+        t_step_s=p.t_step_s, t_layer_s=p.t_layer_s, eta_w=p.eta_w, weight_bytes=streamed_weight_bytes(arch),
+        layers=arch.layers, hidden=arch.hidden, kv_dim=arch.d_kv, ff_ratio=arch.r_ff, kv_bytes=arch.dtype_bytes,
+        peak_flops=gpu.peak_flops, bandwidth_bytes_s=gpu.mem_bw_bytes_s, form=form, chunk_tokens=chunk_tokens)
 
 
 def prefill_compute_s(coef: ServiceCoefficients, input_tokens, cached_tokens):
@@ -423,13 +446,16 @@ def lindley_waits(service_s: np.ndarray, interarrival_s: np.ndarray, initial_wai
     if n == 0:
         return W
     W[..., 0] = initial_wait_s
+    buf = np.empty(S.shape[:-1] + (min(block, n),))
     for start in range(1, n, block):
         stop = min(start + block, n)
-        x = S[..., start - 1:stop - 1] - A[..., start:stop]
+        x = W[..., start:stop]  # X (partial sums) built in place, then turned into W
+        low = buf[..., : stop - start]
+        np.subtract(S[..., start - 1:stop - 1], A[..., start:stop], out=x)
         np.cumsum(x, axis=-1, out=x)
-        low = np.minimum.accumulate(x, axis=-1)
+        np.minimum.accumulate(x, axis=-1, out=low)
         np.minimum(low, -W[..., start - 1:start], out=low)
-        np.subtract(x, low, out=W[..., start:stop])
+        np.subtract(x, low, out=x)
     return W
 
 
@@ -800,3 +826,19 @@ def simulate_queue(
     draws = _Draws(inter, empty, empty, empty, empty, empty, service)
     return _finish(draws, None, None, rate, servers, replications, chains, warm, slo_s, None,
                    quantile, sweep_points, search_samples, stable_rps, "queue", rng)
+
+
+def sweep_rates(
+    workload: Workload | BucketWorkload, coef: ServiceCoefficients, *, rng: np.random.Generator,
+    points: int = 20, servers: int = 1, burst_cv: float = 1.0, samples: int = 200_000, replications: int = 4,
+) -> tuple[SweepPoint, ...]:
+    """λ sweep alone (GAUSS §3.7): TTFT/TBT p50/p95/p99 at ``points`` rates from 5% to 98% of the
+    stability limit, all on the same base draws (common random numbers: curves are monotone)."""
+    _check_common(1.0, servers, samples, replications, 0.95)
+    if not isinstance(points, (int, np.integer)) or points < 2:
+        raise InputError("points", f"expected an integer ≥ 2, got {points!r}")
+    chains, kept, warm = _layout(samples, replications, servers)
+    draws = _draw_llm(workload, chains, kept + warm, burst_cv, rng)
+    moments = workload_moments(coef, draws.inp, draws.cached, draws.out)
+    stable_rps, _ = stability_limit_rps(coef, moments, servers)
+    return _sweep(draws, coef, moments, servers, warm, stable_rps, points)
