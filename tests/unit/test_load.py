@@ -75,3 +75,19 @@ async def test_run_load_against_the_twin_counts_every_token():
 def test_cli_rejects_bad_rate_with_exit_2(capsys):
     assert main(["load", "http://127.0.0.1:9", "--rate", "-1", "--duration", "1", "--json"]) == 2
     assert '"field": "rate"' in capsys.readouterr().err
+
+
+async def test_time_scale_reports_the_twins_simulated_seconds():
+    args = build_parser("twin").parse_args(["twin", "llama-3.1-8b", "--time-scale", "20", "--gpu", "h100-80gb",
+                                            "--max-model-len", "4096"])
+    twin = build_server(args)
+    async with TestServer(twin.app()) as srv, ClientSession() as session:
+        report = await run_load(str(srv.make_url("/")), rate_rps=2.0, duration_s=4.0, input_mean=200,
+                                output_mean=100, seed=2, time_scale=20.0, session=session)
+    text = twin.metrics.render(twin.engine).decode()
+    line = next(ln for ln in text.splitlines() if ln.startswith("vllm:e2e_request_latency_seconds_sum"))
+    sim_mean_s = float(line.split()[-1]) / report.completed
+    assert report.completed > 2 and report.failed == 0
+    # ~100 decode steps of ~8 ms: the client, scaled back, sees the twin's simulated latency
+    assert 0.5 < sim_mean_s < 2.0
+    assert 0.7 < report.e2e_s["mean"] / sim_mean_s < 1.5

@@ -24,7 +24,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--model", help="model name (default: the first from /v1/models)")
     parser.add_argument("--text-prompts", action="store_true",
                         help="send prompts as words instead of token ids (server tokenizer decides the count)")
-    parser.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
+    parser.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, wall seconds")
+    parser.add_argument("--time-scale", type=float, default=1.0,
+                        help="for a twin run X times faster: rate, duration and latencies in its simulated seconds")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -42,7 +44,8 @@ def run(args) -> int:
             args.url, rate_rps=args.rate, duration_s=args.duration, input_mean=args.input_mean,
             input_cv=args.input_cv, output_mean=args.output_mean, output_cv=args.output_cv,
             burst_cv=args.burst_cv, seed=args.seed, max_concurrency=args.max_concurrency, model=args.model,
-            token_ids=not args.text_prompts, timeout_s=args.timeout))
+            token_ids=not args.text_prompts, timeout_s=args.timeout,
+            time_scale=args.time_scale))
     except OSError as exc:
         raise InputError("url", f"cannot reach {args.url}: {exc}") from None
     if args.json:

@@ -5,8 +5,13 @@ Arrivals are a renewal process with rate λ and inter-arrival CV ``burst_cv``: C
 whose mean is 1/λ and CV is 1/√k. Input and output lengths are log-normal with the given mean
 and CV (σ² = ln(1 + CV²), μ = ln(mean) − σ²/2; CV 0 gives the mean exactly), rounded to
 whole tokens. Each request asks for exactly its sampled output (``max_tokens``, ``ignore_eos``)
-and, by default, sends its prompt as token ids so every server counts the same prompt length.
-TTFT is measured on the stream (first chunk with text), E2E at its end.
+and, by default, sends its prompt as random token ids in [16, 256) (so every server counts the
+same prompt length and prefix caching finds nothing to share). TTFT is measured on the stream
+(first chunk with text), E2E at its end.
+
+``time_scale`` X is for the twin run X times faster than real time: rate, duration and every
+reported latency are then in simulated seconds (arrivals are sent X times faster; measured
+times are multiplied by X).
 """
 
 from __future__ import annotations
@@ -15,14 +20,14 @@ import asyncio
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import aiohttp
 import numpy as np
 
 from kneecap.errors import InputError
 
-PROMPT_TOKEN_ID = 42  # any id a tiny vocabulary has
+PROMPT_TOKEN_IDS = (16, 256)  # ids every tiny test vocabulary has
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,7 @@ class RequestRecord:
 
 @dataclass(frozen=True)
 class LoadReport:
-    """Totals and latency percentiles of one run (latencies in client wall seconds)."""
+    """Totals and latency percentiles of one run (seconds: wall × time_scale)."""
 
     url: str
     model: str
@@ -129,8 +134,11 @@ async def discover_model(session: aiohttp.ClientSession, url: str) -> str:
         raise InputError("model", f"{base}/models lists no model; pass the model name") from None
 
 
-async def _one(session, url, model, prompt_len, max_tokens, t0, token_ids, timeout_s) -> RequestRecord:
-    prompt = [PROMPT_TOKEN_ID] * prompt_len if token_ids else " ".join(["hello"] * prompt_len)
+async def _one(session, url, model, prompt_len, max_tokens, t0, token_ids, timeout_s, seed) -> RequestRecord:
+    if token_ids:
+        prompt = np.random.default_rng(seed).integers(*PROMPT_TOKEN_IDS, prompt_len).tolist()
+    else:
+        prompt = " ".join(["hello"] * prompt_len)
     body = {"model": model, "prompt": prompt, "max_tokens": int(max_tokens), "min_tokens": int(max_tokens),
             "ignore_eos": True, "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
     sent = time.perf_counter()
@@ -165,15 +173,26 @@ async def _one(session, url, model, prompt_len, max_tokens, t0, token_ids, timeo
                          int(usage["prompt_tokens"]) if usage else None)
 
 
+def _scaled(r: RequestRecord, time_scale: float) -> RequestRecord:
+    if time_scale == 1.0:
+        return r
+    mul = (lambda v: None if v is None else v * time_scale)
+    return replace(r, sent_s=r.sent_s * time_scale, ttft_s=mul(r.ttft_s), e2e_s=mul(r.e2e_s))
+
+
 async def run_load(url: str, *, rate_rps: float, duration_s: float, input_mean: float, output_mean: float,
                    input_cv: float = 0.0, output_cv: float = 0.0, burst_cv: float = 1.0, seed: int = 0,
                    max_concurrency: int | None = None, model: str | None = None, token_ids: bool = True,
-                   timeout_s: float = 600.0, session: aiohttp.ClientSession | None = None) -> LoadReport:
-    """Send open-loop load for ``duration_s`` seconds, wait for every answer, and report."""
+                   timeout_s: float = 600.0, time_scale: float = 1.0,
+                   session: aiohttp.ClientSession | None = None) -> LoadReport:
+    """Send open-loop load for ``duration_s`` seconds, wait for every answer, and report.
+    Latencies and rates are in the server's seconds (wall seconds × ``time_scale``)."""
     if max_concurrency is not None and max_concurrency < 1:
         raise InputError("max_concurrency", f"expected a positive integer, got {max_concurrency!r}")
+    if not (time_scale > 0 and math.isfinite(time_scale)):
+        raise InputError("time_scale", f"expected a positive number, got {time_scale!r}")
     rng = np.random.default_rng(seed)
-    arrivals = arrival_times(rng, rate_rps, duration_s, burst_cv)
+    arrivals = arrival_times(rng, rate_rps, duration_s, burst_cv) / time_scale
     n = len(arrivals)
     prompts = sample_lengths(rng, n, input_mean, input_cv)
     outputs = sample_lengths(rng, n, output_mean, output_cv)
@@ -191,13 +210,14 @@ async def run_load(url: str, *, rate_rps: float, duration_s: float, input_mean: 
             delay = arrivals[i] - (time.perf_counter() - t0)
             if delay > 0:
                 await asyncio.sleep(delay)
+            args = (session, endpoint, model, int(prompts[i]), int(outputs[i]), t0, token_ids, timeout_s, [seed, i])
             if sem is None:
-                return await _one(session, endpoint, model, int(prompts[i]), int(outputs[i]), t0, token_ids, timeout_s)
+                return _scaled(await _one(*args), time_scale)
             async with sem:
-                return await _one(session, endpoint, model, int(prompts[i]), int(outputs[i]), t0, token_ids, timeout_s)
+                return _scaled(await _one(*args), time_scale)
 
         records = await asyncio.gather(*(fire(i) for i in range(n)))
-        elapsed = time.perf_counter() - t0
+        elapsed = (time.perf_counter() - t0) * time_scale
     finally:
         if own:
             await session.close()
