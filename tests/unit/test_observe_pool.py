@@ -102,3 +102,15 @@ def test_status_bad_input_names_the_key(shared_dir):
     del missing["windowS"]
     with pytest.raises(ValueError, match=r"observation\.windowS: missing"):
         from_status(missing)
+
+
+def test_pool_takes_intermediate_gauge_samples(shared_dir):
+    prev, cur = _pair(shared_dir, "vllm-0.32-cpu-20req.txt", "http://a/metrics")
+    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt").replace(
+        'vllm:num_requests_running{engine="0",model_name="tiny"} 0.0',
+        'vllm:num_requests_running{engine="0",model_name="tiny"} 3.0',
+    )
+    mid = parse_metrics(text, t_s=T0 + 5)
+    o = observe_pool([(prev, cur, [mid]), (prev, cur)]).observation
+    assert o.mean_batch == pytest.approx((1.0 + 0.0) / 2)  # pod a: (0+3+0)/3, pod b: 0
+    assert o.max_batch == 3 and o.batch_samples == 5

@@ -367,3 +367,10 @@ def test_gauge_samples_between_scrapes_are_averaged(shared_dir):
     assert o.mean_batch == pytest.approx((0 + 4 + 2 + 0) / 4)
     assert o.max_batch == 4 and o.batch_samples == 4
     assert o.kv_usage == pytest.approx(1.5 / 4) and o.kv_usage_max == 1.0
+
+
+def test_intermediate_scrape_without_the_gauge_is_skipped(shared_dir):
+    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+    cut = parse_metrics(text[: text.index("vllm:num_requests_running{") + 5], t_s=T0 + 5)
+    o = observe(parse_metrics(zeroed(text), t_s=T0), parse_metrics(text, t_s=T1), [cut])
+    assert isinstance(o, Observation) and o.batch_samples == 2

@@ -86,7 +86,7 @@ async def _loop(urls: list[str], interval_s: float, count: int, timeout_s: float
                     print(_line(url, f"scrape_error:{exc.kind}: {exc}", as_json), flush=True)
                     continue
                 print(_line(url, observe(prev, cur, mid), as_json), flush=True)
-                pairs.append((prev, cur))
+                pairs.append((prev, cur, mid))
             if len(urls) > 1 and pairs:
                 print(_line("pool", observe_pool(pairs).observation, as_json), flush=True)
             start, between, t0 = snaps, [[] for _ in urls], time.monotonic()

@@ -30,16 +30,17 @@ class PoolObservation:
     excluded: Mapping[str, NoObservation]  # pod url -> reason
 
 
-def observe_pool(windows: Sequence[tuple[Snapshot, Snapshot]]) -> PoolObservation:
-    """Merge several pods' windows ``(prev, cur)`` into one pool observation.
+def observe_pool(windows: Sequence[tuple[Snapshot, ...]]) -> PoolObservation:
+    """Merge several pods' windows ``(prev, cur)`` or ``(prev, cur, between)`` into one pool
+    observation (``between``: intermediate scrapes whose gauges join the averages).
 
     A pod whose window is broken (counter reset, missing metric, truncated, ...) is left out
     and named in ``excluded``; the pool observation comes from the others.
     """
     parts: list[WindowDeltas] = []
     excluded: dict[str, NoObservation] = {}
-    for i, (prev, cur) in enumerate(windows):
-        d = window_deltas(prev, cur)
+    for i, (prev, cur, *rest) in enumerate(windows):
+        d = window_deltas(prev, cur, rest[0] if rest else ())
         if isinstance(d, NoObservation):
             excluded[cur.url or f"pod{i}"] = d
         else:

@@ -322,13 +322,17 @@ def _histogram(names: tuple[str, ...], prev: Snapshot, cur: Snapshot, required: 
 
 
 def _gauge_samples(names: tuple[str, ...], snaps: Sequence[Snapshot], how: str) -> tuple[float, ...]:
-    name = _pick(names, "", snaps, True)
+    """The gauge at each snapshot (engines summed or averaged). The window's ends must have
+    it; an intermediate scrape that lacks it (or has other series) is skipped."""
+    name = _pick(names, "", (snaps[0], snaps[-1]), True)
     keys = set(snaps[-1].get(name))
     out = []
-    for s in snaps:
+    for i, s in enumerate(snaps):
         series = s.get(name)
-        if set(series) != keys:
-            gone = sorted(set(series) ^ keys)
+        if not series or set(series) != keys:
+            if 0 < i < len(snaps) - 1:
+                continue
+            gone = sorted(set(series or {}) ^ keys)
             raise _Fail(NoObservation(Reason.SERIES_CHANGED, f"{name}{dict(gone[0])}"))
         vals = list(series.values())
         out.append(math.fsum(vals) if how == "sum" else math.fsum(vals) / len(vals))
