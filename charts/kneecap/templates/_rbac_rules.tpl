@@ -1,28 +1,35 @@
 {{/*
 Rules for the namespaced resources the operator reads and writes (used by the ClusterRole in
-cluster-wide mode and by one Role per namespace in namespaced mode).
+cluster-wide mode and by one Role per namespace in namespaced mode). Exactly the requests the
+operator makes: tests/integration/test_ship_rbac.py records them against an emulated API.
 */}}
 {{- define "kneecap.namespacedRules" -}}
-# The custom resource: kopf watches it, patches finalizers/annotations, the operator patches status.
+# The custom resource: kopf lists and watches it and patches finalizers/progress annotations;
+# the control loop patches status.
 - apiGroups: [kneecap.io]
   resources: [llmdeployments]
-  verbs: [get, list, watch, patch]
+  verbs: [list, watch, patch]
 - apiGroups: [kneecap.io]
   resources: [llmdeployments/status]
-  verbs: [get, patch]
+  verbs: [patch]
 # kopf posts an Event per handler outcome; the operator one per decision.
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
-# The vLLM pools the operator owns.
+# The vLLM pools the operator owns: read back, created, patched (spec changes and enforced
+# decisions), deleted when the topology drops a pool.
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [get, list, create, patch, delete]
 - apiGroups: [""]
   resources: [services]
-  verbs: [get, list, watch, create, patch, delete]
+  verbs: [get, list, create, patch, delete]
 # Ready vLLM pods to scrape (pod IPs and the kneecap.io/metrics-url annotation).
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch]
+  verbs: [list]
+# An HPA that targets a pool owns its replicas; the operator then only recommends them.
+- apiGroups: [autoscaling]
+  resources: [horizontalpodautoscalers]
+  verbs: [list]
 {{- end }}
