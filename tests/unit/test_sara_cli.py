@@ -1,0 +1,91 @@
+"""`kneecap plan`: JSON keys, exit codes, exhaustive comparison, plot."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kneecap.cli import main
+
+BASE = ["plan", "--model", "llama-3.1-8b", "--gpu", "a100-80gb", "--budget-per-hour", "30",
+        "--prefill-cost", "5", "--decode-cost", "5", "--kv-cost-per-gibps", "0.1"]
+
+
+def _run(capsys, argv):
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_plan_json_keys_and_values(capsys):
+    rc, out, _ = _run(capsys, BASE + ["--json", "--tail", "light", "--input-cv", "1", "--quantile", "0.95"])
+    assert rc == 0
+    d = json.loads(out)
+    for key in ("goodput_rps", "prefill_replicas", "decode_replicas", "kv_bandwidth_gibps", "max_num_seqs",
+                "cost_per_hour", "binding", "solve_seconds"):
+        assert key in d
+    assert d["feasible"] and d["goodput_rps"] > 0 and d["cost_per_hour"] <= 30
+    assert d["prefill_replicas"] >= 1 and d["decode_replicas"] >= 1 and d["max_num_seqs"] >= 1
+    assert set(d["binding"]) >= {"prefill", "kv", "decode"}
+    assert d["predicted"]["ttft_s"] <= 0.5 and d["predicted"]["tpot_s"] <= 0.04 and d["predicted"]["kv_s"] <= 0.15
+
+
+def test_plan_exhaustive_reports_time_and_gap(capsys):
+    rc, out, _ = _run(capsys, BASE + ["--json", "--exhaustive"])
+    assert rc == 0
+    d = json.loads(out)
+    assert d["exhaustive_goodput_rps"] > 0 and d["exhaustive_seconds"] > d["solve_seconds"]
+    assert abs(d["gap_pct"]) < 5
+
+
+def test_plan_plot(capsys, tmp_path):
+    png = tmp_path / "goodput.png"
+    rc, out, _ = _run(capsys, BASE + ["--json", "--plot", str(png)])
+    assert rc == 0 and json.loads(out)["plot"] == str(png)
+    assert png.stat().st_size > 1000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plan_text_output(capsys):
+    rc, out, _ = _run(capsys, BASE + ["--colocated-rate-per-replica", "4"])
+    assert rc == 0
+    assert "goodput" in out and "max_num_seqs" in out and "colocated" in out
+
+
+def test_infeasible_budget_exit_1_with_message(capsys):
+    rc, out, _ = _run(capsys, ["plan", "--model", "gpt-3-175b", "--budget-per-hour", "20", "--json"])
+    assert rc == 1
+    d = json.loads(out)
+    assert not d["feasible"] and d["message"].startswith("infeasible: ") and "stability floor" in d["message"]
+
+
+def test_infeasible_slo_below_service_time(capsys):
+    rc, out, _ = _run(capsys, BASE + ["--slo-ttft-s", "0.001", "--json"])
+    assert rc == 1
+    assert json.loads(out)["message"].startswith("infeasible: prefill")
+
+
+@pytest.mark.parametrize("extra,field", [
+    (["--model", "no-such-model"], "model"),
+    (["--gpu", "tpu"], "gpu"),
+    (["--input-cv", "0"], "input_cv"),
+    (["--quantile", "1.5"], "quantile"),
+    (["--slo-tpot-s", "-1"], "slo_tpot_s"),
+    (["--budget-per-hour", "0"], "budget_per_hour"),
+    (["--prefill-coeffs", "1,2"], "prefill_coeffs"),
+    (["--calibration", "/nonexistent/calib.json"], "calibration"),
+])
+def test_bad_arguments_exit_2(capsys, extra, field):
+    rc, out, err = _run(capsys, BASE + extra + ["--json"])
+    assert rc == 2 and out == ""
+    assert json.loads(err.splitlines()[0])["field"] == field
+
+
+def test_explicit_prefill_coefficients_change_the_plan(capsys):
+    rc, out, _ = _run(capsys, BASE + ["--json", "--prefill-coeffs", "0.01,1e-4,0"])
+    assert rc == 0
+    slow = json.loads(out)
+    rc, out, _ = _run(capsys, BASE + ["--json"])
+    fast = json.loads(out)
+    # 0.01 + 1e-4·IL ≈ 0.11 s per mean prompt vs ≈ 0.02 s from N_mul/F_p: fewer req/s for the budget
+    assert slow["goodput_rps"] < fast["goodput_rps"]
