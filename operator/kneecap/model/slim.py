@@ -228,10 +228,11 @@ def predict(form: str, params: SlimParams, arch, gpu: GPU, batch, input_len, out
         b_eff = np.minimum(b_eff, token_budget_batch(_positive("max_num_batched_tokens", max_num_batched_tokens),
                                                      il, ol))
     b_eff = np.maximum(b_eff, 1e-9)
-    # Preemption by recompute: the requested excess over what fits is evicted and re-prefilled
-    # with its prompt plus, on average, half its output (fix iii).
+    # Preemption by recompute: the requested excess over what fits is evicted and re-prefilled.
+    # vLLM V0 preempts the latest-admitted sequences, which have generated little, so a
+    # recompute costs about a prompt's prefill (fix iii).
     evicted = np.clip(1.0 - b_eff / b, 0.0, 1.0)
-    recompute_tokens = evicted * (il + ol / 2.0)
+    recompute_tokens = evicted * il
     t_pre = prefill_flops(aa, b_eff, il + recompute_tokens) / (p.eta_c * fmax)  # eqs 7–8
     # Per decode step: fixed + per-layer kernel floor + one read of the weights (fix i).
     t_step = p.t_step_s + p.t_layer_s * aa.layers + aa.weight_bytes / (p.eta_w * bw)
@@ -241,3 +242,10 @@ def predict(form: str, params: SlimParams, arch, gpu: GPU, batch, input_len, out
     e2e = t_pre + t_dec + p.t_fixed_s  # eq. 5
     thr = b_eff * (il + ol) / e2e  # eq. 6
     return Prediction(np.asarray(thr, float), np.asarray(e2e, float), np.asarray(b_eff, float))
+
+
+def fit(*args, **kwargs):
+    """Calibrate a form on measured throughput: see :func:`kneecap.model.calibrate.fit`."""
+    from kneecap.model.calibrate import fit as _fit
+
+    return _fit(*args, **kwargs)
