@@ -22,6 +22,8 @@ OUT = ROOT / "docs" / "crd-reference.md"
 
 
 def _fmt(value) -> str:
+    if isinstance(value, str):
+        return f"`{value}`"
     return "`" + json.dumps(value, separators=(", ", ": ")) + "`"
 
 
@@ -58,7 +60,7 @@ def _num(x) -> str:
 def _rows(schema: dict, path: str, required: bool, out: list[list[str]], rules: list[tuple[str, dict]]) -> None:
     for rule in schema.get("x-kubernetes-validations", []):
         rules.append((path, rule))
-    desc = schema.get("description", "").replace("|", "\\|").replace("\n", " ")
+    desc = schema.get("description", "").replace("\n", " ")
     default = _fmt(schema["default"]) if "default" in schema else ""
     out.append([f"`{path}`", _type(schema), "yes" if required else "", default, _bounds(schema), desc])
     req = set(schema.get("required", []))
@@ -102,7 +104,8 @@ def render() -> str:
             _rows(sub, top, top in schema.get("required", []), rows, rules)
             lines += [f"### {top}", "", "| field | type | required | default | bounds | description |",
                       "| --- | --- | --- | --- | --- | --- |"]
-            lines += ["| " + " | ".join(r) + " |" for r in rows]
+            # GFM tables: a literal | (also inside code spans) is written \|
+            lines += ["| " + " | ".join(c.replace("\\|", "|").replace("|", "\\|") for c in r) + " |" for r in rows]
             if rules:
                 lines += ["", f"Cross-field rules on `{top}` (CEL, enforced by the API server and re-checked by the operator):", ""]
                 lines += [f"- `{p}`: `{r['rule']}` — {r.get('message', '')}" for p, r in rules]

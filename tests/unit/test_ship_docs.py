@@ -1,0 +1,140 @@
+"""Examples and docs.
+
+The examples are LLMDeployments, a CRD type: kubernetes-validate has no schema for them (checked
+below), so they are validated against the CRD's own openAPIV3Schema with jsonschema (OpenAPI
+v3.0 = draft 4 semantics, boolean exclusiveMinimum), with unknown fields rejected as
+`kubectl apply` (strict field validation) would, and then parsed by kneecap.control.spec, which
+re-checks the CRD's CEL rules. The CRD field reference must be what scripts/gen-crd-docs.py writes.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from kneecap.control.spec import parse_spec
+from kneecap.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+CRD = yaml.safe_load((ROOT / "crds" / "llmdeployment.yaml").read_text())
+
+
+def strict(schema: dict) -> dict:
+    """The schema with unknown fields rejected where the CRD does not preserve them."""
+    s = copy.deepcopy(schema)
+    if isinstance(s, dict):
+        if s.get("properties") and not s.get("x-kubernetes-preserve-unknown-fields"):
+            s.setdefault("additionalProperties", False)
+        for key in ("properties",):
+            if key in s:
+                s[key] = {k: strict(v) for k, v in s[key].items()}
+        if isinstance(s.get("items"), dict):
+            s["items"] = strict(s["items"])
+    return s
+
+
+def validator() -> jsonschema.Draft4Validator:
+    (version,) = [v for v in CRD["spec"]["versions"] if v["storage"]]
+    schema = strict(version["schema"]["openAPIV3Schema"])
+    jsonschema.Draft4Validator.check_schema(schema)
+    return jsonschema.Draft4Validator(schema)
+
+
+def errors(doc: dict) -> list[str]:
+    return [f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator().iter_errors(doc)]
+
+
+def test_there_are_colocated_and_disaggregated_examples():
+    modes = {yaml.safe_load(p.read_text())["spec"].get("topology", {}).get("mode", "colocated") for p in EXAMPLES}
+    assert modes == {"colocated", "disaggregated"}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_validates_against_the_crd_schema_and_parses(path):
+    doc = yaml.safe_load(path.read_text())
+    assert doc["apiVersion"] == f"{CRD['spec']['group']}/v1alpha1" and doc["kind"] == CRD["spec"]["names"]["kind"]
+    assert errors(doc) == []
+    spec = parse_spec(doc["spec"])
+    assert spec.topology.mode == doc["spec"]["topology"]["mode"]
+    assert spec.control.mode == "advise"  # examples start safe
+
+
+def test_schema_validation_rejects_bad_examples():
+    good = yaml.safe_load((ROOT / "examples" / "colocated.yaml").read_text())
+    bad_enum = copy.deepcopy(good)
+    bad_enum["spec"]["control"]["mode"] = "auto"
+    assert any("control.mode" in e for e in errors(bad_enum))
+    typo = copy.deepcopy(good)
+    typo["spec"]["engine"]["maxNumSeq"] = 64
+    assert any("maxNumSeq" in e for e in errors(typo))
+    missing = copy.deepcopy(good)
+    del missing["spec"]["engine"]["image"]
+    assert any("image" in e for e in errors(missing))
+    out_of_bounds = copy.deepcopy(good)
+    out_of_bounds["spec"]["engine"]["gpuMemoryUtilization"] = 0  # exclusiveMinimum 0
+    assert errors(out_of_bounds)
+
+
+def test_cel_rules_of_the_crd_are_enforced_for_the_examples_by_the_operator():
+    doc = yaml.safe_load((ROOT / "examples" / "disaggregated.yaml").read_text())
+    del doc["spec"]["topology"]["kvTransfer"]
+    assert errors(doc) == []  # CEL is not JSON schema ...
+    with pytest.raises(InputError) as exc:  # ... the operator re-checks it
+        parse_spec(doc["spec"])
+    assert exc.value.field == "spec.topology.kvTransfer"
+
+
+def test_kubernetes_validate_has_no_schema_for_the_crd_type(tmp_path):
+    """Why the examples go through the CRD schema instead of kubernetes-validate."""
+    exe = Path(sys.executable).parent / "kubernetes-validate"
+    if not exe.exists():
+        pytest.fail("kubernetes-validate is not installed in the venv: run `bash scripts/setup.sh` (test extra)")
+    p = subprocess.run([str(exe), "--strict", "-k", "1.37.0", *map(str, EXAMPLES)], capture_output=True, text=True,
+                       timeout=60)
+    assert "Couldn't find schema for kind LLMDeployment" in p.stdout + p.stderr
+
+
+def test_crd_reference_is_generated_from_the_schema():
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "gen-crd-docs.py"), "--check"], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    text = (ROOT / "docs" / "crd-reference.md").read_text()
+    # every spec field of the schema has a row
+    (version,) = [v for v in CRD["spec"]["versions"] if v["storage"]]
+
+    def paths(schema, prefix):
+        yield prefix
+        for k, v in (schema.get("properties") or {}).items():
+            yield from paths(v, f"{prefix}.{k}")
+
+    for p_ in paths(version["schema"]["openAPIV3Schema"]["properties"]["spec"], "spec"):
+        assert f"| `{p_}` |" in text, p_
+    assert "`30s`" in text and "one of `advise`, `enforce`" in text
+    # every table row keeps its 6 cells (a | in a pattern is escaped)
+    for line in text.splitlines():
+        if line.startswith("| `spec") or line.startswith("| `status"):
+            assert len(re.split(r"(?<!\\)\|", line.strip())) - 2 == 6, line
+
+
+def test_docs_links_resolve():
+    for doc in list((ROOT / "docs").glob("*.md")):
+        text = doc.read_text()
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+            if target.startswith("http"):
+                continue
+            assert (doc.parent / target).exists(), f"{doc.name}: broken link {target}"
+
+
+def test_concepts_cite_each_model_source():
+    text = (ROOT / "docs" / "concepts.md").read_text()
+    for model, source in (("SLIM", "arXiv:2607.29575"), ("BCA", "eq. 13"), ("SARA", "arXiv:2609.26763"),
+                          ("GAUSS", "arXiv:2610.37989")):
+        assert f"## {model}" in text and source in text, model
