@@ -5,36 +5,12 @@ from __future__ import annotations
 import json
 import time
 
-import kopf
 import pytest
-from kopf.testing import KopfRunner
 
 from kneecap.control import vllm_args as V
-from kneecap.control.handlers import OperatorConfig, build_registry
 from tests.support.kmock_api import LLMD, KubeAPIThread
+from tests.support.operator_harness import DEPLOY, NS, events, llmd, operator, wait_for
 
-NS = "serving"
-DEPLOY = "apps/v1/deployments"
-
-
-def llmd(name: str, **spec_over) -> dict:
-    spec = {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "accelerator": {"type": "h100-80gb"},
-            "engine": {"image": "vllm/vllm-openai:v0.11.0", "extraArgs": ["--max-model-len=8192"]},
-            "control": {"interval": "1s"}}
-    spec.update(spec_over)
-    return {"apiVersion": "kneecap.io/v1alpha1", "kind": "LLMDeployment",
-            "metadata": {"name": name, "namespace": NS}, "spec": spec}
-
-
-def wait_for(fn, timeout_s: float = 15.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    last = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
 @pytest.fixture()
@@ -42,19 +18,6 @@ def kube():
     with KubeAPIThread() as k:
         k.add_namespace(NS)
         yield k
-
-
-def operator(kube, **cfg):
-    config = OperatorConfig(connection=kopf.ConnectionInfo(server=kube.url), tick_s=0.2, **cfg)
-    settings = kopf.OperatorSettings()
-    settings.watching.server_timeout = 10
-    return KopfRunner(["run", "--standalone", "--namespace", NS, "--verbose"],
-                      registry=build_registry(config), settings=settings, timeout=30)
-
-
-def events(kube, reason: str | None = None) -> list[dict]:
-    evs = kube.list("v1/events", NS)
-    return [e for e in evs if reason is None or e.get("reason") == reason]
 
 
 def test_colocated_objects_created_and_reconcile_is_idempotent(kube):

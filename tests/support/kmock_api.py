@@ -157,6 +157,7 @@ class KubeAPI(kmock.KubernetesEmulator):
     """kmock's emulator with the fixes listed in the module docstring."""
 
     instant_rollouts: bool = True
+    garbage_collect: bool = True  # cascade deletes by ownerReferences, as a cluster's GC does
     _rv: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -357,7 +358,7 @@ class KubeAPI(kmock.KubernetesEmulator):
         self._objects[key].delete()
         events.append((key[0], {"type": "DELETED", "object": obj}))
         uid = obj.get("metadata", {}).get("uid")
-        if not uid:
+        if not uid or not self.garbage_collect:
             return
         for (r, ns, name), dep in list(self._objects.items()):
             if dep.deleted:

@@ -1,0 +1,215 @@
+"""The control loop end to end: operator (KopfRunner) + emulated API + real twin pods under load.
+
+Each test starts `kneecap twin` processes (OPT-1.3B on an H100 64 GB, 10× faster than real time)
+as the pods of an LLMDeployment, registers them in the emulated API with their
+`kneecap.io/metrics-url`, drives them with `kneecap load`, and lets the operator scrape them
+over HTTP. The operator's clock runs at the twin's speed (see tests/support/twins.py).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from kneecap.control import vllm_args as V
+from kneecap.control.handlers import OperatorConfig
+from kneecap.control.metrics import OperatorMetrics
+from tests.support.kmock_api import LLMD, KubeAPIThread
+from tests.support.operator_harness import (
+    DEPLOY, NS, SERVICE, condition, events, llmd, operator, status, wait_for,
+)
+from tests.support.twins import SimClock, Twin, load, scaled_scrape
+
+pytestmark = pytest.mark.slow
+
+SCALE = 10.0
+MODEL, ARCH, GPU = "facebook/opt-1.3b", "opt-1.3b", "h100-64gb"
+
+
+@pytest.fixture()
+def kube():
+    with KubeAPIThread() as k:
+        k.add_namespace(NS)
+        yield k
+
+
+@pytest.fixture()
+def twin():
+    t = Twin(MODEL, ARCH, GPU, max_num_seqs=8, time_scale=SCALE).start()
+    yield t
+    t.stop()
+
+
+def config(clock: SimClock, metrics: OperatorMetrics | None = None) -> OperatorConfig:
+    return OperatorConfig(tick_s=0.1, now=clock, scrape=scaled_scrape(clock), metrics=metrics or OperatorMetrics())
+
+
+def resource(name: str, mode: str, cooldown: str = "600s", **over) -> dict:
+    return llmd(name, model=MODEL, gpu=GPU,
+                engine={"maxNumSeqs": 8, "extraArgs": []},
+                control={"mode": mode, "interval": "5s", "cooldown": cooldown, "minObservations": 3,
+                         "maxFitError": 0.5},
+                **over)
+
+
+def add_pod(kube, name: str, twin: Twin, role: str = "server") -> None:
+    kube.add_pod(NS, f"{name}-0", {"app.kubernetes.io/instance": name, "kneecap.io/role": role},
+                 annotations={"kneecap.io/metrics-url": twin.url + "/metrics"})
+
+
+def drive(twin: Twin):
+    """Low then high load, so the pool runs at two batch levels (SLIM needs more than one)."""
+    procs = [load(twin.url, rate=6, duration_s=2.5, seed=1)]
+    time.sleep(2.5)
+    procs.append(load(twin.url, rate=60, duration_s=6, seed=2))
+    return procs
+
+
+def stop(procs):
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+        p.wait(10)
+
+
+def calibrated(kube, name):
+    st = status(kube, name)
+    return st if condition(st, "Calibrated").get("status") == "True" and st.get("recommendation") else None
+
+
+def test_advise_records_but_never_patches(kube, twin):
+    metrics = OperatorMetrics()
+    procs = drive(twin)
+    try:
+        with operator(kube, config(SimClock(SCALE), metrics)) as runner:
+            kube.create(LLMD, resource("adv", "advise"))
+            add_pod(kube, "adv", twin)
+            st = wait_for(lambda: calibrated(kube, "adv"), timeout_s=40, what="calibration")
+            wait_for(lambda: events(kube, "Advised", "adv"), timeout_s=20, what="an Advised event")
+            st = status(kube, "adv")
+    finally:
+        stop(procs)
+    assert runner.exit_code == 0, runner.output
+    # never patched: the Deployment has the one version it was created with
+    assert len(kube.history(DEPLOY, NS, "adv")) == 1
+    c = kube.get(DEPLOY, NS, "adv")["spec"]["template"]["spec"]["containers"][0]
+    assert V.container_flag(c, "--max-num-seqs") == "8"
+    # status explains the decision from the numbers
+    rec, cal = st["recommendation"], st["calibration"]
+    assert rec["maxNumSeqs"] > 8 and rec["throughputGain"] > 0.05  # a cap of 8 is far below OPT-1.3B's knee
+    assert 0.05 <= rec["gpuMemoryUtilization"] <= 0.95 and rec["kvGib"] > 0
+    assert cal["nPoints"] >= 2 and cal["params"]["eta_m"] > 0 and cal["fitErrorPct"] < 50
+    assert 3 <= len(st["observations"]) <= 50 and all(o["pool"] == "server" for o in st["observations"])
+    assert st["workload"]["requestRateRps"] > 0 and st["workload"]["outputLenMean"] == pytest.approx(400, rel=0.05)
+    assert st["lastDecision"]["reason"] == "Advised" and st["applied"]["maxNumSeqs"] == 8
+    assert st["allocation"]["replicas"] >= 1 and st["phase"] == "Running"
+    ev = events(kube, "Advised", "adv")[0]
+    assert f"cap 8->{min(16, rec['maxNumSeqs'])}" in ev["message"]
+    text = metrics.exposition().decode()
+    assert 'kneecap_recommended_max_num_seqs{name="adv",namespace="serving",pool="server"}' in text
+    assert 'kneecap_decisions_total{name="adv",namespace="serving",reason="Advised"}' in text
+    assert 'kneecap_restarts_total{' not in text
+
+
+def test_enforce_patches_within_step_limit_and_respects_cooldown(kube, twin):
+    metrics = OperatorMetrics()
+    procs = drive(twin)
+    try:
+        with operator(kube, config(SimClock(SCALE), metrics)) as runner:
+            # a low efficiency floor puts BCA's cap far above 8, so the ×2 step limit binds
+            kube.create(LLMD, resource("enf", "enforce", cooldown="600s", batching={"efficiencyFloor": 0.02}))
+            add_pod(kube, "enf", twin)
+            wait_for(lambda: len(kube.history(DEPLOY, NS, "enf")) >= 2, timeout_s=40, what="a patch")
+            applied_at = time.monotonic()
+            # keep ticking (interval 0.5 s wall) well inside the 60 s-wall cooldown
+            wait_for(lambda: events(kube, "Cooldown", "enf"), timeout_s=20, what="a Cooldown decision")
+            time.sleep(1.0)
+            st = status(kube, "enf")
+    finally:
+        stop(procs)
+    assert runner.exit_code == 0, runner.output
+    versions = kube.history(DEPLOY, NS, "enf")
+    assert len(versions) == 2, "one change, then the cooldown holds"
+    c = versions[-1]["spec"]["template"]["spec"]["containers"][0]
+    assert V.container_flag(c, "--max-num-seqs") == "16"  # BCA wants far more; ×2 per step
+    assert st["recommendation"]["maxNumSeqs"] > 16
+    assert float(V.container_flag(c, "--gpu-memory-utilization")) == pytest.approx(
+        st["applied"]["gpuMemoryUtilization"])
+    assert st["applied"]["maxNumSeqs"] == 16 and st["applied"]["restart"] is True
+    assert "step limited to ×2" in events(kube, "Applied", "enf")[0]["message"]
+    assert any("cooldown" in e["message"] for e in events(kube, "Cooldown", "enf"))
+    assert time.monotonic() - applied_at < 60
+    text = metrics.exposition().decode()
+    assert 'kneecap_restarts_total{name="enf",namespace="serving",reason="Recommended"} 1.0' in text
+
+
+def test_scrape_failure_keeps_last_good_state_and_sets_degraded(kube, twin):
+    procs = drive(twin)
+    try:
+        with operator(kube, config(SimClock(SCALE))) as runner:
+            kube.create(LLMD, resource("deg", "enforce", cooldown="600s"))
+            add_pod(kube, "deg", twin)
+            good = wait_for(lambda: calibrated(kube, "deg"), timeout_s=40, what="calibration")
+            wait_for(lambda: len(kube.history(DEPLOY, NS, "deg")) >= 2, timeout_s=20, what="first patch")
+            versions_before = len(kube.history(DEPLOY, NS, "deg"))
+            twin.stop()  # the pod stops answering /metrics
+            st = wait_for(lambda: (lambda s: s if condition(s, "Degraded").get("reason") == "ScrapeFailed" else None)(
+                status(kube, "deg")), timeout_s=20, what="Degraded")
+            time.sleep(1.0)
+            st = status(kube, "deg")
+    finally:
+        stop(procs)
+    assert runner.exit_code == 0, runner.output
+    assert condition(st, "Degraded")["status"] == "True" and st["phase"] == "Degraded"
+    assert "127.0.0.1" in condition(st, "Degraded")["message"]
+    assert st["calibration"]["params"] == status(kube, "deg")["calibration"]["params"]
+    assert st["calibration"]["created"] >= good["calibration"]["created"]
+    assert st["recommendation"]  # kept
+    assert len(kube.history(DEPLOY, NS, "deg")) == versions_before  # nothing applied on a failed scrape
+    assert events(kube, "ScrapeFailed", "deg")[0]["type"] == "Warning"
+
+
+def test_restart_keeps_calibration_and_observations_and_does_not_restart_pods(kube, twin):
+    clock = SimClock(SCALE)
+    procs = drive(twin)
+    try:
+        with operator(kube, config(clock)) as first:
+            kube.create(LLMD, resource("rst", "enforce", cooldown="600s"))
+            add_pod(kube, "rst", twin)
+            wait_for(lambda: calibrated(kube, "rst"), timeout_s=40, what="calibration")
+            wait_for(lambda: len(kube.history(DEPLOY, NS, "rst")) >= 2, timeout_s=20, what="first patch")
+        before = status(kube, "rst")
+        versions = len(kube.history(DEPLOY, NS, "rst"))
+        with operator(kube, config(clock)) as second:  # a fresh process: empty memory
+            wait_for(lambda: status(kube, "rst")["lastDecision"]["time"] > before["lastDecision"]["time"]
+                     and status(kube, "rst")["lastDecision"]["reason"] not in ("WaitingForData",),
+                     timeout_s=30, what="a decision after the restart")
+            after = status(kube, "rst")
+    finally:
+        stop(procs)
+    assert first.exit_code == 0 and second.exit_code == 0, second.output
+    # the observation ring survived: what was there before is still there, in order
+    old = [o["tEndS"] for o in before["observations"]]
+    new = [o["tEndS"] for o in after["observations"]]
+    assert new[:len(old)] == old or set(old[-len(new):]) <= set(new) or old[-1] in new
+    # the calibration came back from status (same fit, or a refit on the kept ring)
+    assert after["calibration"]["nPoints"] >= before["calibration"]["nPoints"]
+    assert condition(after, "Calibrated")["status"] == "True"
+    # no pod restart: the pod template was not touched again (cooldown read back from status)
+    assert len(kube.history(DEPLOY, NS, "rst")) == versions
+    assert after["applied"]["time"] == before["applied"]["time"]
+
+
+def test_delete_cleans_up_owned_objects(kube):
+    kube.api.garbage_collect = False  # show the operator's own cleanup, not the emulated GC
+    with operator(kube, OperatorConfig(tick_s=0.2)) as runner:
+        kube.create(LLMD, llmd("gone", topology={"mode": "disaggregated", "kvTransfer": {}}))
+        wait_for(lambda: kube.get(DEPLOY, NS, "gone-decode") and kube.get(SERVICE, NS, "gone-prefill"),
+                 what="owned objects")
+        wait_for(lambda: (kube.get(LLMD, NS, "gone") or {}).get("metadata", {}).get("finalizers"), what="finalizer")
+        kube.delete(LLMD, NS, "gone")
+        wait_for(lambda: kube.get(LLMD, NS, "gone") is None, what="the resource to go")
+    assert runner.exit_code == 0, runner.output
+    for name in ("gone-prefill", "gone-decode"):
+        assert kube.get(DEPLOY, NS, name) is None and kube.get(SERVICE, NS, name) is None
