@@ -530,7 +530,7 @@ class LatencyStats:
 
 def latency_stats(groups: list[np.ndarray]) -> LatencyStats:
     """Stats over replications (a list of 1-D sample arrays, one per replication)."""
-    from scipy.stats import t as student_t
+    from scipy.special import stdtrit  # Student t quantile; lighter import than scipy.stats
 
     pooled = np.concatenate(groups)
     if pooled.size == 0:
@@ -538,7 +538,7 @@ def latency_stats(groups: list[np.ndarray]) -> LatencyStats:
     qs = np.quantile(pooled, QUANTILES)
     per = np.array([[g.mean(), *np.quantile(g, QUANTILES)] for g in groups if g.size])
     if per.shape[0] > 1:
-        half = student_t.ppf(0.975, per.shape[0] - 1) * per.std(axis=0, ddof=1) / math.sqrt(per.shape[0])
+        half = stdtrit(per.shape[0] - 1, 0.975) * per.std(axis=0, ddof=1) / math.sqrt(per.shape[0])
     else:
         half = np.full(4, float("inf"))
     return LatencyStats(float(pooled.mean()), *map(float, qs), *map(float, half))
@@ -633,22 +633,86 @@ def _evaluate(draws: _Draws, coef: ServiceCoefficients | None, moments: Workload
         compute, n = prefill_compute_s(coef, draws.inp, draws.cached)
         S = compute + n * op.decode_step_s  # GAUSS §3.4: chunk steps carry the decode batch
         overhead = coef.request_overhead_s
-    W = queue_waits(S, inter, servers)[:, warm:]
-    S = S[:, warm:]
-    ttft = W + S + overhead  # GAUSS §3.7
+    W_all = queue_waits(S, inter, servers)
+    W = W_all[:, warm:]
+    ttft = W + S[:, warm:] + overhead  # GAUSS §3.7
     tbt = None
     if coef is not None and want_tbt:
-        inp, out = draws.inp[:, warm:], draws.out[:, warm:]
-        b = op.decode_batch
-        others = np.maximum(b + math.sqrt(b) * draws.z_batch[:, warm:], 0.0)  # ≈ Poisson(B̄), PASTA
-        own_ctx = inp + (out + 1.0) / 2.0
-        d = decode_step_s(coef, 1.0 + others, own_ctx + others * moments.context_tokens)
-        steps = np.maximum(out - 1.0, 1.0)
-        f = min(op.chunk_step_fraction, 1.0)
-        frac = np.clip(f + np.sqrt(f * (1.0 - f) / steps) * draws.z_chunk[:, warm:], 0.0, 1.0)  # ≈ Bin(K, f)/K
-        tbt = d + frac * op.mean_chunk_s  # GAUSS §3.4: chunk steps inflate the decode step
-        tbt = np.where(out >= 2.0, tbt, -1.0)  # requests with one output token have no TBT
-    return ttft, tbt, W, S, op
+        if servers == 1:
+            tbt = _tbt_sample_path(coef, moments, op, inter, W_all, S, draws.inp, draws.out)[:, warm:]
+        else:
+            tbt = _tbt_mean_field(coef, moments, op, draws.inp[:, warm:], draws.out[:, warm:],
+                                  draws.z_batch[:, warm:], draws.z_chunk[:, warm:])
+        tbt = np.where(draws.out[:, warm:] >= 2.0, tbt, -1.0)  # one output token: no TBT
+    return ttft, tbt, W, S[:, warm:], op
+
+
+def _step_mean_s(d, chunk_s, busy_fraction):
+    """Mean step time of a decode window in which the prefill slot is busy a fraction φ of the
+    time: chunk steps last ℓ̄ + d, plain steps d (GAUSS §3.4), so 1/τ = φ/(ℓ̄ + d) + (1 − φ)/d."""
+    return 1.0 / (busy_fraction / (chunk_s + d) + (1.0 - busy_fraction) / d)
+
+
+def _tbt_mean_field(coef, moments, op, inp, out, z_batch, z_chunk):
+    """TBT with a fixed-over-lifetime batch 1 + Poisson(B̄) (PASTA; normal approximation) and a
+    Binomial(K, f)/K share of chunk steps (normal approximation). Used for k > 1 servers."""
+    b = op.decode_batch
+    others = np.maximum(b + math.sqrt(b) * z_batch, 0.0)
+    own_ctx = inp + (out + 1.0) / 2.0
+    d = decode_step_s(coef, 1.0 + others, own_ctx + others * moments.context_tokens)
+    steps = np.maximum(out - 1.0, 1.0)
+    f = min(op.chunk_step_fraction, 1.0)
+    frac = np.clip(f + np.sqrt(f * (1.0 - f) / steps) * z_chunk, 0.0, 1.0)
+    return d + frac * op.mean_chunk_s  # GAUSS §3.4: chunk steps inflate the decode step
+
+
+def _occupancy_integral(starts, ends, x):
+    """∫₀ˣ N(u) du for N(u) = #{j: starts_j ≤ u < ends_j}; starts and ends sorted (1-D)."""
+    cs = np.concatenate(([0.0], np.cumsum(starts)))
+    ce = np.concatenate(([0.0], np.cumsum(ends)))
+    ks = np.searchsorted(starts, x, side="right")
+    ke = np.searchsorted(ends, x, side="right")
+    return (ks * x - cs[ks]) - (ke * x - ce[ke])
+
+
+def _tbt_sample_path(coef, moments, op, inter, W, S, inp, out):
+    """Per-request TBT from the simulated path of one server (vectorised per chain).
+
+    Request i decodes over [D_i, D_i + K_i·τ_i] (D_i = arrival + W + S its first token,
+    K_i = OL_i − 1 steps). Over that window we read off the path the prefill slot's busy
+    fraction φ_i (FCFS service intervals are disjoint and ordered: cumulative busy time by
+    searchsorted) and the time-average decode batch B_i (occupancy integral of all decode
+    windows, its own included), then τ_i = mean step time with d(B_i, own + (B_i − 1)·c̄).
+    Two passes: windows first sized with the mean-field τ̄, then with each τ_i. Bursts thus
+    inflate the TBT of every request decoding through them (correlated, unlike a binomial).
+    Other requests' windows use the mean-field τ̄.
+    """
+    own_ctx = inp + (out + 1.0) / 2.0
+    steps = np.maximum(out - 1.0, 1.0)
+    tbt = np.empty_like(S)
+    for row in range(S.shape[0]):
+        arrival = np.cumsum(inter[row])
+        start = arrival + W[row]  # service starts: nondecreasing for one FCFS server
+        first = start + S[row]  # first tokens: nondecreasing too (next start ≥ this end)
+        # cumulative busy time of the slot, piecewise linear with knots at starts and ends
+        knots = np.empty(2 * first.size)
+        knots[0::2], knots[1::2] = start, first
+        cum = np.concatenate(([0.0], np.cumsum(S[row])))
+        level = np.empty_like(knots)
+        level[0::2], level[1::2] = cum[:-1], cum[1:]
+        win_end_all = np.sort(first + steps[row] * op.mean_step_s)
+        busy_first = np.interp(first, knots, level)
+        occ_first = _occupancy_integral(first, win_end_all, first)
+        tau = np.full(first.shape, op.mean_step_s)
+        for _ in range(2):
+            end = first + steps[row] * tau
+            span = end - first
+            phi = np.clip((np.interp(end, knots, level) - busy_first) / span, 0.0, 1.0)
+            batch = np.maximum((_occupancy_integral(first, win_end_all, end) - occ_first) / span, 1.0)
+            d = decode_step_s(coef, batch, own_ctx[row] + (batch - 1.0) * moments.context_tokens)
+            tau = _step_mean_s(d, op.mean_chunk_s, phi)
+        tbt[row] = tau
+    return tbt
 
 
 def _groups(x: np.ndarray, replications: int, valid: np.ndarray | None = None) -> list[np.ndarray]:

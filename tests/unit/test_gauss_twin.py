@@ -1,0 +1,67 @@
+"""GAUSS against the engine twin (kneecap.sim.engine), a step-by-step discrete-event vLLM
+scheduler written independently: same workload, Poisson arrivals, GAUSS coefficients read off
+the twin's roofline step time (so the check is of the queueing/batching composition, not of
+the cost model). Known deviation: the twin can prefill several short prompts in one step when
+the token budget allows while GAUSS serves prefills one at a time (M/G/1, paper §3.6), so at
+high load GAUSS's TTFT tail is conservative.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kneecap.model import gauss as g
+from kneecap.model.arch import get_arch
+from kneecap.model.hardware import get_gpu
+from kneecap.sim.engine import Engine, engine_config
+
+BUDGET = 2048
+
+
+def twin_coefficients(cfg) -> g.ServiceCoefficients:
+    """GAUSS terms of kneecap.sim.roofline.step_time_s. Decode steps are bandwidth-bound:
+    overhead + W/(η_w·BW) = p, per-sequence overhead = r, KV read per context token = s.
+    A prefill chunk step adds, compute-bound, 2·N per token and 4·L·D_attn per attended token
+    over η_c·F, plus the eager launches L·t_layer that replace the weight read (per chunk)."""
+    arch, gpu, c = cfg.arch, cfg.gpu, cfg.step_cost
+    weights_s = arch.weight_bytes / (c.bw_efficiency * gpu.mem_bw_bytes_s)
+    flops_s = c.compute_efficiency * gpu.peak_flops
+    return g.ServiceCoefficients(
+        prefill_s_per_token=2 * arch.params / flops_s,
+        prefill_s_per_attended_token=4 * arch.layers * arch.q_heads * arch.head_dim / flops_s,
+        prefill_s_per_chunk=max(arch.layers * c.eager_layer_overhead_s - weights_s, 0.0),
+        decode_step_s=c.step_overhead_s + weights_s, decode_s_per_seq=c.per_seq_overhead_s,
+        decode_s_per_resident_token=arch.kv_bytes_per_token / (c.attn_bw_efficiency * gpu.mem_bw_bytes_s),
+        chunk_tokens=BUDGET)
+
+
+def run_twin(cfg, workload, rate_rps, n, seed):
+    rng = np.random.default_rng(seed)
+    inp, _, out = g.sample_workload(workload, n, rng)
+    arrivals = np.cumsum(rng.exponential(1.0 / rate_rps, n))
+    eng = Engine(cfg)
+    reqs = [eng.add_request(int(i), int(o), arrival_s=float(a)) for i, o, a in zip(inp, out, arrivals)]
+    eng.run_until_idle()
+    warm = n // 10
+    ttft = np.array([r.first_token_s - r.arrival_s for r in reqs[warm:]])
+    tbt = np.array([(r.last_token_s - r.first_token_s) / (r.output_tokens - 1) for r in reqs[warm:] if r.output_tokens > 1])
+    return ttft, tbt, eng.running_integral_s / eng.busy_s
+
+
+@pytest.mark.parametrize("load, tol_ttft95, tol_tbt95", [(0.5, 0.12, 0.12), (0.8, 0.25, 0.15)])
+def test_gauss_matches_the_engine_twin(load, tol_ttft95, tol_tbt95):
+    cfg = engine_config(get_arch("llama-3.1-8b"), get_gpu("h100-80gb"), max_num_batched_tokens=BUDGET,
+                        max_model_len=8192)
+    coef = twin_coefficients(cfg)
+    wl = g.Workload(g.LogNormalLength(1500, 0.5), g.LogNormalLength(128, 0.5))
+    probe = g.simulate(wl, coef, 1.0, rng=np.random.default_rng(0), samples=50_000, replications=4)
+    rate = load * probe.stable_rate_rps
+    r = g.simulate(wl, coef, rate, rng=np.random.default_rng(0), samples=400_000, replications=4)
+    ttft, tbt, batch = run_twin(cfg, wl, rate, 4000, seed=1)
+    assert r.ttft.p50 == pytest.approx(np.quantile(ttft, 0.5), rel=0.10)
+    assert r.ttft.p95 == pytest.approx(np.quantile(ttft, 0.95), rel=tol_ttft95)
+    assert r.ttft.p95 >= 0.95 * np.quantile(ttft, 0.95)  # never optimistic in the tail
+    assert r.tbt.p50 == pytest.approx(np.quantile(tbt, 0.5), rel=0.10)
+    assert r.tbt.p95 == pytest.approx(np.quantile(tbt, 0.95), rel=tol_tbt95)
+    assert r.decode_batch == pytest.approx(batch, rel=0.12)
