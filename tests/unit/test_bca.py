@@ -82,3 +82,14 @@ def test_bad_input(kw, field):
     with pytest.raises(InputError) as e:
         bca.advise(saturating(), "opt-1.3b", GPU, il, ol, kv_capacity_tokens=10**6, **args)
     assert e.value.field == field
+
+
+def test_chunked_prefill_budget_flattens_the_curve_and_throughput_binds():
+    params = {"eta_c": 0.6, "eta_m": 0.8, "alpha_s": 3e-5, "gamma_s": 4e-8, "t_step_s": 1e-4,
+              "t_layer_s": 8e-5, "eta_w": 1.0, "t_fixed_s": 0.01}
+    cal = calibrate.Calibration("kneecap", "h100-64gb", ("opt-1.3b",), params, {}, {}, "")
+    r = bca.advise(cal, "opt-1.3b", GPU, 242, 130, epsilon=0.0, max_num_batched_tokens=512)
+    assert r.binding == "throughput"
+    assert r.cap == int(np.ceil(512 * 130 / 372))  # data README: B saturates near 512·OL/(IL+OL)
+    free = bca.advise(cal, "opt-1.3b", GPU, 242, 130, epsilon=0.0)
+    assert free.cap > 2 * r.cap

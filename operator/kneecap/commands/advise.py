@@ -27,6 +27,8 @@ def add_arguments(p):
     p.add_argument("--length-std", type=float, default=0.0, help="std of request length (tokens) for the KV tail margin")
     p.add_argument("--kv-capacity-tokens", type=int, default=None,
                    help="KV capacity to stay within (default: vLLM's at gpu_memory_utilization 0.9)")
+    p.add_argument("--chunked-prefill-tokens", type=int, default=None, metavar="T",
+                   help="chunked prefill on with this max_num_batched_tokens (caps the running batch)")
     p.add_argument("--plot", metavar="PNG", default=None, help="write throughput and latency vs batch")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -44,10 +46,12 @@ def run(args) -> int:
         cv = float(max(known.values())) if len(known) == 1 else 0.0
     res = bca.advise(cal, arch, gpu, args.input_len, args.output_len, slo_e2e_s=args.slo_e2e_s,
                      epsilon=args.epsilon, min_cap=args.min_cap, max_cap=args.max_cap,
-                     kv_capacity_tokens=args.kv_capacity_tokens, output_cv=cv, length_std_tok=args.length_std)
+                     kv_capacity_tokens=args.kv_capacity_tokens, output_cv=cv, length_std_tok=args.length_std,
+                     max_num_batched_tokens=args.chunked_prefill_tokens)
     kv_tokens = int(memory.kv_tokens_for_cap(res.cap, args.input_len + args.output_len, args.length_std))
-    split = memory.utilization_for_kv_tokens(arch, gpu, kv_tokens, res.cap)
-    default = memory.memory_split(arch, gpu, memory.DEFAULT_UTILIZATION, res.cap)
+    budget = args.chunked_prefill_tokens
+    split = memory.utilization_for_kv_tokens(arch, gpu, kv_tokens, res.cap, budget)
+    default = memory.memory_split(arch, gpu, memory.DEFAULT_UTILIZATION, res.cap, budget)
     out = {
         "model": arch.key, "gpu": gpu.key, "form": cal.form,
         "max_num_seqs": res.cap, "gpu_memory_utilization": split.gpu_memory_utilization,

@@ -45,7 +45,7 @@ class BCAResult:
 Predictor = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
-def _predictor(calibration_or_fn, arch, gpu, input_len, output_len, output_cv) -> Predictor:
+def _predictor(calibration_or_fn, arch, gpu, input_len, output_len, output_cv, budget) -> Predictor:
     if callable(calibration_or_fn):
         return calibration_or_fn
     from kneecap.model import calibrate
@@ -53,7 +53,11 @@ def _predictor(calibration_or_fn, arch, gpu, input_len, output_len, output_cv) -
     cal = calibration_or_fn
     if not isinstance(cal, calibrate.Calibration):
         raise InputError("calibration", f"expected a Calibration or a callable, got {type(cal).__name__}")
-    kw = {"output_cv": output_cv} if cal.form == "kneecap" else {}
+    kw = {}
+    if cal.form == "kneecap":
+        kw = {"output_cv": output_cv}
+        if budget is not None:
+            kw["max_num_batched_tokens"] = budget
     return lambda b: calibrate.predict(cal, arch, gpu, b, input_len, output_len, **kw)
 
 
@@ -69,10 +73,13 @@ def knee_batch(batch: np.ndarray, throughput: np.ndarray, epsilon: float) -> int
 def advise(calibration, arch, gpu, input_len: float, output_len: float, slo_e2e_s: float | None = None,
            epsilon: float = 0.1, min_cap: int = 1, max_cap: int = 1024, kv_capacity_tokens: int | None = None,
            output_cv: float = 0.0, length_std_tok: float = 0.0, z: float = 1.645,
-           gpu_memory_utilization: float = memory.DEFAULT_UTILIZATION) -> BCAResult:
+           gpu_memory_utilization: float = memory.DEFAULT_UTILIZATION,
+           max_num_batched_tokens: int | None = None) -> BCAResult:
     """Eq. 13 over integer caps. ``calibration`` is a Calibration or a callable B → (T, E2E).
     Without ``kv_capacity_tokens`` the capacity is vLLM's at ``gpu_memory_utilization``
-    (kneecap.model.memory). A cap must hold B·(IL+OL) tokens (+ tail margin z·√B·σ)."""
+    (kneecap.model.memory). A cap must hold B·(IL+OL) tokens (+ tail margin z·√B·σ).
+    ``max_num_batched_tokens``: the chunked-prefill token budget, which caps the running batch
+    in the kneecap form (the curve goes flat and "throughput" binds at that batch)."""
     arch = get_arch(arch)
     gpu = gpu if isinstance(gpu, GPU) else get_gpu(gpu)
     for name, v in (("input_len", input_len), ("output_len", output_len)):
@@ -85,7 +92,8 @@ def advise(calibration, arch, gpu, input_len: float, output_len: float, slo_e2e_
     if not (isinstance(min_cap, (int, np.integer)) and isinstance(max_cap, (int, np.integer)) and 1 <= min_cap <= max_cap):
         raise InputError("max_cap", f"expected integers 1 ≤ min_cap ≤ max_cap, got {min_cap!r}, {max_cap!r}")
     if kv_capacity_tokens is None:
-        kv_capacity_tokens = memory.memory_split(arch, gpu, gpu_memory_utilization, int(max_cap)).kv_capacity_tokens
+        kv_capacity_tokens = memory.memory_split(arch, gpu, gpu_memory_utilization, int(max_cap),
+                                                 max_num_batched_tokens).kv_capacity_tokens
     if not (kv_capacity_tokens > 0):
         raise InputError("kv_capacity_tokens", f"expected a positive token count, got {kv_capacity_tokens!r}")
 
@@ -94,7 +102,9 @@ def advise(calibration, arch, gpu, input_len: float, output_len: float, slo_e2e_
     fits = np.asarray(need) <= kv_capacity_tokens
     kv_limit = int(batch[fits][-1]) if fits.any() else 0
 
-    thr, e2e = _predictor(calibration, arch, gpu, input_len, output_len, output_cv)(batch)
+    if max_num_batched_tokens is not None and not max_num_batched_tokens > 0:
+        raise InputError("max_num_batched_tokens", f"expected a positive token count, got {max_num_batched_tokens!r}")
+    thr, e2e = _predictor(calibration, arch, gpu, input_len, output_len, output_cv, max_num_batched_tokens)(batch)
     thr = np.broadcast_to(np.asarray(thr, float), batch.shape)
     e2e = np.broadcast_to(np.asarray(e2e, float), batch.shape)
     if not (np.all(np.isfinite(thr)) and np.all(np.isfinite(e2e))):

@@ -220,18 +220,21 @@ def predict(form: str, params: SlimParams, arch, gpu: GPU, batch, input_len, out
     cv = np.broadcast_to(np.asarray(output_cv, dtype=float), b.shape)
     if np.any(cv < 0) or not np.all(np.isfinite(cv)):
         raise InputError("output_cv", "expected non-negative finite coefficients of variation")
-    b_eff = b
+    # The scheduler runs at most the token budget's batch; of that, what the KV cache cannot
+    # hold is preempted (fix iii).
+    b_try = b
+    if max_num_batched_tokens is not None:
+        b_try = np.minimum(b_try, token_budget_batch(_positive("max_num_batched_tokens", max_num_batched_tokens),
+                                                     il, ol))
+    b_eff = b_try
     if kv_capacity_tokens is not None:
         b_eff = np.minimum(b_eff, kv_limited_batch(_positive("kv_capacity_tokens", kv_capacity_tokens),
                                                    il, ol, cv, block_size))
-    if max_num_batched_tokens is not None:
-        b_eff = np.minimum(b_eff, token_budget_batch(_positive("max_num_batched_tokens", max_num_batched_tokens),
-                                                     il, ol))
     b_eff = np.maximum(b_eff, 1e-9)
-    # Preemption by recompute: the requested excess over what fits is evicted and re-prefilled.
-    # vLLM V0 preempts the latest-admitted sequences, which have generated little, so a
-    # recompute costs about a prompt's prefill (fix iii).
-    evicted = np.clip(1.0 - b_eff / b, 0.0, 1.0)
+    # Preemption by recompute: the excess over what fits is evicted and re-prefilled. vLLM V0
+    # preempts the latest-admitted sequences, which have generated little, so a recompute
+    # costs about a prompt's prefill.
+    evicted = np.clip(1.0 - b_eff / b_try, 0.0, 1.0)
     recompute_tokens = evicted * il
     t_pre = prefill_flops(aa, b_eff, il + recompute_tokens) / (p.eta_c * fmax)  # eqs 7–8
     # Per decode step: fixed + per-layer kernel floor + one read of the weights (fix i).
