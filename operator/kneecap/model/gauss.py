@@ -22,10 +22,13 @@ Model (paper §3, our reading where the summary is loose):
   TTFT = W + S + t_fixed (§3.7); TBT per request = mean step time over its decode steps:
   d(B_i, C_i) plus the chunk cost of the steps that carry a chunk (§3.4).
 
-Fast-sampling approximations (documented, CRN-friendly): the batch a tagged request sees is
-1 + Poisson(B̄) drawn by a normal approximation, its resident context is its own mean context
-plus c̄ per other sequence, and the fraction of its steps that carry a chunk is a normal
-approximation of Binomial(K, f). TBT uses the mean chunk cost (no chunk-size variance).
+TBT on one server is read off the simulated path (:func:`_tbt_sample_path`): over each
+request's decode window, the prefill slot's busy fraction and the time-average decode batch,
+so bursts inflate the TBT of every request decoding through them. On k servers (no per-server
+path from Kiefer–Wolfowitz) a mean-field approximation is used: batch 1 + Poisson(B̄) fixed
+over the request's life and a Binomial(K, f) share of chunk steps (both by normal
+approximation). Both use the mean chunk cost ℓ̄ (no chunk-size variance) and resident context
+own + c̄ per other sequence. Checked against the engine twin in tests/unit/test_gauss_twin.py.
 """
 
 from __future__ import annotations
@@ -524,8 +527,10 @@ class LatencyStats:
         return {0.5: self.p50, 0.95: self.p95, 0.99: self.p99}[q]
 
     def to_dict(self) -> dict:
+        """JSON-safe: a CI that cannot be estimated (one non-empty replication) is None."""
+        ci = {"mean": self.mean_ci, "p50": self.p50_ci, "p95": self.p95_ci, "p99": self.p99_ci}
         return {"mean": self.mean, "p50": self.p50, "p95": self.p95, "p99": self.p99,
-                "ci95_halfwidth": {"mean": self.mean_ci, "p50": self.p50_ci, "p95": self.p95_ci, "p99": self.p99_ci}}
+                "ci95_halfwidth": {k: (v if math.isfinite(v) else None) for k, v in ci.items()}}
 
 
 def latency_stats(groups: list[np.ndarray]) -> LatencyStats:
@@ -592,6 +597,8 @@ class _Draws:
     z_batch: np.ndarray
     z_chunk: np.ndarray
     raw_service_s: np.ndarray | None  # raw-queue mode: service times
+    prefill_s: np.ndarray | None = None  # prefill compute per request (independent of λ)
+    chunks: np.ndarray | None = None
 
 
 def _draw_llm(workload, chains, steps, burst_cv, rng) -> _Draws:
@@ -599,6 +606,13 @@ def _draw_llm(workload, chains, steps, burst_cv, rng) -> _Draws:
     inter = unit_interarrivals(shape, rng, burst_cv)
     inp, cached, out = (a.reshape(shape) for a in sample_workload(workload, chains * steps, rng))
     return _Draws(inter, inp, cached, out, rng.standard_normal(shape), rng.standard_normal(shape), None)
+
+
+def _with_prefill(draws: _Draws, coef: ServiceCoefficients) -> _Draws:
+    from dataclasses import replace
+
+    compute, n = prefill_compute_s(coef, draws.inp, draws.cached)
+    return replace(draws, prefill_s=compute, chunks=n)
 
 
 def raw_service_draws(dist: str, mean_s: float, cv: float | None, n: int | tuple, rng: np.random.Generator) -> np.ndarray:
@@ -630,7 +644,8 @@ def _evaluate(draws: _Draws, coef: ServiceCoefficients | None, moments: Workload
         overhead = 0.0
     else:
         op = operating_point(coef, moments, rate_rps / servers)
-        compute, n = prefill_compute_s(coef, draws.inp, draws.cached)
+        compute, n = ((draws.prefill_s, draws.chunks) if draws.prefill_s is not None
+                      else prefill_compute_s(coef, draws.inp, draws.cached))
         S = compute + n * op.decode_step_s  # GAUSS §3.4: chunk steps carry the decode batch
         overhead = coef.request_overhead_s
     W_all = queue_waits(S, inter, servers)
@@ -800,8 +815,9 @@ def _search_draws(draws: _Draws, search_samples: int, servers: int, warm: int):
     chains, steps = draws.unit_inter.shape
     keep = min(steps, max(warm + 1000, warm + -(-search_samples // chains)))
     sl = (slice(None), slice(0, keep))
-    return _Draws(draws.unit_inter[sl], draws.inp[sl], draws.cached[sl], draws.out[sl], draws.z_batch[sl],
-                  draws.z_chunk[sl], None if draws.raw_service_s is None else draws.raw_service_s[sl])
+    cut = lambda a: None if a is None else a[sl]  # noqa: E731
+    return _Draws(cut(draws.unit_inter), cut(draws.inp), cut(draws.cached), cut(draws.out), cut(draws.z_batch),
+                  cut(draws.z_chunk), cut(draws.raw_service_s), cut(draws.prefill_s), cut(draws.chunks))
 
 
 def _finish(draws, coef, moments, rate, servers, replications, chains, warm, slo_ttft_s, slo_tbt_s,
@@ -854,7 +870,7 @@ def simulate(
     if not isinstance(coef, ServiceCoefficients):
         raise InputError("coef", f"expected ServiceCoefficients, got {type(coef).__name__}")
     chains, kept, warm = _layout(samples, replications, servers)
-    draws = _draw_llm(workload, chains, kept + warm, burst_cv, rng)
+    draws = _with_prefill(_draw_llm(workload, chains, kept + warm, burst_cv, rng), coef)
     moments = workload_moments(coef, draws.inp, draws.cached, draws.out)
     stable_rps, stage = stability_limit_rps(coef, moments, servers)
     if rate >= stable_rps:
@@ -902,7 +918,7 @@ def sweep_rates(
     if not isinstance(points, (int, np.integer)) or points < 2:
         raise InputError("points", f"expected an integer ≥ 2, got {points!r}")
     chains, kept, warm = _layout(samples, replications, servers)
-    draws = _draw_llm(workload, chains, kept + warm, burst_cv, rng)
+    draws = _with_prefill(_draw_llm(workload, chains, kept + warm, burst_cv, rng), coef)
     moments = workload_moments(coef, draws.inp, draws.cached, draws.out)
     stable_rps, _ = stability_limit_rps(coef, moments, servers)
     return _sweep(draws, coef, moments, servers, warm, stable_rps, points)
