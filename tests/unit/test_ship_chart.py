@@ -144,6 +144,30 @@ def test_operator_deployment_is_restricted_and_probed():
     assert [m["mountPath"] for m in c["volumeMounts"]] == ["/tmp"]
 
 
+def test_operator_args_are_what_kneecap_run_accepts():
+    """The chart's (and the image's default) arguments parse with `kneecap run`'s own parser."""
+    import argparse
+    import json
+
+    from kneecap.commands import run as run_cmd
+
+    parser = argparse.ArgumentParser()
+    run_cmd.add_arguments(parser)
+    for args_set in ([], VALUE_SETS["namespaced"]):
+        (dep,) = by_kind(helm_template(*args_set), "Deployment")
+        c = dep["spec"]["template"]["spec"]["containers"][0]
+        ns = parser.parse_args(c["args"][1:])
+        run_cmd._check(ns)
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        assert ns.liveness == ports["liveness"] and ns.metrics_port == ports["metrics"]
+        assert ns.all_namespaces == (not args_set) and ns.namespace == (["serving", "batch"] if args_set else [])
+        assert ns.peering is None  # standalone: one replica, no kopf peering objects to grant
+    cmd_line = next(l for l in (ROOT / "Dockerfile").read_text().splitlines() if l.startswith("CMD "))
+    image_args = json.loads(cmd_line[4:])
+    assert image_args[0] == "run"
+    run_cmd._check(parser.parse_args(image_args[1:]))
+
+
 def test_namespaced_mode_renders_roles_not_cluster_wide_grants():
     docs = helm_template(*VALUE_SETS["namespaced"])
     roles = by_kind(docs, "Role")
