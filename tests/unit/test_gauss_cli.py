@@ -116,3 +116,13 @@ def test_subprocess_json_round_trip():
     bad = subprocess.run([sys.executable, "-m", "kneecap", "simulate", "--rate", "0", "--service-mean", "1", "--json"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and json.loads(bad.stderr.splitlines()[0])["field"] == "rate"
+
+
+def test_vllm_histogram_workload(capsys):
+    code, out, _ = run_json(capsys, ["--rate", "1", *ENGINE[:10], "--input-histogram", "128:0,512:70,2048:100,+Inf:100",
+                                     "--output-histogram", "64:50,256:100,+Inf:100", "--samples", "50000",
+                                     "--sweep-points", "0"])
+    assert code == 0 and out["ttft_s"]["p99"] > out["ttft_s"]["p50"] > 0
+    code, _, err = run_json(capsys, ["--rate", "1", *ENGINE[:10], "--input-histogram", "128:10,512",
+                                     "--output-mean", "100"])
+    assert code == 2 and json.loads(err.splitlines()[0])["field"] == "input_histogram"

@@ -44,7 +44,7 @@ def add_arguments(p) -> None:
     g.add_argument("--gpu", help="GPU catalog key (e.g. h100-80gb)")
     g.add_argument("--calibration", metavar="CALIB.json", help="SLIM calibration written by `kneecap fit`")
     for name, text in _COEF_FLAGS.items():
-        g.add_argument("--" + name.replace("_", "-"), type=float, help=text)
+        g.add_argument("--" + name.replace("_", "-"), type=float, metavar="S", help=text)
     g.add_argument("--chunk-tokens", type=int, default=2048, help="prefill chunk Δ (vLLM max_num_batched_tokens)")
     w = p.add_argument_group("workload")
     w.add_argument("--rate", type=float, required=True, help="arrival rate, requests/s")
@@ -52,6 +52,10 @@ def add_arguments(p) -> None:
     w.add_argument("--input-cv", type=float, default=1.0, help="prompt length CV (log-normal; 0 = fixed)")
     w.add_argument("--output-mean", type=float, help="mean generated tokens")
     w.add_argument("--output-cv", type=float, default=1.0, help="output length CV (log-normal; 0 = fixed)")
+    w.add_argument("--input-histogram", metavar="LE:COUNT,…",
+                   help="prompt lengths as a vLLM histogram: cumulative counts per upper bound, e.g. "
+                        "'128:10,512:70,2048:98,+Inf:100' (replaces --input-mean/--input-cv)")
+    w.add_argument("--output-histogram", metavar="LE:COUNT,…", help="output lengths, same format")
     w.add_argument("--cached-tokens", type=float, default=0.0, help="cached prefix tokens per request")
     w.add_argument("--burst-cv", type=float, default=1.0, help="inter-arrival CV (1 = Poisson; Gamma otherwise)")
     q = p.add_argument_group("raw queue (textbook checks)")
@@ -109,9 +113,25 @@ def _coefficients(args):
     return coef, "explicit coefficients"
 
 
-def _length(field: str, mean, cv) -> gauss.LengthDist:
+def _histogram(field: str, text: str) -> gauss.HistogramLength:
+    bounds, counts = [], []
+    for part in text.split(","):
+        le, sep, count = part.strip().partition(":")
+        try:
+            bounds.append(float("inf") if le.strip().lower() in ("+inf", "inf") else float(le))
+            counts.append(float(count))
+        except ValueError:
+            raise InputError(field, f"expected 'LE:COUNT,…' pairs (cumulative counts), got {part.strip()!r}") from None
+        if not sep:
+            raise InputError(field, f"expected 'LE:COUNT,…' pairs (cumulative counts), got {part.strip()!r}")
+    return gauss.HistogramLength(tuple(bounds), tuple(counts))
+
+
+def _length(field: str, mean, cv, histogram: str | None = None) -> gauss.LengthDist:
+    if histogram is not None:
+        return _histogram(field + "_histogram", histogram)
     if mean is None:
-        raise InputError(field + "_mean", f"--{field.replace('_', '-')}-mean is required in engine mode")
+        raise InputError(field + "_mean", f"--{field}-mean (or --{field}-histogram) is required in engine mode")
     if not (math.isfinite(mean) and mean >= 1):
         raise InputError(field + "_mean", f"expected ≥ 1 token, got {mean!r}")
     if not (math.isfinite(cv) and cv >= 0):
@@ -236,7 +256,8 @@ def run(args) -> int:
             mode = "engine"
             coef, source = _coefficients(args)
             workload = gauss.Workload(
-                _length("input", args.input_mean, args.input_cv), _length("output", args.output_mean, args.output_cv),
+                _length("input", args.input_mean, args.input_cv, args.input_histogram),
+                _length("output", args.output_mean, args.output_cv, args.output_histogram),
                 gauss.FixedLength(args.cached_tokens) if args.cached_tokens else None)
             result = gauss.simulate(
                 workload, coef, args.rate, rng=rng, servers=args.servers, burst_cv=args.burst_cv,
