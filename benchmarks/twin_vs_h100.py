@@ -47,6 +47,7 @@ from kneecap.sim.roofline import StepCostParams, attention_flops, step_time_s  #
 
 GPU_KEY = "h100-64gb"
 SOURCES = ("background", "batching_results")
+EXTRA_SOURCES = ("chunked_prefill_results", "advisor_output_length")  # informational, chunked prefill on
 SHAREGPT_CV = 1.0
 PLATEAU_GAIN = 0.05
 MAPE_TARGET = 0.20
@@ -69,11 +70,12 @@ def sharegpt_like(n: int, in_mean: float, out_mean: float, seed: int) -> tuple[n
     return x_in, x_out
 
 
-def load_curves() -> dict[str, list[dict]]:
+def load_curves(sources=SOURCES) -> dict[str, list[dict]]:
+    """Sweeps of the given sources, outliers dropped (and rows without a recorded KV size)."""
     curves: dict[str, list[dict]] = defaultdict(list)
     with open(PROFILES_CSV) as fh:
         for row in csv.DictReader(fh):
-            if row["source"] in SOURCES and row["suspect_outlier"] != "True":
+            if row["source"] in sources and row["suspect_outlier"] != "True" and row["num_gpu_blocks"]:
                 curves[row["curve"]].append(row)
     for rows in curves.values():
         rows.sort(key=lambda r: int(r["max_num_seqs"]))
@@ -108,10 +110,26 @@ def plateau_onset(thr: list[float]) -> int:
     return len(thr)
 
 
-def run(quick: bool = False) -> dict:
+def run(quick: bool = False, extra: bool = True) -> dict:
     out = {"gpu": GPU_KEY, "sharegpt_cv": SHAREGPT_CV, "plateau_gain": PLATEAU_GAIN,
-           "step_cost": StepCostParams().__dict__, "curves": []}
-    for name, rows in load_curves().items():
+           "step_cost": StepCostParams().__dict__}
+    out["curves"] = replay_curves(load_curves(SOURCES), quick)
+    out["summary"] = summary(out["curves"])
+    if extra:
+        out["extra_curves"] = replay_curves(load_curves(EXTRA_SOURCES), quick)
+        out["extra_summary"] = summary(out["extra_curves"])
+    return out
+
+
+def summary(c: list[dict]) -> dict:
+    return {"curves": len(c), "mape_mean": float(np.mean([x["mape"] for x in c])),
+            "mape_max": float(np.max([x["mape"] for x in c])),
+            "curves_mape_ok": sum(x["mape_ok"] for x in c), "curves_onset_ok": sum(x["onset_ok"] for x in c)}
+
+
+def replay_curves(curves: dict[str, list[dict]], quick: bool) -> list[dict]:
+    done = []
+    for name, rows in curves.items():
         n = int(rows[0]["num_prompts"])
         in_mean, out_mean = float(rows[0]["input_len"]), float(rows[0]["output_len"])
         if rows[0]["source"] == "background":
@@ -133,7 +151,7 @@ def run(quick: bool = False) -> dict:
         errs = [abs(s - r) / r for s, r in zip(sim, real)]
         on_r, on_t = plateau_onset(real), plateau_onset(sim)
         onset_ok = abs(on_r - on_t) <= 1
-        out["curves"].append({
+        done.append({
             "curve": name, "source": rows[0]["source"], "model": rows[0]["model"], "num_prompts": n,
             "input_len": in_mean, "output_len": out_mean, "kv_capacity_tokens": int(rows[0]["kv_capacity_tokens"]),
             "mape": float(np.mean(errs)), "max_abs_err": float(np.max(errs)),
@@ -142,15 +160,38 @@ def run(quick: bool = False) -> dict:
             "onset_step_diff": on_t - on_r,
             "onset_ok": onset_ok, "mape_ok": float(np.mean(errs)) <= MAPE_TARGET, "points": points,
         })
-    c = out["curves"]
-    out["summary"] = {"curves": len(c), "mape_mean": float(np.mean([x["mape"] for x in c])),
-                      "mape_max": float(np.max([x["mape"] for x in c])),
-                      "curves_mape_ok": sum(x["mape_ok"] for x in c), "curves_onset_ok": sum(x["onset_ok"] for x in c)}
-    return out
+    return done
+
+
+def _curve_table(curves: list[dict]) -> list[str]:
+    lines = ["| curve | MAPE | worst point | onset real | onset twin | ok |", "| --- | --- | --- | --- | --- | --- |"]
+    for c in curves:
+        ok = "yes" if c["mape_ok"] and c["onset_ok"] else "NO"
+        lines.append(f"| {c['curve']} | {c['mape']:.1%} | {c['max_abs_err']:.1%} | {c['onset_real_cap']} | "
+                     f"{c['onset_twin_cap']} | {ok} |")
+    return lines
+
+
+def _point_tables(curves: list[dict]) -> list[str]:
+    lines = []
+    for c in curves:
+        lines += [f"### {c['curve']}", "", "| max_num_seqs | real tok/s | twin tok/s | err | real B | twin B | "
+                  "real preempt | twin preempt |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for p in c["points"]:
+            err = p["twin_tok_s"] / p["real_tok_s"] - 1
+            lines.append(f"| {p['max_num_seqs']} | {p['real_tok_s']:.0f} | {p['twin_tok_s']:.0f} | {err:+.1%} | "
+                         f"{p['real_batch']:.1f} | {p['twin_batch']:.1f} | {p['real_preemptions']} | "
+                         f"{p['twin_preemptions']} |")
+        lines.append("")
+    return lines
+
+
+def _verdict(s: dict) -> str:
+    return (f"**{s['curves_mape_ok']}/{s['curves']} curves with MAPE ≤ 20%, {s['curves_onset_ok']}/{s['curves']} "
+            f"with onset within one step; mean MAPE {s['mape_mean']:.1%}, worst {s['mape_max']:.1%}.**")
 
 
 def markdown(res: dict) -> str:
-    s = res["summary"]
     lines = [
         "# Twin vs real H100 (profiles.csv sweeps)", "",
         "Generated by `benchmarks/twin_vs_h100.py`. Real: vLLM ~0.6 V0 on an H100 64 GB "
@@ -160,27 +201,49 @@ def markdown(res: dict) -> str:
         f"{res['sharegpt_cv']} for input and output (ShareGPT's real lengths are not in the data). Plateau "
         f"onset: first step with < {res['plateau_gain']:.0%} throughput gain over the previous step (None: no "
         "plateau within the sweep, counted as one past its last step).", "",
-        f"**{s['curves_mape_ok']}/{s['curves']} curves with MAPE ≤ 20%, {s['curves_onset_ok']}/{s['curves']} "
-        f"with onset within one step; mean MAPE {s['mape_mean']:.1%}, worst {s['mape_max']:.1%}.**", "",
-        "| curve | MAPE | worst point | onset real | onset twin | ok |", "| --- | --- | --- | --- | --- | --- |",
+        _verdict(res["summary"]), "", *_curve_table(res["curves"]), "",
+        "![real vs twin](twin_vs_h100.png)", "",
     ]
-    for c in res["curves"]:
-        ok = "yes" if c["mape_ok"] and c["onset_ok"] else "NO"
-        lines.append(f"| {c['curve']} | {c['mape']:.1%} | {c['max_abs_err']:.1%} | {c['onset_real_cap']} | "
-                     f"{c['onset_twin_cap']} | {ok} |")
-    lines += ["", "Per point (throughput tok/s, mean running batch, preemptions):", ""]
-    for c in res["curves"]:
-        lines += [f"### {c['curve']}", "", "| max_num_seqs | real tok/s | twin tok/s | err | real B | twin B | "
-                  "real preempt | twin preempt |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
-        for p in c["points"]:
-            err = p["twin_tok_s"] / p["real_tok_s"] - 1
-            lines.append(f"| {p['max_num_seqs']} | {p['real_tok_s']:.0f} | {p['twin_tok_s']:.0f} | {err:+.1%} | "
-                         f"{p['real_batch']:.1f} | {p['twin_batch']:.1f} | {p['real_preemptions']} | "
-                         f"{p['twin_preemptions']} |")
-        lines.append("")
+    if "extra_curves" in res:
+        lines += ["## Also: chunked-prefill sweeps (informational, not in the target)", "",
+                  "Sources chunked_prefill_results and advisor_output_length (V0 chunked prefill, 512-token "
+                  "budget; identical prompts); the twin runs its chunked scheduler. Curves without a recorded "
+                  "KV size are skipped.", "", _verdict(res["extra_summary"]), "", *_curve_table(res["extra_curves"]),
+                  ""]
+    lines += ["## Per point (throughput tok/s, mean running batch, preemptions)", "", *_point_tables(res["curves"])]
+    if "extra_curves" in res:
+        lines += _point_tables(res["extra_curves"])
     lines += ["Step-cost constants (set once from offline.csv, not fitted to these curves): "
               + ", ".join(f"{k}={v}" for k, v in res["step_cost"].items()), ""]
     return "\n".join(lines)
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = res["curves"]
+    cols = 4
+    rows = -(-len(curves) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
+    for ax, c in zip(axes.flat, curves):
+        caps = [p["max_num_seqs"] for p in c["points"]]
+        ax.plot(caps, [p["real_tok_s"] for p in c["points"]], "o-", label="real H100")
+        ax.plot(caps, [p["twin_tok_s"] for p in c["points"]], "s--", label="twin")
+        ax.set_xscale("log", base=2)
+        ax.set_title(c["curve"].replace("/olx", "").replace("/mem0.9", ""), fontsize=8)
+        ax.set_xlabel("max_num_seqs", fontsize=8)
+        ax.set_ylabel("tok/s", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.text(0.05, 0.9, f"MAPE {c['mape']:.1%}", transform=ax.transAxes, fontsize=8)
+    for ax in list(axes.flat)[len(curves):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def refit() -> dict:
@@ -222,24 +285,30 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--refit", action="store_true", help="reproduce the step-cost fit on offline.csv and exit")
     ap.add_argument("--quick", action="store_true", help="skip sweep steps below max_num_seqs 8 (not written)")
+    ap.add_argument("--no-extra", action="store_true", help="skip the informational chunked-prefill sweeps")
     args = ap.parse_args(argv)
     if args.refit:
         print(json.dumps(refit(), indent=2))
         return 0
     t0 = time.time()
-    res = run(quick=args.quick)
+    res = run(quick=args.quick, extra=not args.no_extra)
     res["runtime_s"] = time.time() - t0
     print(f"{'curve':52s} {'MAPE':>6s} {'worst':>6s} {'onset real':>10s} {'onset twin':>10s}")
     for c in res["curves"]:
         print(f"{c['curve']:52s} {c['mape']:6.1%} {c['max_abs_err']:6.1%} {str(c['onset_real_cap']):>10s} "
               f"{str(c['onset_twin_cap']):>10s}  {'ok' if c['mape_ok'] and c['onset_ok'] else 'MISS'}")
-    s = res["summary"]
-    print(f"MAPE ≤ 20%: {s['curves_mape_ok']}/{s['curves']}  onset ±1 step: {s['curves_onset_ok']}/{s['curves']}  "
-          f"mean MAPE {s['mape_mean']:.1%}  ({res['runtime_s']:.0f} s)")
+    for key in ("summary", "extra_summary"):
+        if key in res:
+            s = res[key]
+            print(f"{'target' if key == 'summary' else 'extra (chunked prefill)'}: MAPE ≤ 20%: "
+                  f"{s['curves_mape_ok']}/{s['curves']}  onset ±1 step: {s['curves_onset_ok']}/{s['curves']}  "
+                  f"mean MAPE {s['mape_mean']:.1%}")
+    print(f"({res['runtime_s']:.0f} s)")
     if not args.quick:
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / "twin_vs_h100.json").write_text(json.dumps(res, indent=1))
         (RESULTS / "twin_vs_h100.md").write_text(markdown(res))
+        plot(res, RESULTS / "twin_vs_h100.png")
     return 0
 
 

@@ -7,9 +7,8 @@ import pytest
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 
-from kneecap.cli import main
+from kneecap.cli import build_parser, main
 from kneecap.commands.twin import build_server
-from kneecap.cli import build_parser
 from kneecap.errors import InputError
 from kneecap.sim.loadgen import arrival_times, completions_url, run_load, sample_lengths
 
@@ -63,7 +62,7 @@ async def test_run_load_against_the_twin_counts_every_token():
     async with TestServer(twin.app()) as srv, ClientSession() as session:
         report = await run_load(str(srv.make_url("/")), rate_rps=40.0, duration_s=1.0, input_mean=60,
                                 input_cv=0.8, output_mean=20, output_cv=0.5, seed=5, session=session)
-    sent = [r for r in report.records]
+    sent = list(report.records)
     assert report.failed == 0 and report.completed == report.sent == len(sent) > 20
     assert report.prompt_tokens_total == sum(r.prompt_tokens for r in sent)
     assert report.completion_tokens_total == sum(r.max_tokens for r in sent)
@@ -88,6 +87,7 @@ async def test_time_scale_reports_the_twins_simulated_seconds():
     line = next(ln for ln in text.splitlines() if ln.startswith("vllm:e2e_request_latency_seconds_sum"))
     sim_mean_s = float(line.split()[-1]) / report.completed
     assert report.completed > 2 and report.failed == 0
-    # ~100 decode steps of ~8 ms: the client, scaled back, sees the twin's simulated latency
+    # ~100 decode steps of ~8 ms. Scaled back, the client sees at least the twin's simulated latency
+    # (unscaled it would see 1/20 of it); HTTP and a busy CPU only add to it, so no upper bound here.
     assert 0.5 < sim_mean_s < 2.0
-    assert 0.7 < report.e2e_s["mean"] / sim_mean_s < 1.5
+    assert report.e2e_s["mean"] >= 0.95 * sim_mean_s
