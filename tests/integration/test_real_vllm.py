@@ -10,20 +10,34 @@ import asyncio
 import json
 import subprocess
 import sys
+from dataclasses import asdict, dataclass
 
 import aiohttp
 import numpy as np
 import pytest
 
-from kneecap.observe import Observation, observe, scrape
+from kneecap.observe import Observation, observe, scrape, to_status
+from kneecap.observe.window import OBSERVATION_FIELDS
 from tests.integration.conftest import BLOCK_SIZE, MAX_NUM_SEQS, NUM_GPU_BLOCKS
+from tests.support.vllm_server import free_port
 
 pytestmark = pytest.mark.vllm
 
 
-async def _complete(session: aiohttp.ClientSession, base_url: str, prompt_ids: list[int], max_tokens: int) -> dict:
+@dataclass
+class _Url:
+    base_url: str
+
+    @property
+    def metrics_url(self) -> str:
+        return self.base_url + "/metrics"
+
+
+async def _complete(
+    session: aiohttp.ClientSession, base_url: str, prompt_ids: list[int], max_tokens: int, model: str = "tiny"
+) -> dict:
     body = {
-        "model": "tiny",
+        "model": model,
         "prompt": prompt_ids,
         "max_tokens": max_tokens,
         "ignore_eos": True,
@@ -39,28 +53,45 @@ def _prompts(lengths: list[int], seed: int) -> list[list[int]]:
     return [[int(t) for t in rng.integers(3, 500, size=n)] for n in lengths]
 
 
-async def _run_load(server, prompt_lens: list[int], output_lens: list[int], seed: int, sample_every_s: float = 0.1):
-    """Send all requests at once; scrape before, every ``sample_every_s`` while they run, after."""
+async def _run_load(
+    server, prompt_lens: list[int], output_lens: list[int], seed: int, sample_every_s: float = 0.05, model: str = "tiny"
+):
+    """Send all requests at once; scrape before, continuously while they run (a sampler that
+    starts before the first request), and after."""
     async with aiohttp.ClientSession() as session:
         prev = await scrape(server.metrics_url, timeout_s=10, max_bytes=4 << 20, session=session)
-        tasks = [
-            asyncio.create_task(_complete(session, server.base_url, p, n))
-            for p, n in zip(_prompts(prompt_lens, seed), output_lens)
-        ]
         between = []
-        while not all(t.done() for t in tasks):
-            await asyncio.sleep(sample_every_s)
-            between.append(await scrape(server.metrics_url, timeout_s=10, max_bytes=4 << 20, session=session))
-        responses = [t.result() for t in tasks]
+        done = asyncio.Event()
+
+        async def sampler():
+            while not done.is_set():
+                between.append(await scrape(server.metrics_url, timeout_s=30, max_bytes=4 << 20, session=session))
+                await asyncio.sleep(sample_every_s)
+
+        sampling = asyncio.create_task(sampler())
+        await asyncio.sleep(0)
+        responses = await asyncio.gather(
+            *(_complete(session, server.base_url, p, n, model) for p, n in zip(_prompts(prompt_lens, seed), output_lens))
+        )
+        done.set()
+        await sampling
         await asyncio.sleep(0.5)  # let the engine publish the last request's stats
         cur = await scrape(server.metrics_url, timeout_s=10, max_bytes=4 << 20, session=session)
     return prev, between, cur, responses
 
 
+def _gauges(snaps) -> list[tuple[float, float, float]]:
+    """(running, waiting, kv usage) per snapshot, for assertion messages."""
+    return [
+        (s.value("vllm:num_requests_running"), s.value("vllm:num_requests_waiting"), s.value("vllm:kv_cache_usage_perc"))
+        for s in snaps
+    ]
+
+
 async def test_observation_matches_what_was_sent(vllm_server):
     prompt_lens = [7, 12, 19, 25, 33, 41, 52, 64]
-    output_lens = [60, 70, 80, 90, 100, 110, 120, 130]
-    prev, between, cur, responses = await _run_load(vllm_server, prompt_lens, output_lens, seed=1, sample_every_s=0.05)
+    output_lens = [100, 120, 140, 160, 180, 200, 220, 240]
+    prev, between, cur, responses = await _run_load(vllm_server, prompt_lens, output_lens, seed=1)
     assert [r["usage"]["prompt_tokens"] for r in responses] == prompt_lens
     assert [r["usage"]["completion_tokens"] for r in responses] == output_lens
 
@@ -74,12 +105,11 @@ async def test_observation_matches_what_was_sent(vllm_server):
     assert obs.request_rate_rps == pytest.approx(len(prompt_lens) / (cur.t_s - prev.t_s))
     assert obs.prompt_tok_s == pytest.approx(sum(prompt_lens) / obs.window_s)
     # p95 of 8 values (rank 7.6) lies in vLLM's (50, 100] token bucket for the prompts and
-    # (100, 200] for the outputs (5 of 8 are <= 100)
+    # (200, 500] for the outputs (6 of 8 are <= 200)
     assert 50 < obs.input_len_p95 <= 100
-    assert 100 < obs.output_len_p95 <= 200
+    assert 200 < obs.output_len_p95 <= 500
     # the batch cap shows: never more than --max-num-seqs running (8 sent at once)
-    assert len(between) >= 1
-    assert 1 <= obs.max_batch <= MAX_NUM_SEQS
+    assert 1 <= obs.max_batch <= MAX_NUM_SEQS, _gauges(between)
     assert 0 < obs.mean_batch <= MAX_NUM_SEQS
     assert obs.kv_capacity_tokens == NUM_GPU_BLOCKS * BLOCK_SIZE
     assert obs.ttft_mean_s > 0 and obs.itl_mean_s > 0 and obs.e2e_mean_s >= obs.ttft_mean_s
@@ -93,15 +123,14 @@ async def test_kv_saturation_shows_usage_and_preemptions(vllm_server):
     prompt_lens = [40] * n
     output_lens = [440] * n
     prev, between, cur, responses = await _run_load(vllm_server, prompt_lens, output_lens, seed=2, sample_every_s=0.02)
-    assert len(between) >= 4
     obs = observe(prev, cur, between)
     assert isinstance(obs, Observation), obs
     assert obs.finished_requests == n
     assert obs.prompt_tokens == sum(prompt_lens)
     assert obs.generation_tokens == sum(output_lens)
     assert obs.preemptions is not None and obs.preemptions > 0
-    assert obs.kv_usage_max >= 0.85
-    assert obs.max_batch <= MAX_NUM_SEQS
+    assert obs.kv_usage_max >= 0.85, _gauges(between)
+    assert obs.max_batch <= MAX_NUM_SEQS, _gauges(between)
 
 
 async def test_idle_window_is_typed(vllm_server):
@@ -122,3 +151,47 @@ def test_cli_observe_prints_json_lines(vllm_server):
     lines = [json.loads(x) for x in res.stdout.splitlines()]
     assert len(lines) == 2
     assert all(x["url"] == vllm_server.metrics_url and x["reason"] == "idle" for x in lines)
+
+
+async def test_twin_and_real_vllm_give_the_same_observation_schema(vllm_server, tmp_path):
+    """`kneecap twin` stands in for vLLM at GPU scale: the same scrape must yield the same
+    observation fields (none missing on either side) and the same status keys."""
+    port = free_port()
+    log = open(tmp_path / "twin.log", "wb")
+    twin = subprocess.Popen(
+        [sys.executable, "-m", "kneecap", "twin", "meta-llama/Llama-3.1-8B-Instruct", "--host", "127.0.0.1",
+         "--port", str(port), "--gpu", "h100-80gb", "--max-num-seqs", "4", "--time-scale", "50",
+         "--max-model-len", "4096"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    log.close()
+    twin_url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            for _ in range(200):
+                try:
+                    async with session.get(twin_url + "/health") as r:
+                        if r.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    pass
+                assert twin.poll() is None, (tmp_path / "twin.log").read_text()
+                await asyncio.sleep(0.1)
+        results = {}
+        for name, server, model in (
+            ("vllm", vllm_server, "tiny"),
+            ("twin", _Url(twin_url), "meta-llama/Llama-3.1-8B-Instruct"),
+        ):
+            prev, between, cur, _ = await _run_load(server, [10, 20, 30, 40], [8, 16, 24, 32], seed=5, model=model)
+            results[name] = observe(prev, cur, between)
+    finally:
+        twin.terminate()
+        twin.wait(timeout=10)
+    real, sim = results["vllm"], results["twin"]
+    assert isinstance(real, Observation) and isinstance(sim, Observation), results
+    present = {k for k, v in asdict(real).items() if v is not None}
+    assert present == set(OBSERVATION_FIELDS)  # vLLM 0.32 exports everything kneecap reads
+    assert {k for k, v in asdict(sim).items() if v is not None} == present
+    assert set(to_status(sim)) == set(to_status(real))
+    assert real.generation_tokens == sim.generation_tokens == 80
+    assert real.prompt_tokens == sim.prompt_tokens == 100

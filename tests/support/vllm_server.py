@@ -107,16 +107,26 @@ def start_server(model_dir: Path, log_path: Path, extra_args: list[str], startup
                             cwd=str(model_dir.parent), start_new_session=True)
     log.close()
     server = VllmServer(f"http://127.0.0.1:{port}", log_path, args, proc)
-    deadline = time.monotonic() + startup_timeout_s
+    try:
+        _wait_healthy(server, startup_timeout_s)
+    except BaseException:  # a failed or interrupted start must not leave the server running
+        server.stop()
+        raise
+    return server
+
+
+def _wait_healthy(server: VllmServer, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM exited with {proc.returncode} during start-up; log {log_path}:\n{server.log_tail()}")
+        if server.proc.poll() is not None:
+            raise RuntimeError(
+                f"vLLM exited with {server.proc.returncode} during start-up; log {server.log_path}:\n{server.log_tail()}"
+            )
         try:
             with urllib.request.urlopen(server.base_url + "/health", timeout=2) as r:
                 if r.status == 200:
-                    return server
+                    return
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             pass
         time.sleep(0.5)
-    server.stop()
-    raise RuntimeError(f"vLLM not healthy after {startup_timeout_s} s; log {log_path}:\n{server.log_tail()}")
+    raise RuntimeError(f"vLLM not healthy after {timeout_s} s; log {server.log_path}:\n{server.log_tail()}")
