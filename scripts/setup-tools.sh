@@ -41,7 +41,9 @@ else
   command -v promtool >/dev/null 2>&1 || fail "prometheus package installed but promtool is not on PATH"
   ln -sf "$(command -v promtool)" "$BIN/promtool"
 fi
-"$BIN/promtool" --version 2>&1 | head -1 | sed 's/^/setup-tools: /'
+# (no `| head` under pipefail: an early-closed pipe would fail the script at random)
+out=$("$BIN/promtool" --version 2>&1) || fail "promtool in .tools/bin does not run"
+echo "setup-tools: ${out%%$'\n'*}"
 
 # ------------------------------------------------------------------ helm + kubectl
 if [ -x "$BIN/helm" ] && [ -x "$BIN/kubectl" ]; then
@@ -75,8 +77,10 @@ PY
   mv -f "$WORK/helm" "$WORK/kubectl" "$BIN/"
   rm -rf "$WORK"
 fi
-"$BIN/helm" version --short 2>&1 | sed 's/^/setup-tools: helm /' || fail "helm in .tools/bin does not run"
-"$BIN/kubectl" version --client 2>&1 | head -1 | sed 's/^/setup-tools: /' || fail "kubectl in .tools/bin does not run"
+out=$("$BIN/helm" version --short 2>&1) || fail "helm in .tools/bin does not run"
+echo "setup-tools: helm ${out%%$'\n'*}"
+out=$("$BIN/kubectl" version --client 2>&1) || fail "kubectl in .tools/bin does not run"
+echo "setup-tools: ${out%%$'\n'*}"
 
 # ------------------------------------------------------------------ hadolint
 if [ -x "$BIN/hadolint" ]; then
@@ -101,5 +105,6 @@ out.chmod(0o755)
 PY
   rm -rf "$WORK"
 fi
-"$BIN/hadolint" --version 2>&1 | sed 's/^/setup-tools: /' || fail "hadolint in .tools/bin does not run"
+out=$("$BIN/hadolint" --version 2>&1) || fail "hadolint in .tools/bin does not run"
+echo "setup-tools: ${out%%$'\n'*}"
 say "done (.tools/bin: $(ls "$BIN" | tr '\n' ' '))"
