@@ -595,7 +595,8 @@ def plan(pb: Problem, budget_per_hour: float, *, rel_tol: float = 1e-4) -> SaraP
             return _infeasible_plan(
                 stage, f"budget {budget_per_hour:g} $/h is below the stability floor {c_lo:.4g} $/h "
                 f"({a_lo.prefill_replicas}×{a_lo.prefill_gpus_per_replica} prefill GPU(s), "
-                f"{a_lo.decode_replicas} decode GPU(s); {stage} {b_lo[stage]} dominates)", t0, "sara")
+                f"{a_lo.decode_replicas} decode GPU(s), {a_lo.kv_bandwidth_gibps:.3g} GiB/s; the largest share is {stage})",
+                t0, "sara")
         best = (lo, a_lo, b_lo, c_lo)
         while hi / lo > 1 + rel_tol:
             mid = math.sqrt(lo * hi)
