@@ -374,3 +374,14 @@ def test_intermediate_scrape_without_the_gauge_is_skipped(shared_dir):
     cut = parse_metrics(text[: text.index("vllm:num_requests_running{") + 5], t_s=T0 + 5)
     o = observe(parse_metrics(zeroed(text), t_s=T0), parse_metrics(text, t_s=T1), [cut])
     assert isinstance(o, Observation) and o.batch_samples == 2
+
+
+def test_body_cut_at_a_line_end_inside_a_histogram_is_no_observation(shared_dir):
+    # no partial line to give the cut away: the bucket series that vanished still tell
+    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+    i = text.index('vllm:e2e_request_latency_seconds_bucket{engine="0",le="1.0"')
+    cut = text[:i]
+    assert cut.endswith("\n")
+    o = observe(parse_metrics(zeroed(text), t_s=T0), parse_metrics(cut, t_s=T1))
+    assert isinstance(o, NoObservation)
+    assert o.reason in (Reason.SERIES_CHANGED, Reason.MISSING_METRIC)
