@@ -170,6 +170,35 @@ def test_scrape_failure_keeps_last_good_state_and_sets_degraded(kube, twin):
     assert events(kube, "ScrapeFailed", "deg")[0]["type"] == "Warning"
 
 
+def test_worse_fit_keeps_last_good_calibration_and_sets_degraded(kube, twin):
+    slow = Twin(MODEL, ARCH, "l4", max_num_seqs=8, time_scale=SCALE).start()  # same model, a much slower GPU
+    procs = drive(twin)
+    try:
+        with operator(kube, config(SimClock(SCALE))) as runner:
+            res = resource("fit", "enforce", cooldown="600s")
+            res["spec"]["control"].update(maxFitError=0.15, observationHistory=12)
+            kube.create(LLMD, res)
+            add_pod(kube, "fit", twin)
+            good = wait_for(lambda: calibrated(kube, "fit"), timeout_s=40, what="calibration")
+            versions = len(kube.history(DEPLOY, NS, "fit"))
+            stop(procs)
+            # the pod now reports the slow engine: the same batches give a fraction of the tokens/s
+            kube.patch("v1/pods", NS, "fit-0", {"metadata": {"annotations": {
+                "kneecap.io/metrics-url": slow.url + "/metrics"}}})
+            procs = [load(slow.url, rate=3, duration_s=8, seed=3)]
+            st = wait_for(lambda: (lambda s: s if condition(s, "Degraded").get("reason") == "BadFit" else None)(
+                status(kube, "fit")), timeout_s=40, what="Degraded BadFit")
+    finally:
+        stop(procs)
+        slow.stop()
+    assert runner.exit_code == 0, runner.output
+    assert condition(st, "Calibrated")["status"] == "False"
+    assert condition(st, "Calibrated")["reason"] == "FitRejected"
+    assert st["calibration"]["params"] == good["calibration"]["params"]  # the last good fit is kept
+    assert st["lastDecision"]["reason"] in ("BadFit", "ScrapeFailed", "WaitingForData")
+    assert len(kube.history(DEPLOY, NS, "fit")) == versions  # nothing applied on a rejected fit
+
+
 def test_restart_keeps_calibration_and_observations_and_does_not_restart_pods(kube, twin):
     clock = SimClock(SCALE)
     procs = drive(twin)

@@ -95,6 +95,17 @@ def test_small_model_releases_memory(profiles_csv):
     assert measured[nearest] >= 0.75 * max(measured.values())
 
 
+def test_a_fit_that_no_longer_explains_the_pool_is_rejected(curve):
+    good = decide.recalibrate("llama-2-7b", "h100-64gb", [observation(curve[c]) for c in (8, 16, 32)], None, 0.3)
+    # the same batches now deliver a third of the throughput (e.g. the pods moved to a slower GPU)
+    slow = [replace(o, prompt_tok_s=o.prompt_tok_s / 3, generation_tok_s=o.generation_tok_s / 3)
+            for o in (observation(curve[c]) for c in (8, 16, 32))]
+    ring = [observation(curve[c]) for c in (8, 16, 32)] + slow
+    out = decide.recalibrate("llama-2-7b", "h100-64gb", ring, good.calibration, 0.1)
+    assert out.calibration is good.calibration and not out.ok and out.reason == "FitRejected"
+    assert "maxFitError 10%" in out.message
+
+
 def test_worse_fit_keeps_the_previous_calibration(curve):
     good = decide.recalibrate("llama-2-7b", "h100-64gb", [observation(curve[c]) for c in (8, 16, 32)], None, 0.3)
     noisy = [observation(curve[c]) for c in (8, 16, 32)]

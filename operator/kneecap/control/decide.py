@@ -75,7 +75,7 @@ class CalibrationOutcome:
     calibration: calibrate.Calibration | None  # the one to use: new, or the previous one kept
     ok: bool  # trustworthy enough to act on
     refit: bool  # a new fit replaced the previous one
-    reason: str  # Fitted | KeptPrevious | TooFewBatchLevels | FitFailed | FitErrorTooHigh
+    reason: str  # Fitted | KeptPrevious | TooFewBatchLevels | FitFailed | FitRejected | FitErrorTooHigh
     message: str
     error: float | None = None  # MAPE of the calibration in use on the current rows (fraction)
 
@@ -102,20 +102,21 @@ def recalibrate(arch_key: str, gpu_key: str, observations: Sequence[Observation]
                             output_cv=rows.output_cv, n_starts=3)
         new_err = float(new.metrics["mape_pct"]) / 100.0
     except (InputError, ValueError, FloatingPointError) as exc:
-        if previous is not None:
-            return CalibrationOutcome(previous, prev_err is not None and prev_err <= max_fit_error, False, "FitFailed",
-                                      f"refit failed ({exc}); keeping the previous fit", prev_err)
-        return CalibrationOutcome(None, False, False, "FitFailed", f"fit failed: {exc}")
+        # never act on a failed fit; keep the last good one for status and the next try
+        return CalibrationOutcome(previous, False, False, "FitFailed",
+                                  f"refit failed ({exc})" + ("; keeping the previous fit" if previous else ""),
+                                  prev_err)
+    if new_err > max_fit_error:
+        # the model no longer explains the pool: keep the last good fit, but do not act on it
+        keep = previous if previous is not None else new
+        return CalibrationOutcome(keep, False, keep is new, "FitRejected" if previous else "FitErrorTooHigh",
+                                  f"fit error {new_err:.1%} > maxFitError {max_fit_error:.0%}"
+                                  + ("; keeping the previous fit" if previous else ""),
+                                  prev_err if previous is not None else new_err)
     if previous is not None and prev_err is not None and prev_err <= new_err:
         return CalibrationOutcome(previous, prev_err <= max_fit_error, False, "KeptPrevious",
                                   f"new fit error {new_err:.1%} is not better than the previous {prev_err:.1%}",
                                   prev_err)
-    if new_err > max_fit_error:
-        if previous is not None and prev_err is not None and prev_err <= max_fit_error:
-            return CalibrationOutcome(previous, True, False, "KeptPrevious",
-                                      f"new fit error {new_err:.1%} > maxFitError {max_fit_error:.0%}", prev_err)
-        return CalibrationOutcome(new, False, True, "FitErrorTooHigh",
-                                  f"fit error {new_err:.1%} > maxFitError {max_fit_error:.0%}", new_err)
     return CalibrationOutcome(new, True, True, "Fitted",
                               f"SLIM fitted on {rows.n} observations, {rows.batch_levels} batch levels, "
                               f"error {new_err:.1%}", new_err)

@@ -191,7 +191,8 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
     conds = St.set_condition(conds, St.CALIBRATED, cal_out.calibration is not None and cal_out.ok,
                              cal_out.reason, cal_out.message, gen, now)
     degraded_reason = None
-    if cal_out.calibration is not None and not cal_out.ok:
+    if cal_out.reason in ("FitFailed", "FitRejected", "FitErrorTooHigh") or (
+            cal_out.calibration is not None and not cal_out.ok):
         degraded_reason = ("BadFit", cal_out.message)
     conds = St.set_condition(conds, St.DEGRADED, degraded_reason is not None,
                              degraded_reason[0] if degraded_reason else "Healthy",
