@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
@@ -76,7 +76,6 @@ class Snapshot:
     dropped_family: str | None = None  # the family removed because the body was cut inside it
     invalid: frozenset[str] = frozenset()  # sample names dropped: NaN/inf value or garbage line
     size_bytes: int = 0
-    extra: Mapping[str, object] = field(default_factory=dict)
 
     def get(self, name: str) -> Mapping[Labels, float] | None:
         return self.series.get(name)
