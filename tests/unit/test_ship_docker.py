@@ -181,3 +181,25 @@ def test_package_builds_from_the_build_context_alone(tmp_path):
     # runtime deps only: the test extra is optional metadata, not a requirement
     requires = [l for l in meta.splitlines() if l.startswith("Requires-Dist:") and "extra ==" not in l]
     assert not any("pytest" in r or "kmock" in r for r in requires), requires
+
+    # the image's layout: the installed (not editable) package, away from the repository, finds the
+    # CRD through KNEECAP_CRD as the Dockerfile sets it, and `kneecap run` is there
+    site = tmp_path / "site"
+    p = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(whl)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    share = tmp_path / "opt" / "share" / "crds"
+    share.mkdir(parents=True)
+    shutil.copy(ROOT / "crds" / "llmdeployment.yaml", share / "llmdeployment.yaml")
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "KNEECAP_CRD": str(share / "llmdeployment.yaml"),
+           "PYTHONDONTWRITEBYTECODE": "1", "HOME": str(tmp_path)}
+    probe = ("import kneecap, kneecap.control.spec as s; print(kneecap.__file__); "
+             "print(s.CRD_PATH); print(s.parse_spec({'model': {'name': 'meta-llama/Llama-3.1-8B-Instruct'}, "
+             "'accelerator': {'type': 'h100-80gb'}, 'engine': {'image': 'x'}}).engine.max_num_seqs)")
+    p = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    where, crd_path, default_cap = p.stdout.split()
+    assert where.startswith(str(site)) and crd_path == str(share / "llmdeployment.yaml") and default_cap == "256"
+    p = subprocess.run([sys.executable, "-m", "kneecap", "run", "--help"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0 and "--liveness" in p.stdout and "--metrics-port" in p.stdout, p.stderr
