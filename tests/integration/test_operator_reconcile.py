@@ -73,3 +73,28 @@ def test_invalid_spec_sets_condition_and_event_and_creates_nothing(kube):
     assert kube.get(LLMD, NS, "bad")["status"]["phase"] == "Invalid"
     assert "spec.topology.replicas.min" in ev[0]["message"] and ev[0]["type"] == "Warning"
     assert kube.list(DEPLOY, NS) == [] and kube.list("v1/services", NS) == []
+
+
+def test_spec_update_follows_spec_keeps_managed_flags_and_does_not_fight_an_hpa(kube):
+    with operator(kube) as runner:
+        kube.create(LLMD, llmd("llama"))
+        d = wait_for(lambda: kube.get(DEPLOY, NS, "llama"), what="deployment")
+        # earlier decisions live in the Deployment; an HPA owns the replica count (above spec max 8)
+        c = d["spec"]["template"]["spec"]["containers"][0]
+        c = V.set_container_flag(c, "--max-num-seqs", 32)
+        kube.create("autoscaling/v2/horizontalpodautoscalers", {
+            "metadata": {"name": "llama-hpa", "namespace": NS},
+            "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama"},
+                     "minReplicas": 1, "maxReplicas": 20}})
+        kube.patch(DEPLOY, NS, "llama", {"spec": {"replicas": 12, "template": {"spec": {"containers": [c]}}}})
+        spec = kube.get(LLMD, NS, "llama")["spec"]
+        spec["engine"]["image"] = "vllm/vllm-openai:v0.12.0"
+        kube.patch(LLMD, NS, "llama", {"spec": {"engine": spec["engine"]}})
+        d = wait_for(lambda: (lambda x: x if x["spec"]["template"]["spec"]["containers"][0]["image"].endswith("v0.12.0")
+                              else None)(kube.get(DEPLOY, NS, "llama")), what="image update")
+        st = wait_for(lambda: (kube.get(LLMD, NS, "llama").get("status") or {}).get("ownership"), what="ownership")
+    assert runner.exit_code == 0, runner.output
+    c = d["spec"]["template"]["spec"]["containers"][0]
+    assert V.container_flag(c, "--max-num-seqs") == "32"  # a spec change does not undo a decision
+    assert d["spec"]["replicas"] == 12  # not clamped to spec max 8: the HPA owns it
+    assert st["server"]["replicas"] == "hpa/llama-hpa" and "only recommends" in st["server"]["message"]

@@ -103,7 +103,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
                                  ", ".join(f"{p.pool.name}: {'created' if p.created else 'patched' if p.patched else 'in sync'}"
                                            for p in result.pools), gen, now)
         patch.status.update({"observedGeneration": gen, "conditions": conds, "phase": St.phase_of(conds),
-                             "invalidField": None})
+                             "invalidField": None, "ownership": L.ownership_status(result.pools)})
         if result.changed:
             kopf.info(body, reason="Reconciled", message=f"{reason}: " + ", ".join(
                 [f"{p.pool.name} {'created' if p.created else 'patched'}" for p in result.pools

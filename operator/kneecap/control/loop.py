@@ -69,6 +69,17 @@ def primary_role(spec: LLMDeploymentSpec) -> str:
     return "decode" if spec.disaggregated else "server"
 
 
+def ownership_status(pools: list[R.PoolState]) -> dict:
+    """Who owns each pool's replicas; kneecap does not fight an HPA or a person."""
+    out = {}
+    for p in pools:
+        o = p.ownership
+        out[p.pool.role] = {"replicas": o.replicas_owner,
+                            "message": (f"replicas are owned by {o.replicas_owner}; kneecap only recommends them"
+                                        if o.external else "kneecap manages replicas")}
+    return out
+
+
 def ring_entries(status: dict, role: str) -> list[Observation]:
     out = []
     for e in status.get("observations") or []:
@@ -140,6 +151,8 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
     ready = all(int((p.deployment.get("status") or {}).get("readyReplicas", 0)) >= 1 for p in rec.pools)
     conds = St.set_condition(conds, St.READY, ready, "PodsReady" if ready else "PodsNotReady",
                              "every pool has a ready replica" if ready else "a pool has no ready replica", gen, now)
+
+    out["ownership"] = ownership_status(rec.pools)
 
     ticks = [await observe_pool(ctx, mem, ns, name, spec, p) for p in rec.pools]
     scrape_ok = all(t.scrape_ok for t in ticks)
@@ -235,9 +248,6 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
     d = policy.guard(cur, policy.Proposal(r.settings, r.throughput_gain, r.memory_gain), spec.control,
                      spec.batching, M.pool_bounds(spec, role), state,
                      memory_for_cap=lambda cap: decide.memory_for_cap(spec, latest, cap)[:2])
-    out["ownership"] = {"replicas": pools[role].ownership.replicas_owner,
-                        "message": ("replicas are owned by " + pools[role].ownership.replicas_owner
-                                    + "; kneecap only recommends them") if external else "kneecap manages replicas"}
 
     if d.action == policy.APPLY and spec.enforce:
         patch = M.with_settings(pools[role].deployment, d.target, set_replicas=not external)

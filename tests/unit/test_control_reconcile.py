@@ -1,0 +1,63 @@
+"""Pure parts of reconcile: drift detection, who owns replicas, rollouts, metrics URLs."""
+
+from __future__ import annotations
+
+from kneecap.control import manifests as M
+from kneecap.control import reconcile as R
+from kneecap.control.spec import parse_spec
+
+SPEC = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb"},
+                   "engine": {"image": "vllm"}})
+OWNER = {"metadata": {"name": "m", "namespace": "ns", "uid": "u1"}}
+
+
+def deploy(**meta):
+    d = M.deployment(OWNER, SPEC, M.Pool("server", "m"), M.initial_settings(SPEC, "server"))
+    d["metadata"].update(meta)
+    return d
+
+
+def test_is_subset_ignores_server_defaults():
+    want = {"spec": {"template": {"spec": {"containers": [{"name": "vllm", "image": "a", "args": ["x"]}]}}}}
+    have = {"spec": {"template": {"spec": {"containers": [{"name": "vllm", "image": "a", "args": ["x"],
+                                                           "imagePullPolicy": "IfNotPresent"}],
+                                           "dnsPolicy": "ClusterFirst"}}, "revisionHistoryLimit": 10}}
+    assert R.is_subset(want, have)
+    have["spec"]["template"]["spec"]["containers"][0]["args"] = ["x", "y"]
+    assert not R.is_subset(want, have)
+
+
+def test_replicas_owner():
+    assert R.replicas_owner(SPEC, None, []).replicas_owner == "kneecap"
+    ext = parse_spec({**{"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb"},
+                         "engine": {"image": "vllm"}}, "topology": {"replicasManagedBy": "external"}})
+    assert R.replicas_owner(ext, deploy(), []).external
+    hpa = {"metadata": {"name": "m-hpa"}, "spec": {"scaleTargetRef": {"kind": "Deployment", "name": "m"}}}
+    other = {"metadata": {"name": "x"}, "spec": {"scaleTargetRef": {"kind": "Deployment", "name": "other"}}}
+    assert R.replicas_owner(SPEC, deploy(), [other, hpa]).replicas_owner == "hpa/m-hpa"
+    assert not R.replicas_owner(SPEC, deploy(), [other]).external
+    mf = [{"manager": "kneecap", "fieldsV1": {"f:spec": {"f:replicas": {}, "f:template": {}}}},
+          {"manager": "kubectl-scale", "fieldsV1": {"f:spec": {"f:replicas": {}}}}]
+    assert R.replicas_owner(SPEC, deploy(managedFields=mf), []).replicas_owner == "manager/kubectl-scale"
+    assert not R.replicas_owner(SPEC, deploy(managedFields=mf[:1]), []).external
+
+
+def test_rollout_in_progress():
+    d = deploy(generation=3)
+    st = R.PoolState(M.Pool("server", "m"), d, M.initial_settings(SPEC, "server"), R.Ownership("kneecap"))
+    assert not st.rollout_in_progress  # no status yet: nothing known to be rolling
+    d["status"] = {"observedGeneration": 2, "updatedReplicas": 1}
+    assert st.rollout_in_progress
+    d["status"] = {"observedGeneration": 3, "updatedReplicas": 1, "replicas": 1}
+    assert not st.rollout_in_progress
+    d["spec"]["replicas"] = 3
+    d["status"] = {"observedGeneration": 3, "updatedReplicas": 2}
+    assert st.rollout_in_progress
+
+
+def test_metrics_url():
+    pod = {"metadata": {"annotations": {}}, "status": {"podIP": "10.0.0.7"}}
+    assert R.metrics_url(pod, 8000) == "http://10.0.0.7:8000/metrics"
+    pod["metadata"]["annotations"]["kneecap.io/metrics-url"] = "http://twin:9/metrics"
+    assert R.metrics_url(pod, 8000) == "http://twin:9/metrics"
+    assert R.metrics_url({"metadata": {}, "status": {}}, 8000) is None
