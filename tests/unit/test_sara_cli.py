@@ -89,3 +89,25 @@ def test_explicit_prefill_coefficients_change_the_plan(capsys):
     fast = json.loads(out)
     # 0.01 + 1e-4·IL ≈ 0.11 s per mean prompt vs ≈ 0.02 s from N_mul/F_p: fewer req/s for the budget
     assert slow["goodput_rps"] < fast["goodput_rps"]
+
+
+def test_calibration_file_sets_prefill_time(capsys, tmp_path):
+    from dataclasses import asdict
+
+    from kneecap.model import calibrate, slim
+
+    params = {k: float(v) for k, v in asdict(slim.SlimParams()).items() if isinstance(v, (int, float))}
+    params["eta_c"] = 0.25
+    cal = calibrate.Calibration(form=slim.DEFAULT_FORM, gpu="a100-80gb", models=("llama-3.1-8b",), params=params,
+                                std={}, metrics={}, created="test")
+    path = tmp_path / "calib.json"
+    path.write_text(cal.to_json())
+    rc, out, _ = _run(capsys, BASE + ["--json", "--calibration", str(path)])
+    assert rc == 0
+    calibrated = json.loads(out)
+    rc, out, _ = _run(capsys, BASE + ["--json"])
+    # 2·N_mul FLOPs at 25% of peak: prefill ~8× slower than SARA's N_mul/F_p, so less goodput
+    assert calibrated["goodput_rps"] < json.loads(out)["goodput_rps"]
+    assert calibrated["prefill_replicas"] >= 1
+    rc, _, err = _run(capsys, BASE + ["--json", "--calibration", str(path), "--gpu", "h100-80gb"])
+    assert rc == 2 and json.loads(err.splitlines()[0])["field"] == "calibration"
