@@ -34,9 +34,11 @@ class OperatorConfig:
     scrape: L.ScrapeFn | None = None
 
 
-def _connection(config: OperatorConfig, logger) -> kopf.ConnectionInfo:
+def _connection(config: OperatorConfig, logger, settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
+    """One ConnectionInfo for kopf and for the owned-object client: in-cluster, else kubeconfig."""
     if config.connection is None:
-        info = kopf.login_with_service_account(logger=logger) or kopf.login_with_kubeconfig(logger=logger)
+        info = (kopf.login_with_service_account(logger=logger, settings=settings)
+                or kopf.login_with_kubeconfig(logger=logger, settings=settings))
         if info is None:
             raise kopf.PermanentError("no Kubernetes credentials: neither a service account nor a kubeconfig")
         config.connection = info
@@ -68,8 +70,8 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
-    def login(logger, **_):
-        return _connection(config, logger)
+    def login(logger, settings, **_):
+        return _connection(config, logger, settings)
 
     @kopf.on.startup(registry=registry)
     async def startup(memo: kopf.Memo, settings: kopf.OperatorSettings, logger, **_):
@@ -78,7 +80,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
             prefix="kneecap.io", key="last-handled-configuration")
         settings.posting.level = logging.INFO
-        memo.kube = KubeClient.from_connection_info(_connection(config, logger))
+        memo.kube = KubeClient.from_connection_info(_connection(config, logger, settings))
         memo.metrics = config.metrics
 
     @kopf.on.cleanup(registry=registry)

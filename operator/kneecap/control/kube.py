@@ -67,11 +67,13 @@ class KubeClient:
     """JSON over HTTP to one API server. Methods raise ApiError on non-2xx (404 -> None for get)."""
 
     def __init__(self, server: str, token: str | None = None, scheme: str | None = None, ssl_context=None,
-                 timeout_s: float = 15.0):
+                 timeout_s: float = 15.0, username: str | None = None, password: str | None = None):
         self.server = server.rstrip("/")
         self._headers = {"Accept": "application/json"}
         if token:
             self._headers["Authorization"] = f"{scheme or 'Bearer'} {token}"
+        elif username and password:
+            self._headers["Authorization"] = aiohttp.BasicAuth(username, password).encode()
         self._ssl = ssl_context
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
@@ -79,7 +81,8 @@ class KubeClient:
     @classmethod
     def from_connection_info(cls, info) -> "KubeClient":
         return cls(info.server, token=getattr(info, "token", None), scheme=getattr(info, "scheme", None),
-                   ssl_context=_ssl_context(info))
+                   ssl_context=_ssl_context(info), username=getattr(info, "username", None),
+                   password=getattr(info, "password", None))
 
     async def _sess(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
