@@ -79,21 +79,25 @@ def dashboard() -> dict:
 
     panels = [
         row(1, "The knee", 0),
-        panel(2, "Throughput: observed vs predicted (tokens/s)",
-              "Observed: the operator's window measurement and vLLM's own token counters. Predicted: SLIM "
-              "(paper 000, eqs. 5-12) at the observed batch. The gap is the calibration error.",
+        panel(2, "Throughput: observed vs predicted (tokens/s, whole pool)",
+              "Observed: the operator's window measurement and vLLM's own token counters (prompt + generation, "
+              "all replicas). Predicted: SLIM (paper 000, eqs. 5-12) per replica at the recommended cap, times the "
+              "live replicas, so the gap to observed is the gain the recommendation predicts (kneecap exports its "
+              "prediction at the recommended cap, not at the live one).",
               [target(f"sum(kneecap_observed_throughput_tokens_per_second{{{KP}}})", "observed (kneecap window)", "A"),
-               target(f"sum(kneecap_predicted_throughput_tokens_per_second{{{KP}}})", "predicted (SLIM)", "B"),
-               target(f"sum(rate(vllm:prompt_tokens_total{{{V}}}[$__rate_interval]) "
-                      f"+ on (pod) rate(vllm:generation_tokens_total{{{V}}}[$__rate_interval]))",
+               target(f"sum(kneecap_predicted_throughput_tokens_per_second{{{KP}}} "
+                      f"* on (namespace, name, pool) kneecap_replicas{{{KP}}})",
+                      "predicted at the recommended cap (SLIM x replicas)", "B"),
+               target(f"sum(rate(vllm:prompt_tokens_total{{{V}}}[$__rate_interval])) "
+                      f"+ sum(rate(vllm:generation_tokens_total{{{V}}}[$__rate_interval]))",
                       "vLLM counters (prompt + generation)", "C")],
               (0, 1, 12, 9), unit="short", min_=0),
         panel(3, "Throughput vs running batch (where the knee is)",
               "Each point is one scrape: mean running batch (x) against total token throughput (y). The "
               "curve flattens at the knee; past it, batch (latency, KV memory) grows and throughput does not.",
               [target(f"sum(vllm:num_requests_running{{{V}}})", "running batch", "A"),
-               target(f"sum(rate(vllm:prompt_tokens_total{{{V}}}[$__rate_interval]) "
-                      f"+ on (pod) rate(vllm:generation_tokens_total{{{V}}}[$__rate_interval]))", "tokens/s", "B")],
+               target(f"sum(rate(vllm:prompt_tokens_total{{{V}}}[$__rate_interval])) "
+                      f"+ sum(rate(vllm:generation_tokens_total{{{V}}}[$__rate_interval]))", "tokens/s", "B")],
               (12, 1, 12, 9), kind="xychart",
               options={"seriesMapping": "auto", "series": [], "dims": {"x": "running batch"},
                        "legend": {"showLegend": True, "displayMode": "list", "placement": "bottom"}},
