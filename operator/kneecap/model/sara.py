@@ -458,6 +458,7 @@ class _Infeasible(Exception):
 
 
 def _prefill_min(pb: Problem, rate: float) -> tuple[int, str]:
+    """Fewest replicas k_p ≥ ⌊A⌋ + 1 meeting the TTFT SLO, and whether stability or the SLO set it."""
     a = rate * pb.sp_mean_s
     k0 = int(math.floor(a)) + 1  # ρ_p = A/k_p < 1
     span = 8
@@ -473,6 +474,8 @@ def _prefill_min(pb: Problem, rate: float) -> tuple[int, str]:
 
 
 def _kv_min(pb: Problem, rate: float) -> tuple[float, str]:
+    """Least link bandwidth (GiB/s) meeting the KV SLO: a root of the monotone attainment above
+    the stability floor λ·gγ·ℓ_i."""
     per_gibps = pb.kv_bytes_per_token * pb.il_mean_tok / GIB  # GiB per request
     floor = rate * per_gibps  # ρ_KV < 1: Bw > λ·gγ·ℓ_i
     lo = floor * (1 + 1e-9) + 1e-12
@@ -510,8 +513,9 @@ def _kv_min(pb: Problem, rate: float) -> tuple[float, str]:
 
 
 def _decode_min(pb: Problem, rate: float) -> tuple[int, int, str]:
-    room_per_gpu = pb.hbm_bytes
-    k_w = max(1, math.ceil(pb.omega_bytes / room_per_gpu))  # weights must fit (C2 with no KV)
+    """Fewest decode GPUs k_d (from the weights floor up) for which N_bat = the C3/C4 floor also
+    passes C1, C2 and the max_num_seqs cap; the label names what failed at k_d − 1."""
+    k_w = max(1, math.ceil(pb.omega_bytes / pb.hbm_bytes))  # weights must fit (C2 with no KV)
     start, span = k_w, 128
     prev_fail = "C2_memory"
     while start < 10**6:
