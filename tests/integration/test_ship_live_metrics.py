@@ -159,11 +159,6 @@ def test_dashboard_and_alerts_query_what_a_live_operator_and_twin_serve(kube, tw
     served_names_check(op_text, twin_text)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "operator bug: kneecap.control.handlers._connection calls kopf.login_with_service_account(logger=...) "
-    "without settings= (kopf 1.45 requires it), so `kneecap run` cannot log in outside tests; its startup "
-    "retries every 60 s and /healthz never answers (the chart's probes would crash-loop the pod). "
-    "Remove this marker when fixed."))
 def test_chart_operator_command_logs_in_serves_probes_and_reconciles(kube, tmp_path):
     """`kneecap run` with exactly the chart's arguments, logging in through a kubeconfig."""
     liveness, metrics = free_port(), free_port()
