@@ -681,13 +681,17 @@ def _tbt_mean_field(coef, moments, op, inp, out, z_batch, z_chunk):
     return d + frac * op.mean_chunk_s  # GAUSS §3.4: chunk steps inflate the decode step
 
 
-def _occupancy_integral(starts, ends, x):
-    """∫₀ˣ N(u) du for N(u) = #{j: starts_j ≤ u < ends_j}; starts and ends sorted (1-D)."""
+def _occupancy_integral(starts, ends):
+    """x ↦ ∫₀ˣ N(u) du for N(u) = #{j: starts_j ≤ u < ends_j}; starts and ends sorted (1-D)."""
     cs = np.concatenate(([0.0], np.cumsum(starts)))
     ce = np.concatenate(([0.0], np.cumsum(ends)))
-    ks = np.searchsorted(starts, x, side="right")
-    ke = np.searchsorted(ends, x, side="right")
-    return (ks * x - cs[ks]) - (ke * x - ce[ke])
+
+    def integral(x):
+        ks = np.searchsorted(starts, x, side="right")
+        ke = np.searchsorted(ends, x, side="right")
+        return (ks * x - cs[ks]) - (ke * x - ce[ke])
+
+    return integral
 
 
 def _tbt_sample_path(coef, moments, op, inter, W, S, inp, out):
@@ -717,13 +721,19 @@ def _tbt_sample_path(coef, moments, op, inter, W, S, inp, out):
         level[0::2], level[1::2] = cum[:-1], cum[1:]
         win_end_all = np.sort(first + steps[row] * op.mean_step_s)
         busy_first = np.interp(first, knots, level)
-        occ_first = _occupancy_integral(first, win_end_all, first)
+        occupancy = _occupancy_integral(first, win_end_all)
+        occ_first = occupancy(first)
         tau = np.full(first.shape, op.mean_step_s)
         for _ in range(2):
             end = first + steps[row] * tau
             span = end - first
-            phi = np.clip((np.interp(end, knots, level) - busy_first) / span, 0.0, 1.0)
-            batch = np.maximum((_occupancy_integral(first, win_end_all, end) - occ_first) / span, 1.0)
+            order = np.argsort(end)  # sorted queries make the binary searches cache-friendly
+            busy_end = np.empty_like(end)
+            busy_end[order] = np.interp(end[order], knots, level)
+            occ_end = np.empty_like(end)
+            occ_end[order] = occupancy(end[order])
+            phi = np.clip((busy_end - busy_first) / span, 0.0, 1.0)
+            batch = np.maximum((occ_end - occ_first) / span, 1.0)
             d = decode_step_s(coef, batch, own_ctx[row] + (batch - 1.0) * moments.context_tokens)
             tau = _step_mean_s(d, op.mean_chunk_s, phi)
         tbt[row] = tau
