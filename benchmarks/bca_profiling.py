@@ -68,21 +68,25 @@ def evaluate(form, train, target):
     a = profiles.profile_arrays(train)
     cvs = profiles.estimate_output_cv(list(a.rows))
     cal = calibrate.fit(list(a.models), GPU, a.batch, a.input_len, a.output_len, a.throughput_tok_s, form=form,
-                        output_cv=profiles.apply_output_cv(a.rows, cvs))
+                        output_cv=profiles.apply_output_cv(a.rows, cvs), chunked_prefill=a.chunked_prefill)
     cv = float(profiles.apply_output_cv(rows[:1], cvs)[0])
     cap_tokens = int(float(rows[0]["kv_capacity_tokens"] or 0)) or \
         memory.memory_split(arch, GPU, 0.9, int(max(float(r["max_num_seqs"]) for r in rows))).kv_capacity_tokens
     max_cap = int(max(float(r["max_num_seqs"]) for r in rows))
+    chunked = rows[0]["chunked_prefill"] == "True"  # the target deployment's config
+    budget = float(rows[0]["max_num_batched_tokens"] or 512) if chunked else None
     point32 = [i for i, r in enumerate(rows) if int(float(r["max_num_seqs"])) == 32]
     e2e32 = e2e[point32[0]] if point32 else float(np.interp(32, b, e2e))
     out = {}
     for slo_name, slo in (("none", None), ("loose", 4 * e2e32), ("tight", 2 * e2e32)):
         i_full = full_profile_cap(b, t, e2e, slo)
         res = bca.advise(cal, arch, GPU, il, ol, slo_e2e_s=slo, epsilon=EPSILON, max_cap=max_cap,
-                         kv_capacity_tokens=cap_tokens, output_cv=cv)
+                         kv_capacity_tokens=cap_tokens, output_cv=cv, max_num_batched_tokens=budget,
+                         chunked_prefill=chunked)
         # The same rule on the same candidate grid (the profiled max_num_seqs points), with SLIM's
         # predicted T and E2E in place of the measured ones: an apples-to-apples decision.
-        kw = {"output_cv": cv} if form == "kneecap" else {}
+        kw = {"output_cv": cv, "chunked_prefill": chunked, "kv_capacity_tokens": cap_tokens,
+              "max_num_batched_tokens": budget} if form == "kneecap" else {}
         t_hat, e2e_hat = calibrate.predict(cal, arch, None, b, il, ol, **kw)
         i_grid = full_profile_cap(b, t_hat, e2e_hat, slo)
         b_at = min(float(res.cap), b[-1])

@@ -105,3 +105,15 @@ def test_bad_input_names_the_field(kw, field):
     with pytest.raises(InputError) as e:
         slim.predict("paper-c", P, "opt-1.3b", GPU, 1, 1, 1)
     assert e.value.field == "model_form"
+
+
+def test_heterogeneous_lengths_cost_a_prefill_step_each_unless_chunked():
+    a = get_arch("opt-1.3b")
+    b = np.array([1.0, 300.0])
+    fixed = slim.predict("kneecap", P, a, GPU, b, 110, 292, output_cv=0.0)
+    het = slim.predict("kneecap", P, a, GPU, b, 110, 292, output_cv=0.9)
+    het_chunked = slim.predict("kneecap", P, a, GPU, b, 110, 292, output_cv=0.9, chunked_prefill=True)
+    step = P.t_step_s + P.t_layer_s * a.layers + a.weight_bytes / (P.eta_w * GPU.mem_bw_bytes_s)
+    kv_extra = b * a.kv_bytes_per_token * 292**2 * 0.81 / 2 / (P.eta_m * GPU.mem_bw_bytes_s)  # E[C] − C
+    np.testing.assert_allclose(het_chunked.e2e_s - fixed.e2e_s, kv_extra, rtol=1e-9)
+    np.testing.assert_allclose(het.e2e_s - het_chunked.e2e_s, b * 0.9 * step, rtol=1e-9)

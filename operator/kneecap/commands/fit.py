@@ -44,7 +44,8 @@ def run(args) -> int:
     cv_by_dataset = profiles.estimate_output_cv(list(data.rows))
     cv = profiles.apply_output_cv(data.rows, cv_by_dataset)
     cal = calibrate.fit(list(data.models), gpu, data.batch, data.input_len, data.output_len,
-                        data.throughput_tok_s, form=args.model_form, output_cv=cv)
+                        data.throughput_tok_s, form=args.model_form, output_cv=cv,
+                        chunked_prefill=data.chunked_prefill)
     cal = replace(cal, notes={
         "source": str(args.profiles), "where": list(args.where),
         "skipped_outliers": len(rows) - len(data), "output_cv_by_dataset": cv_by_dataset})

@@ -31,7 +31,7 @@ def run(args) -> int:
     rows = profiles.read_csv_text(read_text(args.points, "POINTS.csv"))
     pts = profiles.profile_arrays(rows, require_throughput=False, skip_outliers=False)
     cv = profiles.apply_output_cv(pts.rows, cal.notes.get("output_cv_by_dataset", {}))
-    kw = {"output_cv": cv} if cal.form == "kneecap" else {}
+    kw = {"output_cv": cv, "chunked_prefill": pts.chunked_prefill} if cal.form == "kneecap" else {}
     thr, e2e = calibrate.predict(cal, list(pts.models), None, pts.batch, pts.input_len, pts.output_len, **kw)
     fields = list(rows[0].keys()) + [c for c in ("pred_throughput_tok_s", "pred_e2e_s") if c not in rows[0]]
     try:

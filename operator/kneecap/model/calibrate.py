@@ -134,7 +134,7 @@ def _errors_pct(measured, predicted):
 
 
 def fit(archs, gpu, batch, input_len, output_len, throughput_tok_s, *, form: str = slim.DEFAULT_FORM,
-        output_cv=0.0, priors: dict[str, Prior] | None = None, prior_weight: float = PRIOR_WEIGHT,
+        output_cv=0.0, chunked_prefill=False, priors: dict[str, Prior] | None = None, prior_weight: float = PRIOR_WEIGHT,
         fixed: dict[str, float] | None = None, n_starts: int = 6, seed: int = 0,
         created: str | None = None) -> Calibration:
     """Fit ``form`` to measured throughput (one row per observation; ``archs`` one per row or one
@@ -154,6 +154,7 @@ def fit(archs, gpu, batch, input_len, output_len, throughput_tok_s, *, form: str
     aa = slim.arch_arrays(arch_list)
     b, il, ol = (np.broadcast_to(np.asarray(x, dtype=float), (n,)) for x in (batch, input_len, output_len))
     cv = np.broadcast_to(np.asarray(output_cv, dtype=float), (n,))
+    chunked = np.broadcast_to(np.asarray(chunked_prefill, dtype=bool), (n,))
     pri = dict(form_priors(form, g), **(priors or {}))
     fixed = dict(fixed or {})
     names = [k for k in slim.FORM_PARAMS[form] if k not in fixed]
@@ -167,7 +168,7 @@ def fit(archs, gpu, batch, input_len, output_len, throughput_tok_s, *, form: str
         return slim.SlimParams(**{**base.as_dict(), **{k: float(math.exp(v)) for k, v in zip(names, x)}})
 
     def model(x):
-        return slim.predict(form, params_of(x), aa, g, b, il, ol, output_cv=cv).throughput_tok_s
+        return slim.predict(form, params_of(x), aa, g, b, il, ol, output_cv=cv, chunked_prefill=chunked).throughput_tok_s
 
     def residuals(x):
         r = model(x) / t_meas - 1.0

@@ -28,6 +28,7 @@ class ProfileArrays:
     throughput_tok_s: np.ndarray | None
     output_cv: np.ndarray  # 0 where the row gives none
     rows: tuple[dict, ...]  # the rows kept, as read
+    chunked_prefill: np.ndarray  # from a chunked_prefill column (False where absent)
 
     def __len__(self) -> int:
         return len(self.models)
@@ -82,7 +83,8 @@ def profile_arrays(rows: list[dict], *, require_throughput: bool = True,
                    skip_outliers: bool = True) -> ProfileArrays:
     """Validate rows and turn them into arrays. Raises InputError naming a missing column,
     a bad value (with its row) or an unknown model. Rows with ``suspect_outlier=True`` are
-    skipped when ``skip_outliers``. An optional ``output_cv`` column feeds SLIM's E[C]."""
+    skipped when ``skip_outliers``. Optional columns: ``output_cv`` (SLIM's E[C]) and
+    ``chunked_prefill`` (True/False)."""
     required = REQUIRED_FIT if require_throughput else REQUIRED_PREDICT
     if not rows:
         raise InputError("csv", "no data rows")
@@ -103,8 +105,9 @@ def profile_arrays(rows: list[dict], *, require_throughput: bool = True,
             thr.append(_number(i, "throughput_tok_s", r["throughput_tok_s"]))
         raw_cv = str(r.get("output_cv", "") or "").strip()
         cv.append(_number(i, "output_cv", raw_cv, positive=False) if raw_cv else 0.0)
+    chunked = np.array([str(r.get("chunked_prefill", "") or "").strip().lower() in _TRUE for r in kept])
     return ProfileArrays(tuple(models), np.array(b), np.array(il), np.array(ol),
-                         np.array(thr) if require_throughput else None, np.array(cv), tuple(kept))
+                         np.array(thr) if require_throughput else None, np.array(cv), tuple(kept), chunked)
 
 
 def estimate_output_cv(rows: list[dict], group_col: str = "dataset", block_size: int = 16) -> dict[str, float]:
