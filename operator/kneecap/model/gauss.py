@@ -331,6 +331,48 @@ def decode_step_s(coef: ServiceCoefficients, batch, resident_tokens):
 
 
 @dataclass(frozen=True)
+class DecodeFit:
+    """d(B, C) coefficients fitted to observed step times (seconds) and the fit's quality."""
+
+    decode_step_s: float  # p
+    decode_s_per_context_token: float  # q
+    decode_s_per_seq: float  # r
+    decode_s_per_resident_token: float  # s
+    rms_relative_error: float
+    points: int
+
+    def apply(self, coef: ServiceCoefficients) -> ServiceCoefficients:
+        """``coef`` with its decode terms replaced by the fitted ones."""
+        from dataclasses import replace
+
+        return replace(coef, decode_step_s=self.decode_step_s, decode_s_per_context_token=self.decode_s_per_context_token,
+                       decode_s_per_seq=self.decode_s_per_seq, decode_s_per_resident_token=self.decode_s_per_resident_token)
+
+
+def fit_decode_coefficients(batch, resident_tokens, step_s) -> DecodeFit:
+    """Fit d(B, C) = p + q·C/B + r·B + s·C (GAUSS §3.3) to observed inter-token latencies at
+    batch B with resident context C (e.g. vLLM ITL against num_requests_running): non-negative
+    least squares on the relative error (each row divided by its observation)."""
+    from scipy.optimize import nnls
+
+    b = np.asarray(batch, dtype=np.float64).ravel()
+    c = np.asarray(resident_tokens, dtype=np.float64).ravel()
+    y = np.asarray(step_s, dtype=np.float64).ravel()
+    if not (b.shape == c.shape == y.shape) or b.size < 4:
+        raise InputError("step_s", "expected ≥ 4 observations with equal-length batch, context and step arrays")
+    if np.any(~np.isfinite(b) | (b <= 0)) or np.any(~np.isfinite(c) | (c < 0)) or np.any(~np.isfinite(y) | (y <= 0)):
+        raise InputError("step_s", "expected positive batch, context ≥ 0 and positive step times, all finite")
+    b = np.maximum(b, 1.0)  # as decode_step_s: a mean batch below 1 still decodes one sequence
+    design = np.column_stack([np.ones_like(b), c / b, b, c])
+    scale = design.max(axis=0)
+    scale[scale == 0] = 1.0
+    x, _ = nnls((design / scale) / y[:, None], np.ones_like(y))
+    x = x / scale
+    rel = design @ x / y - 1.0
+    return DecodeFit(*map(float, x), float(np.sqrt(np.mean(rel * rel))), int(y.size))
+
+
+@dataclass(frozen=True)
 class WorkloadMoments:
     """Moments of a sampled workload under given coefficients (per request)."""
 
