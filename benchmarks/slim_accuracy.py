@@ -175,8 +175,11 @@ def main():
              "on shared/data/real-h100/profiles.csv (suspect_outlier rows dropped). E2E is SLIM's batch latency",
              "B·(IL+OL)/T. `kneecap` is the default form; `paper-a`/`paper-b` are SLIM as published with the two",
              "readings of eq. 9, fitted with the same weak priors as kneecap (`paper-a/np`: plain least squares,",
-             "as the paper fits); `imai-lr` and `llmvisor-pw` are the baselines; `kneecap/nocv` ablates the",
-             "output-length-CV fix (eq. 12 at the mean lengths; it matters on the ShareGPT `background` curves).", "",
+             "as the paper fits); `imai-lr` and `llmvisor-pw` are the baselines; `kneecap/nocv` ablates fix (ii)",
+             "(output-length CV = 0: eq. 12 at the mean lengths, no per-admission prefill step). The CV is",
+             "estimated from the training rows' KV usage; in workload_transfer the target workload's CV is",
+             "taken as known (the operator reads it from vLLM's length histograms; here from the target rows'",
+             "KV usage, which depends on the lengths only).", "",
              "| scenario | n test | " + " | ".join(METHODS) + " |", "|---|---|" + "---|" * len(METHODS)]
     for scenario, res in results.items():
         n = res["pooled"]["kneecap"]["n_points"]
