@@ -19,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kneecap.observe import Observation, observe, scrape
+from kneecap.observe.window import OBSERVATION_FIELDS
 from kneecap.sim.loadgen import run_load
 
 MAX_NUM_SEQS = 8
@@ -131,6 +132,8 @@ async def test_metrics_count_exactly_what_was_sent(twin):
     info = next(f.samples[0].labels for f in text_string_to_metric_families(text) if f.name == "vllm:cache_config_info")
     assert obs.kv_capacity_tokens == int(info["num_gpu_blocks"]) * 16 == int(info["kv_cache_size_tokens"])
     assert obs.ttft_mean_s > 0 and obs.e2e_mean_s > obs.ttft_mean_s
+    # the twin exports every metric vLLM 0.32 does that kneecap reads: no field is left unknown
+    assert [f for f in OBSERVATION_FIELDS if getattr(obs, f) is None] == []
 
 
 async def test_full_kv_cache_preempts_and_shows_usage(small_kv_twin):
