@@ -337,3 +337,11 @@ def test_bad_coefficients_are_rejected():
     with pytest.raises(InputError, match="eta_c"):
         g.coefficients_from_slim(eta_c=0, eta_m=1, alpha=0, gamma=0, b0=0, t_fixed_s=0, layers=1, hidden=1,
                                  kv_dim=1, ff_ratio=1, kv_bytes=2, peak_flops=1, bandwidth_bytes_s=1)
+
+
+def test_bursty_arrivals_raise_the_engine_tail():
+    poisson = g.simulate(WL, COEF, 3.0, rng=rng(13), samples=200_000, replications=4)
+    bursty = g.simulate(WL, COEF, 3.0, rng=rng(13), samples=200_000, replications=4, burst_cv=3.0)
+    assert bursty.ttft.p95 > 1.5 * poisson.ttft.p95
+    assert bursty.tbt.p95 > poisson.tbt.p95  # bursts of prefill chunks stretch the decode steps
+    assert bursty.stable_rate_rps == pytest.approx(poisson.stable_rate_rps, rel=0.01)  # same means
