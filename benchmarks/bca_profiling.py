@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _shared import PROFILES_CSV, RESULTS  # noqa: E402
-from slim_accuracy import MODELS, splits  # noqa: E402
+from slim_accuracy import splits  # noqa: E402
 
 from kneecap.model import bca, calibrate, memory, profiles  # noqa: E402
 from kneecap.model.arch import GIB, get_arch  # noqa: E402

@@ -60,6 +60,7 @@ def run(args) -> int:
         "pred_throughput_tok_s": res.pred_throughput_tok_s, "pred_e2e_s": res.pred_e2e_s,
         "efficiency": res.efficiency, "knee_batch": res.knee_batch, "binding": res.binding,
         "feasible": res.feasible, "kv_limit_batch": res.kv_limit_batch, "epsilon": args.epsilon,
+        "model_in_calibration": arch.key in cal.models,
         "slo_e2e_s": args.slo_e2e_s,
     }
     if args.plot:
@@ -72,6 +73,8 @@ def run(args) -> int:
     print(f"  predicted {res.pred_throughput_tok_s:.0f} tok/s, E2E {res.pred_e2e_s:.2f} s, efficiency {res.efficiency:.3f}")
     print(f"  --gpu-memory-utilization {split.gpu_memory_utilization:.3f}: KV {out['kv_gib']:.2f} GiB, "
           f"releases {out['released_gib']:.2f} GiB vs 0.9")
+    if arch.key not in cal.models:
+        print(f"  note: {arch.key} was not among the calibrated models ({', '.join(cal.models)}): transferred")
     if not res.feasible:
         print("  warning: no batch meets the SLO; the cap is the minimum")
     return 0
