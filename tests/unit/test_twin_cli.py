@@ -113,3 +113,16 @@ async def test_concurrent_requests_share_the_batch(client):
     text = await (await client.get("/metrics")).text()
     assert 'vllm:request_success_total{engine="0",finished_reason="length",model_name="opt-125m"} 10.0' in text
     assert 'vllm:generation_tokens_total{engine="0",model_name="opt-125m"} 200.0' in text
+
+
+async def test_an_engine_failure_answers_500_instead_of_hanging():
+    server = build_server(parse(["opt-125m", "--time-scale", "1000", "--gpu", "l4", "--max-model-len", "1024"]))
+
+    def broken_step():
+        raise RuntimeError("scheduler made no progress")
+
+    server.engine.step = broken_step  # no real input reaches this state; the guard must still hold
+    async with TestClient(TestServer(server.app())) as c:
+        resp = await asyncio.wait_for(c.post("/v1/completions", json={"prompt": "a", "max_tokens": 2}), 5)
+        assert resp.status == 500 and "no progress" in (await resp.json())["error"]["message"]
+        assert (await c.get("/health")).status == 500

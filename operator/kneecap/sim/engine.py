@@ -197,9 +197,10 @@ class Engine:
         if prompt_tokens + max_tokens > cfg.max_model_len:
             raise InputError("max_tokens", f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds "
                                            f"max_model_len {cfg.max_model_len}")
-        if _blocks_for(prompt_tokens + max_tokens, cfg.block_size) > cfg.num_gpu_blocks:
+        usable = cfg.num_gpu_blocks - (0 if cfg.enable_chunked_prefill else self._watermark)
+        if _blocks_for(prompt_tokens + max_tokens, cfg.block_size) > usable:
             raise InputError("max_tokens", f"request needs {prompt_tokens + max_tokens} KV tokens but the cache "
-                                           f"holds {cfg.kv_capacity_tokens}")
+                                           f"holds {usable * cfg.block_size}")
         arrival = self.now_s if arrival_s is None else float(arrival_s)
         req = SimRequest(request_id or f"cmpl-{next(self._ids)}", prompt_tokens, max_tokens, arrival)
         if arrival > self.now_s:

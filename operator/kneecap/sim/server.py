@@ -77,12 +77,22 @@ class TwinServer:
         self._wake: asyncio.Event | None = None
         self._driver: asyncio.Task | None = None
         self._wall0 = 0.0
+        self.failed: str | None = None  # why the engine stopped, if it did
 
     # ------------------------------------------------------------------ time
     def sim_now(self) -> float:
         return (asyncio.get_running_loop().time() - self._wall0) * self.time_scale
 
     async def _drive(self) -> None:
+        try:
+            await self._drive_steps()
+        except Exception as exc:  # a twin bug must not leave clients hanging
+            self.failed = f"{type(exc).__name__}: {exc}"
+            print(f"ERROR: kneecap twin engine stopped: {self.failed}", file=sys.stderr, flush=True)
+            for q in self._streams.values():
+                q.put_nowait(("done", "error"))
+
+    async def _drive_steps(self) -> None:
         engine = self.engine
         while True:
             if not engine.has_work():
@@ -131,7 +141,7 @@ class TwinServer:
 
     # ------------------------------------------------------------------ handlers
     async def health(self, request: web.Request) -> web.Response:
-        return web.Response(status=200)
+        return web.Response(status=500 if self.failed else 200)
 
     async def version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": VLLM_VERSION})
@@ -155,6 +165,8 @@ class TwinServer:
             return _error(400, "request body is not valid JSON")
         if not isinstance(body, dict):
             return _error(400, "request body must be a JSON object")
+        if self.failed:
+            return _error(500, f"engine stopped: {self.failed}", "InternalServerError")
         model = body.get("model")
         if model is not None and model not in self.names:
             return _error(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
@@ -199,6 +211,8 @@ class TwinServer:
             kind, value = await queue.get()
             if kind == "done":
                 break
+        if value == "error":
+            return _error(500, f"engine stopped: {self.failed}", "InternalServerError")
         text = "".join(self._text(req, k) for k in range(req.output_tokens))
         return web.json_response({
             "id": req.request_id, "object": "text_completion", "created": int(time.time()), "model": name,
