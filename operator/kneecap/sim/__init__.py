@@ -1,1 +1,14 @@
-"""A vLLM-compatible engine twin that shows GPU-scale behaviour on a CPU."""
+"""A vLLM-compatible engine twin that shows GPU-scale behaviour on a CPU.
+
+* :mod:`kneecap.sim.engine` — scheduler, block KV cache and preemption, steppable in simulated time
+* :mod:`kneecap.sim.roofline` — per-step time of the configured model on the configured GPU
+* :mod:`kneecap.sim.metrics` — vLLM 0.32's Prometheus metrics
+* :mod:`kneecap.sim.server` — the OpenAI-compatible HTTP server (``kneecap twin``)
+* :mod:`kneecap.sim.loadgen` — open-loop load (``kneecap load``, ``run_load``)
+"""
+
+from kneecap.sim.engine import Engine, EngineConfig, SimRequest, StepResult, engine_config
+from kneecap.sim.roofline import DEFAULT_STEP_COST, StepCostParams, step_time_s
+
+__all__ = ["Engine", "EngineConfig", "SimRequest", "StepResult", "engine_config", "DEFAULT_STEP_COST",
+           "StepCostParams", "step_time_s"]
