@@ -1,0 +1,489 @@
+"""An emulated Kubernetes API (kmock 0.8, fixed where kopf needs it) for the demo and operator tests.
+
+kmock (==0.8, by kopf's author) serves discovery, lists, watches and fetches from memory. Its
+gaps (DESIGN §7) are fixed here for the requests the operator makes; everything else is kmock's:
+
+* objects get ``uid``, ``creationTimestamp``, ``resourceVersion`` (a global counter) and
+  ``generation`` (bumped when ``spec`` changes), so kopf's JSON-patch ``test`` ops work;
+* POST answers 201 (409 AlreadyExists on a live name); ``generateName`` is honoured;
+* PATCH honours the content type: ``application/json-patch+json`` (add, remove, replace, test;
+  a failed test is 422) and merge patch (RFC 7386: dicts merge, lists replace, null deletes);
+  ``/status`` changes only ``status``; for resources declared with a status subresource the
+  main endpoint ignores ``status``;
+* PUT replaces an object (keeping identity fields);
+* LIST honours ``labelSelector`` (``k=v``, ``k!=v``, ``k``, ``!k``, comma-joined) and namespaces;
+* ``/api/v1/namespaces`` lists instead of 500 (declared like any resource);
+* DELETE of an object without finalizers removes it and cascades to objects whose
+  ``ownerReferences`` name its uid (the garbage collector a cluster runs);
+* Deployments roll out instantly (a minimal deployment controller writes ``status``).
+
+Deliberate simplifications: ``status`` given on create is kept (tests write pods' IPs that way);
+watches ignore ``labelSelector`` and ``resourceVersion``; user reactions (``kmock[...] << ...``)
+do not see mutating requests, which this class serves itself.
+
+`KubeAPIThread` runs the emulator in a background thread with its own event loop, so a sync
+test can run the operator with `kopf.testing.KopfRunner` and talk to the API like kubectl.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime
+import itertools
+import json
+import threading
+import urllib.error
+import urllib.request
+import uuid
+from typing import Any
+
+import aiohttp.web
+import attrs
+import kmock
+from kmock._internal import enums, rendering
+from kmock._internal.k8s import KubernetesError, KubernetesObjectConflictError, KubernetesObjectNotFoundError
+
+assert kmock.__version__.startswith("0.8"), f"kneecap.demo.kubeapi is pinned to kmock 0.8, found {kmock.__version__}"
+
+# group/version/plural -> (kind, namespaced, subresources)
+CORE_RESOURCES: dict[str, tuple[str, bool, set[str]]] = {
+    "v1/namespaces": ("Namespace", False, {"status"}),
+    "v1/pods": ("Pod", True, {"status"}),
+    "v1/services": ("Service", True, {"status"}),
+    "v1/events": ("Event", True, set()),
+    "apps/v1/deployments": ("Deployment", True, {"status", "scale"}),
+    "coordination.k8s.io/v1/leases": ("Lease", True, set()),
+    "autoscaling/v2/horizontalpodautoscalers": ("HorizontalPodAutoscaler", True, {"status"}),
+}
+LLMD = "kneecap.io/v1alpha1/llmdeployments"
+VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
+
+
+class UnprocessableEntity(KubernetesError):
+    pass
+
+
+def _now() -> str:
+    return datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
+def _pointer(path: str) -> list[str]:
+    if path == "":
+        return []
+    return [p.replace("~1", "/").replace("~0", "~") for p in path.lstrip("/").split("/")]
+
+
+def json_patch(doc: Any, ops: list[dict]) -> Any:
+    """RFC 6902 JSON patch (add, remove, replace, test); a failed test raises UnprocessableEntity."""
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        parts = _pointer(op["path"])
+        if not parts:
+            if op["op"] == "test":
+                if doc != op.get("value"):
+                    raise UnprocessableEntity(status=422, reason="Invalid", message=f"test failed at {op['path']}")
+                continue
+            doc = copy.deepcopy(op["value"])
+            continue
+        parent = doc
+        for p in parts[:-1]:
+            parent = parent[int(p)] if isinstance(parent, list) else parent.setdefault(p, {}) if op["op"] == "add" else parent[p]
+        last = parts[-1]
+        kind = op["op"]
+        if kind == "test":
+            try:
+                cur = parent[int(last)] if isinstance(parent, list) else parent.get(last)
+            except (IndexError, ValueError):
+                cur = None
+            if cur != op.get("value"):
+                raise UnprocessableEntity(status=422, reason="Invalid",
+                                          message=f"test failed at {op['path']}: {cur!r} != {op.get('value')!r}")
+        elif kind == "remove":
+            if isinstance(parent, list):
+                parent.pop(int(last))
+            else:
+                parent.pop(last, None)
+        elif kind in ("add", "replace"):
+            if isinstance(parent, list):
+                if last == "-":
+                    parent.append(copy.deepcopy(op["value"]))
+                elif kind == "add":
+                    parent.insert(int(last), copy.deepcopy(op["value"]))
+                else:
+                    parent[int(last)] = copy.deepcopy(op["value"])
+            else:
+                parent[last] = copy.deepcopy(op["value"])
+        else:
+            raise UnprocessableEntity(status=422, reason="Invalid", message=f"unsupported op {kind!r}")
+    return doc
+
+
+def selector_matches(selector: str | None, labels: dict | None) -> bool:
+    """Equality-based label selectors: k=v, k==v, k!=v, k, !k (comma = and)."""
+    labels = labels or {}
+    for term in filter(None, (t.strip() for t in (selector or "").split(","))):
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            if labels.get(k.strip()) == v.strip():
+                return False
+        elif "=" in term:
+            k, v = term.replace("==", "=").split("=", 1)
+            if labels.get(k.strip()) != v.strip():
+                return False
+        elif term.startswith("!"):
+            if term[1:].strip() in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
+@attrs.define(kw_only=True)
+class KubeAPI(kmock.KubernetesEmulator):
+    """kmock's emulator with the fixes listed in the module docstring."""
+
+    instant_rollouts: bool = True
+    garbage_collect: bool = True  # cascade deletes by ownerReferences, as a cluster's GC does
+    _rv: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        for key, (kind, namespaced, subs) in CORE_RESOURCES.items():
+            self.resources[key] = kmock.ResourceInfo(kind=kind, namespaced=namespaced, verbs=VERBS,
+                                                     subresources=subs)
+        self.resources[LLMD] = kmock.ResourceInfo(kind="LLMDeployment", singular="llmdeployment",
+                                                  namespaced=True, verbs=VERBS, shortnames={"llmd"},
+                                                  subresources={"status"})
+
+    # ------------------------------------------------------------ helpers
+
+    def _has_status(self, resource) -> bool:
+        try:
+            return "status" in self.resources[resource].subresources
+        except (KeyError, Exception):
+            return False
+
+    def _live(self, key):
+        if key not in self._objects or self._objects[key].deleted:
+            return None
+        return self._objects[key]
+
+    def _stamp(self, obj: dict) -> None:
+        obj.setdefault("metadata", {})["resourceVersion"] = str(next(self._rv))
+
+    def _rollout(self, resource, obj: dict) -> None:
+        if self.instant_rollouts and resource.plural == "deployments" and resource.group == "apps":
+            n = int(obj.get("spec", {}).get("replicas", 1))
+            obj["status"] = {"observedGeneration": obj["metadata"].get("generation", 1), "replicas": n,
+                             "updatedReplicas": n, "readyReplicas": n, "availableReplicas": n}
+
+    # ------------------------------------------------------------ request handling
+
+    async def __call__(self, raw_request):
+        # kmock 0.8's path parser raises on the cluster-scoped namespaces collection
+        # ("/api/v1/namespaces" -> 500), which kopf lists and watches: serve it here.
+        if raw_request.path.rstrip("/") == "/api/v1/namespaces":
+            return await self._namespaces(raw_request)
+        return await super().__call__(raw_request)
+
+    async def _namespaces(self, raw_request):
+        res = kmock.resource("", "v1", "namespaces")
+        if raw_request.method == "POST":
+            obj = await raw_request.json()
+            name = obj["metadata"]["name"]
+            async with self._lock:
+                if self._live((res, None, name)) is not None:
+                    return await self._render_error(KubernetesObjectConflictError(reason="AlreadyExists"))
+                obj["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp=_now())
+                self._stamp(obj)
+                if (res, None, name) in self._objects:
+                    self._objects[res, None, name].create(obj)
+                else:
+                    self._objects[res, None, name] = obj
+            await self._buses[res].put({"type": "ADDED", "object": obj})
+            return aiohttp.web.json_response(obj, status=201)
+        async with self._lock:
+            items = [obj.raw for (r, _, _), obj in self._objects.items() if r == res and not obj.deleted]
+        if raw_request.query.get("watch") != "true":
+            return aiohttp.web.json_response({"apiVersion": "v1", "kind": "NamespaceList",
+                                              "metadata": {"resourceVersion": str(next(self._rv))},
+                                              "items": items})
+        resp = aiohttp.web.StreamResponse()
+        await resp.prepare(raw_request)
+        for obj in items:
+            await resp.write(json.dumps({"type": "ADDED", "object": obj}).encode() + b"\n")
+        try:
+            async with asyncio.timeout(float(raw_request.query.get("timeoutSeconds", 60))):
+                async for event in self._buses[res]:
+                    await resp.write(json.dumps(event).encode() + b"\n")
+        except (TimeoutError, ConnectionError):
+            pass
+        await resp.write_eof()
+        return resp
+
+    async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        res = request.resource
+        if res is None or not res.plural or request.subresource not in (None, "status"):
+            return await super()._handle(request)
+        method = str(request.method.value).upper()
+        events: list[dict] = []
+        try:
+            async with self._lock:
+                if request.action == enums.action.LIST:
+                    payload, status = self._list(request), 200
+                elif request.action == enums.action.CREATE:
+                    payload, status = self._create(request, events), 201
+                elif request.action == enums.action.UPDATE or (method == "PUT" and request.name):
+                    payload, status = self._update(request, events, replace=method == "PUT"), 200
+                elif request.action == enums.action.DELETE:
+                    payload, status = self._delete(res, request.namespace, request.name, events), 200
+                else:
+                    payload = None
+        except KubernetesError as exc:
+            return await self._render_error(exc)
+        if payload is None:
+            return await super()._handle(request)
+        for resource, event in events:
+            await self._buses[resource].put(event)
+        return aiohttp.web.json_response(payload, status=status)
+
+    def _list(self, request) -> dict:
+        if request.resource not in self._get_resources():
+            raise kmock.KubernetesResourceNotFoundError()
+        sel = request.params.get("labelSelector")
+        items = [obj.raw for (r, ns, _), obj in self._objects.items()
+                 if r == request.resource and not obj.deleted
+                 and (request.namespace is None or ns == request.namespace)
+                 and selector_matches(sel, obj.raw.get("metadata", {}).get("labels"))]
+        return {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": str(next(self._rv))},
+                "items": items}
+
+    def _create(self, request, events) -> dict:
+        obj = copy.deepcopy(request.data or {})
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        if request.namespace:
+            meta["namespace"] = request.namespace
+        key = (request.resource, meta.get("namespace"), meta["name"])
+        if self._live(key) is not None:
+            raise KubernetesObjectConflictError(reason="AlreadyExists")
+        meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)
+        meta.pop("deletionTimestamp", None)
+        self._rollout(request.resource, obj)
+        self._stamp(obj)
+        if key in self._objects:
+            self._objects[key].create(obj)
+        else:
+            self._objects[key] = obj
+        events.append((request.resource, {"type": "ADDED", "object": obj}))
+        return obj
+
+    def _update(self, request, events, replace: bool) -> dict:
+        key = (request.resource, request.namespace, request.name)
+        live = self._live(key)
+        if live is None:
+            raise KubernetesObjectNotFoundError()
+        old = live.raw
+        data = request.data
+        on_status = request.subresource == "status"
+        ctype = (request.headers.get("Content-Type") or request.headers.get("content-type") or "").split(";")[0]
+        if replace:
+            new = copy.deepcopy(data)
+            for k in ("uid", "creationTimestamp", "generation", "deletionTimestamp"):
+                if k in old["metadata"]:
+                    new.setdefault("metadata", {})[k] = old["metadata"][k]
+        elif ctype == "application/json-patch+json":
+            new = json_patch(old, data)
+        else:  # merge-patch+json, strategic-merge-patch+json (treated as merge), or unspecified
+            new = merge_patch(old, data)
+        if on_status:
+            merged = copy.deepcopy(old)
+            if "status" in new:
+                merged["status"] = new["status"]
+            else:
+                merged.pop("status", None)
+            new = merged
+        elif self._has_status(request.resource):
+            if "status" in old:
+                new["status"] = copy.deepcopy(old["status"])
+            else:
+                new.pop("status", None)
+        if not on_status and new.get("spec") != old.get("spec"):
+            new["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
+            self._rollout(request.resource, new)
+        self._stamp(new)
+        live.create(new)
+        events.append((request.resource, {"type": "MODIFIED", "object": new}))
+        meta = new.get("metadata", {})
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            self._remove(key, events)
+        return new
+
+    def _delete(self, resource, namespace, name, events) -> dict:
+        key = (resource, namespace, name)
+        live = self._live(key)
+        if live is None:
+            raise KubernetesObjectNotFoundError()
+        obj = live.raw
+        if obj["metadata"].get("finalizers"):
+            if not obj["metadata"].get("deletionTimestamp"):
+                new = copy.deepcopy(obj)
+                new["metadata"]["deletionTimestamp"] = _now()
+                self._stamp(new)
+                live.create(new)
+                events.append((resource, {"type": "MODIFIED", "object": new}))
+                return new
+            return obj
+        self._remove(key, events)
+        return obj
+
+    def _remove(self, key, events) -> None:
+        """Delete for real, then cascade to dependents (the garbage collector's job)."""
+        obj = self._objects[key].raw
+        self._objects[key].delete()
+        events.append((key[0], {"type": "DELETED", "object": obj}))
+        uid = obj.get("metadata", {}).get("uid")
+        if not uid or not self.garbage_collect:
+            return
+        for (r, ns, name), dep in list(self._objects.items()):
+            if dep.deleted:
+                continue
+            refs = dep.raw.get("metadata", {}).get("ownerReferences") or []
+            if any(ref.get("uid") == uid for ref in refs):
+                try:
+                    self._delete(r, ns, name, events)
+                except KubernetesObjectNotFoundError:
+                    pass
+
+
+class KubeAPIThread:
+    """The emulator in a background thread; sync, kubectl-like helpers for tests."""
+
+    def __init__(self, **kwargs):
+        self._kwargs = kwargs
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self.api: KubeAPI | None = None
+        self.url = ""
+        self._thread = threading.Thread(target=self._main, daemon=True, name="kmock")
+        self._error: BaseException | None = None
+
+    def _main(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        try:
+            self._loop = asyncio.get_running_loop()
+            self._stop = asyncio.Event()
+            async with KubeAPI(**self._kwargs) as api, kmock.Server(api) as server:
+                self.api = api
+                self.url = str(server.url).rstrip("/")
+                self._ready.set()
+                await self._stop.wait()
+        except BaseException as exc:  # surfaced to the test by start()
+            self._error = exc
+            self._ready.set()
+
+    def start(self) -> "KubeAPIThread":
+        self._thread.start()
+        self._ready.wait(10)
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # ------------------------------------------------------------ kubectl-like
+
+    def request(self, method: str, path: str, body: Any = None,
+                content_type: str = "application/merge-patch+json") -> tuple[int, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"Content-Type": content_type if method == "PATCH" else "application/json"}
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return resp.status, json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"null")
+
+    @staticmethod
+    def path(resource: str, namespace: str | None = None, name: str | None = None, sub: str | None = None) -> str:
+        gv, plural = resource.rsplit("/", 1)
+        base = f"/api/{gv}" if gv == "v1" else f"/apis/{gv}"
+        p = base + (f"/namespaces/{namespace}" if namespace else "") + f"/{plural}"
+        return p + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
+
+    def create(self, resource: str, obj: dict) -> dict:
+        code, body = self.request("POST", self.path(resource, obj["metadata"].get("namespace")), obj)
+        assert code == 201, (code, body)
+        return body
+
+    def get(self, resource: str, namespace: str, name: str) -> dict | None:
+        code, body = self.request("GET", self.path(resource, namespace, name))
+        return body if code == 200 else None
+
+    def list(self, resource: str, namespace: str | None = None, selector: str | None = None) -> list[dict]:
+        q = f"?labelSelector={urllib.request.quote(selector)}" if selector else ""
+        code, body = self.request("GET", self.path(resource, namespace) + q)
+        assert code == 200, (code, body)
+        return body["items"]
+
+    def patch(self, resource: str, namespace: str, name: str, patch: Any, sub: str | None = None,
+              content_type: str = "application/merge-patch+json") -> dict:
+        code, body = self.request("PATCH", self.path(resource, namespace, name, sub), patch, content_type)
+        assert code == 200, (code, body)
+        return body
+
+    def delete(self, resource: str, namespace: str, name: str) -> int:
+        return self.request("DELETE", self.path(resource, namespace, name))[0]
+
+    def history(self, resource: str, namespace: str, name: str) -> list[dict]:
+        """Every stored version of an object (None entries are deletions)."""
+        gv, plural = resource.rsplit("/", 1)
+        group, _, version = gv.rpartition("/")
+        key = (kmock.resource(group, version, plural), namespace, name)
+        if self.api is None or key not in self.api.objects:
+            return []
+        return [None if v is None else copy.deepcopy(v.raw) for v in self.api.objects[key].history]
+
+    def add_namespace(self, name: str) -> dict:
+        code, body = self.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                                  "metadata": {"name": name}})
+        assert code in (201, 409), (code, body)
+        return body
+
+    def add_pod(self, namespace: str, name: str, labels: dict, ip: str = "127.0.0.1", port: int = 8000,
+                annotations: dict | None = None, ready: bool = True) -> dict:
+        """A running pod as a kubelet would report it (the test points it at a real HTTP server)."""
+        return self.create("v1/pods", {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations or {}},
+            "spec": {"containers": [{"name": "vllm", "image": "x", "ports": [{"containerPort": port}]}]},
+            "status": {"phase": "Running", "podIP": ip,
+                       "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+        })
