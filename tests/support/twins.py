@@ -1,51 +1,23 @@
 """Real HTTP servers for operator tests: `kneecap twin` processes and `kneecap load` clients.
 
-The twin runs `time_scale` times faster than the wall clock and reports every latency in
-simulated seconds. The operator computes rates as Δcounter/Δt, so tests give it a clock that
-runs at the same speed (`SimClock`) and stamp each real scrape with it (`scaled_scrape`):
-the scrape still goes over HTTP to the twin; only the timestamp is in simulated time.
+The twin runs `time_scale` times faster than the wall clock; `SimClock` and `scaled_scrape`
+(kneecap.demo.clock, re-exported here) give the operator a clock at the twin's speed.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
-from kneecap.observe.scrape import scrape
+from kneecap.demo.clock import SimClock, free_port, scaled_scrape  # noqa: F401 (re-exported)
 
 ROOT = Path(__file__).resolve().parents[2]
 KNEECAP = [sys.executable, "-m", "kneecap"]
-
-
-class SimClock:
-    """Wall clock sped up `scale` times from the moment it is made."""
-
-    def __init__(self, scale: float):
-        self.scale = scale
-        self.t0 = time.time()
-
-    def __call__(self) -> float:
-        return self.t0 + (time.time() - self.t0) * self.scale
-
-
-def scaled_scrape(clock: SimClock, timeout_s: float = 2.0):
-    async def _scrape(url: str):
-        snap = await scrape(url, timeout_s=timeout_s)
-        return dataclasses.replace(snap, t_s=clock())
-    return _scrape
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen) -> None:
