@@ -178,9 +178,15 @@ def test_package_builds_from_the_build_context_alone(tmp_path):
         assert "kneecap = kneecap.cli:main" in z.read(entry).decode()
         meta = z.read(next(n for n in names if n.endswith("METADATA"))).decode()
     assert "kneecap/cli.py" in names and "kneecap/control/handlers.py" in names
-    # runtime deps only: the test extra is optional metadata, not a requirement
-    requires = [l for l in meta.splitlines() if l.startswith("Requires-Dist:") and "extra ==" not in l]
-    assert not any("pytest" in r or "kmock" in r for r in requires), requires
+    # runtime deps only: exactly pyproject's [project.dependencies]; the test extra stays optional
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requires = [l.split(":", 1)[1].strip() for l in meta.splitlines()
+                if l.startswith("Requires-Dist:") and "extra ==" not in l]
+    name = lambda r: re.split(r"[<>=!~ \[;]", r, maxsplit=1)[0].lower()  # noqa: E731
+    assert sorted(map(name, requires)) == sorted(map(name, project["dependencies"]))
+    assert not any(name(r).startswith("pytest") for r in requires), requires
 
     # the image's layout: the installed (not editable) package, away from the repository, finds the
     # CRD through KNEECAP_CRD as the Dockerfile sets it, and `kneecap run` is there
