@@ -25,7 +25,7 @@ def kube():
 def test_loop_observes_a_real_vllm_pod(kube, vllm_server):
     # The tiny CPU model has no catalog shape; the spec names a small one so the models can run.
     res = llmd("real", model="tiny", gpu="l4", engine={"maxNumSeqs": 4, "extraArgs": []},
-               control={"mode": "advise", "interval": "1s", "minObservations": 2})
+               control={"mode": "advise", "interval": "1s", "window": "1s", "minObservations": 2})
     res["spec"]["model"] = {"name": "tiny", "architecture": "opt-125m"}
     procs = []
     try:

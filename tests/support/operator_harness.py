@@ -17,7 +17,7 @@ SERVICE = "v1/services"
 def llmd(name: str, model: str = "meta-llama/Llama-3.1-8B-Instruct", gpu: str = "h100-80gb", **spec_over) -> dict:
     spec = {"model": {"name": model}, "accelerator": {"type": gpu},
             "engine": {"image": "vllm/vllm-openai:v0.11.0", "extraArgs": ["--max-model-len=8192"]},
-            "control": {"interval": "1s"}}
+            "control": {"interval": "1s", "window": "1s"}}
     for k, v in spec_over.items():
         spec[k] = {**spec.get(k, {}), **v} if isinstance(v, dict) else v
     return {"apiVersion": "kneecap.io/v1alpha1", "kind": "LLMDeployment",

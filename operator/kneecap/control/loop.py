@@ -23,7 +23,7 @@ from kneecap.control.metrics import OperatorMetrics
 from kneecap.control.spec import LLMDeploymentSpec
 from kneecap.observe import pool as obs_pool
 from kneecap.observe.scrape import ScrapeError, Snapshot, scrape as http_scrape
-from kneecap.observe.window import NoObservation, Observation
+from kneecap.observe.window import NoObservation, Observation, combine, window_deltas
 
 log = logging.getLogger("kneecap.loop")
 
@@ -33,9 +33,9 @@ EventFn = Callable[[str, str, str], None]  # (type Normal|Warning, reason, messa
 
 @dataclass
 class LoopMemory:
-    """In-process state of one resource: the last snapshot of every pod URL."""
+    """In-process state of one resource: each pod URL's scrapes since its window opened."""
 
-    snapshots: dict[str, Snapshot] = field(default_factory=dict)
+    snapshots: dict[str, list[Snapshot]] = field(default_factory=dict)
     last_tick_s: float = 0.0
 
 
@@ -103,28 +103,40 @@ async def observe_pool(ctx: LoopContext, mem: LoopMemory, ns: str, name: str, sp
         tick.no_observation = "no_pods: no ready pod with an IP or a metrics URL"
         return tick
     results = await asyncio.gather(*(ctx.scrape_url(u) for u in urls), return_exceptions=True)
-    windows = []
     for url, res in zip(urls, results):
         if isinstance(res, BaseException):
             tick.scrape_ok = False
             tick.scrape_errors.append(f"{url}: {res}" if isinstance(res, ScrapeError) else f"{url}: {res!r}")
             continue
-        prev = mem.snapshots.get(url)
-        mem.snapshots[url] = res
-        if prev is not None:
-            windows.append((prev, res))
+        mem.snapshots.setdefault(url, []).append(res)
     for gone in set(mem.snapshots) - set(urls):
         mem.snapshots.pop(gone, None)
     if not tick.scrape_ok:
         return tick
-    if not windows:
+    # A window closes once `spec.control.window` has passed since it opened; the scrapes in
+    # between give the gauge samples (batch, queue, KV usage) their time average.
+    series = [mem.snapshots[u] for u in urls]
+    if any(len(sn) < 2 for sn in series):
         tick.no_observation = "priming: first scrape of these pods"
         return tick
-    po = obs_pool.observe_pool(windows)
-    if isinstance(po.observation, NoObservation):
-        tick.no_observation = po.observation.code
+    span = min(sn[-1].t_s - sn[0].t_s for sn in series)
+    if span < spec.control.window_s * 0.999:
+        tick.no_observation = f"window open: {span:.0f}s of {spec.control.window_s:.0f}s"
+        return tick
+    parts, excluded = [], []
+    for url in urls:
+        sn = mem.snapshots[url]
+        d = window_deltas(sn[0], sn[-1], sn[1:-1])
+        mem.snapshots[url] = [sn[-1]]  # the next window opens where this one closed
+        if isinstance(d, NoObservation):
+            excluded.append(f"{url}: {d.code}")
+        else:
+            parts.append(d)
+    obs = combine(parts) if parts else None
+    if obs is None or isinstance(obs, NoObservation):
+        tick.no_observation = obs.code if obs is not None else "; ".join(excluded)
     else:
-        tick.observation = po.observation
+        tick.observation = obs
     return tick
 
 
@@ -190,7 +202,7 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
         conds = St.set_condition(conds, St.DEGRADED, True, "ScrapeFailed", errs[:900], gen, now)
         out.update(conditions=conds, phase=St.phase_of(conds))
         _record(ctx, out, labels, "ScrapeFailed", f"scrape failed, keeping the last good state: {errs}"[:900],
-                "Warning", now, action=policy.HOLD)
+                "Warning", now, action=policy.HOLD, previous=status.get("lastDecision"))
         return out
 
     # calibration (kept across restarts in status)
@@ -232,7 +244,7 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
                                  gen, now)
         out.update(conditions=conds, phase=St.phase_of(conds))
         _record(ctx, out, labels, "ModelError", f"{type(exc).__name__}: {exc}"[:900], "Warning", now,
-                action=policy.HOLD)
+                action=policy.HOLD, previous=status.get("lastDecision"))
         return out
     out["recommendation"] = r.to_status()
     if r.allocation:
@@ -269,7 +281,8 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
         if "time" not in out["applied"]:
             out["applied"]["time"] = None
     out.update(conditions=conds, phase=St.phase_of(conds))
-    _record(ctx, out, labels, reason, message, etype, now, action=d.action, target=d.target)
+    _record(ctx, out, labels, reason, message, etype, now, action=d.action, target=d.target,
+            previous=status.get("lastDecision"))
     return out
 
 
@@ -303,8 +316,14 @@ def _export_recommendation(ctx: LoopContext, labels, role: str, r: decide.Recomm
 
 
 def _record(ctx: LoopContext, out: dict, labels, reason: str, message: str, etype: str, now: float,
-            action: str, target: M.EngineSettings | None = None) -> None:
+            action: str, target: M.EngineSettings | None = None, previous: dict | None = None) -> None:
+    """Status, metrics and an Event for a decision. The Event is posted when the decision differs
+    from the previous one (reason or target), so a steady hold does not flood the namespace."""
     ctx.metrics.inc(ctx.metrics.decisions, *labels, reason)
-    out["lastDecision"] = St.compact({"action": action, "reason": reason, "message": message, "time": St.iso(now),
-                                      "target": _settings_status(target) if target else None})
+    decision = St.compact({"action": action, "reason": reason, "message": message, "time": St.iso(now),
+                           "target": _settings_status(target) if target else None})
+    out["lastDecision"] = decision
+    prev = previous or {}
+    if reason != "Applied" and prev.get("reason") == reason and prev.get("target") == decision.get("target"):
+        return
     ctx.event(etype, reason, message)
