@@ -230,6 +230,44 @@ def test_restart_keeps_calibration_and_observations_and_does_not_restart_pods(ku
     assert after["applied"]["time"] == before["applied"]["time"]
 
 
+def test_disaggregated_enforce_sets_decode_cap_and_sara_prefill_pool(kube, twin):
+    from kneecap.control.policy import step_limit
+
+    prefill = Twin(MODEL, ARCH, GPU, max_num_seqs=8, time_scale=SCALE).start()
+    procs = drive(twin) + [load(prefill.url, rate=6, duration_s=8, seed=7)]
+    try:
+        with operator(kube, config(SimClock(SCALE))) as runner:
+            kube.create(LLMD, resource("dis", "enforce", cooldown="600s",
+                                       batching={"efficiencyFloor": 0.02},
+                                       slo={"ttftSeconds": 2.0, "tpotSeconds": 0.1},
+                                       topology={"mode": "disaggregated", "prefill": {"min": 1, "max": 4},
+                                                 "decode": {"min": 1, "max": 4}, "kvTransfer": {}}))
+            wait_for(lambda: kube.get(DEPLOY, NS, "dis-prefill"), what="prefill pool")
+            kube.patch(DEPLOY, NS, "dis-prefill", {"spec": {"replicas": 3}})  # over-provisioned by hand
+            add_pod(kube, "dis", twin, role="decode")
+            add_pod(kube, "dis-p", prefill, role="prefill")
+            kube.patch("v1/pods", NS, "dis-p-0", {"metadata": {"labels": {"app.kubernetes.io/instance": "dis"}}})
+            st = wait_for(lambda: (lambda s: s if (s.get("allocation") or {}).get("prefillDecision") else None)(
+                status(kube, "dis")), timeout_s=60, what="a SARA allocation")
+            wait_for(lambda: (status(kube, "dis").get("applied") or {}).get("time"), timeout_s=20, what="apply")
+            st = status(kube, "dis")
+    finally:
+        stop(procs)
+        prefill.stop()
+    assert runner.exit_code == 0, runner.output
+    alloc = st["allocation"]
+    assert alloc["prefillReplicas"] >= 1 and alloc["decodeReplicas"] >= 1 and alloc["kvBandwidthGiBps"] > 0
+    assert set(alloc["binding"]) >= {"prefill", "kv", "decode"}
+    dec = kube.get(DEPLOY, NS, "dis-decode")
+    assert V.container_flag(dec["spec"]["template"]["spec"]["containers"][0], "--max-num-seqs") == "16"
+    expected = step_limit(3, min(max(alloc["prefillReplicas"], 1), 4), 2)
+    assert kube.get(DEPLOY, NS, "dis-prefill")["spec"]["replicas"] == expected
+    pre = kube.get(DEPLOY, NS, "dis-prefill")["spec"]["template"]["spec"]["containers"][0]
+    assert V.container_flag(pre, "--max-num-seqs") == "8"  # BCA sets the decode pool's cap only
+    if expected != 3:
+        assert st["applied"]["prefill"]["replicas"] == expected and alloc["prefillDecision"]["reason"] == "Applied"
+
+
 def test_delete_cleans_up_owned_objects(kube):
     kube.api.garbage_collect = False  # show the operator's own cleanup, not the emulated GC
     with operator(kube, OperatorConfig(tick_s=0.2)) as runner:

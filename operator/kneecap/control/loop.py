@@ -12,6 +12,7 @@ re-primes the scrapes).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ EventFn = Callable[[str, str, str], None]  # (type Normal|Warning, reason, messa
 class LoopMemory:
     """In-process state of one resource: each pod URL's scrapes since its window opened."""
 
-    snapshots: dict[str, list[Snapshot]] = field(default_factory=dict)
+    snapshots: dict[str, dict[str, list[Snapshot]]] = field(default_factory=dict)  # role -> url -> scrapes
     last_tick_s: float = 0.0
 
 
@@ -103,19 +104,20 @@ async def observe_pool(ctx: LoopContext, mem: LoopMemory, ns: str, name: str, sp
         tick.no_observation = "no_pods: no ready pod with an IP or a metrics URL"
         return tick
     results = await asyncio.gather(*(ctx.scrape_url(u) for u in urls), return_exceptions=True)
+    snaps = mem.snapshots.setdefault(state.pool.role, {})
     for url, res in zip(urls, results):
         if isinstance(res, BaseException):
             tick.scrape_ok = False
             tick.scrape_errors.append(f"{url}: {res}" if isinstance(res, ScrapeError) else f"{url}: {res!r}")
             continue
-        mem.snapshots.setdefault(url, []).append(res)
-    for gone in set(mem.snapshots) - set(urls):
-        mem.snapshots.pop(gone, None)
+        snaps.setdefault(url, []).append(res)
+    for gone in set(snaps) - set(urls):
+        snaps.pop(gone, None)
     if not tick.scrape_ok:
         return tick
     # A window closes once `spec.control.window` has passed since it opened; the scrapes in
     # between give the gauge samples (batch, queue, KV usage) their time average.
-    series = [mem.snapshots[u] for u in urls]
+    series = [snaps[u] for u in urls]
     if any(len(sn) < 2 for sn in series):
         tick.no_observation = "priming: first scrape of these pods"
         return tick
@@ -125,9 +127,9 @@ async def observe_pool(ctx: LoopContext, mem: LoopMemory, ns: str, name: str, sp
         return tick
     parts, excluded = [], []
     for url in urls:
-        sn = mem.snapshots[url]
+        sn = snaps[url]
         d = window_deltas(sn[0], sn[-1], sn[1:-1])
-        mem.snapshots[url] = [sn[-1]]  # the next window opens where this one closed
+        snaps[url] = [sn[-1]]  # the next window opens where this one closed
         if isinstance(d, NoObservation):
             excluded.append(f"{url}: {d.code}")
         else:
@@ -280,10 +282,33 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
         out["applied"] = {**applied, **_settings_status(cur), "pool": role}
         if "time" not in out["applied"]:
             out["applied"]["time"] = None
+    if spec.disaggregated and r.allocation.get("prefillReplicas"):
+        await _prefill_replicas(ctx, out, ns, labels, spec, pools["prefill"], int(r.allocation["prefillReplicas"]),
+                                state, now)
     out.update(conditions=conds, phase=St.phase_of(conds))
     _record(ctx, out, labels, reason, message, etype, now, action=d.action, target=d.target,
             previous=status.get("lastDecision"))
     return out
+
+
+async def _prefill_replicas(ctx: LoopContext, out: dict, ns: str, labels, spec: LLMDeploymentSpec,
+                            pre: R.PoolState, want: int, state: policy.GuardState, now: float) -> None:
+    """SARA's prefill pool size, through the same guards (a replica change restarts no pod)."""
+    cur = pre.settings
+    target = M.EngineSettings(cur.max_num_seqs, cur.gpu_memory_utilization, cur.kv_cache_memory_bytes, want)
+    d = policy.guard(cur, policy.Proposal(target, 0.0, 0.0), spec.control, spec.batching,
+                     M.pool_bounds(spec, "prefill"), dataclasses.replace(state, replicas_external=pre.ownership.external))
+    decision = {"reason": d.reason, "message": d.message, "replicas": d.target.replicas}
+    if d.action == policy.APPLY and spec.enforce and not pre.ownership.external:
+        await ctx.kube.patch(R.deployments_path(ns, pre.pool.name), {"spec": {"replicas": d.target.replicas}})
+        decision["reason"] = "Applied"
+        out["applied"]["prefill"] = {"replicas": d.target.replicas, "time": St.iso(now)}
+        out["applied"]["time"] = St.iso(now)  # one cooldown for the whole deployment
+        ctx.metrics.set(ctx.metrics.replicas, d.target.replicas, *labels, "prefill")
+        ctx.metrics.inc(ctx.metrics.decisions, *labels, "Applied")
+        ctx.event("Normal", "Applied", f"prefill pool {pre.pool.name}: replicas {cur.replicas}->{d.target.replicas} "
+                                       f"(SARA wants {want}){' (step limited)' if d.step_limited else ''}")
+    out.setdefault("allocation", {})["prefillDecision"] = decision
 
 
 def _replicas(spec, cal, obs, pools, role):
