@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from kneecap.control import vllm_args as V
 from kneecap.control.handlers import OperatorConfig
@@ -110,6 +111,10 @@ def test_advise_records_but_never_patches(kube, twin):
     assert 'kneecap_recommended_max_num_seqs{name="adv",namespace="serving",pool="server"}' in text
     assert 'kneecap_decisions_total{name="adv",namespace="serving",reason="Advised"}' in text
     assert 'kneecap_restarts_total{' not in text
+    fam = {f.name: f.samples[0].value for f in text_string_to_metric_families(text) if f.samples}
+    pred, seen = fam["kneecap_predicted_throughput_tokens_per_second"], fam["kneecap_observed_throughput_tokens_per_second"]
+    assert 0.5 < pred / seen < 2.0  # the fit explains the window it was fitted on
+    assert fam["kneecap_recommended_throughput_tokens_per_second"] > seen
 
 
 def test_enforce_patches_within_step_limit_and_respects_cooldown(kube, twin):

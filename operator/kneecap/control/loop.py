@@ -191,8 +191,8 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
     main = next(t for t in ticks if t.role == role)
     if main.observation is not None:
         out["workload"] = {"pool": role, **obs_pool.to_status(main.observation)}
-        ctx.metrics.set(ctx.metrics.observed_throughput,
-                        main.observation.prompt_tok_s + main.observation.generation_tok_s, *labels, role)
+        per_pod = (main.observation.prompt_tok_s + main.observation.generation_tok_s) / max(main.observation.pods, 1)
+        ctx.metrics.set(ctx.metrics.observed_throughput, per_pod, *labels, role)
         slo_ok = _slo_met(spec, main.observation)
         if slo_ok is not None:
             conds = St.set_condition(conds, St.SLO_MET, slo_ok[0], "SLOMet" if slo_ok[0] else "SLOMissed",
@@ -249,6 +249,9 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
                 action=policy.HOLD, previous=status.get("lastDecision"))
         return out
     out["recommendation"] = r.to_status()
+    if main.observation is not None:  # the fit, checked against the window it has just seen
+        ctx.metrics.set(ctx.metrics.predicted_throughput,
+                        decide.predicted_at(cal_out.calibration, spec, main.observation), *labels, role)
     if r.allocation:
         out["allocation"] = r.allocation
     _export_recommendation(ctx, labels, role, r)
@@ -337,7 +340,7 @@ def _export_recommendation(ctx: LoopContext, labels, role: str, r: decide.Recomm
     m.set(m.recommended_memory_fraction, r.gpu_memory_utilization, *labels, role)
     m.set(m.memory_released_gib, r.released_gib, *labels, role)
     m.set(m.knee_batch, r.knee_batch, *labels, role)
-    m.set(m.predicted_throughput, r.pred_throughput_tok_s, *labels, role)
+    m.set(m.recommended_throughput, r.pred_throughput_tok_s, *labels, role)
 
 
 def _record(ctx: LoopContext, out: dict, labels, reason: str, message: str, etype: str, now: float,

@@ -32,13 +32,19 @@ class OperatorMetrics:
         self.knee_batch = Gauge("kneecap_knee_batch", "batch size at the knee of the throughput curve",
                                 POOL_LABELS, registry=r)
         self.predicted_throughput = Gauge("kneecap_predicted_throughput_tokens_per_second",
-                                          "SLIM throughput at the observed batch", POOL_LABELS, registry=r)
+                                          "SLIM token throughput per pod at the last window's batch and lengths",
+                                          POOL_LABELS, registry=r)
         self.observed_throughput = Gauge("kneecap_observed_throughput_tokens_per_second",
-                                         "measured token throughput in the last window", POOL_LABELS, registry=r)
+                                         "measured token throughput per pod in the last window", POOL_LABELS,
+                                         registry=r)
+        self.recommended_throughput = Gauge("kneecap_recommended_throughput_tokens_per_second",
+                                            "SLIM token throughput per pod at the recommended cap", POOL_LABELS,
+                                            registry=r)
         self.calibration_error = Gauge("kneecap_calibration_error_ratio",
                                        "SLIM fit error (MAPE on throughput, 0-1)", LABELS, registry=r)
         self.slo_attainment = Gauge("kneecap_slo_attainment_ratio",
-                                    "fraction of requests in the window that met the SLO", LABELS, registry=r)
+                                    "1 when the last window's p95 TTFT/TPOT/E2E met every declared SLO, else 0",
+                                    LABELS, registry=r)
         self.replicas = Gauge("kneecap_replicas", "replicas of the pool (live)", POOL_LABELS, registry=r)
         self.scrape_failures = Counter("kneecap_scrape_failures", "failed /metrics scrapes", LABELS, registry=r)
         self.decisions = Counter("kneecap_decisions", "control decisions by reason",
