@@ -51,6 +51,28 @@ def mgk_fcfs(arrival_s: np.ndarray, service_s: np.ndarray, servers: int) -> np.n
     return depart
 
 
+def mgk_fcfs_servers(arrival_s: np.ndarray, service_s: np.ndarray, servers: int) -> np.ndarray:
+    """Same departures as ``mgk_fcfs``, faster: FCFS hands each request, in arrival order, to the
+    server that frees first (Kiefer–Wolfowitz workload recursion; a heap of k free-at times).
+    At k = 1 it is Lindley's recursion D_n = max(A_n, D_{n−1}) + S_n, vectorised as
+    D = C + cummax(A − C_prev) with C the running sum of S. Checked equal to the event-driven
+    simulator in tests/unit/test_sara_des.py."""
+    a = np.asarray(arrival_s, dtype=float)
+    s = np.asarray(service_s, dtype=float)
+    if servers == 1:
+        c = np.cumsum(s)
+        return c + np.maximum.accumulate(a - (c - s))
+    free = [float(a[0])] * servers
+    depart = np.empty(a.size)
+    replace = heapq.heapreplace
+    for i, (t, x) in enumerate(zip(a.tolist(), s.tolist())):
+        f = free[0]
+        d = (t if t > f else f) + x
+        replace(free, d)
+        depart[i] = d
+    return depart
+
+
 @dataclass(frozen=True)
 class DecodeResult:
     step_s: np.ndarray  # one per iteration

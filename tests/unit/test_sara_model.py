@@ -10,7 +10,9 @@ import pytest
 from kneecap.errors import InputError
 from kneecap.model import sara
 from kneecap.model.arch import get_arch
-from kneecap.model.queueing import LengthDist, erlang_c, moment_matched_cdf, moment_matched_ppf
+from kneecap.model.queueing import (
+    LengthDist, erlang_c, mg1_wait_tail_table, mgk_conditional_wait_mean_s, moment_matched_cdf, moment_matched_ppf,
+)
 
 # SARA Table I: g, γ (GiB/token, MHA), Ω_LLM (GiB)
 TABLE_I = {
@@ -167,3 +169,41 @@ def test_colocated_plan():
     assert not c.feasible and c.message.startswith("infeasible: colocated")
     with pytest.raises(InputError):
         sara.plan_colocated(2.5, 0, 5.0, rate_rps=1.0)
+
+
+def test_wait_tail_table_exponential_and_md1_exact():
+    """The tabulated M/G/1 waiting law against closed forms: exponential service gives
+    Pr(W > x | W > 0) = e^{−x(1−ρ)/E[S]}; deterministic service (D = 1) Erlang's M/D/1 formula
+    Pr(W ≤ t) = (1 − ρ)·Σ_{j ≤ t} (ρ(j − t))^j/j!·e^{−ρ(j − t)}."""
+    u = (np.arange(8192) + 0.5) / 8192
+    table = mg1_wait_tail_table(-np.log1p(-u))
+    y = np.array([0.25, 1.0, 2.0, 3.0, 5.0])
+    for rho in (0.0, 0.3, 0.7, 0.9, 0.95, 0.985):
+        np.testing.assert_allclose(table(rho, y), np.exp(-y), rtol=0.01)
+    table = mg1_wait_tail_table(np.ones(16))
+    assert table.mean_residual_s == pytest.approx(0.5)
+    for rho in (0.5, 0.8):
+        for t in (0.5, 1.5, 3.0, 4.5):
+            j = np.arange(int(math.floor(t)) + 1)
+            exact = (1 - rho) * np.sum((rho * (j - t)) ** j / np.array([math.factorial(i) for i in j]) * np.exp(-rho * (j - t)))
+            w_c = table.mean_residual_s / (1 - rho)  # E[W | W > 0] = E[R]/(1 − ρ)
+            model = 1 - rho * float(table(rho, t / w_c))
+            assert model == pytest.approx(exact, abs=2e-3)
+
+
+def test_mgk_wait_mean_limits():
+    """E[W | W > 0]: Erlang's M/M/k value 1/(kμ − λ) for exponential service at any k; for the
+    heavy-tailed prefill law it tends to the heavy-traffic E[R]/(k − A) as ρ → 1 and to the
+    light-traffic k·E[min of k residuals] below it."""
+    u = (np.arange(8192) + 0.5) / 8192
+    table = mg1_wait_tail_table(-np.log1p(-u))
+    for k, a in ((1, 0.5), (4, 2.0), (8, 7.2)):
+        assert float(mgk_conditional_wait_mean_s(table, k, a)) == pytest.approx(1 / (k - a), rel=0.01)
+    pb = _problem()
+    t = pb.prefill_wait_tail
+    heavy = t.mean_residual_s / (4 - 4 * 0.999)
+    assert float(mgk_conditional_wait_mean_s(t, 4, 4 * 0.999)) == pytest.approx(heavy, rel=0.01)
+    light = float(mgk_conditional_wait_mean_s(t, 4, 0.04)) * (4 - 0.04) / t.mean_residual_s
+    assert light == pytest.approx(t.light_traffic_factor[3], rel=0.01)
+    assert 0.5 < t.light_traffic_factor[3] < 0.8  # 2/(1 + c²) ≈ 0.70 at large k, c² = 1.84
+    assert math.isinf(float(mgk_conditional_wait_mean_s(t, 4, 4.0)))
