@@ -247,10 +247,23 @@ def test_operating_point_obeys_littles_law():
     m = g.workload_moments(COEF, inp, cached, out)
     op = g.operating_point(COEF, m, 2.0)
     assert op.decode_batch == pytest.approx(2.0 * m.output_tokens * op.mean_step_s, rel=1e-9)
-    assert op.mean_step_s == pytest.approx(op.decode_step_s / (1 - 2.0 * m.prefill_compute_s), rel=1e-12)
+    # a decoding request sees itself plus B̄ others: τ = d(1 + B̄, (1 + B̄)·c̄)/(1 − ρ_c)
+    tagged = g.decode_step_s(COEF, 1 + op.decode_batch, (1 + op.decode_batch) * m.context_tokens)
+    assert op.mean_step_s == pytest.approx(tagged / (1 - 2.0 * m.prefill_compute_s), rel=1e-12)
     assert op.utilisation == pytest.approx(2.0 * op.mean_service_s)
-    assert op.chunk_step_fraction == pytest.approx(op.utilisation * op.mean_step_s / (op.mean_chunk_s + op.decode_step_s),
+    tau_sys = op.decode_step_s / (1 - 2.0 * m.prefill_compute_s)  # engine steps, empty batches cost p
+    assert op.chunk_step_fraction == pytest.approx(op.utilisation * tau_sys / (op.mean_chunk_s + op.decode_step_s),
                                                    rel=1e-9)
+
+
+def test_decode_without_a_fixed_step_cost_has_a_batch_and_finite_tbt():
+    # SLIM forms can give p = q = 0 (no per-step floor): the tagged request's own cost keeps
+    # B̄ and τ positive, so TBT is finite even at a tiny rate
+    coef = g.ServiceCoefficients(prefill_s_per_token=3e-5, decode_s_per_seq=2e-3, decode_s_per_resident_token=1e-7)
+    r = g.simulate(WL, coef, 1e-3, rng=rng(14), samples=20_000, replications=4, slo_ttft_s=1.0, slo_tbt_s=0.01)
+    assert r.decode_batch > 0 and math.isfinite(r.tbt.p99)
+    assert r.tbt.p50 == pytest.approx(float(g.decode_step_s(coef, 1.0, 876.0)), rel=0.05)
+    assert 0 < r.sustainable_rate_rps < r.stable_rate_rps
 
 
 WL = g.Workload(g.LogNormalLength(800, 1.0), g.LogNormalLength(150, 1.0))

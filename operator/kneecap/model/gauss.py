@@ -14,9 +14,9 @@ Model (paper §3, our reading where the summary is loose):
   eqs 9–11 map exactly (see :func:`coefficients_from_slim`).
 * Service (§3.4): S = prefill compute + n·d̄, each chunk step also carrying the concurrent
   decode batch; the prefill slot is the server of an M/G/k FCFS queue (§3.6).
-* Operating batch (§3.8): by Little's law the mean decode batch B̄ = λ·E[OL]·τ̄ with the mean
-  step time τ̄ = d̄(B̄)/(1 − ρ_c), ρ_c = λ·E[prefill compute] (chunk steps inflate decode steps);
-  solved as a scalar fixed point. Stability: decode needs 1 − ρ_c − λ·E[OL]·(r + s·c̄) > 0,
+* Operating batch (§3.8): by Little's law the mean decode batch B̄ = λ·E[OL]·τ with τ the mean
+  step a decoding request sees, d at 1 + B̄ sequences stretched by 1/(1 − ρ_c),
+  ρ_c = λ·E[prefill compute] (chunk steps inflate decode steps); linear in B̄, closed form. Stability: decode needs 1 − ρ_c − λ·E[OL]·(r + s·c̄) > 0,
   prefill needs ρ = λ·E[S] < k.
 * Queue delay by the Lindley recurrence, vectorised (one server), Kiefer–Wolfowitz (k servers).
   TTFT = W + S + t_fixed (§3.7); TBT per request = mean step time over its decode steps:
@@ -394,10 +394,10 @@ class OperatingPoint:
     """Mean-field steady state of one server at per-server rate λ_s (GAUSS §3.5, §3.8)."""
 
     rate_per_server_rps: float
-    decode_batch: float  # B̄, time-average sequences in decode (Little's law)
-    decode_step_s: float  # d̄: mean decode cost of a step (expectation over Poisson(B̄))
-    mean_step_s: float  # τ̄ = d̄/(1 − ρ_c), chunk inflation included
-    chunk_step_fraction: float  # f = λ_s·E[n]·τ̄: fraction of steps carrying a prefill chunk
+    decode_batch: float  # B̄, time-average sequences in decode (Little's law: λ_s·E[OL]·τ)
+    decode_step_s: float  # d̄: decode cost an engine step carries (expectation over Poisson(B̄), empty = p)
+    mean_step_s: float  # τ: mean step time a decoding request sees (itself in the batch), chunks included
+    chunk_step_fraction: float  # f = λ_s·E[n]·d̄/(1 − ρ_c): share of engine steps carrying a prefill chunk
     mean_chunk_s: float  # ℓ̄ = E[S_c]/E[n]
     mean_service_s: float  # E[S] = E[S_c] + E[n]·d̄
     utilisation: float  # ρ = λ_s·E[S]
@@ -410,8 +410,9 @@ def _decode_mean(coef: ServiceCoefficients, b: float, cbar: float) -> float:
 
 
 def operating_point(coef: ServiceCoefficients, m: WorkloadMoments, rate_per_server_rps: float) -> OperatingPoint:
-    """Solve B̄ = λ_s·E[OL]·d̄(B̄)/(1 − ρ_c) (Little's law, GAUSS §3.8); raise Infeasible
-    when decode (denominator ≤ 0) or prefill (ρ ≥ 1) is unstable."""
+    """Mean decode batch by Little's law B̄ = λ_s·E[OL]·τ(B̄) (GAUSS §3.8, closed form since d is
+    affine in B); raise Infeasible when decode (1 − ρ_c − λ·E[OL]·(r + s·c̄) ≤ 0) or prefill
+    (ρ = λ·E[S] ≥ 1) is unstable."""
     lam = float(rate_per_server_rps)
     rho_c = lam * m.prefill_compute_s
     slope = coef.decode_s_per_seq + coef.decode_s_per_resident_token * m.context_tokens
@@ -422,18 +423,14 @@ def operating_point(coef: ServiceCoefficients, m: WorkloadMoments, rate_per_serv
     if den <= 0.0:
         raise Infeasible("decode", f"decode batch grows without bound at {lam:.4g} req/s per server "
                          f"(1 − ρ_c − λ·E[OL]·(r + s·c̄) = {den:.3g} ≤ 0)", margin=den)
+    # A decoding request is itself in the batch: its steps see 1 + Poisson(B̄) sequences (PASTA),
+    # mean cost p + q·c̄ + (r + s·c̄)·(1 + B̄) (d is affine in B with C = B·c̄), stretched by the
+    # chunk steps to τ = that/(1 − ρ_c). Little's law B̄ = λ·E[OL]·τ is then linear in B̄.
     k = lam * m.output_tokens / (1.0 - rho_c)
-    hi = k * (coef.decode_step_s + coef.decode_s_per_context_token * m.context_tokens) / den  # linear-bound root
-    lo = 0.0
-    for _ in range(80):  # g(b) − b is decreasing past the root; bisection on a scalar
-        mid = 0.5 * (lo + hi)
-        if k * _decode_mean(coef, mid, m.context_tokens) > mid:
-            lo = mid
-        else:
-            hi = mid
-    b = 0.5 * (lo + hi)
-    dbar = _decode_mean(coef, b, m.context_tokens)
-    tau = dbar / (1.0 - rho_c)
+    tagged0 = coef.decode_step_s + coef.decode_s_per_context_token * m.context_tokens + slope
+    b = k * tagged0 / (1.0 - k * slope)  # 1 − k·slope > 0 ⟺ den > 0
+    tau = (tagged0 + slope * b) / (1.0 - rho_c)
+    dbar = _decode_mean(coef, b, m.context_tokens)  # what a prefill chunk step carries
     service = m.prefill_compute_s + m.chunks * dbar
     rho = lam * service
     if rho >= 1.0:
@@ -442,8 +439,9 @@ def operating_point(coef: ServiceCoefficients, m: WorkloadMoments, rate_per_serv
         raise Infeasible(stage, f"ρ = λ·E[S] = {rho:.3g} ≥ 1 at {lam:.4g} req/s per server (E[S] = {service:.4g} s: "
                          f"prefill compute {m.prefill_compute_s:.4g} s + {m.chunks:.3g} chunk steps × decode batch "
                          f"step {dbar:.4g} s at B̄ = {b:.3g})", utilisation=rho)
-    return OperatingPoint(lam, b, dbar, tau, lam * m.chunks * tau, m.prefill_compute_s / max(m.chunks, 1e-300),
-                          service, rho)
+    # engine steps per second 1/τ_sys with τ_sys = d̄/(1 − ρ_c); a share f of them carries a chunk
+    f = lam * m.chunks * dbar / (1.0 - rho_c)  # f < 1 ⟺ ρ < 1
+    return OperatingPoint(lam, b, dbar, tau, f, m.prefill_compute_s / max(m.chunks, 1e-300), service, rho)
 
 
 def stability_limit_rps(coef: ServiceCoefficients, m: WorkloadMoments, servers: int = 1) -> tuple[float, str]:
