@@ -79,19 +79,22 @@ def dashboard() -> dict:
 
     panels = [
         row(1, "The knee", 0),
-        panel(2, "Throughput: observed vs predicted (tokens/s, whole pool)",
-              "Observed: the operator's window measurement and vLLM's own token counters (prompt + generation, "
-              "all replicas). Predicted: SLIM (paper 000, eqs. 5-12) per replica at the recommended cap, times the "
-              "live replicas, so the gap to observed is the gain the recommendation predicts (kneecap exports its "
-              "prediction at the recommended cap, not at the live one).",
-              [target(f"sum(kneecap_observed_throughput_tokens_per_second{{{KP}}})", "observed (kneecap window)", "A"),
-               target(f"sum(kneecap_predicted_throughput_tokens_per_second{{{KP}}} "
-                      f"* on (namespace, name, pool) kneecap_replicas{{{KP}}})",
-                      "predicted at the recommended cap (SLIM x replicas)", "B"),
-               target(f"sum(rate(vllm:prompt_tokens_total{{{V}}}[$__rate_interval])) "
-                      f"+ sum(rate(vllm:generation_tokens_total{{{V}}}[$__rate_interval]))",
-                      "vLLM counters (prompt + generation)", "C")],
-              (0, 1, 12, 9), unit="short", min_=0),
+        panel(2, "Throughput per pod: observed, predicted, and at the recommended cap (tokens/s)",
+              "Observed: the operator's window measurement and vLLM's own token counters (prompt + generation), "
+              "per pod. Predicted: SLIM (paper 000, eqs. 5-12) at the same window's batch and lengths; the gap "
+              "to observed is the calibration error. At the recommended cap: what SLIM predicts once BCA's cap "
+              "is live.",
+              [target(f"avg(kneecap_observed_throughput_tokens_per_second{{{KP}}})", "observed (kneecap window)", "A"),
+               target(f"avg(kneecap_predicted_throughput_tokens_per_second{{{KP}}})", "predicted (SLIM, same window)", "B"),
+               target(f"avg(kneecap_recommended_throughput_tokens_per_second{{{KP}}})",
+                      "predicted at the recommended cap", "C"),
+               target(f"(sum(rate(vllm:prompt_tokens_total{{{V}}}[$__rate_interval])) "
+                      f"+ sum(rate(vllm:generation_tokens_total{{{V}}}[$__rate_interval]))) "
+                      f"/ count(vllm:num_requests_running{{{V}}})",
+                      "vLLM counters per pod", "D")],
+              (0, 1, 12, 9), unit="short", min_=0,
+              overrides=[{"matcher": {"id": "byFrameRefID", "options": "C"},
+                          "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}}]}]),
         panel(3, "Throughput vs running batch (where the knee is)",
               "Each point is one scrape: mean running batch (x) against total token throughput (y). The "
               "curve flattens at the knee; past it, batch (latency, KV memory) grows and throughput does not.",
@@ -165,8 +168,10 @@ def dashboard() -> dict:
                           "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
                                          {"id": "color", "value": {"mode": "fixed", "fixedColor": "red"}}]}]),
         panel(14, "SLO attainment",
-              "Fraction of requests in the operator's window that met spec.slo (alert below 95 %).",
-              [target(f"kneecap_slo_attainment_ratio{{{K}}}", "attainment", "A")],
+              "Per control window: 1 when the window's p95 TTFT/TPOT/E2E met every declared spec.slo, else 0; "
+              "the 30-minute average is the share of windows that met it (alert below 95 %).",
+              [target(f"kneecap_slo_attainment_ratio{{{K}}}", "window met SLO", "A"),
+               target(f"avg_over_time(kneecap_slo_attainment_ratio{{{K}}}[30m])", "30-minute attainment", "B")],
               (16, 28, 8, 8), unit="percentunit", min_=0, max_=1,
               thresholds=[("red", None), ("green", 0.95)]),
         row(15, "Calibration and control", 36),

@@ -264,7 +264,8 @@ def test_dashboard_shows_the_knee_decisions_memory_latency_and_calibration():
     by_title = {p["title"]: " ".join(t["expr"] for t in p.get("targets", [])) for p in d["panels"]}
     def panel_with(*needles):
         return [t for t, e in by_title.items() if all(n in e for n in needles)]
-    assert panel_with("kneecap_observed_throughput_tokens_per_second", "kneecap_predicted_throughput_tokens_per_second")
+    assert panel_with("kneecap_observed_throughput_tokens_per_second", "kneecap_predicted_throughput_tokens_per_second",
+                      "kneecap_recommended_throughput_tokens_per_second")
     assert panel_with("kneecap_knee_batch", "vllm:num_requests_running")
     assert panel_with("kneecap_recommended_max_num_seqs", "kneecap_applied_max_num_seqs")
     assert panel_with("kneecap_recommended_gpu_memory_utilization", "kneecap_applied_gpu_memory_utilization")
