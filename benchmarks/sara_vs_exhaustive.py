@@ -5,7 +5,8 @@ budgets. Paper setup (§VII-A): $5/h per GPU, $0.1/h per GiB/s, τ = 0.5/0.15/0.
 p_mem = p_join = 0.99; heavy: IL log-normal mean 1024 CV 1.25; light: IL exponential mean 1024;
 OL exponential mean 256. Both methods evaluate the same SLO-attainment functions
 (kneecap.model.sara); the exhaustive search enumerates k_p, k_d, N_bat ≤ 2048 and a 4000-step
-bandwidth grid. SARA's time is the median of 5 solves.
+bandwidth grid. SARA's time is the median of 5 solves; the one-time ``build_problem`` (service-time
+nodes, moments and the M/G/1 waiting-time table) is timed apart (median of 3) and shared by both.
 
 Writes benchmarks/results/sara_vs_exhaustive.{json,md}.
 """
@@ -36,7 +37,11 @@ COSTS = sara.Costs(prefill_gpu_per_hour=5.0, decode_gpu_per_hour=5.0, kv_per_gib
 
 def run_scenario(model: str, tail: str, budget: float) -> dict:
     workload = sara.make_workload(1024, TAILS[tail], 256, 1.0, tail)
-    pb = sara.build_problem(model, "a100-80gb", workload, SLO, COSTS)
+    builds = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        pb = sara.build_problem(model, "a100-80gb", workload, SLO, COSTS)
+        builds.append(time.perf_counter() - t0)
     times = []
     for _ in range(5):
         t0 = time.perf_counter()
@@ -49,7 +54,7 @@ def run_scenario(model: str, tail: str, budget: float) -> dict:
         "feasible": s.feasible, "exhaustive_feasible": e.feasible,
         "sara_goodput_rps": s.goodput_rps, "exhaustive_goodput_rps": e.goodput_rps,
         "gap_pct": (100.0 * (e.goodput_rps - s.goodput_rps) / e.goodput_rps) if e.goodput_rps > 0 else None,
-        "sara_seconds": sara_s, "exhaustive_seconds": e.solve_seconds,
+        "sara_seconds": sara_s, "build_seconds": statistics.median(builds), "exhaustive_seconds": e.solve_seconds,
         "speedup": e.solve_seconds / sara_s,
         "sara": s.to_dict(), "exhaustive": e.to_dict(),
     }
@@ -75,6 +80,7 @@ def main() -> int:
         "all_within_5pct": all(g <= 5.0 for g in gaps),
         "median_sara_seconds": statistics.median(r["sara_seconds"] for r in rows),
         "max_sara_seconds": max(r["sara_seconds"] for r in rows),
+        "median_build_seconds": statistics.median(r["build_seconds"] for r in rows),
         "median_exhaustive_seconds": statistics.median(r["exhaustive_seconds"] for r in feasible),
         "min_speedup_feasible": min(r["speedup"] for r in feasible),
         "median_speedup_feasible": statistics.median(r["speedup"] for r in feasible),
@@ -91,8 +97,8 @@ def main() -> int:
         "Gap = (exhaustive − SARA)/exhaustive; negative when SARA's continuous bandwidth beats the "
         "exhaustive grid. Produced by `benchmarks/sara_vs_exhaustive.py`.",
         "",
-        "| model | tail | budget $/h | SARA req/s | exhaustive req/s | gap % | SARA ms | exhaustive s | speedup | SARA allocation | binding (prefill/kv/decode) |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
+        "| model | tail | budget $/h | SARA req/s | exhaustive req/s | gap % | SARA ms | build ms | exhaustive s | speedup | SARA allocation | binding (prefill/kv/decode) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     for r in rows:
         s = r["sara"]
@@ -100,14 +106,15 @@ def main() -> int:
         gap = f"{r['gap_pct']:+.3f}" if r["gap_pct"] is not None else "—"
         lines.append(
             f"| {r['model']} | {r['tail']} | {r['budget_per_hour']:g} | {r['sara_goodput_rps']:.2f} | "
-            f"{r['exhaustive_goodput_rps']:.2f} | {gap} | {r['sara_seconds'] * 1e3:.1f} | "
+            f"{r['exhaustive_goodput_rps']:.2f} | {gap} | {r['sara_seconds'] * 1e3:.1f} | {r['build_seconds'] * 1e3:.0f} | "
             f"{r['exhaustive_seconds']:.2f} | {r['speedup']:.0f}× | {_alloc(s)} | {bind} |")
     lines += [
         "",
         f"Feasible scenarios: {summary['feasible']} of {summary['scenarios']} "
         f"(SARA and exhaustive agree on feasibility: {consistent}). "
         f"Max |gap| {summary['max_abs_gap_pct']:.3f}%, mean {summary['mean_abs_gap_pct']:.3f}%. "
-        f"Median SARA solve {summary['median_sara_seconds'] * 1e3:.1f} ms (max {summary['max_sara_seconds'] * 1e3:.1f} ms); "
+        f"Median SARA solve {summary['median_sara_seconds'] * 1e3:.1f} ms (max {summary['max_sara_seconds'] * 1e3:.1f} ms; "
+        f"one-time problem build, shared with the exhaustive search, median {summary['median_build_seconds'] * 1e3:.0f} ms); "
         f"median exhaustive {summary['median_exhaustive_seconds']:.2f} s; speedup ≥ {summary['min_speedup_feasible']:.0f}× "
         f"(median {summary['median_speedup_feasible']:.0f}×) on feasible scenarios.",
         "",
@@ -115,7 +122,8 @@ def main() -> int:
         "and the problem separates by stage, so SARA's per-stage minimum resources are exact for "
         "those models; what remains is the bisection tolerance (1e-4) and the exhaustive bandwidth "
         "grid. The gap measures the search, not the queueing approximations (those are checked "
-        "against a discrete-event simulation in tests/unit/test_sara_des.py).",
+        "against a discrete-event simulation in tests/unit/test_sara_des.py: p95 TTFT within 3% for "
+        "k = 1–8 prefill replicas at ρ ≤ 0.9, light and heavy prompts; p95 TPOT within 3% up to decode load 0.9).",
     ]
     (RESULTS / "sara_vs_exhaustive.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -1,7 +1,10 @@
 """SARA's stage-wise quantile predictions against a discrete-event simulation of the same queues.
 
-The simulator (tests/support/des.py) draws lengths, serves them FCFS on k servers with an event
-heap, and runs decode iteration by iteration; it shares no formula with SARA. Seeds are fixed.
+The simulator (tests/support/des.py) draws lengths, serves them FCFS on k servers (an event heap,
+or the equivalent earliest-free-server recursion for the long runs, checked equal here), and runs
+decode iteration by iteration; it shares no formula with SARA. Seeds are fixed; near saturation
+the runs are long or pooled over seeds so that sampling noise (stated per helper) stays well inside
+the 5% band.
 """
 
 from __future__ import annotations

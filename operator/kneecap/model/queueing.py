@@ -195,7 +195,7 @@ class WaitTailTable:
 
     The M/G/1 wait is a geometric sum of equilibrium-residual service times (Pollaczek–Khinchine /
     Beneš: W = R_1 + … + R_N, Pr(N = n) = (1 − ρ)·ρⁿ; Asmussen, *Applied Probability and Queues*,
-    2nd ed., Thm VIII.5.7), so given W > 0, N ≥ 1 and E[W | W > 0] = E[R]/(1 − ρ). The shape H
+    2nd ed., ch. VIII), so given W > 0, N ≥ 1 and E[W | W > 0] = E[R]/(1 − ρ). The shape H
     depends on ρ and on the law of S only; scaling S by 1/k scales W by 1/k, so one table serves
     M/G/1 at any scale and the M/G/k approximation below. As ρ → 1, H → e^{−y} (Kingman's
     heavy-traffic limit), which is the exponential tail of SARA (21) / DESIGN §5.4.
@@ -208,40 +208,38 @@ class WaitTailTable:
     light_traffic_factor: np.ndarray  # φ₀(k) = k·E[min(R_1..R_k)]/E[R] for k = 1..len (see below)
 
     @cached_property
-    def _rows(self) -> np.ndarray:
-        return np.vstack([self.tail, np.exp(-self.y_grid)[None, :]])  # row n_rho is ρ = 1
+    def _flat(self) -> np.ndarray:
+        return np.vstack([self.tail, np.exp(-self.y_grid)[None, :]]).ravel()  # row n_rho is ρ = 1
 
     def __call__(self, rho, y):
-        """H(ρ, y), linear in ρ then in y. ``rho`` broadcasts against the leading axes of ``y``
-        (shape (..., 1) against (..., n)). Between the last row and ρ = 1 the table blends into
-        e^{−y}; beyond y_max the tail continues as H(ρ, y_max)·e^{−(y − y_max)}."""
+        """H(ρ, y), bilinear in (ρ, y); ``rho`` broadcasts against ``y``. Between the last row and
+        ρ = 1 the table blends into e^{−y}; beyond y_max the tail continues as
+        H(ρ, y_max)·e^{−(y − y_max)}."""
         y = np.maximum(np.asarray(y, dtype=float), 0.0)
         rho = np.clip(np.asarray(rho, dtype=float), 0.0, 1.0)
-        rho = np.broadcast_to(rho, y.shape[:-1] + (1,) if y.ndim else ())
         n_rho, n_y = self.tail.shape
         d_rho = self.rho_grid[1] - self.rho_grid[0]
         last = self.rho_grid[-1]
-        r = rho[..., 0] if y.ndim else rho
-        i = np.minimum((r / d_rho).astype(np.int64), n_rho - 1)
-        ar = np.where(i >= n_rho - 1, (r - last) / (1.0 - last), r / d_rho - i)
-        rows = self._rows[i] * (1.0 - ar)[..., None] + self._rows[i + 1] * ar[..., None]  # (..., n_y)
-        fy = y / (self.y_grid[1] - self.y_grid[0])
+        i = np.minimum((rho / d_rho).astype(np.int64), n_rho - 1)
+        ar = np.where(i >= n_rho - 1, (rho - last) / (1.0 - last), rho / d_rho - i)
+        fy = y * (1.0 / (self.y_grid[1] - self.y_grid[0]))
         j = np.minimum(fy.astype(np.int64), n_y - 2)
         ay = np.minimum(fy - j, 1.0)
-        if y.ndim:
-            h0 = np.take_along_axis(rows, j, axis=-1)
-            h1 = np.take_along_axis(rows, j + 1, axis=-1)
-        else:
-            h0, h1 = rows[j], rows[j + 1]
-        h = h0 + (h1 - h0) * ay
+        flat = self._flat
+        k0 = i * n_y + j  # row i, column j; row i + 1 is n_y further
+        lo = flat[k0] + (flat[k0 + 1] - flat[k0]) * ay
+        hi = flat[k0 + n_y] + (flat[k0 + n_y + 1] - flat[k0 + n_y]) * ay
+        h = lo + (hi - lo) * ar
         over = y - self.y_grid[-1]
-        return np.where(over > 0, h * np.exp(-np.maximum(over, 0.0)), h)
+        if np.any(over > 0):
+            h = np.where(over > 0, h * np.exp(-np.maximum(over, 0.0)), h)
+        return h
 
 
 def residual_cdf(x_s, service_nodes_s, weights=None):
     """Equilibrium-residual CDF F_e(x) = E[min(S, x)]/E[S] for S on the sorted ``service_nodes_s``
     with probabilities ``weights`` (uniform if None) (F_e(x) = ∫₀ˣ (1 − F_S)/E[S]; Asmussen,
-    *Applied Probability and Queues*, 2nd ed., §V.3)."""
+    *Applied Probability and Queues*, 2nd ed., ch. V)."""
     s = np.asarray(service_nodes_s, dtype=float)
     p = np.full(s.size, 1.0 / s.size) if weights is None else np.asarray(weights, dtype=float)
     x = np.asarray(x_s, dtype=float)
@@ -298,13 +296,14 @@ def mg1_wait_tail_table(service_nodes_s, weights=None, *, n_rho: int = 100, rho_
 
 
 def mgk_conditional_wait_mean_s(table: WaitTailTable, k, a):
-    """E[W | W > 0] of M/G/k at offered load A: heavy traffic E[R]/(k − A) (SARA (21), the
-    M/G/1 with service S/k; Köllerström 1974), scaled by φ = φ₀(k) + (1 − φ₀(k))·C_k(A) — the
-    light-traffic limit φ₀ blended towards 1 with the Erlang-C delay probability as weight, a
-    light/heavy-traffic interpolation in the spirit of Reiman & Simon (1988) and Whitt (1993,
-    "Approximations for the GI/G/m queue", Prod. Oper. Mgmt 2). The weight C_k(A) was chosen
-    against the discrete-event simulation (tests/unit/test_sara_des.py): it is the only data
-    fitted here. Exact at k = 1 (φ₀ = 1) and for exponential service (φ₀ = 1). +inf at A ≥ k."""
+    """E[W | W > 0] of M/G/k at offered load A, ρ = A/k: the heavy-traffic value E[R]/(k − A)
+    (SARA (21); the M/G/1 with service S/k, Köllerström, J. Appl. Prob. 11, 1974) scaled by
+    φ = φ₀(k) + (1 − φ₀(k))·ρ^{k/2}, which runs from the light-traffic limit φ₀(k) (Burman &
+    Smith 1983, see ``mg1_wait_tail_table``) at ρ → 0 to 1 at ρ → 1: a light/heavy-traffic
+    interpolation in the spirit of Reiman & Simon (Oper. Res. 36, 1988) and Whitt ("Approximations
+    for the GI/G/m queue", Prod. Oper. Mgmt 2, 1993). The weight ρ^{k/2} is fitted: it matched the
+    simulated E[W | W > 0] at k = 2, 4, 8 for log-normal prompts (CV 1.25) within ~3%, and is the
+    only fitted part. Exact at k = 1 and for exponential service (φ₀ = 1). +inf at A ≥ k."""
     k = np.asarray(k, dtype=float)
     a = np.asarray(a, dtype=float)
     phi0_all = table.light_traffic_factor

@@ -505,7 +505,7 @@ def _prefill_min(pb: Problem, rate: float) -> tuple[int, str]:
     """Fewest replicas k_p ≥ ⌊A⌋ + 1 meeting the TTFT SLO, and whether stability or the SLO set it."""
     a = rate * pb.sp_mean_s
     k0 = int(math.floor(a)) + 1  # ρ_p = A/k_p < 1
-    span = 8
+    span = 1  # the stability floor often meets the SLO: try it alone, then 8, 16, … at a time
     for _ in range(64):
         ks = np.arange(k0, k0 + span)
         ok = prefill_attainment(pb, rate, ks) >= pb.slo.quantile
@@ -513,7 +513,7 @@ def _prefill_min(pb: Problem, rate: float) -> tuple[int, str]:
             k = int(ks[np.argmax(ok)])
             return k, ("stability" if k == int(math.floor(a)) + 1 else "ttft_slo")
         k0 += span
-        span *= 2
+        span = max(8, 2 * span)
     raise _Infeasible("prefill", "no replica count meets the TTFT SLO")
 
 
