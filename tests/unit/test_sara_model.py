@@ -207,3 +207,14 @@ def test_mgk_wait_mean_limits():
     assert light == pytest.approx(t.light_traffic_factor[3], rel=0.01)
     assert 0.5 < t.light_traffic_factor[3] < 0.8  # 2/(1 + c²) ≈ 0.70 at large k, c² = 1.84
     assert math.isinf(float(mgk_conditional_wait_mean_s(t, 4, 4.0)))
+
+
+def test_near_deterministic_prompts_build_and_light_traffic_factor():
+    """CV 0.05 (gamma shape 400: Γ overflows the Laguerre rule) still builds with finite moments;
+    with near-constant service the residual is uniform and k·E[min of k]/E[R] = 2k/(k + 1)."""
+    pb = sara.build_problem("llama-3.1-8b", "a100-80gb", sara.make_workload(1024, 0.05, 256, 1.0, "light"))
+    assert math.isfinite(pb.sp_mean_s) and pb.sp_scv < 0.05
+    phi0 = pb.prefill_wait_tail.light_traffic_factor
+    for k in (2, 4, 8):
+        assert phi0[k - 1] == pytest.approx(2 * k / (k + 1), rel=0.03)
+    assert math.isfinite(sara.ttft_quantile_s(pb, 3.0 / pb.sp_mean_s, 4))

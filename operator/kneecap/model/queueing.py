@@ -72,6 +72,16 @@ class LengthDist:
             return np.exp(self.mu + self.sigma * special.ndtri(u))
         return special.gammaincinv(self.shape, u) * self.scale
 
+    def ppf_normal_score(self, z):
+        """F⁻¹(Φ(z)): the quantile at normal score z, accurate in both tails (the upper tail via
+        the complementary inverse, so Φ(z) is never rounded to 1)."""
+        z = np.asarray(z, dtype=float)
+        if self.family == "lognormal":
+            return np.exp(self.mu + self.sigma * z)
+        lower = special.gammaincinv(self.shape, special.ndtr(np.minimum(z, 0.0)))
+        upper = special.gammainccinv(self.shape, special.ndtr(-np.maximum(z, 0.0)))
+        return np.where(z < 0, lower, upper) * self.scale
+
     def raw_moment(self, k: int) -> float:
         """E[X^k] in closed form."""
         if self.family == "lognormal":
@@ -90,6 +100,9 @@ class LengthDist:
         if self.family == "lognormal":
             t, wt = special.roots_hermite(n)
             return np.exp(self.mu + self.sigma * np.sqrt(2.0) * t), wt / np.sqrt(np.pi)
+        if self.shape > 100:  # Γ(α) and the Laguerre weights overflow: Hermite in normal score
+            t, wt = special.roots_hermite(n)
+            return self.ppf_normal_score(np.sqrt(2.0) * t), wt / np.sqrt(np.pi)
         t, wt = special.roots_genlaguerre(n, self.shape - 1.0)
         return t * self.scale, wt / special.gamma(self.shape)
 
@@ -216,13 +229,14 @@ class WaitTailTable:
         ρ = 1 the table blends into e^{−y}; beyond y_max the tail continues as
         H(ρ, y_max)·e^{−(y − y_max)}."""
         y = np.maximum(np.asarray(y, dtype=float), 0.0)
-        rho = np.clip(np.asarray(rho, dtype=float), 0.0, 1.0)
+        rho = np.clip(np.nan_to_num(np.asarray(rho, dtype=float), nan=1.0), 0.0, 1.0)
         n_rho, n_y = self.tail.shape
         d_rho = self.rho_grid[1] - self.rho_grid[0]
         last = self.rho_grid[-1]
         i = np.minimum((rho / d_rho).astype(np.int64), n_rho - 1)
         ar = np.where(i >= n_rho - 1, (rho - last) / (1.0 - last), rho / d_rho - i)
-        fy = y * (1.0 / (self.y_grid[1] - self.y_grid[0]))
+        nan = np.isnan(y)
+        fy = np.clip(np.where(nan, 0.0, y) * (1.0 / (self.y_grid[1] - self.y_grid[0])), 0.0, n_y - 1.0)
         j = np.minimum(fy.astype(np.int64), n_y - 2)
         ay = np.minimum(fy - j, 1.0)
         flat = self._flat
@@ -233,7 +247,7 @@ class WaitTailTable:
         over = y - self.y_grid[-1]
         if np.any(over > 0):
             h = np.where(over > 0, h * np.exp(-np.maximum(over, 0.0)), h)
-        return h
+        return np.where(nan, np.nan, h) if np.any(nan) else h
 
 
 def residual_cdf(x_s, service_nodes_s, weights=None):

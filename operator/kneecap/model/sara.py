@@ -298,8 +298,7 @@ def build_problem(model: str | ModelArch, gpu: str | GPU, workload: Workload, sl
     # S_p on a normal-score grid z ∈ [−8, 8] (IL = F⁻¹(Φ(z)), weights ∝ φ(z)): reaches the far
     # tail that sets E[S²] for the waiting-time table (midpoint quantiles stop at z ≈ 3.3)
     z = np.linspace(-8.0, 8.0, WAIT_TABLE_NODES)
-    u_table = np.where(z < 0, special.ndtr(z), -special.ndtr(-z) + 1.0)
-    sp_table_nodes = np.asarray(prefill_service_s(il.ppf(u_table)), dtype=float)
+    sp_table_nodes = np.asarray(prefill_service_s(il.ppf_normal_score(z)), dtype=float)
     if not np.all(np.isfinite(sp_table_nodes)) or np.any(sp_table_nodes <= 0):
         raise InputError("prefill_service", "the prefill service time must be positive and finite for every input length")
     sp_table_nodes = np.maximum.accumulate(sp_table_nodes)
