@@ -1,0 +1,185 @@
+"""Operator scale: one `kneecap run` process handling ≥ 200 LLMDeployments of 4 pods each.
+
+The API is the embedded emulator (kneecap.demo.kubeapi, in this process); the pods are canned
+metrics servers: a separate process runs a few twin engines (kneecap.sim.engine + the twin's
+/metrics, fed Poisson requests in simulated time without HTTP) on distinct ports, so each
+pod's /metrics is real twin text whose counters advance (the request rate swings slowly, so
+the operator sees several batch levels and runs its whole loop: fit, BCA, GAUSS). Each of the 4·N pods points at one of
+them through its `kneecap.io/metrics-url` annotation, so the operator scrapes 4·N URLs per
+interval. The operator runs as its own process (`kneecap run --namespace scale`, kubeconfig
+login); its CPU time (/proc/PID/stat) and resident memory (VmRSS) are sampled after a warm-up.
+
+Reported: CPU seconds per reconcile interval (all resources), the fraction of one core that
+is at a 30 s interval, and RSS. Targets: ≤ 10% of one core at 30 s, ≤ 300 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _shared import RESULTS, ROOT  # noqa: E402
+
+from kneecap.demo.clock import free_port  # noqa: E402
+from kneecap.demo.kubeapi import LLMD, KubeAPIThread  # noqa: E402
+
+NS = "scale"
+CANNED = r'''
+import asyncio, sys
+import numpy as np
+from aiohttp import web
+from kneecap.model.arch import get_arch
+from kneecap.model.hardware import get_gpu
+from kneecap.sim.engine import engine_config
+from kneecap.sim.server import TwinServer
+
+async def main(ports, rate, scale):
+    runners = []
+    for k, port in enumerate(ports):
+        cap = [32, 64, 128, 256][k % 4]
+        srv = TwinServer(engine_config(get_arch("opt-1.3b"), get_gpu("h100-64gb"), max_num_seqs=cap),
+                         ["facebook/opt-1.3b"], time_scale=scale)
+        app = srv.app()
+        r = web.AppRunner(app, access_log=None); await r.setup()
+        await web.TCPSite(r, "127.0.0.1", port).start()
+        runners.append(srv)
+    rng = np.random.default_rng(0)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    while True:  # Poisson requests straight into each engine (no HTTP), 0.1 s wall ticks
+        await asyncio.sleep(0.1)
+        t = loop.time() - t0
+        for k, srv in enumerate(runners):
+            # the rate swings slowly (period 40-90 s), so windows see different batch levels
+            lam = rate * (0.1 + 0.9 * (1 + np.sin(2 * np.pi * t / (40 + 7 * k))) / 2)
+            for _ in range(rng.poisson(lam * 0.1 * scale)):
+                req = srv.engine.add_request(int(rng.integers(100, 300)), int(rng.integers(100, 300)),
+                                             arrival_s=srv.sim_now())
+                srv.metrics.on_request(req)
+            srv._wake.set()
+
+asyncio.run(main([int(p) for p in sys.argv[3:]], float(sys.argv[1]), float(sys.argv[2])))
+'''
+
+
+def llmd(i: int, interval_s: float) -> dict:
+    return {"apiVersion": "kneecap.io/v1alpha1", "kind": "LLMDeployment",
+            "metadata": {"name": f"m{i:03d}", "namespace": NS},
+            "spec": {"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb"},
+                     "engine": {"image": "vllm/vllm-openai:v0.11.0", "maxNumSeqs": 128},
+                     "topology": {"replicas": {"min": 4, "max": 4}},
+                     "slo": {"tpotSeconds": 0.05},
+                     "control": {"mode": "advise", "interval": f"{interval_s:g}s", "window": f"{interval_s:g}s"}}}
+
+
+def proc_cpu_s(pid: int) -> float:
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def proc_rss_mb(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--resources", type=int, default=200)
+    ap.add_argument("--pods", type=int, default=4)
+    ap.add_argument("--servers", type=int, default=8, help="canned metrics servers (distinct ports)")
+    ap.add_argument("--interval", type=float, default=30.0, help="spec.control.interval, seconds")
+    ap.add_argument("--intervals", type=int, default=3, help="intervals measured after the warm-up")
+    ap.add_argument("--warmup-intervals", type=int, default=2)
+    args = ap.parse_args(argv)
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "operator"))
+    ports = [free_port() for _ in range(args.servers)]
+    canned = subprocess.Popen([sys.executable, "-c", CANNED, "20", "1", *map(str, ports)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tmp = Path(tempfile.mkdtemp(prefix="kneecap-scale-"))
+    op = None
+    samples = []
+    try:
+        with KubeAPIThread() as kube:
+            kube.add_namespace(NS)
+            kubeconfig = tmp / "kubeconfig"
+            kubeconfig.write_text(yaml.safe_dump({
+                "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+                "clusters": [{"name": "kmock", "cluster": {"server": kube.url}}],
+                "users": [{"name": "bench", "user": {"token": "not-checked"}}],
+                "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "bench", "namespace": NS}}]}))
+            t = time.monotonic()
+            for i in range(args.resources):
+                kube.create(LLMD, llmd(i, args.interval))
+                for j in range(args.pods):
+                    port = ports[(i * args.pods + j) % len(ports)]
+                    kube.add_pod(NS, f"m{i:03d}-{j}", {"app.kubernetes.io/instance": f"m{i:03d}",
+                                                       "kneecap.io/role": "server"},
+                                 annotations={"kneecap.io/metrics-url": f"http://127.0.0.1:{port}/metrics"})
+            print(f"{args.resources} LLMDeployments, {args.resources * args.pods} pods in the API "
+                  f"[{time.monotonic() - t:.0f}s]", flush=True)
+            op = subprocess.Popen([sys.executable, "-m", "kneecap", "run", "--namespace", NS, "--standalone",
+                                   "--tick", "5"], env=dict(env, KUBECONFIG=str(kubeconfig)),
+                                  stdout=open(tmp / "operator.log", "wb"), stderr=subprocess.STDOUT)
+            t0 = time.monotonic()
+            time.sleep(args.interval * args.warmup_intervals)
+            c0, w0 = proc_cpu_s(op.pid), time.monotonic()
+            for k in range(args.intervals):
+                time.sleep(args.interval)
+                samples.append({"t_s": time.monotonic() - t0, "cpu_s": proc_cpu_s(op.pid),
+                                "rss_mb": proc_rss_mb(op.pid)})
+                print(f"interval {k + 1}: cpu {samples[-1]['cpu_s'] - c0:.1f}s since warm-up, "
+                      f"rss {samples[-1]['rss_mb']:.0f} MB", flush=True)
+            c1, w1 = proc_cpu_s(op.pid), time.monotonic()
+            items = [kube.get(LLMD, NS, f"m{i:03d}") for i in range(args.resources)]
+    finally:
+        if op is not None and op.poll() is None:
+            op.send_signal(signal.SIGTERM)
+            try:
+                op.wait(30)
+            except subprocess.TimeoutExpired:
+                op.kill()
+        canned.terminate()
+        canned.wait(10)
+    decided = [o for o in items if ((o or {}).get("status") or {}).get("lastDecision")]
+    calibrated = [o for o in decided if (o["status"].get("calibration") or {}).get("params")]
+    cpu_per_interval = (c1 - c0) / ((w1 - w0) / args.interval)
+    out = {"resources": args.resources, "pods_per_resource": args.pods, "canned_servers": args.servers,
+           "interval_s": args.interval, "measured_wall_s": w1 - w0, "cpu_s_measured": c1 - c0,
+           "cpu_s_per_interval": cpu_per_interval, "core_fraction_at_30s": cpu_per_interval / 30.0,
+           "rss_mb_max": max(s["rss_mb"] for s in samples), "samples": samples,
+           "resources_with_decision": len(decided), "resources_calibrated": len(calibrated),
+           "targets": {"core_fraction_at_30s": 0.10, "rss_mb": 300}}
+    out["meets"] = {"cpu": out["core_fraction_at_30s"] <= 0.10, "rss": out["rss_mb_max"] <= 300}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "operator_scale.json").write_text(json.dumps(out, indent=1))
+    md = ["# Operator scale: one `kneecap run` process", "",
+          f"{args.resources} LLMDeployments × {args.pods} pods (scraped through {args.servers} canned twin-metrics "
+          f"servers), control interval {args.interval:g} s, {args.intervals} intervals measured after "
+          f"{args.warmup_intervals} of warm-up.", "",
+          "| metric | measured | target | met |", "|---|---|---|---|",
+          f"| CPU seconds per reconcile interval (all resources) | {cpu_per_interval:.2f} s | | |",
+          f"| share of one core at a 30 s interval | {out['core_fraction_at_30s']:.1%} | ≤ 10% | "
+          f"{'yes' if out['meets']['cpu'] else '**no**'} |",
+          f"| resident memory (max) | {out['rss_mb_max']:.0f} MB | ≤ 300 MB | {'yes' if out['meets']['rss'] else '**no**'} |",
+          f"| resources with a decision / calibrated | {len(decided)} / {len(calibrated)} of {args.resources} | | |", ""]
+    (RESULTS / "operator_scale.md").write_text("\n".join(md))
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

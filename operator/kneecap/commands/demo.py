@@ -1,0 +1,86 @@
+"""`kneecap demo`: the whole loop on this machine, no cluster and no GPU.
+
+Starts an in-process Kubernetes API, a kubelet shim that runs each pod as a `kneecap twin`
+(a GPU-scale vLLM twin), a Service-like router, Poisson load and the real operator in enforce
+mode; prints one line per control interval and a summary read back from the run, and writes
+the trajectory PNG and the run's JSON under --out. See kneecap.demo.harness.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from kneecap.errors import InputError
+
+HELP = "run kneecap end to end on an embedded cluster (twin pods, load, the real operator)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from kneecap.demo.harness import DemoConfig
+
+    d = DemoConfig()
+    parser.add_argument("--model", default=d.model, help=f"model served by the twin pods (default {d.model})")
+    parser.add_argument("--arch", default=None, help="catalog model shape (default: guessed from --model)")
+    parser.add_argument("--gpu", default=d.gpu, help=f"catalog GPU of each pod (default {d.gpu})")
+    parser.add_argument("--rate", type=float, default=d.rate_rps, help="steady request rate, req/s (simulated)")
+    parser.add_argument("--input-mean", type=float, default=d.input_mean, help="mean prompt tokens")
+    parser.add_argument("--input-cv", type=float, default=d.input_cv, help="prompt length CV (log-normal)")
+    parser.add_argument("--output-mean", type=float, default=d.output_mean, help="mean output tokens")
+    parser.add_argument("--output-cv", type=float, default=d.output_cv, help="output length CV (log-normal)")
+    parser.add_argument("--max-concurrency", type=int, default=d.max_concurrency,
+                        help="requests the load keeps in flight at most")
+    parser.add_argument("--duration", type=float, default=d.duration_s, help="simulated seconds of load")
+    parser.add_argument("--time-scale", type=float, default=d.time_scale,
+                        help="simulated seconds per wall second (twins and the operator's clock)")
+    parser.add_argument("--interval", type=float, default=d.interval_s,
+                        help="control interval and observation window, simulated seconds")
+    parser.add_argument("--cooldown", type=float, default=d.cooldown_s, help="seconds between pod restarts")
+    parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="cap the pods start with")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
+                        help="memory fraction the pods start with")
+    parser.add_argument("--efficiency-floor", type=float, default=d.efficiency_floor, help="BCA ε (eq. 13)")
+    parser.add_argument("--slo-tpot", type=float, default=d.slo_tpot_s, help="TPOT SLO, seconds (ITL p95)")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--out", type=Path, default=Path("kneecap-demo"),
+                        help="directory for trajectory.png, run.json and the twins' logs")
+    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+
+
+def config_from_args(args):
+    from kneecap.demo.harness import DemoConfig
+
+    if args.max_concurrency < 1:
+        raise InputError("max_concurrency", f"expected a positive integer, got {args.max_concurrency}")
+    return DemoConfig(model=args.model, architecture=args.arch, gpu=args.gpu, rate_rps=args.rate,
+                      input_mean=args.input_mean, output_mean=args.output_mean, input_cv=args.input_cv,
+                      output_cv=args.output_cv, duration_s=args.duration, time_scale=args.time_scale,
+                      interval_s=args.interval, cooldown_s=args.cooldown, max_num_seqs=args.max_num_seqs,
+                      gpu_memory_utilization=args.gpu_memory_utilization, efficiency_floor=args.efficiency_floor,
+                      slo_tpot_s=args.slo_tpot, max_concurrency=args.max_concurrency, seed=args.seed)
+
+
+def run(args) -> int:
+    from kneecap.demo.harness import run_demo
+    from kneecap.demo.report import plot, row_line, summary_text
+
+    cfg = config_from_args(args)
+    cfg.check()
+    out = Path(args.out)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    live = sys.stderr if args.json else sys.stdout
+    print(f"kneecap demo: {cfg.model} on {cfg.gpu}, {cfg.rate_rps:g} req/s for {cfg.duration_s:g}s simulated "
+          f"at {cfg.time_scale:g}x (about {cfg.duration_s / cfg.time_scale:.0f}s wall); pods start at "
+          f"max_num_seqs={cfg.max_num_seqs}, gpu_memory_utilization={cfg.gpu_memory_utilization:g}",
+          file=live, flush=True)
+    res = run_demo(cfg, on_row=lambda r: print(row_line(r), file=live, flush=True), log_dir=out / "logs")
+    png = plot(res, out / "trajectory.png")
+    (out / "run.json").write_text(json.dumps(res.to_json(), indent=1, default=str))
+    if args.json:
+        print(json.dumps({**res.summary, "png": str(png), "run_json": str(out / "run.json")}))
+    else:
+        print(summary_text(res.summary))
+        print(f"  trajectory   {png}")
+    return 0

@@ -1,0 +1,345 @@
+"""The embedded cluster, end to end: API + kubelet shim + router + load + the real operator.
+
+`run_demo(DemoConfig(...))` starts the emulated Kubernetes API (kneecap.demo.kubeapi), the
+operator (kneecap.control's kopf registry, `kopf.operator` in a thread, enforce mode), creates
+one LLMDeployment, lets the kubelet shim run its pods as `kneecap twin` processes behind a
+Service-like router, drives the router with Poisson load (kneecap.sim.loadgen.run_load) and
+records one `IntervalRow` per control decision, read back from the LLMDeployment's status and
+the Deployment's args. Time is simulated: the twins and the operator's clock run
+`time_scale` times faster than the wall clock, so every duration here is simulated seconds.
+
+The load has two phases: a light warm-up (`warmup_intervals` at `warmup_rate_fraction` of the
+rate), so SLIM sees more than one batch level (DESIGN §4.3), then the full rate, capped at
+`max_concurrency` requests in flight (a Poisson stream that keeps the server busy without an
+unbounded backlog).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+import math
+import os
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from kneecap.control import vllm_args as V
+from kneecap.control.manifests import GPU_MEMORY_UTILIZATION, MAX_NUM_SEQS, vllm_container
+from kneecap.control.metrics import OperatorMetrics
+from kneecap.demo.clock import SimClock, scaled_scrape
+from kneecap.demo.kubeapi import LLMD, KubeAPIThread
+from kneecap.demo.kubelet import DEPLOY, Kubelet
+from kneecap.demo.router import Router
+from kneecap.errors import InputError
+
+NS = "demo"
+NAME = "opt"
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """Everything a demo run depends on. Durations, rates and latencies in simulated seconds."""
+
+    model: str = "facebook/opt-1.3b"
+    architecture: str | None = None  # catalog key; None: guessed from the model name
+    gpu: str = "h100-64gb"
+    rate_rps: float = 60.0
+    input_mean: float = 200.0
+    output_mean: float = 200.0
+    input_cv: float = 0.3
+    output_cv: float = 0.3
+    duration_s: float = 600.0
+    time_scale: float = 4.0
+    interval_s: float = 15.0
+    cooldown_s: float = 45.0
+    warmup_intervals: int = 3
+    warmup_rate_fraction: float = 0.05
+    max_concurrency: int = 320  # requests in flight from the load generator
+    max_num_seqs: int = 256  # where the pods start
+    gpu_memory_utilization: float = 0.9
+    efficiency_floor: float = 0.25  # ε of eq. 13
+    slo_tpot_s: float | None = 0.05  # decode-latency SLO (ITL p95); queue-independent
+    slo_e2e_s: float | None = None  # SLIM batch E2E SLO for BCA (vLLM's e2e histogram includes queueing)
+    min_observations: int = 3
+    observation_history: int = 40
+    seed: int = 0
+    tick_s: float = 0.25  # wall seconds between the operator's timer wake-ups
+
+    def check(self) -> None:
+        for name in ("rate_rps", "input_mean", "output_mean", "duration_s", "time_scale", "interval_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise InputError(name, f"expected a positive number, got {v!r}")
+        for name in ("input_cv", "output_cv", "cooldown_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise InputError(name, f"expected a non-negative number, got {v!r}")
+        if self.duration_s < (self.warmup_intervals + 2) * self.interval_s:
+            raise InputError("duration_s", f"expected at least {(self.warmup_intervals + 2) * self.interval_s:g}s "
+                                           f"(warm-up of {self.warmup_intervals} intervals + 2 intervals), "
+                                           f"got {self.duration_s:g}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise InputError("gpu_memory_utilization", f"expected a fraction in (0, 1], got {self.gpu_memory_utilization}")
+        from kneecap.control.spec import parse_spec
+
+        parse_spec(llmdeployment(self)["spec"])  # model, GPU, caps: the CRD's own checks
+
+    @property
+    def warmup_s(self) -> float:
+        return self.warmup_intervals * self.interval_s
+
+
+def llmdeployment(cfg: DemoConfig, name: str = NAME, namespace: str = NS) -> dict:
+    """The one LLMDeployment the demo applies (enforce mode, one replica)."""
+    slo = {k: v for k, v in (("tpotSeconds", cfg.slo_tpot_s), ("e2eSeconds", cfg.slo_e2e_s)) if v}
+    model = {"name": cfg.model, **({"architecture": cfg.architecture} if cfg.architecture else {})}
+    return {
+        "apiVersion": "kneecap.io/v1alpha1", "kind": "LLMDeployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": model,
+            "accelerator": {"type": cfg.gpu},
+            "engine": {"image": "vllm/vllm-openai:v0.11.0", "maxNumSeqs": cfg.max_num_seqs,
+                       "gpuMemoryUtilization": cfg.gpu_memory_utilization, "extraArgs": []},
+            "topology": {"mode": "colocated", "replicas": {"min": 1, "max": 1}},
+            "slo": slo,
+            "batching": {"efficiencyFloor": cfg.efficiency_floor},
+            "control": {"mode": "enforce", "interval": f"{cfg.interval_s:g}s", "window": f"{cfg.interval_s:g}s",
+                        "cooldown": f"{cfg.cooldown_s:g}s", "minObservations": cfg.min_observations,
+                        "observationHistory": cfg.observation_history},
+        },
+    }
+
+
+# ------------------------------------------------------------------ operator in a thread
+
+class OperatorThread:
+    """The real operator (kneecap.control.handlers' kopf registry) in a background thread."""
+
+    def __init__(self, kube_url: str, namespace: str, clock: Callable[[], float] | None = None,
+                 tick_s: float = 0.25, metrics: OperatorMetrics | None = None, scrape=None):
+        import kopf
+
+        from kneecap.control.handlers import OperatorConfig, build_registry
+
+        self.metrics = metrics or OperatorMetrics()
+        self.config = OperatorConfig(tick_s=tick_s, metrics=self.metrics,
+                                     connection=kopf.ConnectionInfo(server=kube_url))
+        if clock is not None:
+            self.config.now = clock
+        if scrape is not None:
+            self.config.scrape = scrape
+        self.registry = build_registry(self.config)
+        self.settings = kopf.OperatorSettings()
+        self.settings.watching.server_timeout = 10
+        self.namespace = namespace
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name="kneecap-operator", daemon=True)
+
+    def _main(self) -> None:
+        import kopf
+
+        try:
+            asyncio.run(kopf.operator(registry=self.registry, settings=self.settings, standalone=True,
+                                      namespaces=[self.namespace], stop_flag=self._stop, ready_flag=self._ready))
+        except BaseException as exc:  # surfaced by stop()
+            self.error = exc
+            self._ready.set()
+
+    def start(self, timeout_s: float = 30.0) -> "OperatorThread":
+        self._thread.start()
+        if not self._ready.wait(timeout_s):
+            raise TimeoutError("the operator did not become ready")
+        if self.error is not None:
+            raise self.error
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout_s)
+        if self.error is not None:
+            raise self.error
+
+
+# ------------------------------------------------------------------ records
+
+@dataclass(frozen=True)
+class IntervalRow:
+    """One control decision as the status and the Deployment showed it."""
+
+    t_s: float  # simulated seconds since the demo started
+    max_num_seqs: int  # live in the Deployment's args
+    gpu_memory_utilization: float
+    throughput_tok_s: float | None  # prompt + generated tokens/s over the window (status.workload)
+    batch: float | None
+    ttft_p95_s: float | None
+    itl_p95_s: float | None
+    e2e_p95_s: float | None
+    slo_met: bool | None  # the SLOMet condition after this decision
+    decision: str
+    message: str
+    recommended_max_num_seqs: int | None
+    recommended_gpu_memory_utilization: float | None
+    restarts: int  # pods the kubelet shim had replaced by then
+    phase: str  # "warmup" | "steady"
+
+
+@dataclass
+class DemoResult:
+    config: DemoConfig
+    rows: list[IntervalRow]
+    llmd: dict  # the LLMDeployment as the API held it at the end
+    deployment: dict  # its Deployment at the end
+    deployment_history: list[dict]  # every stored version of the Deployment
+    kubelet_restarts: int
+    kubelet_started: int
+    kubelet_events: list[dict]
+    load: dict  # the steady phase's `kneecap load --json` report ({"stopped": True} if cut at the end)
+    wall_s: float
+    operator_metrics: str
+    summary: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {"config": asdict(self.config), "summary": self.summary, "rows": [asdict(r) for r in self.rows],
+                "kubelet_events": self.kubelet_events, "load": self.load, "wall_s": self.wall_s}
+
+
+def _flags(deploy: dict) -> tuple[int, float]:
+    c = vllm_container(deploy)
+    return int(V.container_flag(c, MAX_NUM_SEQS)), float(V.container_flag(c, GPU_MEMORY_UTILIZATION))
+
+
+def _row(t_s: float, st: dict, deploy: dict, restarts: int, phase: str) -> IntervalRow:
+    cap, gmu = _flags(deploy)
+    w = st.get("workload") or {}
+    thr = (w.get("promptTokS", 0.0) + w.get("generationTokS", 0.0)) if w else None
+    slo = next((c for c in st.get("conditions") or [] if c["type"] == "SLOMet"), None)
+    rec = st.get("recommendation") or {}
+    d = st.get("lastDecision") or {}
+    return IntervalRow(
+        t_s=round(t_s, 3), max_num_seqs=cap, gpu_memory_utilization=gmu, throughput_tok_s=thr,
+        batch=w.get("meanBatchLittle") or w.get("meanBatch"), ttft_p95_s=w.get("ttftP95S"),
+        itl_p95_s=w.get("itlP95S"), e2e_p95_s=w.get("e2eP95S"),
+        slo_met=None if slo is None or slo.get("status") == "Unknown" else slo["status"] == "True",
+        decision=d.get("reason", ""), message=d.get("message", ""),
+        recommended_max_num_seqs=rec.get("maxNumSeqs"), recommended_gpu_memory_utilization=rec.get("gpuMemoryUtilization"),
+        restarts=restarts, phase=phase)
+
+
+# ------------------------------------------------------------------ the run
+
+def _load_argv(cfg: DemoConfig, url: str, rate_rps: float, duration_s: float, seed: int) -> list[str]:
+    return [sys.executable, "-m", "kneecap", "load", url, "--rate", f"{rate_rps:g}", "--duration", f"{duration_s:g}",
+            "--input-mean", f"{cfg.input_mean:g}", "--input-cv", f"{cfg.input_cv:g}",
+            "--output-mean", f"{cfg.output_mean:g}", "--output-cv", f"{cfg.output_cv:g}", "--seed", str(seed),
+            "--max-concurrency", str(cfg.max_concurrency), "--model", cfg.model, "--timeout", "3600",
+            "--time-scale", f"{cfg.time_scale:g}", "--json"]
+
+
+async def _load(cfg: DemoConfig, url: str) -> dict:
+    """Warm-up then steady Poisson load, each a `kneecap load` process (its own CPU, not the
+    operator's); both stop when the run's duration is over. Returns the steady phase's report,
+    or {"stopped": True} when it was still busy at the end (requests left in flight)."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    spawn = lambda argv: asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,  # noqa: E731
+                                                        stderr=asyncio.subprocess.DEVNULL, env=env)
+    procs = [await spawn(_load_argv(cfg, url, cfg.rate_rps * cfg.warmup_rate_fraction, cfg.warmup_s, cfg.seed))]
+    await asyncio.sleep(cfg.warmup_s / cfg.time_scale)
+    procs.append(await spawn(_load_argv(cfg, url, cfg.rate_rps, cfg.duration_s - cfg.warmup_s, cfg.seed + 1)))
+    try:
+        out, _ = await asyncio.wait_for(procs[1].communicate(), (cfg.duration_s - cfg.warmup_s) / cfg.time_scale)
+        return json.loads(out.decode() or "{}")
+    except asyncio.TimeoutError:
+        return {"stopped": True}
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                p.terminate()
+                await p.wait()
+
+
+async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: SimClock,
+                on_row: Callable[[IntervalRow], None], log_dir: Path | None):
+    router = await Router().start()
+    kubelet = Kubelet(kube, NS, cfg.time_scale, on_endpoints=lambda _d, urls: router.set_endpoints(urls),
+                      drain=router.drain, log_dir=log_dir)
+    stop = asyncio.Event()
+    kubelet_task = asyncio.create_task(kubelet.run(stop))
+    rows: list[IntervalRow] = []
+    try:
+        kube_create = asyncio.to_thread(kube.create, LLMD, llmdeployment(cfg))
+        await kube_create
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 120
+        while not router.endpoints:  # the first pod is up
+            if kubelet_task.done():
+                kubelet_task.result()
+            if loop.time() > deadline:
+                raise RuntimeError(f"no pod became ready: {kubelet.events}")
+            await asyncio.sleep(0.1)
+        t0 = clock()
+        load_task = asyncio.create_task(_load(cfg, router.url))
+        last = None
+        while not load_task.done():
+            st_obj, dep = await asyncio.gather(asyncio.to_thread(kube.get, LLMD, NS, NAME),
+                                               asyncio.to_thread(kube.get, DEPLOY, NS, NAME))
+            st = (st_obj or {}).get("status") or {}
+            stamp = (st.get("lastDecision") or {}).get("time"), len(st.get("observations") or [])
+            if st.get("lastDecision") and dep and stamp != last:
+                last = stamp
+                t = clock() - t0
+                row = _row(t, st, dep, sum(kubelet.restarts.values()), "warmup" if t < cfg.warmup_s else "steady")
+                rows.append(row)
+                on_row(row)
+            await asyncio.sleep(min(0.25, cfg.interval_s / cfg.time_scale / 4))
+        report = load_task.result()
+    finally:
+        stop.set()
+        await kubelet_task
+        await router.stop()
+    return rows, report, kubelet
+
+
+def run_demo(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = lambda row: None,
+             log_dir: Path | None = None, quiet_operator: bool = True) -> DemoResult:
+    """Run the whole loop once (module docstring) and return what it recorded."""
+    cfg.check()
+    if quiet_operator:
+        for name in ("kopf", "aiohttp", "kneecap"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+    wall0 = time.monotonic()
+    clock = SimClock(cfg.time_scale)
+    with KubeAPIThread(instant_rollouts=False) as kube:
+        kube.add_namespace(NS)
+        op = OperatorThread(kube.url, NS, clock=clock, tick_s=cfg.tick_s, scrape=scaled_scrape(clock)).start()
+        try:
+            rows, report, kubelet = asyncio.run(_main(cfg, kube, clock, on_row, log_dir))
+        finally:
+            op.stop()
+        llmd_obj = kube.get(LLMD, NS, NAME)
+        deploy = kube.get(DEPLOY, NS, NAME)
+        history = [v for v in kube.history(DEPLOY, NS, NAME) if v is not None]
+    load = {k: v for k, v in report.items() if k != "records"}
+    res = DemoResult(cfg, rows, llmd_obj, deploy, history, sum(kubelet.restarts.values()),
+                     sum(kubelet.started.values()), copy.deepcopy(kubelet.events), load,
+                     time.monotonic() - wall0, op.metrics.exposition().decode())
+    from kneecap.demo.report import summarize
+
+    res.summary = summarize(res)
+    return res
+
+
+def default_log_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="kneecap-demo-"))

@@ -1,0 +1,74 @@
+"""`kneecap demo`'s harness end to end: a short run, its summary checked against the API's objects.
+
+The run is real: the emulated API, the operator (kopf, enforce mode), `kneecap twin` pods run
+by the kubelet shim, `kneecap load` through the router. Simulated time runs 5× the wall clock.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kneecap.control import vllm_args as V
+from kneecap.control.manifests import vllm_container
+from kneecap.demo.harness import DemoConfig, run_demo
+from kneecap.demo.kubelet import template_hash, twin_argv
+from kneecap.demo.report import plot, row_line, summary_text, template_changes
+from kneecap.errors import InputError
+
+pytestmark = pytest.mark.slow
+
+
+def flags(deploy: dict) -> tuple[int, float]:
+    c = vllm_container(deploy)
+    return int(V.container_flag(c, "--max-num-seqs")), float(V.container_flag(c, "--gpu-memory-utilization"))
+
+
+def test_short_demo_summary_matches_the_api_objects(tmp_path):
+    cfg = DemoConfig(duration_s=160.0, time_scale=5.0, interval_s=10.0, cooldown_s=30.0, warmup_intervals=2)
+    lines = []
+    res = run_demo(cfg, on_row=lambda r: lines.append(row_line(r)), log_dir=tmp_path)
+    s = res.summary
+    # the summary's converged settings are the Deployment's args at the end
+    assert (s["converged_max_num_seqs"], s["converged_gpu_memory_utilization"]) == flags(res.deployment)
+    assert (s["start_max_num_seqs"], s["start_gpu_memory_utilization"]) == (256, 0.9)
+    assert flags(res.deployment_history[0]) == (256, 0.9)
+    # the loop acted: the operator changed the Deployment and the shim restarted the pod for each change
+    assert s["deployment_changes"] == template_changes(res.deployment_history) >= 1
+    assert s["restarts"] == res.kubelet_restarts == s["deployment_changes"]
+    assert sum(1 for e in res.kubelet_events if e["event"] == "restart") == res.kubelet_restarts
+    assert s["converged_max_num_seqs"] < 256 and s["released_gib"] == pytest.approx(
+        (0.9 - s["converged_gpu_memory_utilization"]) * s["gpu_memory_gib"], abs=1e-3)
+    st = res.llmd["status"]
+    assert st["applied"]["maxNumSeqs"] == s["converged_max_num_seqs"]
+    # each twin ran with the args its Deployment version carried
+    ready = [e for e in res.kubelet_events if e["event"] == "ready"]
+    assert f"--max-num-seqs={s['converged_max_num_seqs']}" in ready[-1]["argv"]
+    assert ready[-1]["template"] == template_hash(res.deployment)
+    # rows: one per decision, with observed numbers once the window closed
+    assert len(lines) == len(res.rows) >= 8
+    assert any(r.decision == "Applied" for r in res.rows)
+    assert any(r.throughput_tok_s and r.throughput_tok_s > 500 for r in res.rows)
+    assert s["throughput_converged_tok_s"] is None or s["throughput_converged_tok_s"] > 0
+    assert "GiB released" in summary_text(s)
+    json.dumps(res.to_json())
+    assert plot(res, tmp_path / "t.png").stat().st_size > 10_000
+
+
+def test_twin_argv_replaces_host_and_port_and_keeps_vllm_flags():
+    c = {"args": ["facebook/opt-1.3b", "--port=8000", "--max-num-seqs=64", "--gpu-memory-utilization=0.2",
+                  "--host", "0.0.0.0", "--enforce-eager"]}
+    argv = twin_argv(c, "opt-1.3b", "h100-64gb", 1234, 5.0)
+    assert argv[:4] == ["facebook/opt-1.3b", "--max-num-seqs=64", "--gpu-memory-utilization=0.2", "--enforce-eager"]
+    assert argv[4:] == ["--host", "127.0.0.1", "--port", "1234", "--arch", "opt-1.3b", "--gpu", "h100-64gb",
+                        "--time-scale", "5"]
+
+
+@pytest.mark.parametrize("over, field", [({"rate_rps": 0}, "rate_rps"), ({"gpu": "tpu-v9"}, "spec.accelerator.type"),
+                                         ({"duration_s": 20.0}, "duration_s"),
+                                         ({"max_num_seqs": 5000}, "spec.engine.maxNumSeqs")])
+def test_bad_config_names_the_field(over, field):
+    with pytest.raises(InputError) as exc:
+        DemoConfig(**over).check()
+    assert exc.value.field == field
