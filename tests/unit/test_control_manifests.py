@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import kubernetes_validate
 import pytest
 
 from kneecap.control import manifests as M
@@ -138,3 +139,15 @@ def test_kv_cache_bytes_knob_and_tensor_parallel():
     c = M.container(spec, "server", M.EngineSettings(8, 0.9, kv_cache_memory_bytes=2 * 1024**3))
     assert "--kv-cache-memory-bytes=2147483648" in c["args"]
     assert "--tensor-parallel-size=2" in c["args"]
+
+
+@pytest.mark.parametrize("raw", [BASE, DISAGG], ids=["colocated", "disaggregated"])
+def test_rendered_objects_validate_against_the_kubernetes_schema(raw):
+    spec = parse_spec(raw)
+    for pool in M.pools("llama", spec):
+        for obj in (M.deployment(OWNER, spec, pool, M.initial_settings(spec, pool.role)), M.service(OWNER, spec, pool)):
+            kubernetes_validate.validate(obj, "1.32", strict=True)
+    bad = M.deployment(OWNER, spec, M.pools("llama", spec)[0], M.initial_settings(spec, "server"))
+    bad["spec"]["replicas"] = "two"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, "1.32", strict=True)
