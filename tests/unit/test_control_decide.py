@@ -123,3 +123,36 @@ def test_calibration_roundtrips_through_status(curve):
     assert back.params == out.calibration.params and st["nPoints"] == 3
     assert decide.calibration_from_status({"params": {"eta_c": "x"}}) is None
     assert decide.calibration_from_status(None) is None
+
+
+def _opt_fit(profiles_csv):
+    rows = {int(r["max_num_seqs"]): r for r in csv.DictReader(open(profiles_csv))
+            if r["curve"] == "advisor_output_length/opt-1.3b/ol260/n2000/mem0.9"}
+    obs = [observation(rows[c]) for c in (8, 16, 32, 64)]
+    return decide.recalibrate("opt-1.3b", "h100-64gb", obs, None, 0.3).calibration, obs[-1]
+
+
+def test_colocated_replicas_follow_the_rate_through_gauss(profiles_csv):
+    import math
+
+    cal, obs = _opt_fit(profiles_csv)
+    spec = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb", "costPerHour": 4},
+                       "engine": {"image": "vllm", "maxNumSeqs": 64}, "slo": {"ttftSeconds": 1.0, "tpotSeconds": 0.05}})
+    n1, bind1, a1 = decide.colocated_replicas(spec, cal, obs)
+    lam = a1["sustainableRatePerReplicaRps"]
+    assert lam > 0 and n1 == max(1, math.ceil(decide.RATE_HEADROOM * obs.request_rate_rps / lam - 1e-12))
+    n10, _, a10 = decide.colocated_replicas(spec, cal, replace(obs, request_rate_rps=10 * obs.request_rate_rps))
+    assert n10 > n1 and a10["costPerHour"] == pytest.approx(4.0 * n10)
+
+
+def test_disaggregated_allocation_from_sara(profiles_csv):
+    cal, obs = _opt_fit(profiles_csv)
+    spec = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb", "costPerHour": 4},
+                       "engine": {"image": "vllm", "maxNumSeqs": 64}, "slo": {"ttftSeconds": 1.0, "tpotSeconds": 0.05},
+                       "topology": {"mode": "disaggregated", "kvTransfer": {}}, "budget": {"maxCostPerHour": 40}})
+    a = decide.disaggregated_allocation(spec, cal, obs)
+    assert a["prefillReplicas"] >= 1 and a["decodeReplicas"] >= 1 and a["kvBandwidthGiBps"] > 0
+    assert set(a["binding"]) == {"prefill", "kv", "decode"} and a["budgetFeasible"] and a["goodputRps"] > 0
+    big = decide.disaggregated_allocation(spec, cal, replace(obs, request_rate_rps=20 * obs.request_rate_rps))
+    assert big["decodeReplicas"] + big["prefillReplicas"] > a["decodeReplicas"] + a["prefillReplicas"]
+    assert big["costPerHour"] > a["costPerHour"]

@@ -232,12 +232,7 @@ def colocated_replicas(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs:
     from kneecap.model.sara import plan_colocated
 
     arch, gpu = get_arch(spec.model.architecture), get_gpu(spec.accelerator.type)
-    p = cal.params
-    coef = gauss.coefficients_from_slim(
-        eta_c=p["eta_c"], eta_m=p["eta_m"], alpha=p.get("alpha_s", 0.0), gamma=p.get("gamma_s", 0.0),
-        b0=p.get("b0", 0.0), t_fixed_s=p.get("t_fixed_s", 0.0), layers=arch.layers, hidden=arch.hidden,
-        kv_dim=arch.d_kv, ff_ratio=arch.r_ff, kv_bytes=arch.dtype_bytes, peak_flops=gpu.peak_flops,
-        bandwidth_bytes_s=gpu.mem_bw_bytes_s)
+    coef = gauss.coefficients_for(arch, gpu, cal.params, form=cal.form)  # SLIM form -> GAUSS d(B, C)
     wl = gauss.Workload(
         input_tokens=gauss.LogNormalLength(max(obs.input_len_mean, 1.0), max(obs.input_len_cv, 0.05)),
         output_tokens=gauss.LogNormalLength(max(obs.output_len_mean, 1.0), max(obs.output_len_cv, 0.05)))
