@@ -148,7 +148,9 @@ def deployment(owner: dict, spec: LLMDeploymentSpec, pool: Pool, settings: Engin
             "replicas": int(settings.replicas),
             "selector": {"matchLabels": selector(name, pool.role)},
             "template": {
-                "metadata": {"labels": lab, "annotations": dict(spec.engine.pod_annotations)},
+                # empty maps are dropped by the API server: leave them out so drift checks stay exact
+                "metadata": {"labels": lab, **({"annotations": dict(spec.engine.pod_annotations)}
+                                               if spec.engine.pod_annotations else {})},
                 "spec": {"containers": [container(spec, pool.role, settings)]},
             },
         },
