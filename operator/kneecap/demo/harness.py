@@ -68,7 +68,7 @@ class DemoConfig:
     efficiency_floor: float = 0.25  # ε of eq. 13
     slo_tpot_s: float | None = 0.05  # decode-latency SLO (ITL p95); queue-independent
     slo_e2e_s: float | None = None  # SLIM batch E2E SLO for BCA (vLLM's e2e histogram includes queueing)
-    min_observations: int = 3
+    min_observations: int = 6  # warm-up windows + three at full load before the first change
     observation_history: int = 40
     seed: int = 0
     tick_s: float = 0.25  # wall seconds between the operator's timer wake-ups
@@ -98,7 +98,8 @@ class DemoConfig:
 
 
 def llmdeployment(cfg: DemoConfig, name: str = NAME, namespace: str = NS) -> dict:
-    """The one LLMDeployment the demo applies (enforce mode, one replica)."""
+    """The one LLMDeployment the demo applies (enforce mode, one replica). The window is a little
+    shorter than the interval, so every control tick closes one (one observation per interval)."""
     slo = {k: v for k, v in (("tpotSeconds", cfg.slo_tpot_s), ("e2eSeconds", cfg.slo_e2e_s)) if v}
     model = {"name": cfg.model, **({"architecture": cfg.architecture} if cfg.architecture else {})}
     return {
@@ -112,7 +113,7 @@ def llmdeployment(cfg: DemoConfig, name: str = NAME, namespace: str = NS) -> dic
             "topology": {"mode": "colocated", "replicas": {"min": 1, "max": 1}},
             "slo": slo,
             "batching": {"efficiencyFloor": cfg.efficiency_floor},
-            "control": {"mode": "enforce", "interval": f"{cfg.interval_s:g}s", "window": f"{cfg.interval_s:g}s",
+            "control": {"mode": "enforce", "interval": f"{cfg.interval_s:g}s", "window": f"{0.9 * cfg.interval_s:g}s",
                         "cooldown": f"{cfg.cooldown_s:g}s", "minObservations": cfg.min_observations,
                         "observationHistory": cfg.observation_history},
         },
@@ -178,6 +179,7 @@ class IntervalRow:
     """One control decision as the status and the Deployment showed it."""
 
     t_s: float  # simulated seconds since the demo started
+    obs_t_end_s: float | None  # end of the observation window behind the numbers (repeats when none closed)
     max_num_seqs: int  # live in the Deployment's args
     gpu_memory_utilization: float
     throughput_tok_s: float | None  # prompt + generated tokens/s over the window (status.workload)
@@ -227,7 +229,7 @@ def _row(t_s: float, st: dict, deploy: dict, restarts: int, phase: str) -> Inter
     rec = st.get("recommendation") or {}
     d = st.get("lastDecision") or {}
     return IntervalRow(
-        t_s=round(t_s, 3), max_num_seqs=cap, gpu_memory_utilization=gmu, throughput_tok_s=thr,
+        t_s=round(t_s, 3), obs_t_end_s=w.get("tEndS"), max_num_seqs=cap, gpu_memory_utilization=gmu, throughput_tok_s=thr,
         batch=w.get("meanBatchLittle") or w.get("meanBatch"), ttft_p95_s=w.get("ttftP95S"),
         itl_p95_s=w.get("itlP95S"), e2e_p95_s=w.get("e2eP95S"),
         slo_met=None if slo is None or slo.get("status") == "Unknown" else slo["status"] == "True",

@@ -21,6 +21,16 @@ def _mean(xs) -> float | None:
     return float(np.mean(xs)) if xs else None
 
 
+def distinct(rows) -> list:
+    """Rows with a new observation window (a decision without one repeats the last numbers)."""
+    seen, out = set(), []
+    for r in rows:
+        if r.obs_t_end_s is not None and r.obs_t_end_s not in seen:
+            seen.add(r.obs_t_end_s)
+            out.append(r)
+    return out
+
+
 def template_changes(history: list[dict]) -> int:
     """How many times the pod template changed across a Deployment's stored versions."""
     from kneecap.demo.kubelet import template_hash
@@ -45,7 +55,8 @@ def summarize(res) -> dict:
     conv_idx = changes[-1] if changes else 0
     after = [r for r in rows[conv_idx:] if r.phase == "steady"][1:]  # the first window after a restart is partial
     before = [r for r in steady if (r.max_num_seqs, r.gpu_memory_utilization) == (start_cap, start_gmu)]
-    thr_before, thr_after = _mean(r.throughput_tok_s for r in before), _mean(r.throughput_tok_s for r in after)
+    thr_before, thr_after = (_mean(r.throughput_tok_s for r in distinct(before)),
+                             _mean(r.throughput_tok_s for r in distinct(after)))
     slo_rows = [r.slo_met for r in after if r.slo_met is not None]
     t_conv = rows[conv_idx].t_s if changes else None
     st = (res.llmd or {}).get("status") or {}
@@ -61,8 +72,8 @@ def summarize(res) -> dict:
         "intervals": len(rows), "intervals_after_convergence": len(after),
         "throughput_start_tok_s": thr_before, "throughput_converged_tok_s": thr_after,
         "throughput_kept": (thr_after / thr_before) if thr_before and thr_after else None,
-        "batch_converged": _mean(r.batch for r in after),
-        "itl_p95_converged_s": _mean(r.itl_p95_s for r in after),
+        "batch_converged": _mean(r.batch for r in distinct(after)),
+        "itl_p95_converged_s": _mean(r.itl_p95_s for r in distinct(after)),
         "slo_tpot_s": cfg.slo_tpot_s, "slo_e2e_s": cfg.slo_e2e_s,
         "slo_intervals_met": sum(slo_rows), "slo_intervals": len(slo_rows),
         "slo_attainment_intervals": (sum(slo_rows) / len(slo_rows)) if slo_rows else None,
