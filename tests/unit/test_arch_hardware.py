@@ -3,7 +3,8 @@ import json
 import pytest
 
 from kneecap.errors import InputError
-from kneecap.model.arch import CATALOG, GIB, arch_from_hf_config, get_arch, load_hf_config, params_from_shape
+from kneecap.model.arch import CATALOG, GIB, arch_from_hf_config, get_arch, params_from_shape
+from kneecap.observe.hf_config import load_hf_config
 from kneecap.model.hardware import get_gpu
 
 REQUIRED = ["opt-125m", "opt-350m", "opt-1.3b", "opt-2.7b", "opt-6.7b", "opt-13b", "opt-30b", "opt-66b",

@@ -108,7 +108,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_arch(args):
-    from kneecap.model.arch import get_arch, load_hf_config
+    from kneecap.model.arch import get_arch
+    from kneecap.observe.hf_config import load_hf_config
 
     if args.arch:
         return get_arch(args.arch)

@@ -6,9 +6,7 @@ dim, D_kv = Hkv·dh, r_ff = D_ff/D (×1.5 for gated MLPs, which have three matri
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from kneecap.errors import InputError
 
@@ -186,17 +184,3 @@ def arch_from_hf_config(config: dict, key: str | None = None) -> ModelArch:
     name = key or str(config.get("_name_or_path") or model_type or "custom").lower()
     return ModelArch(name, layers, hidden, q_heads, kv_heads, head_dim, ffn, gated, vocab, params,
                      dtype_bytes=_DTYPE_BYTES[dtype], max_position=int(max_pos) if max_pos else None)
-
-
-def load_hf_config(path: str | Path, key: str | None = None) -> ModelArch:
-    """Read ``config.json`` (or a directory holding one)."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / "config.json"
-    try:
-        config = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise InputError("config", f"no such file: {p}") from None
-    except json.JSONDecodeError as exc:
-        raise InputError("config", f"{p} is not valid JSON: {exc}") from None
-    return arch_from_hf_config(config, key=key or p.parent.name.lower() or None)
