@@ -11,6 +11,7 @@ gaps (DESIGN §7) are fixed here for the requests the operator makes; everything
   ``/status`` changes only ``status``; for resources declared with a status subresource the
   main endpoint ignores ``status``;
 * PUT replaces an object (keeping identity fields);
+* GET of one object is a dict lookup (kmock's fetch scans all objects: 0.17 s at 1000 objects);
 * LIST honours ``labelSelector`` (``k=v``, ``k!=v``, ``k``, ``!k``, comma-joined) and namespaces;
 * ``/api/v1/namespaces`` lists instead of 500 (declared like any resource);
 * DELETE of an object without finalizers removes it and cascades to objects whose
@@ -245,6 +246,8 @@ class KubeAPI(kmock.KubernetesEmulator):
             async with self._lock:
                 if request.action == enums.action.LIST:
                     payload, status = self._list(request), 200
+                elif request.action == enums.action.FETCH and request.subresource is None:
+                    payload, status = self._fetch(request), 200
                 elif request.action == enums.action.CREATE:
                     payload, status = self._create(request, events), 201
                 elif request.action == enums.action.UPDATE or (method == "PUT" and request.name):
@@ -271,6 +274,13 @@ class KubeAPI(kmock.KubernetesEmulator):
                  and selector_matches(sel, obj.raw.get("metadata", {}).get("labels"))]
         return {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": str(next(self._rv))},
                 "items": items}
+
+    def _fetch(self, request) -> dict:
+        """GET one object by key (kmock's own fetch scans every object: slow with thousands)."""
+        live = self._live((request.resource, request.namespace, request.name))
+        if live is None:
+            raise KubernetesObjectNotFoundError()
+        return live.raw
 
     def _create(self, request, events) -> dict:
         obj = copy.deepcopy(request.data or {})
