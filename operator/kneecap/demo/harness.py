@@ -23,7 +23,6 @@ import logging
 import math
 import os
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -87,7 +86,8 @@ class DemoConfig:
                                            f"(warm-up of {self.warmup_intervals} intervals + 2 intervals), "
                                            f"got {self.duration_s:g}")
         if not 0 < self.gpu_memory_utilization <= 1:
-            raise InputError("gpu_memory_utilization", f"expected a fraction in (0, 1], got {self.gpu_memory_utilization}")
+            raise InputError("gpu_memory_utilization",
+                             f"expected a fraction in (0, 1], got {self.gpu_memory_utilization}")
         from kneecap.control.spec import parse_spec
 
         parse_spec(llmdeployment(self)["spec"])  # model, GPU, caps: the CRD's own checks
@@ -229,12 +229,14 @@ def _row(t_s: float, st: dict, deploy: dict, restarts: int, phase: str) -> Inter
     rec = st.get("recommendation") or {}
     d = st.get("lastDecision") or {}
     return IntervalRow(
-        t_s=round(t_s, 3), obs_t_end_s=w.get("tEndS"), max_num_seqs=cap, gpu_memory_utilization=gmu, throughput_tok_s=thr,
+        t_s=round(t_s, 3), obs_t_end_s=w.get("tEndS"), max_num_seqs=cap, gpu_memory_utilization=gmu,
+        throughput_tok_s=thr,
         batch=w.get("meanBatchLittle") or w.get("meanBatch"), ttft_p95_s=w.get("ttftP95S"),
         itl_p95_s=w.get("itlP95S"), e2e_p95_s=w.get("e2eP95S"),
         slo_met=None if slo is None or slo.get("status") == "Unknown" else slo["status"] == "True",
         decision=d.get("reason", ""), message=d.get("message", ""),
-        recommended_max_num_seqs=rec.get("maxNumSeqs"), recommended_gpu_memory_utilization=rec.get("gpuMemoryUtilization"),
+        recommended_max_num_seqs=rec.get("maxNumSeqs"),
+        recommended_gpu_memory_utilization=rec.get("gpuMemoryUtilization"),
         restarts=restarts, phase=phase)
 
 
@@ -302,7 +304,8 @@ async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: SimClock,
             if st.get("lastDecision") and dep and stamp != last:
                 last = stamp
                 t = clock() - t0
-                row = _row(t, st, dep, sum(kubelet.restarts.values()), "warmup" if t < cfg.warmup_s else "steady")
+                phase = "warmup" if t < cfg.warmup_s else "steady"
+                row = _row(t, st, dep, sum(kubelet.restarts.values()), phase)
                 rows.append(row)
                 on_row(row)
             await asyncio.sleep(min(0.25, cfg.interval_s / cfg.time_scale / 4))
@@ -341,7 +344,3 @@ def run_demo(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = lambda row
 
     res.summary = summarize(res)
     return res
-
-
-def default_log_dir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="kneecap-demo-"))
