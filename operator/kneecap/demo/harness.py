@@ -322,7 +322,8 @@ def run_demo(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = lambda row
     """Run the whole loop once (module docstring) and return what it recorded."""
     cfg.check()
     if quiet_operator:
-        for name in ("kopf", "aiohttp", "kneecap"):
+        logging.getLogger("kopf").setLevel(logging.ERROR)  # e.g. "OS signals are ignored" (it runs in a thread)
+        for name in ("aiohttp", "kneecap"):
             logging.getLogger(name).setLevel(logging.WARNING)
     wall0 = time.monotonic()
     clock = SimClock(cfg.time_scale)
