@@ -68,11 +68,6 @@ def query_var(name: str, label: str, query: str, multi: bool = False, include_al
     }
 
 
-def textbox(name: str, label: str, value: str, description: str) -> dict:
-    return {"name": name, "label": label, "type": "textbox", "query": value, "description": description,
-            "current": {"text": value, "value": value}, "options": [{"selected": True, "text": value, "value": value}]}
-
-
 def dashboard() -> dict:
     def q(p: float, metric: str) -> str:  # percentile from a vLLM histogram over the selected pools
         return f"histogram_quantile({p}, sum by (le) (rate(vllm:{metric}_bucket{{{V}}}[$__rate_interval])))"
@@ -105,6 +100,54 @@ def dashboard() -> dict:
               options={"seriesMapping": "auto", "series": [], "dims": {"x": "running batch"},
                        "legend": {"showLegend": True, "displayMode": "list", "placement": "bottom"}},
               transformations=[{"id": "joinByField", "options": {"byField": "Time", "mode": "inner"}}]),
+        panel(19, "SLIM throughput curve with the knee and the cap (tokens/s per pod)",
+              "The calibrated SLIM curve (paper 000, eqs. 5-12) at the last window's lengths, at batch sizes "
+              "1, 2, 4, ... up to spec.batching.maxMaxNumSeqs (x, log scale), with its knee (the batch past "
+              "which one more sequence adds less than ε·T(1)) and BCA's recommended cap (eq. 13) as points "
+              "on it. Past the knee the curve is flat: more batch buys latency and KV memory, not throughput.",
+              [target(f"kneecap_predicted_curve_throughput_tokens_per_second{{{KP}}}", "SLIM {{pool}}", "A",
+                      instant=True, format="table"),
+               target(f"kneecap_knee_batch{{{KP}}}", "knee batch", "B", instant=True, format="table"),
+               target(f"kneecap_knee_throughput_tokens_per_second{{{KP}}}", "knee", "C", instant=True,
+                      format="table"),
+               target(f"kneecap_recommended_max_num_seqs{{{KP}}}", "cap", "D", instant=True, format="table"),
+               target(f"kneecap_recommended_throughput_tokens_per_second{{{KP}}}", "cap throughput", "E",
+                      instant=True, format="table")],
+              (0, 10, 12, 9), kind="xychart", min_=0,
+              transformations=[
+                  {"id": "convertFieldType", "filter": {"id": "byRefId", "options": "A"},
+                   "options": {"conversions": [{"targetField": "batch", "destinationType": "number"}]}},
+                  {"id": "joinByField", "filter": {"id": "byRefId", "options": "/^[BC]$/"},
+                   "options": {"byField": "pool", "mode": "inner"}},
+                  {"id": "joinByField", "filter": {"id": "byRefId", "options": "/^[DE]$/"},
+                   "options": {"byField": "pool", "mode": "inner"}}],
+              options={"mapping": "manual", "seriesMapping": "manual",
+                       "series": [
+                           {"name": "SLIM curve", "frame": {"matcher": {"id": "byIndex", "options": 0}},
+                            "x": {"matcher": {"id": "byName", "options": "batch"}},
+                            "y": {"matcher": {"id": "byName", "options": "Value"}},
+                            "showPoints": "always", "pointSize": {"fixed": 5}},
+                           {"name": "knee", "frame": {"matcher": {"id": "byIndex", "options": 1}},
+                            "x": {"matcher": {"id": "byName", "options": "Value #B"}},
+                            "y": {"matcher": {"id": "byName", "options": "Value #C"}},
+                            "pointSize": {"fixed": 12}, "pointColor": {"fixed": "orange"}},
+                           {"name": "recommended cap", "frame": {"matcher": {"id": "byIndex", "options": 2}},
+                            "x": {"matcher": {"id": "byName", "options": "Value #D"}},
+                            "y": {"matcher": {"id": "byName", "options": "Value #E"}},
+                            "pointSize": {"fixed": 12}, "pointColor": {"fixed": "green"}}],
+                       "legend": {"showLegend": True, "displayMode": "list", "placement": "bottom"}},
+              overrides=[{"matcher": {"id": "byName", "options": "batch"},
+                          "properties": [{"id": "custom.scaleDistribution", "value": {"type": "log", "log": 2}}]}]),
+        panel(20, "Batching efficiency at the observed batch against ε",
+              "T(B)/(B·T(1)) of the calibrated SLIM curve at the window's mean running batch B (paper 000, "
+              "eq. 13), and ε = spec.batching.efficiencyFloor. Below ε the pool is past the knee "
+              "(alert KneecapPastKnee).",
+              [target(f"kneecap_batching_efficiency_ratio{{{KP}}}", "efficiency {{pool}}", "A"),
+               target(f"kneecap_efficiency_floor_ratio{{{K}}}", "ε (efficiencyFloor)", "B")],
+              (12, 10, 12, 9), unit="percentunit", min_=0, max_=1,
+              overrides=[{"matcher": {"id": "byFrameRefID", "options": "B"},
+                          "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
+                                         {"id": "color", "value": {"mode": "fixed", "fixedColor": "red"}}]}]),
         panel(4, "Running batch against the knee and the cap",
               "Mean running batch (vLLM), the knee of the SLIM curve, BCA's recommended --max-num-seqs "
               "(paper 000, eq. 13) and the cap live in the pods.",
@@ -148,39 +191,46 @@ def dashboard() -> dict:
               (16, 19, 8, 8), unit="decgbytes", min_=0),
         row(11, "Latency against the SLO", 27),
         panel(12, "TTFT percentiles",
-              "Time to first token from vLLM's histogram; the dashed line is the TTFT SLO variable.",
+              "Time to first token from vLLM's histogram; the dashed line is spec.slo.ttftSeconds.",
               [target(q(0.5, "time_to_first_token_seconds"), "p50", "A"),
                target(q(0.95, "time_to_first_token_seconds"), "p95", "B"),
                target(q(0.99, "time_to_first_token_seconds"), "p99", "C"),
-               target("vector($ttft_slo)", "SLO", "D")],
+               target(f'kneecap_slo_target_seconds{{{K}, kind="ttft"}}', "SLO", "D")],
               (0, 28, 8, 8), unit="s", min_=0,
               overrides=[{"matcher": {"id": "byName", "options": "SLO"},
                           "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
                                          {"id": "color", "value": {"mode": "fixed", "fixedColor": "red"}}]}]),
         panel(13, "TPOT (inter-token latency) percentiles",
-              "Inter-token latency from vLLM's histogram; the dashed line is the TPOT SLO variable.",
+              "Inter-token latency from vLLM's histogram; the dashed line is spec.slo.tpotSeconds.",
               [target(q(0.5, "inter_token_latency_seconds"), "p50", "A"),
                target(q(0.95, "inter_token_latency_seconds"), "p95", "B"),
                target(q(0.99, "inter_token_latency_seconds"), "p99", "C"),
-               target("vector($tpot_slo)", "SLO", "D")],
+               target(f'kneecap_slo_target_seconds{{{K}, kind="tpot"}}', "SLO", "D")],
               (8, 28, 8, 8), unit="s", min_=0,
               overrides=[{"matcher": {"id": "byName", "options": "SLO"},
                           "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
                                          {"id": "color", "value": {"mode": "fixed", "fixedColor": "red"}}]}]),
-        panel(14, "SLO attainment",
-              "Per control window: 1 when the window's p95 TTFT/TPOT/E2E met every declared spec.slo, else 0; "
-              "the 30-minute average is the share of windows that met it (alert below 95 %).",
-              [target(f"kneecap_slo_attainment_ratio{{{K}}}", "window met SLO", "A"),
-               target(f"avg_over_time(kneecap_slo_attainment_ratio{{{K}}}[30m])", "30-minute attainment", "B")],
+        panel(14, "SLO attainment against the target quantile",
+              "Fraction of the windows in the operator's observation ring whose p95 TTFT/TPOT/E2E met every "
+              "declared spec.slo, against spec.slo.quantile (alert KneecapSLOAttainmentLow below it).",
+              [target(f"kneecap_slo_attainment_ratio{{{K}}}", "windows meeting the SLO", "A"),
+               target(f"kneecap_slo_quantile_ratio{{{K}}}", "target (spec.slo.quantile)", "B")],
               (16, 28, 8, 8), unit="percentunit", min_=0, max_=1,
-              thresholds=[("red", None), ("green", 0.95)]),
+              overrides=[{"matcher": {"id": "byFrameRefID", "options": "B"},
+                          "properties": [{"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
+                                         {"id": "color", "value": {"mode": "fixed", "fixedColor": "red"}}]}]),
         row(15, "Calibration and control", 36),
-        panel(16, "Calibration error over time",
-              "SLIM fit error (MAPE on throughput). Above spec.control.maxFitError (default 0.3) the "
-              "operator holds the last good state.",
-              [target(f"kneecap_calibration_error_ratio{{{K}}}", "fit error", "A")],
+        panel(16, "Calibration error and age",
+              "SLIM fit error (MAPE on throughput; above spec.control.maxFitError, default 0.3, the operator "
+              "holds the last good state) and the age of the last accepted fit (right axis; alert "
+              "KneecapCalibrationStale over 2 h while traffic flows).",
+              [target(f"kneecap_calibration_error_ratio{{{K}}}", "fit error", "A"),
+               target(f"time() - kneecap_calibration_timestamp_seconds{{{K}}}", "age of the fit", "B")],
               (0, 37, 8, 8), unit="percentunit", min_=0,
-              thresholds=[("green", None), ("red", 0.3)]),
+              thresholds=[("green", None), ("red", 0.3)],
+              overrides=[{"matcher": {"id": "byFrameRefID", "options": "B"},
+                          "properties": [{"id": "unit", "value": "s"},
+                                         {"id": "custom.axisPlacement", "value": "right"}]}]),
         panel(17, "Decisions by reason",
               "Control decisions per interval, by reason (Recommended = applied or advised; the rest are "
               "guards holding: Cooldown, WithinHysteresis, BelowMinImprovement, ...).",
@@ -194,6 +244,9 @@ def dashboard() -> dict:
                target(f"sum(rate(kneecap_scrape_failures_total{{{K}}}[$__rate_interval]))", "scrape failures/s", "C")],
               (16, 37, 8, 8), min_=0),
     ]
+    for p in panels:
+        if p["gridPos"]["y"] >= 10 and p["id"] not in (19, 20):
+            p["gridPos"]["y"] += 9
     annotations = [
         {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True, "hide": True,
          "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard"},
@@ -214,8 +267,6 @@ def dashboard() -> dict:
         query_var("name", "LLMDeployment", 'label_values(kneecap_applied_max_num_seqs{namespace="$namespace"}, name)'),
         query_var("pool", "Pool", 'label_values(kneecap_applied_max_num_seqs{namespace="$namespace", name="$name"}, pool)',
                   multi=True, include_all=True),
-        textbox("ttft_slo", "TTFT SLO (s)", "0.5", "spec.slo.ttftSeconds of this LLMDeployment"),
-        textbox("tpot_slo", "TPOT SLO (s)", "0.04", "spec.slo.tpotSeconds of this LLMDeployment"),
     ]
     return {
         "uid": "kneecap-llmdeployment", "title": "kneecap / LLMDeployment",

@@ -11,10 +11,11 @@ from __future__ import annotations
 import time
 from datetime import datetime, timedelta, timezone
 
+import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kneecap.control import vllm_args as V
+from kneecap.control import status as St, vllm_args as V
 from kneecap.control.handlers import OperatorConfig
 from kneecap.control.metrics import OperatorMetrics
 from tests.support.kmock_api import LLMD, KubeAPIThread
@@ -100,10 +101,10 @@ def test_advise_records_but_never_patches(kube, twin):
     # status explains the decision from the numbers
     rec, cal = st["recommendation"], st["calibration"]
     assert rec["maxNumSeqs"] > 8 and rec["throughputGain"] > 0.05  # a cap of 8 is far below OPT-1.3B's knee
-    assert 0.05 <= rec["gpuMemoryUtilization"] <= 0.95 and rec["kvGib"] > 0
+    assert 0.05 <= rec["gpuMemoryUtilization"] <= 0.95 and rec["kvGiB"] > 0
     assert cal["nPoints"] >= 2 and cal["params"]["eta_m"] > 0 and cal["fitErrorPct"] < 50
     assert 3 <= len(st["observations"]) <= 50 and all(o["pool"] == "server" for o in st["observations"])
-    assert st["workload"]["requestRateRps"] > 0 and st["workload"]["outputLenMean"] == pytest.approx(400, rel=0.05)
+    assert st["workload"]["requestsPerSecond"] > 0 and st["workload"]["outputLengthMean"] == pytest.approx(400, rel=0.05)
     assert st["lastDecision"]["reason"] == "Advised" and st["applied"]["maxNumSeqs"] == 8
     assert st["allocation"]["replicas"] >= 1 and st["phase"] == "Running"
     ev = events(kube, "Advised", "adv")[0]
@@ -116,6 +117,20 @@ def test_advise_records_but_never_patches(kube, twin):
     pred, seen = fam["kneecap_predicted_throughput_tokens_per_second"], fam["kneecap_observed_throughput_tokens_per_second"]
     assert 0.5 < pred / seen < 2.0  # the fit explains the window it was fitted on
     assert fam["kneecap_recommended_throughput_tokens_per_second"] > seen
+    # SLIM's curve, the efficiency at the observed batch, ε, the fit's time and the SLO targets
+    got = {(s.name, s.labels.get("batch") or s.labels.get("kind")): s.value
+           for f in text_string_to_metric_families(text) for s in f.samples if s.labels.get("name") == "adv"}
+    curve = np.array([got[("kneecap_predicted_curve_throughput_tokens_per_second", str(b))]
+                      for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)])
+    assert np.all(curve > 0) and curve[-1] > 4 * curve[0]  # batching buys throughput on OPT-1.3B
+    assert np.all(curve / (np.array([1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]) * curve[0]) <= 1.0 + 1e-9)
+    eff = got[("kneecap_batching_efficiency_ratio", None)]
+    b = max(st["workload"].get("meanBatchLittle") or st["workload"]["meanBatch"], 1.0)
+    # cap 8 (Little's-law batch may read a little above it): T(B)/(B·T(1)) falls with B
+    assert b <= 16 and curve[4] / (16 * curve[0]) - 1e-9 <= eff <= 1.0 + 1e-9
+    assert got[("kneecap_efficiency_floor_ratio", None)] == 0.1 < eff  # a cap of 8 is before the knee
+    assert got[("kneecap_calibration_timestamp_seconds", None)] == St.parse_iso(cal["acceptedTime"])
+    assert got[("kneecap_slo_quantile_ratio", None)] == 0.95
 
 
 def test_enforce_patches_within_step_limit_and_respects_cooldown(kube, twin):
@@ -228,8 +243,8 @@ def test_restart_keeps_calibration_and_observations_and_does_not_restart_pods(ku
         stop(procs)
     assert first.exit_code == 0 and second.exit_code == 0, second.output
     # the observation ring survived: what was there before is still there, in order
-    old = [o["tEndS"] for o in before["observations"]]
-    new = [o["tEndS"] for o in after["observations"]]
+    old = [o["windowEndUnixSeconds"] for o in before["observations"]]
+    new = [o["windowEndUnixSeconds"] for o in after["observations"]]
     assert new[:len(old)] == old or set(old[-len(new):]) <= set(new) or old[-1] in new
     # the calibration came back from status (same fit, or a refit on the kept ring)
     assert after["calibration"]["nPoints"] >= before["calibration"]["nPoints"]

@@ -74,7 +74,7 @@ def test_calibrate_then_recommend_on_the_measured_curve(curve):
     assert rec.binding == "kv_capacity"
     assert rec.kv_gib * 2**30 >= rec.max_num_seqs * (250 + 131) * 524288 * 0.99
     st = rec.to_status()
-    assert st["maxNumSeqs"] == rec.max_num_seqs and st["releasedGib"] == pytest.approx(rec.released_gib)
+    assert st["maxNumSeqs"] == rec.max_num_seqs and st["releasedGiB"] == pytest.approx(rec.released_gib)
 
 
 def test_small_model_releases_memory(profiles_csv):
@@ -139,7 +139,7 @@ def test_colocated_replicas_follow_the_rate_through_gauss(profiles_csv):
     spec = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb", "costPerHour": 4},
                        "engine": {"image": "vllm", "maxNumSeqs": 64}, "slo": {"ttftSeconds": 1.0, "tpotSeconds": 0.05}})
     n1, bind1, a1 = decide.colocated_replicas(spec, cal, obs)
-    lam = a1["sustainableRatePerReplicaRps"]
+    lam = a1["sustainableRequestsPerSecondPerReplica"]
     assert lam > 0 and n1 == max(1, math.ceil(decide.RATE_HEADROOM * obs.request_rate_rps / lam - 1e-12))
     n10, _, a10 = decide.colocated_replicas(spec, cal, replace(obs, request_rate_rps=10 * obs.request_rate_rps))
     assert n10 > n1 and a10["costPerHour"] == pytest.approx(4.0 * n10)
@@ -152,7 +152,53 @@ def test_disaggregated_allocation_from_sara(profiles_csv):
                        "topology": {"mode": "disaggregated", "kvTransfer": {}}, "budget": {"maxCostPerHour": 40}})
     a = decide.disaggregated_allocation(spec, cal, obs)
     assert a["prefillReplicas"] >= 1 and a["decodeReplicas"] >= 1 and a["kvBandwidthGiBps"] > 0
-    assert set(a["binding"]) == {"prefill", "kv", "decode"} and a["budgetFeasible"] and a["goodputRps"] > 0
+    assert set(a["binding"]) == {"prefill", "kv", "decode"} and a["budgetFeasible"] and a["goodputRequestsPerSecond"] > 0
     big = decide.disaggregated_allocation(spec, cal, replace(obs, request_rate_rps=20 * obs.request_rate_rps))
     assert big["decodeReplicas"] + big["prefillReplicas"] > a["decodeReplicas"] + a["prefillReplicas"]
     assert big["costPerHour"] > a["costPerHour"]
+
+
+def test_batching_efficiency_and_curve_the_loop_exports(curve):
+    """The series behind KneecapPastKnee and the dashboard's curve, from a fit on real H100 points."""
+    from kneecap.control.loop import batching_efficiency, slim_curve
+    from kneecap.control.metrics import CURVE_BATCHES
+
+    obs = [observation(curve[c]) for c in (8, 16, 32)]
+    cal = decide.recalibrate("llama-2-7b", "h100-64gb", obs, None, 0.3).calibration
+    b = np.array(CURVE_BATCHES, float)
+    thr = slim_curve(cal, SPEC, obs[-1], b)
+    assert np.all(np.isfinite(thr)) and np.all(np.diff(thr) >= -1e-6 * thr[1:])  # T(B) never falls with B
+    # at the measured batches the curve is the fit: within 10 % of the measured throughput
+    for o in obs:
+        t = slim_curve(cal, SPEC, o, np.array([o.mean_batch]))[0]
+        assert t == pytest.approx(o.prompt_tok_s + o.generation_tok_s, rel=0.1)
+    eff = [batching_efficiency(cal, SPEC, o) for o in obs]
+    t1 = slim_curve(cal, SPEC, obs[0], np.array([1.0]))[0]
+    tb = slim_curve(cal, SPEC, obs[0], np.array([obs[0].mean_batch]))[0]
+    assert eff[0] == pytest.approx(tb / (obs[0].mean_batch * t1))  # eq. 13: T(B)/(B·T(1))
+    assert 1.0 >= eff[0] > eff[1] > eff[2] > 0  # efficiency falls as the batch grows
+    # far past the knee (B = 4096) the efficiency drops below the default ε = 0.1
+    assert batching_efficiency(cal, SPEC, replace(obs[-1], mean_batch=4096.0)) < SPEC.batching.efficiency_floor
+
+
+def test_slo_attainment_is_the_fraction_of_ring_windows_meeting_every_slo(curve):
+    from kneecap.control.loop import slo_attainment
+
+    o = observation(curve[8])
+    spec = parse_spec({"model": {"name": "meta-llama/Llama-2-7b-hf"}, "accelerator": {"type": "h100-64gb"},
+                       "engine": {"image": "vllm", "maxNumSeqs": 8},
+                       "slo": {"ttftSeconds": 0.5, "e2eSeconds": 10.0}})
+    ring = [replace(o, ttft_p95_s=0.2, e2e_p95_s=8.0), replace(o, ttft_p95_s=0.6, e2e_p95_s=8.0),
+            replace(o, ttft_p95_s=0.2, e2e_p95_s=12.0), replace(o, ttft_p95_s=0.4, e2e_p95_s=9.9)]
+    assert slo_attainment(spec, ring) == 0.5  # the second misses TTFT, the third E2E
+    assert slo_attainment(spec, ring[:1]) == 1.0 and slo_attainment(spec, []) is None
+    assert slo_attainment(SPEC, ring) is None  # no SLO declared: nothing to attain
+
+
+def test_calibration_accepted_time_survives_in_status_and_falls_back_to_the_fit_time():
+    from kneecap.control.loop import _accepted_time
+
+    assert _accepted_time({"acceptedTime": "2026-11-30T05:00:00Z", "time": "2026-11-29T00:00:00+00:00"}) \
+        == "2026-11-30T05:00:00Z"
+    assert _accepted_time({"time": "2026-11-29T10:20:30+00:00"}) == "2026-11-29T10:20:30Z"  # status before acceptedTime
+    assert _accepted_time({"time": "not a time"}) is None and _accepted_time(None) is None

@@ -108,7 +108,11 @@ def exported(shared_dir) -> dict[str, set[str]]:
 
 
 def test_exported_names_are_what_the_operator_and_vllm_serve(exported):
-    assert {"kneecap_recommended_max_num_seqs", "kneecap_scrape_failures_total", "kneecap_decisions_total"} <= exported["operator"]
+    assert {"kneecap_recommended_max_num_seqs", "kneecap_scrape_failures_total", "kneecap_decisions_total",
+            "kneecap_batching_efficiency_ratio", "kneecap_efficiency_floor_ratio",
+            "kneecap_calibration_timestamp_seconds", "kneecap_slo_target_seconds", "kneecap_slo_quantile_ratio",
+            "kneecap_predicted_curve_throughput_tokens_per_second",
+            "kneecap_knee_throughput_tokens_per_second"} <= exported["operator"]
     assert {"vllm:num_requests_running", "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total",
             "vllm:time_to_first_token_seconds_bucket"} <= exported["vllm"]
 
@@ -270,10 +274,15 @@ def test_dashboard_shows_the_knee_decisions_memory_latency_and_calibration():
     assert panel_with("kneecap_recommended_max_num_seqs", "kneecap_applied_max_num_seqs")
     assert panel_with("kneecap_recommended_gpu_memory_utilization", "kneecap_applied_gpu_memory_utilization")
     assert panel_with("kneecap_memory_released_gib")
-    assert panel_with("vllm:time_to_first_token_seconds_bucket", "0.95", "$ttft_slo")
-    assert panel_with("vllm:inter_token_latency_seconds_bucket", "0.99", "$tpot_slo")
-    assert panel_with("kneecap_calibration_error_ratio")
-    assert panel_with("kneecap_slo_attainment_ratio")
+    assert panel_with("vllm:time_to_first_token_seconds_bucket", "0.95", 'kneecap_slo_target_seconds', 'kind="ttft"')
+    assert panel_with("vllm:inter_token_latency_seconds_bucket", "0.99", 'kneecap_slo_target_seconds', 'kind="tpot"')
+    assert panel_with("kneecap_calibration_error_ratio", "time() - kneecap_calibration_timestamp_seconds")
+    assert panel_with("kneecap_slo_attainment_ratio", "kneecap_slo_quantile_ratio")
+    # SLIM's curve with its knee and the cap on it; the efficiency at the observed batch against ε
+    assert panel_with("kneecap_predicted_curve_throughput_tokens_per_second", "kneecap_knee_batch",
+                      "kneecap_knee_throughput_tokens_per_second", "kneecap_recommended_max_num_seqs")
+    assert panel_with("kneecap_batching_efficiency_ratio", "kneecap_efficiency_floor_ratio")
+    assert not any("$ttft_slo" in e or "$tpot_slo" in e for e in by_title.values())  # targets come from spec.slo
     ann = {a["name"]: a.get("expr", "") for a in d["annotations"]["list"]}
     assert "kneecap_decisions_total" in ann["kneecap decisions"]
 
@@ -290,8 +299,7 @@ def test_dashboard_queries_name_only_exported_metrics(exported):
 
 
 def test_dashboard_queries_parse_as_promql(tmp_path):
-    subst = {"$__rate_interval": "5m", "$namespace": "demo", "$name": "llama", "$pool": ".*",
-             "$ttft_slo": "0.5", "$tpot_slo": "0.04"}
+    subst = {"$__rate_interval": "5m", "$namespace": "demo", "$name": "llama", "$pool": ".*"}
     rules = []
     for i, (where, expr) in enumerate(dashboard_queries(dashboard())):
         if expr.startswith("label_values("):

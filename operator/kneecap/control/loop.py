@@ -13,15 +13,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime as _dt
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
+import numpy as np
+
 from kneecap.control import decide, manifests as M, policy, reconcile as R, status as St
 from kneecap.control.kube import KubeClient
-from kneecap.control.metrics import OperatorMetrics
+from kneecap.control.metrics import CURVE_BATCHES, OperatorMetrics
 from kneecap.control.spec import LLMDeploymentSpec
+from kneecap.errors import InputError
+from kneecap.model import calibrate
 from kneecap.observe import pool as obs_pool
 from kneecap.observe.scrape import ScrapeError, Snapshot, scrape as http_scrape
 from kneecap.observe.window import NoObservation, Observation, combine, window_deltas
@@ -87,8 +92,7 @@ def ring_entries(status: dict, role: str) -> list[Observation]:
         if e.get("pool", "server") != role:
             continue
         try:
-            out.append(obs_pool.from_status({k: v for k, v in e.items()
-                                             if k not in ("pool", "maxNumSeqs", "gpuMemoryUtilization")}))
+            out.append(obs_pool.from_status({k: v for k, v in e.items() if k not in ("pool", "engine")}))
         except ValueError:
             continue
     return out
@@ -155,6 +159,7 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
     labels = (ns, name)
     conds = status.get("conditions") or []
     out: dict = {"observedGeneration": gen}
+    _export_spec(ctx, labels, spec)
 
     rec = await R.reconcile(ctx.kube, body, spec)
     if rec.changed:
@@ -181,8 +186,8 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
     ring = list(status.get("observations") or [])
     for t in ticks:
         if t.observation is not None:
-            entry = {"pool": t.role, **_settings_status(t.state.settings), **obs_pool.to_status(t.observation)}
-            entry.pop("replicas", None)
+            engine = {k: v for k, v in _settings_status(t.state.settings).items() if k != "replicas"}
+            entry = {"pool": t.role, "engine": engine, **obs_pool.to_status(t.observation)}
             ring = St.push_observation(ring, entry, spec.control.observation_history)
     out["observations"] = ring
     status["observations"] = ring
@@ -197,7 +202,7 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
         if slo_ok is not None:
             conds = St.set_condition(conds, St.SLO_MET, slo_ok[0], "SLOMet" if slo_ok[0] else "SLOMissed",
                                      slo_ok[1], gen, now)
-            ctx.metrics.set(ctx.metrics.slo_attainment, 1.0 if slo_ok[0] else 0.0, *labels)
+        ctx.metrics.set(ctx.metrics.slo_attainment, slo_attainment(spec, ring_entries(status, role)), *labels)
 
     if not scrape_ok:
         errs = "; ".join(e for t in ticks for e in t.scrape_errors)
@@ -215,6 +220,18 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
     if cal_out.calibration is not None:
         out["calibration"] = decide.calibration_to_status(cal_out.calibration, cal_out.error)
         ctx.metrics.set(ctx.metrics.calibration_error, cal_out.error, *labels)
+        # acceptedTime: when the fit in use was accepted (a rejected first fit never was)
+        accepted = (St.iso(now) if cal_out.refit and cal_out.ok
+                    else None if cal_out.refit else _accepted_time(status.get("calibration")))
+        if accepted:
+            out["calibration"]["acceptedTime"] = accepted
+            ctx.metrics.set(ctx.metrics.calibration_timestamp, St.parse_iso(accepted), *labels)
+        if main.observation is not None:
+            _export_curve(ctx, labels, role, spec, cal_out.calibration, main.observation)
+    if main.observation is None and main.no_observation and not main.no_observation.startswith(
+            ("window open", "priming")):
+        # an idle or unusable window: no running batch to be past the knee with
+        ctx.metrics.drop(ctx.metrics.batching_efficiency, *labels, role)
     conds = St.set_condition(conds, St.CALIBRATED, cal_out.calibration is not None and cal_out.ok,
                              cal_out.reason, cal_out.message, gen, now)
     degraded_reason = None
@@ -255,6 +272,10 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
     if r.allocation:
         out["allocation"] = r.allocation
     _export_recommendation(ctx, labels, role, r)
+    if main.observation is not None:
+        ctx.metrics.set(ctx.metrics.knee_throughput,
+                        float(slim_curve(cal_out.calibration, spec, main.observation, np.array([r.knee_batch]))[0]),
+                        *labels, role)
 
     applied = status.get("applied") or {}
     state = policy.GuardState(
@@ -320,6 +341,73 @@ def _replicas(spec, cal, obs, pools, role):
         return alloc["decodeReplicas"], "sara:" + str(alloc["binding"].get("decode", "")), alloc
     n, binding, alloc = decide.colocated_replicas(spec, cal, obs)
     return n, "gauss:" + str(binding), alloc
+
+
+def slo_attainment(spec: LLMDeploymentSpec, ring: list[Observation]) -> float | None:
+    """Fraction of the ring's windows whose p95 latencies met every declared SLO (None: no SLO
+    declared, or no window measured one)."""
+    met = [r[0] for r in (_slo_met(spec, o) for o in ring) if r is not None]
+    return sum(met) / len(met) if met else None
+
+
+def slim_curve(cal: calibrate.Calibration, spec: LLMDeploymentSpec, obs: Observation,
+               batch: np.ndarray) -> np.ndarray:
+    """Calibrated SLIM token throughput per pod at `batch`, at the window's lengths (eq. 6)."""
+    thr, _ = calibrate.predict(cal, spec.model.architecture, spec.accelerator.type, np.asarray(batch, float),
+                               max(obs.input_len_mean, 1.0), max(obs.output_len_mean, 1.0),
+                               output_cv=obs.output_len_cv)
+    return np.broadcast_to(np.asarray(thr, float), np.shape(batch))
+
+
+def batching_efficiency(cal: calibrate.Calibration, spec: LLMDeploymentSpec, obs: Observation) -> float:
+    """T(B)/(B·T(1)) at the window's mean running batch B (paper 000, eq. 13); B < 1 reads as 1."""
+    b = max(obs.mean_batch_little or obs.mean_batch, 1.0)
+    t1, tb = slim_curve(cal, spec, obs, np.array([1.0, b]))
+    return float(tb / (b * t1))
+
+
+def _accepted_time(cal_status: dict | None) -> str | None:
+    """acceptedTime of the fit in status; a status written before it existed has the fit's
+    creation time (ISO 8601 with an offset), taken as its acceptance."""
+    d = cal_status or {}
+    if d.get("acceptedTime"):
+        return d["acceptedTime"]
+    try:
+        return St.iso(_dt.datetime.fromisoformat(str(d["time"]).replace("Z", "+00:00")).timestamp())
+    except (KeyError, ValueError):
+        return None
+
+
+def _export_spec(ctx: LoopContext, labels, spec: LLMDeploymentSpec) -> None:
+    m = ctx.metrics
+    m.set(m.efficiency_floor, spec.batching.efficiency_floor, *labels)
+    m.set(m.slo_quantile, spec.slo.quantile, *labels)
+    for kind, v in (("ttft", spec.slo.ttft_s), ("tpot", spec.slo.tpot_s), ("e2e", spec.slo.e2e_s)):
+        if v is None:
+            m.drop(m.slo_target, *labels, kind)
+        else:
+            m.set(m.slo_target, v, *labels, kind)
+
+
+def _export_curve(ctx: LoopContext, labels, role: str, spec: LLMDeploymentSpec, cal: calibrate.Calibration,
+                  obs: Observation) -> None:
+    """The calibrated curve at CURVE_BATCHES (≤ maxMaxNumSeqs) and the efficiency at the observed batch."""
+    m = ctx.metrics
+    batch = np.array([b for b in CURVE_BATCHES if b <= spec.batching.max_max_num_seqs], float)
+    try:
+        thr = slim_curve(cal, spec, obs, batch)
+        eff = batching_efficiency(cal, spec, obs)
+    except (InputError, ValueError, FloatingPointError) as exc:
+        log.warning("SLIM curve for %s/%s: %s", labels[0], labels[1], exc)
+        return
+    for b, t in zip(batch, thr):
+        if np.isfinite(t):
+            m.set(m.predicted_curve, float(t), *labels, role, str(int(b)))
+    if np.isfinite(eff):
+        m.set(m.batching_efficiency, eff, *labels, role)
+    for b in CURVE_BATCHES:
+        if b > spec.batching.max_max_num_seqs:
+            m.drop(m.predicted_curve, *labels, role, str(b))
 
 
 def _slo_met(spec: LLMDeploymentSpec, o: Observation) -> tuple[bool, str] | None:

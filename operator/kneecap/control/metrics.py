@@ -10,6 +10,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 LABELS = ("namespace", "name")
 POOL_LABELS = ("namespace", "name", "pool")
+SLO_LABELS = ("namespace", "name", "kind")  # kind: ttft | tpot | e2e
+CURVE_LABELS = ("namespace", "name", "pool", "batch")
+# Batch sizes at which the calibrated SLIM curve is exported (bounded cardinality: ≤ 11 per pool).
+CURVE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 class OperatorMetrics:
@@ -34,6 +38,21 @@ class OperatorMetrics:
         self.predicted_throughput = Gauge("kneecap_predicted_throughput_tokens_per_second",
                                           "SLIM token throughput per pod at the last window's batch and lengths",
                                           POOL_LABELS, registry=r)
+        self.predicted_curve = Gauge("kneecap_predicted_curve_throughput_tokens_per_second",
+                                     "calibrated SLIM token throughput per pod at batch size `batch` (powers of two "
+                                     "up to spec.batching.maxMaxNumSeqs) and the last window's lengths",
+                                     CURVE_LABELS, registry=r)
+        self.knee_throughput = Gauge("kneecap_knee_throughput_tokens_per_second",
+                                     "calibrated SLIM token throughput per pod at the knee batch (the knee's "
+                                     "point on kneecap_predicted_curve_throughput_tokens_per_second)",
+                                     POOL_LABELS, registry=r)
+        self.batching_efficiency = Gauge("kneecap_batching_efficiency_ratio",
+                                         "BCA batching efficiency T(B)/(B*T(1)) of the calibrated SLIM curve at the "
+                                         "last window's mean running batch B (paper 000, eq. 13)",
+                                         POOL_LABELS, registry=r)
+        self.efficiency_floor = Gauge("kneecap_efficiency_floor_ratio",
+                                      "spec.batching.efficiencyFloor: the efficiency below which a batch is past "
+                                      "the knee (epsilon of eq. 13)", LABELS, registry=r)
         self.observed_throughput = Gauge("kneecap_observed_throughput_tokens_per_second",
                                          "measured token throughput per pod in the last window", POOL_LABELS,
                                          registry=r)
@@ -42,9 +61,16 @@ class OperatorMetrics:
                                             registry=r)
         self.calibration_error = Gauge("kneecap_calibration_error_ratio",
                                        "SLIM fit error (MAPE on throughput, 0-1)", LABELS, registry=r)
+        self.calibration_timestamp = Gauge("kneecap_calibration_timestamp_seconds",
+                                           "unix time of the last accepted SLIM fit", LABELS, registry=r)
         self.slo_attainment = Gauge("kneecap_slo_attainment_ratio",
-                                    "1 when the last window's p95 TTFT/TPOT/E2E met every declared SLO, else 0",
-                                    LABELS, registry=r)
+                                    "fraction of the windows in the observation ring whose p95 TTFT/TPOT/E2E met "
+                                    "every declared SLO (0-1)", LABELS, registry=r)
+        self.slo_target = Gauge("kneecap_slo_target_seconds", "declared latency SLO (spec.slo) by kind",
+                                SLO_LABELS, registry=r)
+        self.slo_quantile = Gauge("kneecap_slo_quantile_ratio",
+                                  "spec.slo.quantile: the share of requests (and windows) meant to meet the SLO",
+                                  LABELS, registry=r)
         self.replicas = Gauge("kneecap_replicas", "replicas of the pool (live)", POOL_LABELS, registry=r)
         self.scrape_failures = Counter("kneecap_scrape_failures", "failed /metrics scrapes", LABELS, registry=r)
         self.decisions = Counter("kneecap_decisions", "control decisions by reason",
@@ -61,6 +87,14 @@ class OperatorMetrics:
             return
         metric.labels(*labels).set(float(value))
         self._remember(metric, labels)
+
+    def drop(self, metric, *labels: str) -> None:
+        """Remove one label set (a series whose source went away, e.g. an SLO no longer declared)."""
+        try:
+            metric.remove(*labels)
+        except KeyError:
+            pass
+        self._seen.get(labels[:2], set()).discard((metric, labels))
 
     def inc(self, metric: Counter, *labels: str, amount: float = 1.0) -> None:
         metric.labels(*labels).inc(amount)
