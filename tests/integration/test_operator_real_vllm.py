@@ -47,13 +47,13 @@ def test_loop_observes_a_real_vllm_pod(kube, vllm_server):
             p.wait(10)
     assert runner.exit_code == 0, runner.output
     obs = st["observations"]
-    assert all(o["inputLenMean"] == pytest.approx(64, rel=0.15) for o in obs)
-    assert all(o["outputLenMean"] == pytest.approx(32, rel=0.15) for o in obs)
+    assert all(o["inputLengthMean"] == pytest.approx(64, rel=0.15) for o in obs)
+    assert all(o["outputLengthMean"] == pytest.approx(32, rel=0.15) for o in obs)
     assert all(o["kvCapacityTokens"] == NUM_GPU_BLOCKS * BLOCK_SIZE for o in obs)
     # the tiny model finishes a request in ~0.1 s: gauge samples often see an empty batch, the
     # time integral (Little's law, what the fit uses) does not
-    assert all(o["maxNumSeqs"] == 4 and o["maxBatch"] <= 4 and 0 < o["meanBatchLittle"] <= 4 for o in obs)
-    assert st["workload"]["requestRateRps"] > 0
+    assert all(o["engine"]["maxNumSeqs"] == 4 and o["maxBatch"] <= 4 and 0 < o["meanBatchLittle"] <= 4 for o in obs)
+    assert st["workload"]["requestsPerSecond"] > 0
     # the calibration step ran on real data and said what it made of it
     assert condition(st, "Calibrated").get("reason")
     assert st["lastDecision"]["reason"]

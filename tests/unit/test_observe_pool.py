@@ -74,8 +74,8 @@ def test_no_pods():
 def test_status_round_trip(shared_dir):
     o = observe(*_pair(shared_dir, "vllm-0.32-cpu-20req.txt", "u"))
     d = to_status(o)
-    assert d["requestRateRps"] == 2.0 and d["ttftP95S"] == pytest.approx(0.46875)
-    assert d["kvCapacityTokens"] == 1048576 and d["inputLenCv"] == pytest.approx(o.input_len_cv)
+    assert d["requestsPerSecond"] == 2.0 and d["ttftP95Seconds"] == pytest.approx(0.46875)
+    assert d["kvCapacityTokens"] == 1048576 and d["inputLengthCV"] == pytest.approx(o.input_len_cv)
     assert all("_" not in k for k in d)
     back = from_status(json.loads(json.dumps(d)))
     assert back == o
@@ -94,13 +94,13 @@ def test_status_omits_none_and_restores_it(shared_dir):
 
 def test_status_bad_input_names_the_key(shared_dir):
     d = to_status(observe(*_pair(shared_dir, "vllm-0.32-cpu-20req.txt", "u")))
-    with pytest.raises(ValueError, match=r"observation\.ttftP95S: expected a finite number"):
-        from_status({**d, "ttftP95S": "fast"})
+    with pytest.raises(ValueError, match=r"observation\.ttftP95Seconds: expected a finite number"):
+        from_status({**d, "ttftP95Seconds": "fast"})
     with pytest.raises(ValueError, match=r"unknown keys \['bogus'\]"):
         from_status({**d, "bogus": 1})
     missing = dict(d)
-    del missing["windowS"]
-    with pytest.raises(ValueError, match=r"observation\.windowS: missing"):
+    del missing["windowSeconds"]
+    with pytest.raises(ValueError, match=r"observation\.windowSeconds: missing"):
         from_status(missing)
 
 

@@ -21,6 +21,7 @@ from kneecap.model import calibrate, memory
 from kneecap.model.arch import get_arch
 from kneecap.model.hardware import get_gpu
 from kneecap.observe.window import Observation
+from kneecap.naming import status_key
 
 GIB = 1024**3
 MIN_BATCH_LEVELS = 2  # distinct operating batches before SLIM is (re)fitted (DESIGN §4.3)
@@ -180,12 +181,7 @@ class Recommendation:
     def to_status(self) -> dict:
         d = asdict(self)
         d.pop("allocation")
-        return {_camel(k): _round(v) for k, v in d.items()}
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(p[:1].upper() + p[1:] for p in rest)
+        return {status_key(k): _round(v) for k, v in d.items()}
 
 
 def _round(v):
@@ -250,8 +246,8 @@ def colocated_replicas(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs:
         return pods, f"gauss-infeasible: {exc}", {}
     cp = plan_colocated(lam_star, spec.accelerator.count, max(spec.accelerator.cost_per_hour, 1e-9),
                         rate_rps=RATE_HEADROOM * rate, budget_per_hour=spec.max_cost_per_hour)
-    alloc = {"replicas": cp.replicas, "sustainableRatePerReplicaRps": round(lam_star, 6),
-             "observedRateRps": round(rate, 6), "goodputRps": round(cp.goodput_rps, 6),
+    alloc = {"replicas": cp.replicas, "sustainableRequestsPerSecondPerReplica": round(lam_star, 6),
+             "observedRequestsPerSecond": round(rate, 6), "goodputRequestsPerSecond": round(cp.goodput_rps, 6),
              "costPerHour": round(cp.cost_per_hour, 4), "binding": binding if cp.binding == "rate" else cp.binding,
              "feasible": cp.feasible, "message": cp.message}
     return (cp.replicas if cp.feasible else pods), alloc["binding"], alloc
@@ -283,11 +279,11 @@ def disaggregated_allocation(spec: LLMDeploymentSpec, cal: calibrate.Calibration
     alloc, binding = sara.min_resources(pb, rate)
     out = {"prefillReplicas": alloc.prefill_replicas, "decodeReplicas": alloc.decode_replicas,
            "kvBandwidthGiBps": round(alloc.kv_bandwidth_gibps, 4), "maxNumSeqs": alloc.max_num_seqs,
-           "costPerHour": round(alloc.cost_per_hour(costs), 4), "targetRateRps": round(rate, 6),
+           "costPerHour": round(alloc.cost_per_hour(costs), 4), "targetRequestsPerSecond": round(rate, 6),
            "binding": binding}
     if spec.max_cost_per_hour:
         p = sara.plan(pb, spec.max_cost_per_hour)
-        out.update(goodputRps=round(p.goodput_rps, 6), budgetFeasible=p.feasible, budgetMessage=p.message)
+        out.update(goodputRequestsPerSecond=round(p.goodput_rps, 6), budgetFeasible=p.feasible, budgetMessage=p.message)
     return out
 
 

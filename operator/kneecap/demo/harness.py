@@ -224,15 +224,15 @@ def _flags(deploy: dict) -> tuple[int, float]:
 def _row(t_s: float, st: dict, deploy: dict, restarts: int, phase: str) -> IntervalRow:
     cap, gmu = _flags(deploy)
     w = st.get("workload") or {}
-    thr = (w.get("promptTokS", 0.0) + w.get("generationTokS", 0.0)) if w else None
+    thr = (w.get("promptTokensPerSecond", 0.0) + w.get("generationTokensPerSecond", 0.0)) if w else None
     slo = next((c for c in st.get("conditions") or [] if c["type"] == "SLOMet"), None)
     rec = st.get("recommendation") or {}
     d = st.get("lastDecision") or {}
     return IntervalRow(
-        t_s=round(t_s, 3), obs_t_end_s=w.get("tEndS"), max_num_seqs=cap, gpu_memory_utilization=gmu,
+        t_s=round(t_s, 3), obs_t_end_s=w.get("windowEndUnixSeconds"), max_num_seqs=cap, gpu_memory_utilization=gmu,
         throughput_tok_s=thr,
-        batch=w.get("meanBatchLittle") or w.get("meanBatch"), ttft_p95_s=w.get("ttftP95S"),
-        itl_p95_s=w.get("itlP95S"), e2e_p95_s=w.get("e2eP95S"),
+        batch=w.get("meanBatchLittle") or w.get("meanBatch"), ttft_p95_s=w.get("ttftP95Seconds"),
+        itl_p95_s=w.get("itlP95Seconds"), e2e_p95_s=w.get("e2eP95Seconds"),
         slo_met=None if slo is None or slo.get("status") == "Unknown" else slo["status"] == "True",
         decision=d.get("reason", ""), message=d.get("message", ""),
         recommended_max_num_seqs=rec.get("maxNumSeqs"),

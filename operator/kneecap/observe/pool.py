@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, Sequence
 
+from kneecap.naming import status_key
 from kneecap.observe.scrape import Snapshot
 from kneecap.observe.window import (
     NoObservation,
@@ -52,17 +53,12 @@ def observe_pool(windows: Sequence[tuple[Snapshot, ...]]) -> PoolObservation:
 
 
 # --- Kubernetes status dicts ---------------------------------------------------------------
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(p[:1].upper() + p[1:] for p in rest)
-
-
-_TO_CAMEL = {f.name: _camel(f.name) for f in fields(Observation)}
+_TO_CAMEL = {f.name: status_key(f.name) for f in fields(Observation)}
 _FROM_CAMEL = {v: k for k, v in _TO_CAMEL.items()}
 
 
 def to_status(obs: Observation) -> dict[str, Any]:
-    """Plain JSON-able dict with camelCase keys (``ttftP95S``); ``None`` fields are omitted."""
+    """Plain JSON-able dict with API-convention camelCase keys (``ttftP95Seconds``); ``None`` fields are omitted."""
     return {_TO_CAMEL[k]: getattr(obs, k) for k in _TO_CAMEL if getattr(obs, k) is not None}
 
 
