@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.support.tools import tool
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kneecap"
@@ -33,15 +34,6 @@ VALUE_SETS = {
 }
 
 
-def tool(name: str) -> str:
-    """Path of a tool installed by scripts/setup-tools.sh (or on PATH); fails loudly if missing."""
-    local = ROOT / ".tools" / "bin" / name
-    if local.exists():
-        return str(local)
-    found = shutil.which(name)
-    if found:
-        return found
-    pytest.fail(f"`{name}` not found in .tools/bin or on PATH: run `bash scripts/setup-tools.sh`")
 
 
 def kubernetes_validate() -> str:

@@ -18,19 +18,12 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from tests.support.tools import tool
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 
 
-def tool(name: str) -> str:
-    local = ROOT / ".tools" / "bin" / name
-    if local.exists():
-        return str(local)
-    found = shutil.which(name)
-    if found:
-        return found
-    pytest.fail(f"`{name}` not found in .tools/bin or on PATH: run `bash scripts/setup-tools.sh`")
 
 
 def hadolint(path: Path) -> subprocess.CompletedProcess:

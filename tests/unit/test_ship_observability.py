@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.support.tools import tool
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kneecap"
@@ -30,14 +31,6 @@ OPERATIONS_DOC = ROOT / "docs" / "operations.md"
 PROMETHEUS_SYNTHETIC = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
 
 
-def tool(name: str) -> str:
-    local = ROOT / ".tools" / "bin" / name
-    if local.exists():
-        return str(local)
-    found = shutil.which(name)
-    if found:
-        return found
-    pytest.fail(f"`{name}` not found in .tools/bin or on PATH: run `bash scripts/setup-tools.sh`")
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess:
