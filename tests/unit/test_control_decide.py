@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 from dataclasses import replace
+from datetime import datetime
 
 import numpy as np
 import pytest
@@ -202,3 +203,39 @@ def test_calibration_accepted_time_survives_in_status_and_falls_back_to_the_fit_
         == "2026-11-30T05:00:00Z"
     assert _accepted_time({"time": "2026-11-29T10:20:30+00:00"}) == "2026-11-29T10:20:30Z"  # status before acceptedTime
     assert _accepted_time({"time": "not a time"}) is None and _accepted_time(None) is None
+
+
+
+
+def test_a_fit_that_still_explains_the_ring_is_not_refitted(curve):
+    obs = [observation(curve[c]) for c in (8, 16, 32)]
+    good = decide.recalibrate("llama-2-7b", "h100-64gb", obs, None, 0.3)
+    now_s = datetime.fromisoformat(good.calibration.created).timestamp()  # fits carry the wall clock
+    assert good.reason == "Fitted" and good.calibration.notes["batchMax"] == pytest.approx(float(curve[32]["batch"]))
+    # another window at a batch the fit has seen: kept as is, and still trusted
+    out = decide.recalibrate("llama-2-7b", "h100-64gb", obs + [observation(curve[16])], good.calibration, 0.3,
+                             now_s=now_s + 30)
+    assert out.calibration is good.calibration and out.ok and not out.refit and out.reason == "KeptPrevious"
+    assert "not refitted" in out.message and out.error == pytest.approx(good.error, rel=0.5)
+    # the same ring after REFIT_MAX_AGE_S: refitted (warm), the new fit no worse than the old
+    old = decide.recalibrate("llama-2-7b", "h100-64gb", obs + [observation(curve[16])], good.calibration, 0.3,
+                             now_s=now_s + decide.REFIT_MAX_AGE_S + 2)
+    assert "not refitted" not in old.message and old.ok
+    assert old.error <= out.error + 1e-9
+
+
+def test_a_batch_beyond_the_fitted_range_refits(curve):
+    obs = [observation(curve[c]) for c in (8, 16, 32)]
+    good = decide.recalibrate("llama-2-7b", "h100-64gb", obs, None, 0.3)
+    out = decide.recalibrate("llama-2-7b", "h100-64gb", obs + [observation(curve[128])], good.calibration, 0.3)
+    # the refit covers the new batch (the old fit, from 8-32, extrapolated worse)
+    assert out.refit and out.reason == "Fitted" and out.error < 0.05
+    assert out.calibration.notes["batchMax"] == pytest.approx(float(curve[128]["batch"]))
+
+
+def test_a_fit_without_range_notes_is_refitted_once(curve):
+    obs = [observation(curve[c]) for c in (8, 16, 32)]
+    good = decide.recalibrate("llama-2-7b", "h100-64gb", obs, None, 0.3)
+    bare = replace(good.calibration, notes={})  # e.g. a status written by an older operator
+    out = decide.recalibrate("llama-2-7b", "h100-64gb", obs, bare, 0.3)
+    assert "not refitted" not in out.message

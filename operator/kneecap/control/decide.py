@@ -7,9 +7,11 @@ themselves. The guards (policy.py) decide afterwards whether a recommendation is
 
 from __future__ import annotations
 
+import datetime as _dt
+import functools
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -87,9 +89,51 @@ def _mape(cal: calibrate.Calibration, arch_key: str, rows: FitRows) -> float:
     return float(np.mean(np.abs(thr / rows.throughput_tok_s - 1.0)))
 
 
+REFIT_ERROR_FLOOR = 0.03  # a fit within max(this, 1.5 × its own error) of the ring still explains it
+REFIT_ERROR_GROWTH = 1.5
+REFIT_BATCH_MARGIN = 1.1  # a batch beyond the fitted range by more than this factor is new ground
+REFIT_MAX_AGE_S = 1800.0  # refit at least this often (well inside the 2 h CalibrationStale alert)
+
+
+def _still_explains(previous: calibrate.Calibration, prev_err: float | None, max_fit_error: float) -> bool:
+    """The previous fit's error on the ring is near the one it was fitted with (and acceptable)."""
+    fitted_err = float(previous.metrics.get("mape_pct", 100.0)) / 100.0
+    return prev_err is not None and prev_err <= min(max_fit_error,
+                                                    max(REFIT_ERROR_FLOOR, REFIT_ERROR_GROWTH * fitted_err))
+
+
+def _fit_is_current(previous: calibrate.Calibration, prev_err: float | None, rows: FitRows,
+                    max_fit_error: float, now_s: float | None) -> str | None:
+    """Why the previous fit needs no refit (a message), or None: it still explains the ring (its
+    error is near the one it was fitted with), no batch lies outside the range it was fitted on,
+    the ring has not doubled since, and it is younger than REFIT_MAX_AGE_S. A refit costs ~0.1 s
+    of CPU per resource; most windows add a point the fit already predicts."""
+    notes = previous.notes or {}
+    try:
+        b_lo, b_hi = float(notes["batchMin"]), float(notes["batchMax"])
+        created_s = _dt.datetime.fromisoformat(str(previous.created).replace("Z", "+00:00")).timestamp()
+    except (KeyError, TypeError, ValueError):
+        return None  # a fit from before these notes, or from elsewhere: refit once
+    if not _still_explains(previous, prev_err, max_fit_error):
+        return None
+    if rows.batch.min() < b_lo / REFIT_BATCH_MARGIN or rows.batch.max() > b_hi * REFIT_BATCH_MARGIN:
+        return None
+    if rows.n >= 2 * int(previous.metrics.get("n_points", 0)):
+        return None
+    if now_s is not None and now_s - created_s > REFIT_MAX_AGE_S:
+        return None
+    return (f"the fit still explains the ring (error {prev_err:.1%} on {rows.n} observations, batches "
+            f"{rows.batch.min():.3g}-{rows.batch.max():.3g} within the fitted {b_lo:.3g}-{b_hi:.3g}); not refitted")
+
+
 def recalibrate(arch_key: str, gpu_key: str, observations: Sequence[Observation],
-                previous: calibrate.Calibration | None, max_fit_error: float) -> CalibrationOutcome:
-    """Refit SLIM on the observation ring; keep the previous fit if the new one is worse or fails."""
+                previous: calibrate.Calibration | None, max_fit_error: float,
+                now_s: float | None = None) -> CalibrationOutcome:
+    """Refit SLIM on the observation ring; keep the previous fit if the new one is worse or fails.
+
+    A previous fit that still explains the ring is kept without a refit (see `_fit_is_current`);
+    one that still explains it but meets new ground (batches, twice the points, age) is refitted
+    from where it stands (one warm start); otherwise from the priors (3 starts)."""
     rows = fit_rows(observations)
     prev_err = _mape(previous, arch_key, rows) if previous is not None and rows.n else None
     if rows.batch_levels < MIN_BATCH_LEVELS:
@@ -98,9 +142,15 @@ def recalibrate(arch_key: str, gpu_key: str, observations: Sequence[Observation]
             return CalibrationOutcome(previous, prev_err is None or prev_err <= max_fit_error, False, "KeptPrevious",
                                       msg + "; keeping the previous fit", prev_err)
         return CalibrationOutcome(None, False, False, "TooFewBatchLevels", msg)
+    if previous is not None and (current := _fit_is_current(previous, prev_err, rows, max_fit_error, now_s)):
+        return CalibrationOutcome(previous, True, False, "KeptPrevious", current, prev_err)
+    warm = previous is not None and _still_explains(previous, prev_err, max_fit_error)
     try:
         new = calibrate.fit(arch_key, gpu_key, rows.batch, rows.input_len, rows.output_len, rows.throughput_tok_s,
-                            output_cv=rows.output_cv, n_starts=3)
+                            output_cv=rows.output_cv, n_starts=1 if warm else 3,
+                            start=previous.params if warm else None)
+        new = replace(new, notes={**new.notes, "batchMin": float(rows.batch.min()),
+                                  "batchMax": float(rows.batch.max())})
         new_err = float(new.metrics["mape_pct"]) / 100.0
     except (InputError, ValueError, FloatingPointError) as exc:
         # never act on a failed fit; keep the last good one for status and the next try
@@ -221,29 +271,49 @@ def _kv_capacity_tokens(spec: LLMDeploymentSpec, obs: Observation, u: float, cap
         return 1
 
 
+LENGTH_GRID = 1.025  # GAUSS runs at lengths (and CVs) snapped to this log grid: ±1.25%, cached
+
+
+def _snap(x: float) -> float:
+    return float(LENGTH_GRID ** round(math.log(x) / math.log(LENGTH_GRID)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _gauss_rate(arch_key: str, gpu_key: str, form: str, params: tuple, input_len: float, input_cv: float,
+                output_len: float, output_cv: float, slo_ttft_s: float | None, slo_tbt_s: float | None,
+                quantile: float, seed: int) -> tuple[float | None, str]:
+    """(λ* per replica, binding) from GAUSS, or (None, why) when infeasible. A pure function of
+    its arguments (fixed seed), cached: a steady pool's fit and snapped lengths repeat from one
+    window to the next, and a GAUSS run is ~30 ms of CPU."""
+    from kneecap.model import gauss
+
+    coef = gauss.coefficients_for(get_arch(arch_key), get_gpu(gpu_key), dict(params), form=form)  # SLIM -> d(B, C)
+    wl = gauss.Workload(input_tokens=gauss.LogNormalLength(input_len, input_cv),
+                        output_tokens=gauss.LogNormalLength(output_len, output_cv))
+    try:
+        res = gauss.simulate(wl, coef, PROBE_RATE_RPS, rng=np.random.default_rng(seed), samples=GAUSS_SAMPLES,
+                             replications=4, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s, quantile=quantile,
+                             search_samples=GAUSS_SAMPLES)
+    except gauss.Infeasible as exc:
+        return None, f"gauss-infeasible: {exc}"
+    lam_star = res.sustainable_rate_rps if (slo_ttft_s or slo_tbt_s) else 0.8 * res.stable_rate_rps
+    return lam_star, res.sustainable_binding
+
+
 def colocated_replicas(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs: Observation,
                        seed: int = 0) -> tuple[int, str, dict]:
     """GAUSS: per-replica SLO-sustainable rate λ*, replicas = ⌈headroom·λ/λ*⌉ (clamped later)."""
-    from kneecap.model import gauss
     from kneecap.model.sara import plan_colocated
 
-    arch, gpu = get_arch(spec.model.architecture), get_gpu(spec.accelerator.type)
-    coef = gauss.coefficients_for(arch, gpu, cal.params, form=cal.form)  # SLIM form -> GAUSS d(B, C)
-    wl = gauss.Workload(
-        input_tokens=gauss.LogNormalLength(max(obs.input_len_mean, 1.0), max(obs.input_len_cv, 0.05)),
-        output_tokens=gauss.LogNormalLength(max(obs.output_len_mean, 1.0), max(obs.output_len_cv, 0.05)))
     rate = max(obs.request_rate_rps, 1e-6)
     pods = max(obs.pods, 1)
-    rng = np.random.default_rng(seed)
-    slo_tbt = spec.slo.tpot_s
-    try:
-        res = gauss.simulate(wl, coef, PROBE_RATE_RPS, rng=rng, samples=GAUSS_SAMPLES, replications=4,
-                             slo_ttft_s=spec.slo.ttft_s, slo_tbt_s=slo_tbt, quantile=spec.slo.quantile,
-                             search_samples=GAUSS_SAMPLES)
-        lam_star = res.sustainable_rate_rps if (spec.slo.ttft_s or slo_tbt) else 0.8 * res.stable_rate_rps
-        binding = res.sustainable_binding
-    except gauss.Infeasible as exc:
-        return pods, f"gauss-infeasible: {exc}", {}
+    lam_star, binding = _gauss_rate(
+        spec.model.architecture, spec.accelerator.type, cal.form, tuple(sorted(cal.params.items())),
+        _snap(max(obs.input_len_mean, 1.0)), _snap(max(obs.input_len_cv, 0.05)),
+        _snap(max(obs.output_len_mean, 1.0)), _snap(max(obs.output_len_cv, 0.05)),
+        spec.slo.ttft_s, spec.slo.tpot_s, spec.slo.quantile, seed)
+    if lam_star is None:
+        return pods, binding, {}
     cp = plan_colocated(lam_star, spec.accelerator.count, max(spec.accelerator.cost_per_hour, 1e-9),
                         rate_rps=RATE_HEADROOM * rate, budget_per_hour=spec.max_cost_per_hour)
     alloc = {"replicas": cp.replicas, "sustainableRequestsPerSecondPerReplica": round(lam_star, 6),

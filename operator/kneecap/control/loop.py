@@ -28,10 +28,17 @@ from kneecap.control.spec import LLMDeploymentSpec
 from kneecap.errors import InputError
 from kneecap.model import calibrate
 from kneecap.observe import pool as obs_pool
-from kneecap.observe.scrape import ScrapeError, Snapshot, scrape as http_scrape
+from kneecap.observe import window as W
+from kneecap.observe.scrape import ScrapeError, Snapshot, family_filter, scrape as http_scrape
 from kneecap.observe.window import NoObservation, Observation, combine, window_deltas
 
 log = logging.getLogger("kneecap.loop")
+
+# The metric families window_deltas reads; a scrape parses only these (a vLLM page has ~90
+# families, the window needs ~20: less parsing and smaller snapshots held between ticks).
+WINDOW_FAMILIES = family_filter(
+    [n for table in (W._COUNTERS, W._HISTOGRAMS, W._GAUGES) for names, _ in table.values() for n in names]
+    + [W.CACHE_CONFIG, W.PROCESS_START, W.SUCCESS_CREATED, W.PROMPT_TOKENS_CREATED])
 
 ScrapeFn = Callable[[str], Awaitable[Snapshot]]
 EventFn = Callable[[str, str, str], None]  # (type Normal|Warning, reason, message)
@@ -57,7 +64,7 @@ class LoopContext:
     async def scrape_url(self, url: str) -> Snapshot:
         if self.scrape is not None:
             return await self.scrape(url)
-        return await http_scrape(url, timeout_s=self.scrape_timeout_s)
+        return await http_scrape(url, timeout_s=self.scrape_timeout_s, keep=WINDOW_FAMILIES)
 
 
 @dataclass
@@ -216,7 +223,7 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
     previous = decide.calibration_from_status(status.get("calibration"))
     observations = ring_entries(status, role)
     cal_out = decide.recalibrate(spec.model.architecture, spec.accelerator.type, observations, previous,
-                                 spec.control.max_fit_error)
+                                 spec.control.max_fit_error, now_s=now)
     if cal_out.calibration is not None:
         out["calibration"] = decide.calibration_to_status(cal_out.calibration, cal_out.error)
         ctx.metrics.set(ctx.metrics.calibration_error, cal_out.error, *labels)

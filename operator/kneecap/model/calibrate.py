@@ -136,9 +136,12 @@ def _errors_pct(measured, predicted):
 def fit(archs, gpu, batch, input_len, output_len, throughput_tok_s, *, form: str = slim.DEFAULT_FORM,
         output_cv=0.0, chunked_prefill=False, priors: dict[str, Prior] | None = None, prior_weight: float = PRIOR_WEIGHT,
         fixed: dict[str, float] | None = None, n_starts: int = 6, seed: int = 0,
-        created: str | None = None) -> Calibration:
+        created: str | None = None, start: dict[str, float] | None = None) -> Calibration:
     """Fit ``form`` to measured throughput (one row per observation; ``archs`` one per row or one
-    for all). Minimises Σ(T_pred/T − 1)² + prior_weight²·Σ((ln θ − ln θ0)/σ)²."""
+    for all). Minimises Σ(T_pred/T − 1)² + prior_weight²·Σ((ln θ − ln θ0)/σ)².
+
+    ``start``: parameters to start the first descent from instead of the priors' centres (a
+    warm start from the previous fit; the other starts stay random around the priors)."""
     slim.check_form(form)
     g = _gpu(gpu)
     t_meas = np.asarray(throughput_tok_s, dtype=float)
@@ -162,10 +165,10 @@ def fit(archs, gpu, batch, input_len, output_len, throughput_tok_s, *, form: str
     sigma = np.array([pri[k].log_sigma for k in names])
     lo = np.log([pri[k].lo for k in names])
     hi = np.log([pri[k].hi for k in names])
-    base = slim.SlimParams(**{k: pri[k].center for k in slim.FORM_PARAMS[form]}, **fixed)
+    base = slim.SlimParams(**{k: pri[k].center for k in slim.FORM_PARAMS[form]}, **fixed).as_dict()
 
-    def params_of(x):
-        return slim.SlimParams(**{**base.as_dict(), **{k: float(math.exp(v)) for k, v in zip(names, x)}})
+    def params_of(x):  # called per residual evaluation: build from the dict computed once
+        return slim.SlimParams(**{**base, **dict(zip(names, np.exp(x).tolist()))})
 
     def model(x):
         return slim.predict(form, params_of(x), aa, g, b, il, ol, output_cv=cv, chunked_prefill=chunked).throughput_tok_s
@@ -176,8 +179,11 @@ def fit(archs, gpu, batch, input_len, output_len, throughput_tok_s, *, form: str
 
     rng = np.random.default_rng(seed)
     best = None
+    first = center
+    if start is not None and all(k in start and float(start[k]) > 0 for k in names):
+        first = np.log([float(start[k]) for k in names])
     for i in range(max(1, n_starts)):
-        x0 = center if i == 0 else np.clip(center + rng.normal(0.0, 1.0, center.size) * sigma, lo + 1e-9, hi - 1e-9)
+        x0 = first if i == 0 else np.clip(center + rng.normal(0.0, 1.0, center.size) * sigma, lo + 1e-9, hi - 1e-9)
         x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
         try:
             res = least_squares(residuals, x0, bounds=(lo, hi), method="trf", x_scale=1.0,
