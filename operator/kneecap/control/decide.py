@@ -92,6 +92,8 @@ def _mape(cal: calibrate.Calibration, arch_key: str, rows: FitRows) -> float:
 REFIT_ERROR_FLOOR = 0.03  # a fit within max(this, 1.5 × its own error) of the ring still explains it
 REFIT_ERROR_GROWTH = 1.5
 REFIT_BATCH_MARGIN = 1.1  # a batch beyond the fitted range by more than this factor is new ground
+REFIT_WARM_ERROR = 0.5  # a previous fit within this fraction of maxFitError is refitted warm (1 start)
+REFIT_SMALL_N = 8  # a fit on fewer points is refitted when the ring has twice as many
 REFIT_MAX_AGE_S = 1800.0  # refit at least this often (well inside the 2 h CalibrationStale alert)
 
 
@@ -106,7 +108,8 @@ def _fit_is_current(previous: calibrate.Calibration, prev_err: float | None, row
                     max_fit_error: float, now_s: float | None) -> str | None:
     """Why the previous fit needs no refit (a message), or None: it still explains the ring (its
     error is near the one it was fitted with), no batch lies outside the range it was fitted on,
-    the ring has not doubled since, and it is younger than REFIT_MAX_AGE_S. A refit costs ~0.1 s
+    a fit on < REFIT_SMALL_N points has not seen the ring double, and it is younger than
+    REFIT_MAX_AGE_S. A refit costs ~0.1 s
     of CPU per resource; most windows add a point the fit already predicts."""
     notes = previous.notes or {}
     try:
@@ -118,7 +121,8 @@ def _fit_is_current(previous: calibrate.Calibration, prev_err: float | None, row
         return None
     if rows.batch.min() < b_lo / REFIT_BATCH_MARGIN or rows.batch.max() > b_hi * REFIT_BATCH_MARGIN:
         return None
-    if rows.n >= 2 * int(previous.metrics.get("n_points", 0)):
+    n_fitted = int(previous.metrics.get("n_points", 0))
+    if n_fitted < REFIT_SMALL_N and rows.n >= 2 * n_fitted:
         return None
     if now_s is not None and now_s - created_s > REFIT_MAX_AGE_S:
         return None
@@ -132,8 +136,9 @@ def recalibrate(arch_key: str, gpu_key: str, observations: Sequence[Observation]
     """Refit SLIM on the observation ring; keep the previous fit if the new one is worse or fails.
 
     A previous fit that still explains the ring is kept without a refit (see `_fit_is_current`);
-    one that still explains it but meets new ground (batches, twice the points, age) is refitted
-    from where it stands (one warm start); otherwise from the priors (3 starts)."""
+    one whose error on the ring is within half of ``max_fit_error`` (it meets new ground, or its
+    error grew but is still far from the bound) is refitted from where it stands (one warm
+    start); otherwise, and with no previous fit, from the priors (3 starts)."""
     rows = fit_rows(observations)
     prev_err = _mape(previous, arch_key, rows) if previous is not None and rows.n else None
     if rows.batch_levels < MIN_BATCH_LEVELS:
@@ -144,11 +149,12 @@ def recalibrate(arch_key: str, gpu_key: str, observations: Sequence[Observation]
         return CalibrationOutcome(None, False, False, "TooFewBatchLevels", msg)
     if previous is not None and (current := _fit_is_current(previous, prev_err, rows, max_fit_error, now_s)):
         return CalibrationOutcome(previous, True, False, "KeptPrevious", current, prev_err)
-    warm = previous is not None and _still_explains(previous, prev_err, max_fit_error)
+    warm = previous is not None and prev_err is not None and prev_err <= REFIT_WARM_ERROR * max_fit_error
     try:
         new = calibrate.fit(arch_key, gpu_key, rows.batch, rows.input_len, rows.output_len, rows.throughput_tok_s,
                             output_cv=rows.output_cv, n_starts=1 if warm else 3,
-                            start=previous.params if warm else None)
+                            start=previous.params if warm else None,
+                            **({"xtol": 1e-8, "ftol": 1e-8} if warm else {}))
         new = replace(new, notes={**new.notes, "batchMin": float(rows.batch.min()),
                                   "batchMax": float(rows.batch.max())})
         new_err = float(new.metrics["mape_pct"]) / 100.0
@@ -271,7 +277,8 @@ def _kv_capacity_tokens(spec: LLMDeploymentSpec, obs: Observation, u: float, cap
         return 1
 
 
-LENGTH_GRID = 1.025  # GAUSS runs at lengths (and CVs) snapped to this log grid: ±1.25%, cached
+LENGTH_GRID = 1.05  # GAUSS runs at lengths (and CVs) snapped to this log grid (±2.5%, inside the
+# 20% rate headroom), cached
 
 
 def _snap(x: float) -> float:

@@ -136,12 +136,14 @@ def _errors_pct(measured, predicted):
 def fit(archs, gpu, batch, input_len, output_len, throughput_tok_s, *, form: str = slim.DEFAULT_FORM,
         output_cv=0.0, chunked_prefill=False, priors: dict[str, Prior] | None = None, prior_weight: float = PRIOR_WEIGHT,
         fixed: dict[str, float] | None = None, n_starts: int = 6, seed: int = 0,
-        created: str | None = None, start: dict[str, float] | None = None) -> Calibration:
+        created: str | None = None, start: dict[str, float] | None = None, xtol: float = 1e-10,
+        ftol: float = 1e-12) -> Calibration:
     """Fit ``form`` to measured throughput (one row per observation; ``archs`` one per row or one
     for all). Minimises Σ(T_pred/T − 1)² + prior_weight²·Σ((ln θ − ln θ0)/σ)².
 
     ``start``: parameters to start the first descent from instead of the priors' centres (a
-    warm start from the previous fit; the other starts stay random around the priors)."""
+    warm start from the previous fit; the other starts stay random around the priors). ``xtol``,
+    ``ftol``: least_squares' stopping tolerances (a warm start near the optimum needs less)."""
     slim.check_form(form)
     g = _gpu(gpu)
     t_meas = np.asarray(throughput_tok_s, dtype=float)
@@ -187,7 +189,7 @@ def fit(archs, gpu, batch, input_len, output_len, throughput_tok_s, *, form: str
         x0 = np.clip(x0, lo + 1e-9, hi - 1e-9)
         try:
             res = least_squares(residuals, x0, bounds=(lo, hi), method="trf", x_scale=1.0,
-                                xtol=1e-10, ftol=1e-12, max_nfev=2000)
+                                xtol=xtol, ftol=ftol, max_nfev=2000)
         except ValueError:
             continue
         if best is None or res.cost < best.cost:

@@ -157,14 +157,14 @@ def parse_metrics(text: str, *, url: str = "", t_s: float | None = None,
                   keep: frozenset[str] | None = None) -> Snapshot:
     """Parse a Prometheus text exposition into a :class:`Snapshot` (tolerant, see module doc).
 
-    ``keep`` (from :func:`family_filter`): parse only the lines of those names, one cheap pass
-    before the parser, whose cost is per line; the rest of the body is skipped (its garbage is
-    not recorded in ``invalid``). The truncation rule still applies to the whole body: a kept
-    family is dropped only if the cut fell inside it."""
+    ``keep`` (from :func:`family_filter`): keep only the series of those names (a smaller
+    snapshot; a known series not kept costs one dict lookup); the rest of the body is skipped
+    and its garbage not recorded in ``invalid``. The truncation rule still applies to the whole
+    body: a kept family is dropped only if the cut fell inside it."""
     t_s = time.time() if t_s is None else t_s
     size = len(text.encode("utf-8", "replace"))
-    lines = text.split("\n")
     truncated = bool(text) and not text.endswith("\n")
+    lines = text.split("\n")
     if truncated:
         lines = lines[:-1]  # the partial last line
     elif lines and lines[-1] == "":
@@ -172,11 +172,11 @@ def parse_metrics(text: str, *, url: str = "", t_s: float | None = None,
     # The family the cut fell in: the last one named by a sample or TYPE line (of the whole
     # body when filtered: a cut in a family not kept drops nothing kept).
     dropped_family = _last_family(lines) if truncated else None
-    if keep is not None:
+    if keep is not None and _parse_sample is None:
         lines = [ln for ln in lines if _line_name(ln) in keep]
     invalid: set[str] = set()
     series: dict[str, dict[Labels, float]] = {}
-    for name, key, value in (_samples_cached(lines) if _parse_sample is not None else _samples_full(lines)):
+    for name, key, value in (_samples_cached(lines, keep) if _parse_sample is not None else _samples_full(lines)):
         if value is None:
             invalid.add(name)
             continue
@@ -206,8 +206,9 @@ _SERIES_CACHE: dict[str, tuple[str, Labels]] = {}
 _SERIES_CACHE_MAX = 100_000
 
 
-def _samples_cached(lines: list[str]):
-    """(name, labels, value | None for a line prometheus-client rejects) per sample line.
+def _samples_cached(lines: list[str], keep: frozenset[str] | None = None):
+    """(name, labels, value | None for a line prometheus-client rejects) per sample line (of a
+    name in ``keep``, when given: the series cache makes skipping a known series a dict lookup).
 
     Each line goes through prometheus-client's sample parser (``_parse_sample``) the first time
     its series is seen and through its value parser after that. Family context is kept the way
@@ -235,10 +236,14 @@ def _samples_cached(lines: list[str]):
         else:
             key, rest = "", ""  # an exemplar: no cache
         hit = cache.get(key) if key else None
+        if hit is not None and keep is not None and hit[0] not in keep and hit[0] + "_total" not in keep:
+            continue
         try:
             if hit is not None and rest[:1] in (" ", "\t"):
                 name, labels = hit
-                value = float(_parse_value_and_timestamp(rest)[0])
+                tok = rest.split()  # one plain number: what _parse_value reads (int or float, no '_')
+                value = float(tok[0]) if len(tok) == 1 and "_" not in tok[0] else \
+                    float(_parse_value_and_timestamp(rest)[0])
             else:
                 sample = _parse_sample(line)
                 name, labels, value = sample.name, tuple(sorted(sample.labels.items())), float(sample.value)
@@ -248,11 +253,13 @@ def _samples_cached(lines: list[str]):
                     cache[key] = (name, labels)
         except Exception:  # prometheus-client raises ValueError, IndexError, ... on garbage
             m = _NAME_RE.match(line)
-            yield (m.group(1) if m else "<garbage>"), (), None
+            if keep is None or (m and m.group(1) in keep):
+                yield (m.group(1) if m else "<garbage>"), (), None
             continue
         if fam_counter and name == fam and not fam.endswith("_total"):
             name += "_total"
-        yield name, labels, value
+        if keep is None or name in keep:
+            yield name, labels, value
 
 
 def _samples_full(lines: list[str]):
