@@ -89,8 +89,8 @@ def _mape(cal: calibrate.Calibration, arch_key: str, rows: FitRows) -> float:
     return float(np.mean(np.abs(thr / rows.throughput_tok_s - 1.0)))
 
 
-REFIT_ERROR_FLOOR = 0.03  # a fit within max(this, 1.5 × its own error) of the ring still explains it
-REFIT_ERROR_GROWTH = 1.5
+REFIT_ERROR_FLOOR = 0.05  # a fit within max(this, 2 × its own error) of the ring still explains it:
+REFIT_ERROR_GROWTH = 2.0  # window-to-window noise of a pod's tokens/s is a few percent
 REFIT_BATCH_MARGIN = 1.1  # a batch beyond the fitted range by more than this factor is new ground
 REFIT_WARM_ERROR = 0.5  # a previous fit within this fraction of maxFitError is refitted warm (1 start)
 REFIT_SMALL_N = 8  # a fit on fewer points is refitted when the ring has twice as many
