@@ -204,10 +204,10 @@ def main(argv=None) -> int:
           "parses a series through prometheus-client's sample parser once and only its value after that, and "
           "keeps only the families the window reads (snapshots share their label tuples: 220 -> 29 KB each, "
           "two held per pod); SLIM is refitted only when the fit stops explaining the ring, a batch falls "
-          "outside its fitted range, a small fit's ring doubles or the fit is 30 min old (warm, one start, "
+          "outside the range seen since the last cold fit, a small fit's ring doubles or the fit is 30 min old (warm, one start, "
           "when the previous fit is still good); GAUSS λ* is cached on the fit and the lengths snapped to a "
           "5% grid. Still over the CPU target: a priming interval (scrapes, reconcile, kopf; no fits) "
-          "costs ~3 s, and about a third of the resources still refit SLIM in a given interval (the pools "
+          "costs ~3 s, and about one resource in seven still refits SLIM in a given interval (the pools "
           "here mix four caps under a swinging load), each refit followed by a GAUSS run.", ""]
     (RESULTS / "operator_scale.md").write_text("\n".join(md))
     print("\n".join(md))

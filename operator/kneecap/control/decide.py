@@ -155,8 +155,12 @@ def recalibrate(arch_key: str, gpu_key: str, observations: Sequence[Observation]
                             output_cv=rows.output_cv, n_starts=1 if warm else 3,
                             start=previous.params if warm else None,
                             **({"xtol": 1e-8, "ftol": 1e-8} if warm else {}))
-        new = replace(new, notes={**new.notes, "batchMin": float(rows.batch.min()),
-                                  "batchMax": float(rows.batch.max())})
+        # the batches seen since the last cold fit: one that left the ring and comes back is not new ground
+        b_lo, b_hi = float(rows.batch.min()), float(rows.batch.max())
+        if warm and isinstance((previous.notes or {}).get("batchMin"), (int, float)) \
+                and isinstance(previous.notes.get("batchMax"), (int, float)):
+            b_lo, b_hi = min(b_lo, float(previous.notes["batchMin"])), max(b_hi, float(previous.notes["batchMax"]))
+        new = replace(new, notes={**new.notes, "batchMin": b_lo, "batchMax": b_hi})
         new_err = float(new.metrics["mape_pct"]) / 100.0
     except (InputError, ValueError, FloatingPointError) as exc:
         # never act on a failed fit; keep the last good one for status and the next try
