@@ -25,7 +25,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -126,12 +125,7 @@ def main(argv=None) -> int:
     try:
         with KubeAPIThread() as kube:
             kube.add_namespace(NS)
-            kubeconfig = tmp / "kubeconfig"
-            kubeconfig.write_text(yaml.safe_dump({
-                "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-                "clusters": [{"name": "kmock", "cluster": {"server": kube.url}}],
-                "users": [{"name": "bench", "user": {"token": "not-checked"}}],
-                "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "bench", "namespace": NS}}]}))
+            kubeconfig = kube.write_kubeconfig(tmp / "kubeconfig", NS, user="bench")
             t = time.monotonic()
             for i in range(args.resources):
                 kube.create(LLMD, llmd(i, args.interval))

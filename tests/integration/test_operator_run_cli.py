@@ -9,7 +9,6 @@ import sys
 import urllib.request
 
 import pytest
-import yaml
 
 from tests.support.kmock_api import LLMD, KubeAPIThread
 from tests.support.operator_harness import DEPLOY, NS, llmd, wait_for
@@ -27,12 +26,7 @@ def _get(url: str) -> tuple[int, str]:
 def test_kneecap_run_process(tmp_path):
     with KubeAPIThread() as kube:
         kube.add_namespace(NS)
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-            "clusters": [{"name": "kmock", "cluster": {"server": kube.url}}],
-            "users": [{"name": "tester", "user": {"token": "not-checked"}}],
-            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "tester", "namespace": NS}}]}))
+        kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig", NS, user="tester")
         live, metrics = free_port(), free_port()
         env = dict(os.environ, KUBECONFIG=str(kubeconfig), PYTHONPATH=str(ROOT / "operator"))
         proc = subprocess.Popen([sys.executable, "-m", "kneecap", "run", "--namespace", NS, "--standalone",

@@ -89,12 +89,7 @@ def twin():
 
 
 def kubeconfig_for(kube, path: Path) -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-        "clusters": [{"name": "kmock", "cluster": {"server": kube.url}}],
-        "users": [{"name": "kmock", "user": {}}],
-        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "kmock"}}]}))
-    return path
+    return kube.write_kubeconfig(path)
 
 
 def llmd(name: str) -> dict:

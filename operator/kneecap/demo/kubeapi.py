@@ -428,6 +428,18 @@ class KubeAPIThread:
     def __exit__(self, *exc):
         self.stop()
 
+    def write_kubeconfig(self, path, namespace: str | None = None, user: str = "kmock"):
+        """A kubeconfig pointing at this API (any token passes), for `kneecap run` subprocesses."""
+        import yaml
+
+        context = {"cluster": "kmock", "user": user, **({"namespace": namespace} if namespace else {})}
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+            "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
+            "users": [{"name": user, "user": {"token": "not-checked"}}],
+            "contexts": [{"name": "kmock", "context": context}]}))
+        return path
+
     # ------------------------------------------------------------ kubectl-like
 
     def request(self, method: str, path: str, body: Any = None,
