@@ -118,8 +118,10 @@ async def test_observation_matches_what_was_sent(vllm_server):
 
 async def test_kv_saturation_shows_usage_and_preemptions(vllm_server):
     # 4 running × (40 + 440 tokens) = 16 blocks of 128 wanted, 8 exist: usage hits the top
-    # and the scheduler preempts (recompute) to make room. The gauge is sampled during load.
-    n = 16
+    # and the scheduler preempts (recompute) to make room. The gauge is sampled during load;
+    # 48 requests keep the cache in its fill/preempt cycle long enough for a slow (busy-CPU)
+    # scrape to land near the top (16 sometimes gave only 3 samples, none above 0.6).
+    n = 48
     prompt_lens = [40] * n
     output_lens = [440] * n
     prev, between, cur, responses = await _run_load(vllm_server, prompt_lens, output_lens, seed=2, sample_every_s=0.02)
