@@ -112,9 +112,19 @@ def test_worse_fit_keeps_the_previous_calibration(curve):
     noisy = [observation(curve[c]) for c in (8, 16, 32)]
     noisy += [replace(observation(curve[16]), prompt_tok_s=o.prompt_tok_s * 3, generation_tok_s=o.generation_tok_s * 3)
               for o in [observation(curve[16])]]
-    out = decide.recalibrate("llama-2-7b", "h100-64gb", noisy, good.calibration, 0.3)
-    assert out.calibration is good.calibration and not out.refit
-    assert out.reason == "KeptPrevious"
+    now_s = datetime.fromisoformat(good.calibration.created).timestamp()
+    out = decide.recalibrate("llama-2-7b", "h100-64gb", noisy, good.calibration, 0.3, now_s=now_s + 30)
+    assert out.calibration.params == good.calibration.params and out.calibration.created == good.calibration.created
+    assert not out.refit and out.reason == "KeptPrevious" and out.revalidated and out.ok
+    # it remembers what the refit was tried on: the same ring next window is not refitted again
+    assert out.calibration.notes["ringErrorPct"] == pytest.approx(100 * out.error, abs=1e-3)
+    assert out.calibration.notes["ringN"] == 4 and out.calibration.notes["checkedS"] == pytest.approx(now_s + 30)
+    again = decide.recalibrate("llama-2-7b", "h100-64gb", noisy, out.calibration, 0.3, now_s=now_s + 60)
+    assert again.calibration is out.calibration and "not refitted" in again.message and not again.revalidated
+    # ... until the ring moves on: a batch beyond the range tried refits
+    moved = decide.recalibrate("llama-2-7b", "h100-64gb", noisy + [observation(curve[128])], out.calibration, 0.3,
+                               now_s=now_s + 90)
+    assert "not refitted" not in moved.message
 
 
 def test_calibration_roundtrips_through_status(curve):
@@ -239,3 +249,50 @@ def test_a_fit_without_range_notes_is_refitted_once(curve):
     bare = replace(good.calibration, notes={})  # e.g. a status written by an older operator
     out = decide.recalibrate("llama-2-7b", "h100-64gb", obs, bare, 0.3)
     assert "not refitted" not in out.message
+
+
+def test_gauss_runs_are_reused_while_their_inputs_stay_within_tolerance(profiles_csv):
+    cal, obs = _opt_fit(profiles_csv)
+    spec = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb", "costPerHour": 4},
+                       "engine": {"image": "vllm", "maxNumSeqs": 64}, "slo": {"ttftSeconds": 1.0, "tpotSeconds": 0.05}})
+    decide.GAUSS_RUNS.clear()
+    _, _, first = decide.colocated_replicas(spec, cal, obs)
+    assert first["gaussRunReused"] is False
+    # the next window's lengths wobble by 1%: the run is reused ...
+    near = replace(obs, input_len_mean=obs.input_len_mean * 1.01, output_len_mean=obs.output_len_mean * 0.99)
+    _, _, again = decide.colocated_replicas(spec, cal, near)
+    assert again["gaussRunReused"] is True
+    assert again["sustainableRequestsPerSecondPerReplica"] == first["sustainableRequestsPerSecondPerReplica"]
+    # ... and is within a few percent of what a fresh run at those lengths gives
+    decide.GAUSS_RUNS.clear()
+    _, _, fresh = decide.colocated_replicas(spec, cal, near)
+    assert fresh["gaussRunReused"] is False
+    assert again["sustainableRequestsPerSecondPerReplica"] == pytest.approx(
+        fresh["sustainableRequestsPerSecondPerReplica"], rel=0.03)
+    # outputs 20% longer: GAUSS runs again and λ* falls
+    far = replace(obs, output_len_mean=obs.output_len_mean * 1.2)
+    _, _, longer = decide.colocated_replicas(spec, cal, far)
+    assert longer["gaussRunReused"] is False
+    assert longer["sustainableRequestsPerSecondPerReplica"] < fresh["sustainableRequestsPerSecondPerReplica"]
+    # a fit whose decode step moved by 10% is not the same engine: GAUSS runs again
+    slower = replace(cal, params={**cal.params, "t_step_s": cal.params["t_step_s"] * 1.5 + 1e-3})
+    _, _, other = decide.colocated_replicas(spec, slower, obs)
+    assert other["gaussRunReused"] is False
+    assert decide.GAUSS_RUNS.hits == 0 and decide.GAUSS_RUNS.misses == 3
+
+
+def test_gauss_inputs_are_the_service_times_gauss_simulates():
+    from kneecap.control.gauss_reuse import GaussRuns, inputs_for
+    from kneecap.model.gauss import ServiceCoefficients
+
+    coef = ServiceCoefficients(prefill_s_per_token=1e-4, decode_step_s=0.01, decode_s_per_context_token=1e-6,
+                               decode_s_per_seq=2e-4, request_overhead_s=0.003)
+    x = inputs_for(coef, 200.0, 0.3, 100.0, 0.5)
+    # prefill 200 and 800 tokens; d(B, B·ctx) = a + b·B with ctx = 200 + 100/2 (GAUSS §3.3)
+    assert x.service_s == pytest.approx((0.02, 0.08, 0.003, 0.01 + 250e-6, 2e-4))
+    assert x.lengths == (200.0, 100.0) and x.cvs == (0.3, 0.5)
+    runs = GaussRuns(rel_tol=0.025, cv_tol=0.05)
+    runs.add("k", x, (1.5, "ttft"))
+    assert runs.find("k", inputs_for(coef, 202.0, 0.32, 101.0, 0.5)) == (1.5, "ttft")
+    assert runs.find("k", inputs_for(coef, 202.0, 0.40, 101.0, 0.5)) is None  # CV moved by 0.1
+    assert runs.find("other", x) is None

@@ -8,7 +8,6 @@ themselves. The guards (policy.py) decide afterwards whether a recommendation is
 from __future__ import annotations
 
 import datetime as _dt
-import functools
 import json
 import math
 from dataclasses import asdict, dataclass, replace
@@ -16,6 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
+from kneecap.control import gauss_reuse
 from kneecap.control.manifests import EngineSettings
 from kneecap.control.spec import LLMDeploymentSpec
 from kneecap.errors import InputError
@@ -29,7 +29,7 @@ GIB = 1024**3
 MIN_BATCH_LEVELS = 2  # distinct operating batches before SLIM is (re)fitted (DESIGN §4.3)
 RATE_HEADROOM = 1.2  # size pools for 20% more than the observed request rate
 GAUSS_SAMPLES = 20_000  # enough for p95 at the operator cadence; benchmarks use 10^6
-PROBE_RATE_RPS = 1e-3  # GAUSS is run for λ* (its bisection); the probe rate only has to be stable  # enough for p95 at the operator's cadence; benchmarks use 10^6
+PROBE_RATE_RPS = 1e-3  # GAUSS is run for λ* (its bisection); the probe rate only has to be stable
 
 
 # ---------------------------------------------------------------- calibration
@@ -81,6 +81,7 @@ class CalibrationOutcome:
     reason: str  # Fitted | KeptPrevious | TooFewBatchLevels | FitFailed | FitRejected | FitErrorTooHigh
     message: str
     error: float | None = None  # MAPE of the calibration in use on the current rows (fraction)
+    revalidated: bool = False  # a refit on the current ring could not beat the fit in use
 
 
 def _mape(cal: calibrate.Calibration, arch_key: str, rows: FitRows) -> float:
@@ -98,8 +99,10 @@ REFIT_MAX_AGE_S = 1800.0  # refit at least this often (well inside the 2 h Calib
 
 
 def _still_explains(previous: calibrate.Calibration, prev_err: float | None, max_fit_error: float) -> bool:
-    """The previous fit's error on the ring is near the one it was fitted with (and acceptable)."""
-    fitted_err = float(previous.metrics.get("mape_pct", 100.0)) / 100.0
+    """The previous fit's error on the ring is near the one it was fitted with, or near the one a
+    refit could not beat (``ringErrorPct``), and acceptable."""
+    fitted_err = max(float(previous.metrics.get("mape_pct", 100.0)),
+                     float((previous.notes or {}).get("ringErrorPct", 0.0))) / 100.0
     return prev_err is not None and prev_err <= min(max_fit_error,
                                                     max(REFIT_ERROR_FLOOR, REFIT_ERROR_GROWTH * fitted_err))
 
@@ -121,10 +124,11 @@ def _fit_is_current(previous: calibrate.Calibration, prev_err: float | None, row
         return None
     if rows.batch.min() < b_lo / REFIT_BATCH_MARGIN or rows.batch.max() > b_hi * REFIT_BATCH_MARGIN:
         return None
-    n_fitted = int(previous.metrics.get("n_points", 0))
+    n_fitted = max(int(previous.metrics.get("n_points", 0)), int(notes.get("ringN", 0)))
     if n_fitted < REFIT_SMALL_N and rows.n >= 2 * n_fitted:
         return None
-    if now_s is not None and now_s - created_s > REFIT_MAX_AGE_S:
+    checked_s = float(notes.get("checkedS", created_s))
+    if now_s is not None and now_s - max(created_s, checked_s) > REFIT_MAX_AGE_S:
         return None
     return (f"the fit still explains the ring (error {prev_err:.1%} on {rows.n} observations, batches "
             f"{rows.batch.min():.3g}-{rows.batch.max():.3g} within the fitted {b_lo:.3g}-{b_hi:.3g}); not refitted")
@@ -175,9 +179,16 @@ def recalibrate(arch_key: str, gpu_key: str, observations: Sequence[Observation]
                                   + ("; keeping the previous fit" if previous else ""),
                                   prev_err if previous is not None else new_err)
     if previous is not None and prev_err is not None and prev_err <= new_err:
+        # a refit could not beat the fit in use on this ring: remember what it was tried on, so
+        # that the next windows refit only when the ring moves on from it (not every window)
+        previous = replace(previous, notes={
+            **(previous.notes or {}), "ringErrorPct": round(100.0 * prev_err, 4), "ringN": rows.n,
+            "batchMin": min(float(rows.batch.min()), float((previous.notes or {}).get("batchMin", np.inf))),
+            "batchMax": max(float(rows.batch.max()), float((previous.notes or {}).get("batchMax", -np.inf))),
+            **({"checkedS": round(float(now_s), 3)} if now_s is not None else {})})
         return CalibrationOutcome(previous, prev_err <= max_fit_error, False, "KeptPrevious",
                                   f"new fit error {new_err:.1%} is not better than the previous {prev_err:.1%}",
-                                  prev_err)
+                                  prev_err, revalidated=True)
     return CalibrationOutcome(new, True, True, "Fitted",
                               f"SLIM fitted on {rows.n} observations, {rows.batch_levels} batch levels, "
                               f"error {new_err:.1%}", new_err)
@@ -281,34 +292,40 @@ def _kv_capacity_tokens(spec: LLMDeploymentSpec, obs: Observation, u: float, cap
         return 1
 
 
-LENGTH_GRID = 1.05  # GAUSS runs at lengths (and CVs) snapped to this log grid (±2.5%, inside the
-# 20% rate headroom), cached
+GAUSS_RUNS = gauss_reuse.GaussRuns()  # λ* of past runs, reused while GAUSS's inputs stay within 2.5%
 
 
-def _snap(x: float) -> float:
-    return float(LENGTH_GRID ** round(math.log(x) / math.log(LENGTH_GRID)))
+def _gauss_rate(arch_key: str, gpu_key: str, cal: calibrate.Calibration, obs: Observation,
+                slo_ttft_s: float | None, slo_tbt_s: float | None, quantile: float,
+                seed: int) -> tuple[float | None, str, bool]:
+    """(λ* per replica, binding, reused) from GAUSS, or (None, why, reused) when infeasible.
 
-
-@functools.lru_cache(maxsize=4096)
-def _gauss_rate(arch_key: str, gpu_key: str, form: str, params: tuple, input_len: float, input_cv: float,
-                output_len: float, output_cv: float, slo_ttft_s: float | None, slo_tbt_s: float | None,
-                quantile: float, seed: int) -> tuple[float | None, str]:
-    """(λ* per replica, binding) from GAUSS, or (None, why) when infeasible. A pure function of
-    its arguments (fixed seed), cached: a steady pool's fit and snapped lengths repeat from one
-    window to the next, and a GAUSS run is ~30 ms of CPU."""
+    GAUSS runs on the calibrated SLIM mapped to d(B, C) at the window's lengths; a previous
+    run whose inputs are all within tolerance (see :mod:`kneecap.control.gauss_reuse`) is
+    reused instead: a run is ~15-30 ms of CPU and most windows repeat the last one's inputs."""
     from kneecap.model import gauss
 
-    coef = gauss.coefficients_for(get_arch(arch_key), get_gpu(gpu_key), dict(params), form=form)  # SLIM -> d(B, C)
-    wl = gauss.Workload(input_tokens=gauss.LogNormalLength(input_len, input_cv),
-                        output_tokens=gauss.LogNormalLength(output_len, output_cv))
+    arch, gpu = get_arch(arch_key), get_gpu(gpu_key)
+    coef = gauss.coefficients_for(arch, gpu, cal.params, form=cal.form)  # SLIM -> d(B, C) (GAUSS §3.3)
+    lengths = (max(obs.input_len_mean, 1.0), max(obs.input_len_cv, 0.05),
+               max(obs.output_len_mean, 1.0), max(obs.output_len_cv, 0.05))
+    inputs = gauss_reuse.inputs_for(coef, *lengths)
+    key = (arch_key, gpu_key, cal.form, slo_ttft_s, slo_tbt_s, quantile, seed)
+    hit = GAUSS_RUNS.find(key, inputs)
+    if hit is not None:
+        return (*hit, True)
+    wl = gauss.Workload(input_tokens=gauss.LogNormalLength(lengths[0], lengths[1]),
+                        output_tokens=gauss.LogNormalLength(lengths[2], lengths[3]))
     try:
         res = gauss.simulate(wl, coef, PROBE_RATE_RPS, rng=np.random.default_rng(seed), samples=GAUSS_SAMPLES,
                              replications=4, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s, quantile=quantile,
                              search_samples=GAUSS_SAMPLES)
+        out = (res.sustainable_rate_rps if (slo_ttft_s or slo_tbt_s) else 0.8 * res.stable_rate_rps,
+               res.sustainable_binding)
     except gauss.Infeasible as exc:
-        return None, f"gauss-infeasible: {exc}"
-    lam_star = res.sustainable_rate_rps if (slo_ttft_s or slo_tbt_s) else 0.8 * res.stable_rate_rps
-    return lam_star, res.sustainable_binding
+        out = (None, f"gauss-infeasible: {exc}")
+    GAUSS_RUNS.add(key, inputs, out)
+    return (*out, False)
 
 
 def colocated_replicas(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs: Observation,
@@ -318,11 +335,8 @@ def colocated_replicas(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs:
 
     rate = max(obs.request_rate_rps, 1e-6)
     pods = max(obs.pods, 1)
-    lam_star, binding = _gauss_rate(
-        spec.model.architecture, spec.accelerator.type, cal.form, tuple(sorted(cal.params.items())),
-        _snap(max(obs.input_len_mean, 1.0)), _snap(max(obs.input_len_cv, 0.05)),
-        _snap(max(obs.output_len_mean, 1.0)), _snap(max(obs.output_len_cv, 0.05)),
-        spec.slo.ttft_s, spec.slo.tpot_s, spec.slo.quantile, seed)
+    lam_star, binding, reused = _gauss_rate(spec.model.architecture, spec.accelerator.type, cal, obs,
+                                            spec.slo.ttft_s, spec.slo.tpot_s, spec.slo.quantile, seed)
     if lam_star is None:
         return pods, binding, {}
     cp = plan_colocated(lam_star, spec.accelerator.count, max(spec.accelerator.cost_per_hour, 1e-9),
@@ -330,7 +344,7 @@ def colocated_replicas(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs:
     alloc = {"replicas": cp.replicas, "sustainableRequestsPerSecondPerReplica": round(lam_star, 6),
              "observedRequestsPerSecond": round(rate, 6), "goodputRequestsPerSecond": round(cp.goodput_rps, 6),
              "costPerHour": round(cp.cost_per_hour, 4), "binding": binding if cp.binding == "rate" else cp.binding,
-             "feasible": cp.feasible, "message": cp.message}
+             "feasible": cp.feasible, "message": cp.message, "gaussRunReused": reused}
     return (cp.replicas if cp.feasible else pods), alloc["binding"], alloc
 
 

@@ -113,13 +113,17 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
 
     @kopf.timer(*RESOURCE, interval=config.tick_s, initial_delay=config.tick_s, registry=registry)
     async def control(body, patch, memo, logger, **_):
-        spec = _parse(body, patch, logger, config, emit=False)
-        if spec is None:
-            return
         mem: L.LoopMemory = memo.setdefault("loop", L.LoopMemory())
         now = config.now()
-        if mem.last_tick_s and now - mem.last_tick_s < spec.control.interval_s:
-            return
+        gen = body["metadata"].get("generation")
+        gen = gen if gen is not None else repr(body.get("spec"))  # an API server without generations
+        if mem.spec_generation == gen and (mem.spec is None or now - mem.last_tick_s < mem.spec.control.interval_s):
+            return  # not due, or a spec already reported invalid (the spec handler reported it)
+        if mem.spec_generation != gen:  # parsed once per generation, not on every tick
+            mem.spec, mem.spec_generation = _parse(body, patch, logger, config, emit=False), gen
+            if mem.spec is None or (mem.last_tick_s and now - mem.last_tick_s < mem.spec.control.interval_s):
+                return
+        spec = mem.spec
         mem.last_tick_s = now
         ctx = L.LoopContext(kube=memo.kube, metrics=memo.metrics, now=config.now,
                             scrape_timeout_s=config.scrape_timeout_s, scrape=config.scrape,

@@ -46,10 +46,13 @@ EventFn = Callable[[str, str, str], None]  # (type Normal|Warning, reason, messa
 
 @dataclass
 class LoopMemory:
-    """In-process state of one resource: each pod URL's scrapes since its window opened."""
+    """In-process state of one resource: each pod URL's scrapes since its window opened, and
+    the spec parsed at the generation the timer last saw."""
 
     snapshots: dict[str, dict[str, list[Snapshot]]] = field(default_factory=dict)  # role -> url -> scrapes
     last_tick_s: float = 0.0
+    spec: LLMDeploymentSpec | None = None  # parsed at `spec_generation` (None: that spec is invalid)
+    spec_generation: int | str | None = -1
 
 
 @dataclass(frozen=True)
@@ -228,7 +231,8 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
         out["calibration"] = decide.calibration_to_status(cal_out.calibration, cal_out.error)
         ctx.metrics.set(ctx.metrics.calibration_error, cal_out.error, *labels)
         # acceptedTime: when the fit in use was accepted (a rejected first fit never was)
-        accepted = (St.iso(now) if cal_out.refit and cal_out.ok
+        # (a fit that a refit on fresh windows could not beat is accepted anew)
+        accepted = (St.iso(now) if (cal_out.refit or cal_out.revalidated) and cal_out.ok
                     else None if cal_out.refit else _accepted_time(status.get("calibration")))
         if accepted:
             out["calibration"]["acceptedTime"] = accepted
