@@ -14,6 +14,7 @@ import math
 import re
 import time
 from dataclasses import dataclass
+from itertools import repeat
 from types import MappingProxyType
 from typing import Mapping
 
@@ -162,7 +163,7 @@ def parse_metrics(text: str, *, url: str = "", t_s: float | None = None,
     and its garbage not recorded in ``invalid``. The truncation rule still applies to the whole
     body: a kept family is dropped only if the cut fell inside it."""
     t_s = time.time() if t_s is None else t_s
-    size = len(text.encode("utf-8", "replace"))
+    size = len(text) if text.isascii() else len(text.encode("utf-8", "replace"))
     truncated = bool(text) and not text.endswith("\n")
     lines = text.split("\n")
     if truncated:
@@ -172,20 +173,12 @@ def parse_metrics(text: str, *, url: str = "", t_s: float | None = None,
     # The family the cut fell in: the last one named by a sample or TYPE line (of the whole
     # body when filtered: a cut in a family not kept drops nothing kept).
     dropped_family = _last_family(lines) if truncated else None
-    if keep is not None and _parse_sample is None:
-        lines = [ln for ln in lines if _line_name(ln) in keep]
-    invalid: set[str] = set()
-    series: dict[str, dict[Labels, float]] = {}
-    for name, key, value in (_samples_cached(lines, keep) if _parse_sample is not None else _samples_full(lines)):
-        if value is None:
-            invalid.add(name)
-            continue
-        if dropped_family is not None and _family_of(name, {dropped_family}) == dropped_family:
-            continue
-        if not math.isfinite(value):
-            invalid.add(name)
-            continue
-        series.setdefault(name, {})[key] = value
+    if _parse_sample is not None:
+        series, invalid = _collect_cached(lines, keep, dropped_family)
+    else:
+        if keep is not None:
+            lines = [ln for ln in lines if _line_name(ln) in keep]
+        series, invalid = _collect(_samples_full(lines), dropped_family)
     frozen = MappingProxyType({k: MappingProxyType(v) for k, v in series.items()})
     return Snapshot(
         url=url,
@@ -198,12 +191,178 @@ def parse_metrics(text: str, *, url: str = "", t_s: float | None = None,
     )
 
 
+def _collect(samples, dropped_family: str | None) -> tuple[dict[str, dict[Labels, float]], set[str]]:
+    """Series and invalid names from (name, labels, value | None) samples: a None or non-finite
+    value marks the name invalid, a sample of the family a cut fell in is dropped."""
+    invalid: set[str] = set()
+    series: dict[str, dict[Labels, float]] = {}
+    for name, key, value in samples:
+        if value is None:
+            invalid.add(name)
+            continue
+        if dropped_family is not None and _family_of(name, {dropped_family}) == dropped_family:
+            continue
+        if not math.isfinite(value):
+            invalid.add(name)
+            continue
+        series.setdefault(name, {})[key] = value
+    return series, invalid
+
+
 # Series key (the sample line up to its value) -> (sample name, labels) as prometheus-client
 # parsed it. A pod exports the same series every scrape and the pods of one model share them,
 # so after the first scrape only the values are parsed, and every snapshot shares the label
 # tuples (memory). Bounded: cleared when full.
 _SERIES_CACHE: dict[str, tuple[str, Labels]] = {}
 _SERIES_CACHE_MAX = 100_000
+
+# The line cache in front of it, one per ``keep`` set: a raw line's text before its last space
+# (``line.rpartition(" ")[0]``) -> what the line means, so that a line seen before costs one
+# rpartition and one dict lookup:
+#   _SKIP                                  a known series not kept: skip the line whatever its value
+#   (0, name, labels, name kept?)          a known series: parse the value after the space
+#   (1, rest, kind "TYPE"/"HELP"/"", family, counter?)  a comment line whose text after the
+#                                          space is ``rest`` (else the line is parsed afresh)
+# A sample entry is made only for a key in _SERIES_CACHE whose line is exactly "<key> <value>",
+# so a hit reads the line as _SERIES_CACHE would; a value that is not one plain float (a
+# timestamp, '_', garbage) goes the long way. Emptied with _SERIES_CACHE (also when something
+# else empties that) and bounded by the same size.
+_LINE_CACHES: dict[frozenset[str] | None, dict[str, tuple]] = {}
+_LINE_CACHE_KEEPS_MAX = 16
+_SKIP = ()
+
+
+def _line_cache(keep: frozenset[str] | None) -> dict[str, tuple]:
+    if not _SERIES_CACHE or len(_LINE_CACHES) >= _LINE_CACHE_KEEPS_MAX and keep not in _LINE_CACHES:
+        _LINE_CACHES.clear()
+    cache = _LINE_CACHES.get(keep)
+    if cache is None or len(cache) >= _SERIES_CACHE_MAX:
+        cache = _LINE_CACHES[keep] = {}
+    return cache
+
+
+def _collect_cached(lines: list[str], keep: frozenset[str] | None,
+                    dropped_family: str | None) -> tuple[dict[str, dict[Labels, float]], set[str]]:
+    """:func:`_collect` over :func:`_samples_cached` (the same result), with the line cache
+    (``_LINE_CACHES``) in front: a line seen before is one rpartition, one dict lookup and, for
+    a kept series, one float()."""
+    fast = _line_cache(keep)
+    invalid: set[str] = set()
+    series: dict[str, dict[Labels, float]] = {}
+    fam, fam_counter = "", False
+    isfinite, get = math.isfinite, fast.get
+    last_name, s = None, None
+    for raw, (head, _, val) in zip(lines, map(str.rpartition, lines, repeat(" "))):
+        e = get(head)
+        if e is _SKIP:
+            continue
+        if e is not None:
+            if e[0]:  # a comment line
+                if val == e[1]:
+                    if e[2] == "TYPE":
+                        fam, fam_counter = e[3], e[4]
+                    elif e[2] == "HELP" and e[3] != fam:
+                        fam, fam_counter = e[3], False
+                    continue
+                e = None
+            elif "_" in val:
+                e = None
+            else:
+                try:
+                    value = float(val)
+                except ValueError:
+                    e = None
+        if e is None:
+            got = _slow_line(raw, head, keep, fast, fam, fam_counter)
+            if got is None:
+                continue
+            if got[0] is None:  # a comment: the family context it sets
+                fam, fam_counter = got[1], got[2]
+                continue
+            name, labels, value, kept = got
+            if value is None:  # a line prometheus-client rejects (of a kept name)
+                invalid.add(name)
+                continue
+        else:
+            name, labels, kept = e[1], e[2], e[3]
+        if fam_counter and name == fam and not fam.endswith("_total"):
+            name += "_total"
+            kept = keep is None or name in keep
+        if not kept:
+            continue
+        if dropped_family is not None and _family_of(name, {dropped_family}) == dropped_family:
+            continue
+        if not isfinite(value):
+            invalid.add(name)
+            continue
+        if name is not last_name:  # consecutive samples of one name: one series lookup
+            s = series.get(name)
+            if s is None:
+                s = series[name] = {}
+            last_name = name
+        s[labels] = value
+    return series, invalid
+
+
+def _slow_line(raw: str, head: str, keep: frozenset[str] | None, fast: dict[str, tuple], fam: str,
+               fam_counter: bool):
+    """One line the line cache did not answer, read as :func:`_samples_cached` reads it; fills
+    both caches. Returns None (nothing to yield), ``(None, family, counter?)`` for a comment that
+    sets the family context, or ``(name, labels, value | None, kept?)`` for a sample (None:
+    prometheus-client rejects the line; ``kept`` before the counter renaming)."""
+    line = raw.strip()
+    if not line:
+        return None
+    if line[0] == "#":
+        parts = line.split(None, 3)
+        kind = parts[1] if len(parts) >= 3 and parts[1] in ("TYPE", "HELP") else ""
+        family = parts[2] if kind else None
+        counter = kind == "TYPE" and len(parts) == 4 and parts[3].strip() == "counter"
+        if head:
+            fast[head] = (1, raw[len(head) + 1:], kind, family, counter)
+        if kind == "TYPE":
+            return None, family, counter
+        if kind == "HELP" and family != fam:
+            return None, family, False
+        return None
+    cache = _SERIES_CACHE
+    brace = line.rfind("}")
+    if brace >= 0 and " # " not in line:
+        key, rest = line[: brace + 1], line[brace + 1:]
+    elif brace < 0:
+        key, _, rest = line.partition(" ") if " " in line else line.partition("\t")
+        rest = " " + rest
+    else:
+        key, rest = "", ""  # an exemplar: no cache
+    hit = cache.get(key) if key else None
+    if hit is not None and keep is not None and hit[0] not in keep and hit[0] + "_total" not in keep:
+        if head == key:
+            fast[head] = _SKIP
+        return None
+    try:
+        if hit is not None and rest[:1] in (" ", "\t"):
+            name, labels = hit
+            tok = rest.split()  # one plain number: what _parse_value reads (int or float, no '_')
+            value = float(tok[0]) if len(tok) == 1 and "_" not in tok[0] else \
+                float(_parse_value_and_timestamp(rest)[0])
+        else:
+            sample = _parse_sample(line)
+            name, labels, value = sample.name, tuple(sorted(sample.labels.items())), float(sample.value)
+            if key:
+                if len(cache) >= _SERIES_CACHE_MAX:
+                    cache.clear()
+                    _LINE_CACHES.clear()  # its sample entries stand for series cache entries
+                    fast.clear()
+                cache[key] = (name, labels)
+    except Exception:  # prometheus-client raises ValueError, IndexError, ... on garbage
+        m = _NAME_RE.match(line)
+        if keep is None or (m and m.group(1) in keep):
+            return (m.group(1) if m else "<garbage>"), (), None, True
+        return None
+    if key and head == key:
+        skip = keep is not None and name not in keep and name + "_total" not in keep
+        fast[head] = _SKIP if skip else (0, name, labels, keep is None or name in keep)
+    return name, labels, value, keep is None or name in keep
 
 
 def _samples_cached(lines: list[str], keep: frozenset[str] | None = None):
@@ -213,7 +372,8 @@ def _samples_cached(lines: list[str], keep: frozenset[str] | None = None):
     Each line goes through prometheus-client's sample parser (``_parse_sample``) the first time
     its series is seen and through its value parser after that. Family context is kept the way
     ``text_fd_to_metric_families`` keeps it: a sample named as its ``counter`` family without
-    ``_total`` is renamed ``<name>_total``."""
+    ``_total`` is renamed ``<name>_total``. The reference for :func:`_collect_cached`, which
+    parse_metrics uses."""
     cache = _SERIES_CACHE
     fam, fam_counter = "", False
     for line in lines:
