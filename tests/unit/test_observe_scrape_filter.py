@@ -92,3 +92,59 @@ def test_filtered_cut_inside_a_kept_family_drops_it(shared_dir):
     assert snap.get("vllm:time_to_first_token_seconds_bucket") is None
     o = observe(parse_metrics(zeroed(text), t_s=T0, keep=WINDOW_FAMILIES), snap)
     assert isinstance(o, NoObservation) and o.code.startswith("truncated")
+
+
+# --- the line cache (a seen line: rpartition, dict lookup, float) against the reference -------
+def reference(text: str, keep=None):
+    """What parse_metrics gave before the line cache: _samples_cached's samples, collected."""
+    lines = text.split("\n")[:-1]
+    return S._collect(S._samples_cached(lines, keep), None)
+
+
+VALUE_FORMS = ["7", "1e3", "+Inf", "-Inf", "NaN", "1_5", "3 1700000000000", "2.5\r", "2.5\t", "\t2.5", "1.0}",
+               "x1", "", "4 # {a=\"b\"} 1"]
+
+
+@pytest.mark.parametrize("keep", [None, WINDOW_FAMILIES])
+def test_line_cache_reads_every_value_form_as_the_reference(shared_dir, monkeypatch, keep):
+    S._SERIES_CACHE.clear()
+    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+    targets = ['vllm:prompt_tokens_total{engine="0",model_name="tiny"} ',
+               'vllm:num_requests_running{engine="0",model_name="tiny"} ',
+               'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.25",model_name="tiny"} ',
+               'python_gc_objects_collected_total{generation="0"} ', "process_start_time_seconds "]
+    for form in VALUE_FORMS:
+        edited = text
+        for t in targets:
+            i = edited.index("\n" + t) + 1
+            j = edited.index("\n", i)
+            edited = edited[:i] + t + form + edited[j:]
+        for _ in range(2):  # cold (or warm from the form before), then warm
+            snap = parse_metrics(edited, t_s=T0, keep=keep)
+            series, invalid = reference(edited, keep)
+            assert ({k: dict(v) for k, v in snap.series.items()}, snap.invalid) == (series, invalid), repr(form)
+        assert as_plain(parse_metrics(text, t_s=T0, keep=keep)) == as_plain(
+            whole_family_parse(monkeypatch, text, t_s=T0, keep=keep))
+
+
+def test_line_cache_follows_a_changed_type_line():
+    # "# TYPE jobs gauge" and "# TYPE jobs counter" share the text before their last space
+    gauge, counter = "# TYPE jobs gauge\njobs 3\n", "# TYPE jobs counter\njobs 3\n"
+    for body in (gauge, gauge, counter, counter, gauge):
+        snap = parse_metrics(body)
+        assert dict(snap.series) == ({"jobs_total": {(): 3.0}} if body == counter else {"jobs": {(): 3.0}})
+
+
+def test_warm_parse_skips_the_sample_parser_and_a_cleared_cache_does_not(shared_dir, monkeypatch):
+    text = read_capture(shared_dir, "vllm-0.32-cpu-run4.txt")
+    calls = []
+    parse_sample = S._parse_sample
+    monkeypatch.setattr(S, "_parse_sample", lambda line: calls.append(line) or parse_sample(line))
+    S._SERIES_CACHE.clear()
+    cold = parse_metrics(text, keep=WINDOW_FAMILIES)
+    n_cold = len(calls)
+    warm = parse_metrics(text, keep=WINDOW_FAMILIES)
+    assert n_cold > 200 and len(calls) == n_cold and as_plain(warm) == as_plain(cold)
+    S._SERIES_CACHE.clear()  # the line cache goes with it
+    parse_metrics(text, keep=WINDOW_FAMILIES)
+    assert len(calls) == 2 * n_cold

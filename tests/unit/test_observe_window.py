@@ -385,3 +385,100 @@ def test_body_cut_at_a_line_end_inside_a_histogram_is_no_observation(shared_dir)
     o = observe(parse_metrics(zeroed(text), t_s=T0), parse_metrics(cut, t_s=T1))
     assert isinstance(o, NoObservation)
     assert o.reason in (Reason.SERIES_CHANGED, Reason.MISSING_METRIC)
+
+
+# --- the fast paths: bucket plans, the merge shortcut, cached bound moments ---------------------
+def _general_deltas(monkeypatch, prev, cur, between=()):
+    """window_deltas with every histogram read label by label (no bucket plan)."""
+    from kneecap.observe import window as W
+
+    with monkeypatch.context() as m:
+        m.setattr(W, "_bucket_plan", lambda keys: None)
+        return W.window_deltas(prev, cur, between)
+
+
+def test_window_histograms_are_the_capture_buckets(shared_dir):
+    from kneecap.observe.window import window_deltas
+
+    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+    d = window_deltas(parse_metrics(zeroed(text), t_s=T0), parse_metrics(text, t_s=T1))
+    inp, ttft = d.histograms["input_len"], d.histograms["ttft"]
+    # vllm:request_prompt_tokens_bucket le=1.0 .. +Inf, _sum 372.0, _count 20.0
+    assert inp.bounds.tolist() == [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, math.inf]
+    assert inp.cumulative.tolist() == [0.0, 0.0, 0.0, 4.0, 14.0, 20.0, 20.0, 20.0, 20.0, 20.0]
+    assert (inp.sum, inp.count) == (372.0, 20.0)
+    # vllm:time_to_first_token_seconds_bucket: 0 up to le=0.1, 12 at 0.25, 20 from 0.5 on
+    assert ttft.bounds.tolist() == [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                                    5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0, math.inf]
+    assert ttft.cumulative.tolist() == [0.0] * 8 + [12.0] + [20.0] * 14
+    assert (ttft.sum, ttft.count) == (4.1649415493011475, 20.0)
+
+
+def _same_histogram(h, g) -> bool:
+    return (h is None and g is None) or (
+        h.bounds.tobytes() == g.bounds.tobytes() and h.cumulative.tobytes() == g.cumulative.tobytes()
+        and (h.sum, h.count) == (g.sum, g.count))
+
+
+@pytest.mark.parametrize("name", CAPTURES)
+@pytest.mark.parametrize("engines", [1, 2])
+def test_bucket_plans_give_the_general_path_bit_for_bit(shared_dir, monkeypatch, name, engines):
+    from kneecap.observe.window import combine, window_deltas
+
+    text = read_capture(shared_dir, name)
+    if engines == 2:
+        text = _two_engines(text)
+    prev, cur = parse_metrics(zeroed(text), t_s=T0), parse_metrics(text, t_s=T1)
+    between = (parse_metrics(text, t_s=T0 + 5),)
+    fast = window_deltas(prev, cur, between)
+    again = window_deltas(prev, cur, between)  # the plans cached
+    slow = _general_deltas(monkeypatch, prev, cur, between)
+    for k in slow.histograms:
+        assert _same_histogram(fast.histograms[k], slow.histograms[k]), k
+        assert _same_histogram(again.histograms[k], slow.histograms[k]), k
+    assert fast.counters == slow.counters and fast.running == slow.running
+    assert combine([fast, again]) == combine([slow, slow]) == combine([slow, fast])
+    assert combine([fast]).input_len_cv == combine([slow]).input_len_cv
+
+
+def test_bad_le_label_is_invalid(shared_dir):
+    def bad(t: str) -> str:
+        return t.replace('vllm:request_prompt_tokens_bucket{engine="0",le="10.0"',
+                         'vllm:request_prompt_tokens_bucket{engine="0",le="ten"')
+
+    o = window(shared_dir, "vllm-0.32-cpu-20req.txt", bad)
+    assert isinstance(o, NoObservation) and o.code == "invalid_value:vllm:request_prompt_tokens_bucket le='ten'"
+
+
+def test_merge_histograms_sums_over_common_bounds():
+    import numpy as np
+
+    from kneecap.observe.window import Histogram, merge_histograms
+
+    inf = math.inf
+    a = Histogram(np.array([1.0, 2.0, 5.0, inf]), np.array([1.0, 3.0, 4.0, 6.0]), 10.5, 6.0)
+    b = Histogram(np.array([1.0, 2.0, 5.0, inf]), np.array([0.0, 2.0, 2.0, 2.0]), 7.25, 2.0)  # equal, not same
+    c = Histogram(np.array([1.0, 5.0, 10.0, inf]), np.array([2.0, 2.0, 3.0, 3.0]), 9.0, 3.0)
+    same = merge_histograms([a, b])
+    assert same.bounds.tolist() == [1.0, 2.0, 5.0, inf] and same.cumulative.tolist() == [1.0, 5.0, 6.0, 8.0]
+    assert (same.sum, same.count) == (17.75, 8.0)
+    mixed = merge_histograms([a, c])  # common bounds 1, 5, +inf
+    assert mixed.bounds.tolist() == [1.0, 5.0, inf] and mixed.cumulative.tolist() == [3.0, 6.0, 9.0]
+    assert (mixed.sum, mixed.count) == (19.5, 9.0)
+    one = merge_histograms([a])
+    assert one.cumulative.tolist() == [1.0, 3.0, 4.0, 6.0] and one.cumulative is not a.cumulative
+
+
+def test_cv_is_the_same_with_plan_bounds_and_fresh_bounds(shared_dir):
+    from kneecap.observe.window import Histogram, window_deltas
+
+    text = read_capture(shared_dir, "vllm-0.32-cpu-kv-saturated.txt")
+    d = window_deltas(parse_metrics(zeroed(text), t_s=T0), parse_metrics(text, t_s=T1))
+    for k in ("input_len", "output_len", "e2e"):
+        h = d.histograms[k]
+        assert not h.bounds.flags.writeable  # a plan's shared bounds
+        fresh = Histogram(h.bounds.copy(), h.cumulative.copy(), h.sum, h.count)
+        assert h.cv() == fresh.cv() and h.quantile(0.95) == fresh.quantile(0.95)
+    # prompt: <=10: 4, <=20: 14, <=50: 30, <=100: 44 (kv-saturated capture), mass uniform in each bucket
+    assert d.histograms["input_len"].cv() == pytest.approx(
+        uniform_cv([(5, 10, 4), (10, 20, 10), (20, 50, 16), (50, 100, 14)]))

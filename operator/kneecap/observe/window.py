@@ -191,15 +191,14 @@ class Histogram:
         Its resolution is the bucket width: a tight distribution inside one bucket reads as
         that bucket's uniform spread."""
         counts = np.diff(np.concatenate([[0.0], self.cumulative]))
-        hi = self.bounds.astype(float)
-        lo = np.concatenate([[min(0.0, hi[0])], hi[:-1]])
-        finite = np.isfinite(hi)
-        m1 = np.where(finite, (lo + np.where(finite, hi, 0.0)) / 2.0, 0.0)
-        m2 = np.where(finite, (lo**2 + lo * np.where(finite, hi, 0.0) + np.where(finite, hi, 0.0) ** 2) / 3.0, 0.0)
-        n_inf = float(counts[~finite].sum())
+        info = _BOUNDS_INFO.get(id(self.bounds))
+        if info is None or info[0] is not self.bounds:
+            info = _bounds_moments(self.bounds)
+        _, finite, infinite, lo_inf, m1, m2, m1_finite = info
+        n_inf = float(counts[infinite].sum())
         if n_inf > 0:
-            rest = float(np.sum(counts[finite] * m1[finite]))
-            x_inf = max(float(lo[~finite][0]), (self.sum - rest) / n_inf)
+            rest = float(np.sum(counts[finite] * m1_finite))
+            x_inf = max(lo_inf, (self.sum - rest) / n_inf)
             m1 = np.where(finite, m1, x_inf)
             m2 = np.where(finite, m2, x_inf**2)
         mean_b = float(np.sum(counts * m1)) / self.count
@@ -207,15 +206,56 @@ class Histogram:
         return math.sqrt(var_b) / mean_b if mean_b > 0 else 0.0
 
 
+def _bounds_moments(bounds: np.ndarray) -> tuple:
+    """What :meth:`Histogram.cv` needs of the bounds alone: (bounds, finite mask, its negation,
+    lower edge of the first infinite bucket, per-bucket E[x] and E[x²] of U(lo, hi) (0 where
+    infinite), E[x] of the finite buckets)."""
+    hi = bounds.astype(float)
+    lo = np.concatenate([[min(0.0, hi[0])], hi[:-1]])
+    finite = np.isfinite(hi)
+    m1 = np.where(finite, (lo + np.where(finite, hi, 0.0)) / 2.0, 0.0)
+    m2 = np.where(finite, (lo**2 + lo * np.where(finite, hi, 0.0) + np.where(finite, hi, 0.0) ** 2) / 3.0, 0.0)
+    infinite = ~finite
+    lo_inf = float(lo[infinite][0]) if infinite.any() else math.nan  # read only when +inf has mass
+    return bounds, finite, infinite, lo_inf, m1, m2, m1[finite]
+
+
+# Read-only bounds of the bucket plans (below), by id -> _bounds_moments(bounds): known
+# ascending, and their moments computed once. Cleared with the plans.
+_BOUNDS_INFO: dict[int, tuple] = {}
+
+
 def merge_histograms(parts: Sequence[Histogram]) -> Histogram:
     """Sum histogram deltas (engines or pods) over their common bucket bounds."""
-    common = parts[0].bounds
+    b0 = parts[0].bounds
+    if _same_bounds(b0, parts):  # the usual case: the sum below is what the general one adds
+        cum = np.zeros(len(b0))
+        for p in parts:
+            cum += p.cumulative
+        return Histogram(b0, cum, math.fsum(p.sum for p in parts), math.fsum(p.count for p in parts))
+    common = b0
     for p in parts[1:]:
         common = np.intersect1d(common, p.bounds)
     cum = np.zeros(len(common))
     for p in parts:
         cum += p.cumulative[np.searchsorted(p.bounds, common)]
     return Histogram(common, cum, math.fsum(p.sum for p in parts), math.fsum(p.count for p in parts))
+
+
+def _same_bounds(b0: np.ndarray, parts: Sequence[Histogram]) -> bool:
+    """Every part has bounds ``b0`` bit for bit, and ``b0`` is strictly ascending (then the
+    common bounds are ``b0`` and each part's cumulative counts are already on them)."""
+    raw = None
+    for p in parts[1:]:
+        b = p.bounds
+        if b is not b0:
+            if raw is None:
+                raw = b0.tobytes()
+            if b.shape != b0.shape or b.dtype != b0.dtype or b.tobytes() != raw:
+                return False
+    if _BOUNDS_INFO.get(id(b0), (None,))[0] is b0:
+        return True  # a bucket plan's bounds: ascending, read-only
+    return b0.ndim == 1 and (len(b0) < 2 or bool((b0[1:] > b0[:-1]).all()))
 
 
 # --- window deltas -------------------------------------------------------------------------
@@ -255,7 +295,11 @@ def _pick(names: tuple[str, ...], suffix: str, snaps: Sequence[Snapshot], requir
     """First of ``names`` (current name, then older ones) present in every snapshot; None for
     an optional metric present in none; otherwise a typed failure."""
     for n in names:
-        if all(s.get(n + suffix) for s in snaps):
+        n_sfx = n + suffix
+        for s in snaps:
+            if not s.series.get(n_sfx):
+                break
+        else:
             return n
     seen = [n for n in names if any(s.get(n + suffix) for s in snaps)]
     if required or seen:
@@ -264,8 +308,8 @@ def _pick(names: tuple[str, ...], suffix: str, snaps: Sequence[Snapshot], requir
 
 
 def _series_delta(name: str, prev: Snapshot, cur: Snapshot) -> dict[Labels, float]:
-    a, b = prev.get(name) or {}, cur.get(name) or {}
-    if set(a) != set(b):
+    a, b = prev.series.get(name) or {}, cur.series.get(name) or {}
+    if a.keys() != b.keys():
         if name in prev.invalid or name in cur.invalid:
             raise _Fail(NoObservation(Reason.INVALID_VALUE, name))
         gone = sorted(set(a) ^ set(b))
@@ -286,13 +330,94 @@ def _counter(names: tuple[str, ...], prev: Snapshot, cur: Snapshot, required: bo
     return math.fsum(_series_delta(name, prev, cur).values())
 
 
+# A histogram's bucket series, as the tuple of their label tuples in the order the scrape
+# listed them -> per series (labels without `le`): the index of each bucket in that order,
+# ascending by bound, and the bounds (read-only, shared). The label tuples are the series
+# cache's (kneecap.observe.scrape), the same objects every scrape of every pod of a model, so
+# after the first window only bucket values are read. None: anything unusual (a bad or repeated
+# `le`, no +Inf bucket, unordered bounds): the general path below reads it. Bounded: cleared
+# when full.
+# Keyed by the id of the first label tuple (the entry holds it, so the id is not reused), the
+# entry checked against the whole tuple: with shared label tuples that is an identity check per
+# bucket, where hashing the labels would cost more than the rest of the window.
+_BucketPlan = tuple[tuple[Labels, np.ndarray, np.ndarray], ...]
+_BUCKET_PLANS: dict[int, tuple[tuple[Labels, ...], _BucketPlan | None]] = {}
+_BUCKET_PLANS_MAX = 10_000
+
+
+def _bucket_plan(keys: tuple[Labels, ...]) -> _BucketPlan | None:
+    hit = _BUCKET_PLANS.get(id(keys[0]))
+    if hit is not None and hit[0] == keys:
+        return hit[1]
+    per_series: dict[Labels, dict[float, int]] = {}
+    plan = None
+    try:
+        for i, labels in enumerate(keys):
+            rest = tuple(kv for kv in labels if kv[0] != "le")
+            per_series.setdefault(rest, {})[float(dict(labels).get("le"))] = i  # type: ignore[arg-type]
+        groups, shared = [], {}
+        for rest, buckets in per_series.items():
+            bounds = np.array(sorted(buckets))
+            ok = bounds[-1] == math.inf and (len(bounds) < 2 or bool((bounds[1:] > bounds[:-1]).all()))
+            if not ok or sum(1 for labels in keys if tuple(kv for kv in labels if kv[0] != "le") == rest) != len(bounds):
+                break  # unordered (NaN) bounds, no +Inf bucket, or two buckets of one bound
+            bounds = shared.setdefault(bounds.tobytes(), bounds)
+            bounds.flags.writeable = False
+            _BOUNDS_INFO[id(bounds)] = _bounds_moments(bounds)
+            idx = np.array([buckets[b] for b in bounds], dtype=np.intp)
+            groups.append((rest, idx, bounds))
+        else:
+            plan = tuple(groups)
+    except (TypeError, ValueError):
+        plan = None
+    if len(_BUCKET_PLANS) >= _BUCKET_PLANS_MAX:
+        _BUCKET_PLANS.clear()
+        _BOUNDS_INFO.clear()
+    _BUCKET_PLANS[id(keys[0])] = (keys, plan)
+    return plan
+
+
 def _histogram(names: tuple[str, ...], prev: Snapshot, cur: Snapshot, required: bool) -> Histogram | None:
     base = _pick(names, "_count", (prev, cur), required)
     if base is None:
         return None
     for sfx in ("_bucket", "_sum"):
-        if not all(s.get(base + sfx) for s in (prev, cur)):
+        if not (prev.series.get(base + sfx) and cur.series.get(base + sfx)):
             raise _Fail(_missing(base + sfx, (prev, cur)))
+    name = base + "_bucket"
+    a, b = prev.series[name], cur.series[name]
+    keys = tuple(b)
+    same_order = tuple(a) == keys  # shared label tuples: identity checks, no hashing
+    plan = _bucket_plan(keys) if same_order or a.keys() == b.keys() else None
+    if plan is None:
+        return _histogram_general(base, prev, cur)
+    # _series_delta of the buckets, vectorised (the same subtractions)
+    n = len(keys)
+    d = np.fromiter(b.values(), float, n) - np.fromiter(a.values() if same_order else map(a.__getitem__, keys),
+                                                         float, n)
+    if (d < 0).any():
+        raise _Fail(NoObservation(Reason.COUNTER_RESET, name))
+    d_sum = _series_delta(base + "_sum", prev, cur)
+    d_count = _series_delta(base + "_count", prev, cur)
+    parts = []
+    for rest, idx, bounds in plan:
+        if rest not in d_count or rest not in d_sum:
+            raise _Fail(_missing(base + "_count", (prev, cur)))
+        cum = d[idx]
+        count = d_count[rest]
+        if ((cum[1:] - cum[:-1]) < -1e-9).any() or abs(cum[-1] - count) > 1e-6 * max(1.0, count):
+            raise _Fail(NoObservation(Reason.INVALID_VALUE, f"{base} (inconsistent buckets)"))
+        parts.append(Histogram(bounds, cum, d_sum[rest], count))
+    if len(plan) != len(d_count):
+        raise _Fail(_missing(base + "_bucket", (prev, cur)))
+    if len(parts) == 1:  # merge_histograms of one part with ascending bounds: the part, 0.0 added
+        cum += 0.0
+        return Histogram(bounds, cum, math.fsum((d_sum[rest],)), math.fsum((count,)))
+    return merge_histograms(parts)
+
+
+def _histogram_general(base: str, prev: Snapshot, cur: Snapshot) -> Histogram:
+    """:func:`_histogram` for any bucket series (label by label)."""
     d_bucket = _series_delta(base + "_bucket", prev, cur)
     d_sum = _series_delta(base + "_sum", prev, cur)
     d_count = _series_delta(base + "_count", prev, cur)
