@@ -252,7 +252,7 @@ def _collect_cached(lines: list[str], keep: frozenset[str] | None,
     fam, fam_counter = "", False
     isfinite, get = math.isfinite, fast.get
     last_name, s = None, None
-    for raw, (head, _, val) in zip(lines, map(str.rpartition, lines, repeat(" "))):
+    for head, sep, val in map(str.rpartition, lines, repeat(" ")):
         e = get(head)
         if e is _SKIP:
             continue
@@ -273,7 +273,7 @@ def _collect_cached(lines: list[str], keep: frozenset[str] | None,
                 except ValueError:
                     e = None
         if e is None:
-            got = _slow_line(raw, head, keep, fast, fam, fam_counter)
+            got = _slow_line(head + sep + val, head, keep, fast, fam, fam_counter)
             if got is None:
                 continue
             if got[0] is None:  # a comment: the family context it sets
