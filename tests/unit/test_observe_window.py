@@ -430,6 +430,9 @@ def test_bucket_plans_give_the_general_path_bit_for_bit(shared_dir, monkeypatch,
         text = _two_engines(text)
     prev, cur = parse_metrics(zeroed(text), t_s=T0), parse_metrics(text, t_s=T1)
     between = (parse_metrics(text, t_s=T0 + 5),)
+    from kneecap.observe.window import _histograms_batched
+
+    assert _histograms_batched(prev, cur) is not None  # the batched path answers for these
     fast = window_deltas(prev, cur, between)
     again = window_deltas(prev, cur, between)  # the plans cached
     slow = _general_deltas(monkeypatch, prev, cur, between)
@@ -482,3 +485,59 @@ def test_cv_is_the_same_with_plan_bounds_and_fresh_bounds(shared_dir):
     # prompt: <=10: 4, <=20: 14, <=50: 30, <=100: 44 (kv-saturated capture), mass uniform in each bucket
     assert d.histograms["input_len"].cv() == pytest.approx(
         uniform_cv([(5, 10, 4), (10, 20, 10), (20, 50, 16), (50, 100, 14)]))
+
+
+def _reference_cv(h) -> float:
+    """Histogram.cv as first written (np.diff, np.sum, moments recomputed every call)."""
+    import numpy as np
+
+    counts = np.diff(np.concatenate([[0.0], h.cumulative]))
+    hi = h.bounds.astype(float)
+    lo = np.concatenate([[min(0.0, hi[0])], hi[:-1]])
+    finite = np.isfinite(hi)
+    m1 = np.where(finite, (lo + np.where(finite, hi, 0.0)) / 2.0, 0.0)
+    m2 = np.where(finite, (lo**2 + lo * np.where(finite, hi, 0.0) + np.where(finite, hi, 0.0) ** 2) / 3.0, 0.0)
+    n_inf = float(counts[~finite].sum())
+    if n_inf > 0:
+        rest = float(np.sum(counts[finite] * m1[finite]))
+        x_inf = max(float(lo[~finite][0]), (h.sum - rest) / n_inf)
+        m1 = np.where(finite, m1, x_inf)
+        m2 = np.where(finite, m2, x_inf**2)
+    mean_b = float(np.sum(counts * m1)) / h.count
+    var_b = max(float(np.sum(counts * m2)) / h.count - mean_b**2, 0.0)
+    return math.sqrt(var_b) / mean_b if mean_b > 0 else 0.0
+
+
+@pytest.mark.parametrize("name", CAPTURES)
+def test_cv_is_the_reference_cv_exactly(shared_dir, name):
+    from kneecap.observe.window import Histogram, window_deltas
+
+    text = read_capture(shared_dir, name)
+    d = window_deltas(parse_metrics(zeroed(text), t_s=T0), parse_metrics(text, t_s=T1))
+    for k, h in d.histograms.items():
+        if h is not None and h.count > 0:
+            assert h.cv() == _reference_cv(h), k
+    # mass in the +Inf bucket: it sits at max(lower edge, where the exact mean puts it)
+    import numpy as np
+    tail = Histogram(np.array([1.0, 10.0, math.inf]), np.array([2.0, 5.0, 8.0]), 150.0, 8.0)
+    assert tail.cv() == _reference_cv(tail)
+
+
+def test_histogram_one_by_one_reads_reordered_series(shared_dir, monkeypatch):
+    # the earlier scrape lists the TTFT buckets in reverse: same series, other order. The
+    # batched path steps aside; histogram by histogram reads the same deltas.
+    from kneecap.observe import window as W
+
+    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+    lines = zeroed(text).split("\n")
+    ttft = [i for i, ln in enumerate(lines) if ln.startswith("vllm:time_to_first_token_seconds_bucket")]
+    for i, ln in zip(ttft, [lines[i] for i in reversed(ttft)]):
+        lines[i] = ln
+    prev, cur = parse_metrics("\n".join(lines), t_s=T0), parse_metrics(text, t_s=T1)
+    assert W._histograms_batched(prev, cur) is None
+    d = W.window_deltas(prev, cur)
+    slow = _general_deltas(monkeypatch, prev, cur)
+    for k, (names, req) in W._HISTOGRAMS.items():
+        assert _same_histogram(d.histograms[k], slow.histograms[k]), k
+        assert _same_histogram(W._histogram(names, prev, cur, req), slow.histograms[k]), k
+    assert d.histograms["ttft"].cumulative.tolist() == [0.0] * 8 + [12.0] + [20.0] * 14

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import enum
 import math
+import operator
 from dataclasses import dataclass, fields
+from itertools import chain
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -190,19 +192,20 @@ class Histogram:
         bucket mean equal the exact mean Δsum/Δcount (at its lower edge if that is lower).
         Its resolution is the bucket width: a tight distribution inside one bucket reads as
         that bucket's uniform spread."""
-        counts = np.diff(np.concatenate([[0.0], self.cumulative]))
+        c = np.concatenate(([0.0], self.cumulative))
+        counts = c[1:] - c[:-1]  # np.diff, without its Python-level wrapper
         info = _BOUNDS_INFO.get(id(self.bounds))
         if info is None or info[0] is not self.bounds:
             info = _bounds_moments(self.bounds)
         _, finite, infinite, lo_inf, m1, m2, m1_finite = info
         n_inf = float(counts[infinite].sum())
         if n_inf > 0:
-            rest = float(np.sum(counts[finite] * m1_finite))
+            rest = float((counts[finite] * m1_finite).sum())
             x_inf = max(lo_inf, (self.sum - rest) / n_inf)
             m1 = np.where(finite, m1, x_inf)
             m2 = np.where(finite, m2, x_inf**2)
-        mean_b = float(np.sum(counts * m1)) / self.count
-        var_b = max(float(np.sum(counts * m2)) / self.count - mean_b**2, 0.0)
+        mean_b = float((counts * m1).sum()) / self.count
+        var_b = max(float((counts * m2).sum()) / self.count - mean_b**2, 0.0)
         return math.sqrt(var_b) / mean_b if mean_b > 0 else 0.0
 
 
@@ -416,6 +419,111 @@ def _histogram(names: tuple[str, ...], prev: Snapshot, cur: Snapshot, required: 
     return merge_histograms(parts)
 
 
+# The bucket plans of a window's histograms (by their ids; the entry holds them) -> the bucket
+# order of all of them at once: per histogram its groups as (labels without `le`, bounds, slice
+# of the concatenated cumulative counts); the gather index into the concatenated bucket deltas,
+# which differences are inside a group, and the index of each group's last bucket.
+_BATCHES: dict[tuple[int, ...], tuple] = {}
+_BATCHES_MAX = 1_000
+
+
+def _batch(plans: tuple[_BucketPlan, ...]) -> tuple:
+    key = tuple(map(id, plans))
+    hit = _BATCHES.get(key)
+    if hit is not None and all(map(operator.is_, hit[0], plans)):
+        return hit
+    gather, inner, last, groups = [], [], [], []
+    offset = at = 0
+    for plan in plans:
+        gs = []
+        n = 0
+        for rest, idx, bounds in plan:
+            gather.append(idx + offset)
+            inner.extend([False] + [True] * (len(idx) - 1))
+            gs.append((rest, bounds, slice(at, at + len(idx))))
+            at += len(idx)
+            last.append(at - 1)
+            n += len(idx)
+        groups.append(tuple(gs))
+        offset += n
+    if len(_BATCHES) >= _BATCHES_MAX:
+        _BATCHES.clear()
+    hit = _BATCHES[key] = (plans, tuple(groups), np.concatenate(gather), np.array(inner[1:], dtype=bool),
+                           np.array(last, dtype=np.intp))
+    return hit
+
+
+def _histograms_batched(prev: Snapshot, cur: Snapshot) -> dict[str, Histogram | None] | None:
+    """Every histogram of the window at once (one subtraction, one check of all buckets), or
+    None when anything is unusual (a metric missing or renamed on one side, series changed or
+    reordered, no bucket plan, a reset, inconsistent buckets): then :func:`_histogram`, one by
+    one, gives the result or the typed failure. Where it answers, it is what that gives."""
+    ps, cs = prev.series, cur.series
+    bases, plans, news, olds, sums, counts = [], [], [], [], [], []
+    n_all = 0
+    try:
+        for names, required in _HISTOGRAMS.values():
+            base = None
+            for n in names:
+                if ps.get(n + "_count") and cs.get(n + "_count"):
+                    base = n
+                    break
+            if base is None:
+                if required or any(ps.get(n + "_count") or cs.get(n + "_count") for n in names):
+                    return None
+                bases.append(None)
+                continue
+            a, b = ps.get(base + "_bucket"), cs.get(base + "_bucket")
+            if not (a and b and ps.get(base + "_sum") and cs.get(base + "_sum")):
+                return None
+            keys = tuple(b)
+            if tuple(a) != keys:
+                return None
+            plan = _bucket_plan(keys)
+            if plan is None:
+                return None
+            d_sum = _series_delta(base + "_sum", prev, cur)
+            d_count = _series_delta(base + "_count", prev, cur)
+            if len(plan) != len(d_count):
+                return None
+            for rest, _, _ in plan:
+                if rest not in d_count or rest not in d_sum:
+                    return None
+            bases.append(base)
+            plans.append(plan)
+            news.append(b.values())
+            olds.append(a.values())
+            sums.append(d_sum)
+            counts.append(d_count)
+            n_all += len(keys)
+    except _Fail:
+        return None
+    # _series_delta of all buckets, vectorised (the same subtractions)
+    d = np.fromiter(chain.from_iterable(news), float, n_all) - np.fromiter(chain.from_iterable(olds), float, n_all)
+    if (d < 0).any():
+        return None
+    _, groups, gather, inner, last = _batch(tuple(plans))
+    cum = d[gather]
+    count_all = np.fromiter((dc[rest] for gs, dc in zip(groups, counts) for rest, _, _ in gs), float, len(last))
+    if (((cum[1:] - cum[:-1]) < -1e-9) & inner).any() or \
+            (np.abs(cum[last] - count_all) > 1e-6 * np.maximum(1.0, count_all)).any():
+        return None
+    cum += 0.0  # what merge_histograms' zeros + cumulative gives
+    out: dict[str, Histogram | None] = {}
+    it = iter(zip(groups, sums, counts))
+    for k, base in zip(_HISTOGRAMS, bases):
+        if base is None:
+            out[k] = None
+            continue
+        gs, d_sum, d_count = next(it)
+        if len(gs) == 1:
+            rest, bounds, sl = gs[0]
+            out[k] = Histogram(bounds, cum[sl], math.fsum((d_sum[rest],)), math.fsum((d_count[rest],)))
+        else:
+            out[k] = merge_histograms([Histogram(bounds, cum[sl], d_sum[rest], d_count[rest]) for rest, bounds, sl in gs])
+    return out
+
+
 def _histogram_general(base: str, prev: Snapshot, cur: Snapshot) -> Histogram:
     """:func:`_histogram` for any bucket series (label by label)."""
     d_bucket = _series_delta(base + "_bucket", prev, cur)
@@ -504,7 +612,9 @@ def window_deltas(prev: Snapshot, cur: Snapshot, between: Sequence[Snapshot] = (
             return NoObservation(Reason.COUNTER_RESET, f"{created} changed")
     try:
         counters = {k: _counter(names, prev, cur, req) for k, (names, req) in _COUNTERS.items()}
-        hists = {k: _histogram(names, prev, cur, req) for k, (names, req) in _HISTOGRAMS.items()}
+        hists = _histograms_batched(prev, cur)
+        if hists is None:  # something unusual: histogram by histogram, each failure typed
+            hists = {k: _histogram(names, prev, cur, req) for k, (names, req) in _HISTOGRAMS.items()}
         snaps = (prev, *between, cur)
         running = _gauge_samples(_GAUGES["running"][0], snaps, "sum")
         waiting = _gauge_samples(_GAUGES["waiting"][0], snaps, "sum")
