@@ -17,7 +17,10 @@ operator after its first interval). Each figure is the median over repeats of th
 batch of calls. ``--label before|after`` stores the run under that label in
 benchmarks/results/observe_speed.json (other labels kept) and writes the table of all labels to
 observe_speed.md; each run also stores the observations it computed, and a run whose
-observations differ from the stored ``before`` ones says so (and exits 1).
+observations differ from the stored ``before`` ones says so (and exits 1). To time older code
+under the same load, run this script from an export of that commit (``git archive <commit>
+operator benchmarks``, with this file copied in) with ``--label before --code <commit>`` and
+move that run into this results file.
 """
 
 from __future__ import annotations
@@ -167,11 +170,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--label", default="after", help="name this run is stored under (before, after, ...)")
     ap.add_argument("--repeats", type=int, default=31)
+    ap.add_argument("--code", default="", help="which code this run timed (e.g. a commit), stored with it")
     args = ap.parse_args(argv)
     data = {"vllm": measure(vllm_pods(), args.repeats), "twin": measure(twin_pods(), args.repeats)}
     path = RESULTS / "observe_speed.json"
     runs = json.loads(path.read_text())["runs"] if path.exists() else {}
-    runs[args.label] = {"data": data, "python": sys.version.split()[0],
+    runs[args.label] = {"data": data, "python": sys.version.split()[0], "code": args.code,
                         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     identical = {d: runs["before"]["data"][d]["observation"] == data[d]["observation"] for d in data} \
         if "before" in runs else {}
@@ -181,7 +185,8 @@ def main(argv=None) -> int:
     note = ("µs per call, median of repeats, warm series cache. parse: one page with the window filter; "
             "window µs/pod: (4 × window_deltas + combine of the 4) / 4. "
             f"Pages: vllm {data['vllm']['page_bytes']} B, twin {data['twin']['page_bytes']} B (mean). "
-            f"Observations identical to 'before': {identical or 'n/a'}.")
+            f"Observations identical to 'before': {identical or 'n/a'}. "
+            + " ".join(f"{label}: {run['code']}." for label, run in runs.items() if run.get("code")))
     (RESULTS / "observe_speed.md").write_text("# Observe-path speed\n\n" + md + "\n\n" + note + "\n")
     print(md)
     print(note)
