@@ -96,11 +96,31 @@ def proc_rss_mb(pid: int) -> float:
 
 
 def _reasons(items: list[dict]) -> dict[str, int]:
+    """Each resource's last calibration step: kept (not refitted), or refitted and why."""
     out: dict[str, int] = {}
     for o in items:
-        c = next((c for c in o["status"].get("conditions") or [] if c.get("type") == "Calibrated"), {})
-        key = f"{c.get('reason')}{' (not refitted)' if 'not refitted' in (c.get('message') or '') else ''}"
+        c = next((c for c in (o.get("status") or {}).get("conditions") or [] if c.get("type") == "Calibrated"), {})
+        msg = c.get("message") or ""
+        if "not refitted" in msg:
+            key = "kept, not refitted"
+        elif "(refitted: " in msg:
+            why = msg.split("(refitted: ", 1)[1]
+            trigger = next((t for t in ("error on the ring grew", "leave the fitted range", "the ring grew",
+                                        "is older than", "no fitted batch range") if t in why), why[:40])
+            key = f"{c.get('reason')} after a refit ({trigger})"
+        else:
+            key = str(c.get("reason"))
         out[key] = out.get(key, 0) + 1
+    return out
+
+
+def _gauss_reused(items: list[dict]) -> dict[str, int]:
+    """Each resource's last replica decision: GAUSS run, or a previous run reused."""
+    out = {"reused": 0, "run": 0}
+    for o in items:
+        alloc = (o.get("status") or {}).get("allocation") or {}
+        if "gaussRunReused" in alloc:
+            out["reused" if alloc["gaussRunReused"] else "run"] += 1
     return out
 
 
@@ -154,10 +174,12 @@ def main(argv=None) -> int:
                 time.sleep(args.interval)
                 samples.append({"t_s": time.monotonic() - t0, "cpu_s": proc_cpu_s(op.pid),
                                 "rss_mb": proc_rss_mb(op.pid)})
+                items = [kube.get(LLMD, NS, f"m{i:03d}") or {} for i in range(args.resources)]
+                samples[-1].update(calibration=_reasons(items), gauss=_gauss_reused(items))
                 print(f"interval {k + 1}: cpu {samples[-1]['cpu_s'] - c0:.1f}s since warm-up, "
-                      f"rss {samples[-1]['rss_mb']:.0f} MB", flush=True)
+                      f"rss {samples[-1]['rss_mb']:.0f} MB; calibration {samples[-1]['calibration']}, "
+                      f"GAUSS {samples[-1]['gauss']}", flush=True)
             c1, w1 = proc_cpu_s(op.pid), time.monotonic()
-            items = [kube.get(LLMD, NS, f"m{i:03d}") for i in range(args.resources)]
     finally:
         if op is not None and op.poll() is None:
             op.send_signal(signal.SIGTERM)

@@ -107,31 +107,31 @@ def _still_explains(previous: calibrate.Calibration, prev_err: float | None, max
                                                     max(REFIT_ERROR_FLOOR, REFIT_ERROR_GROWTH * fitted_err))
 
 
-def _fit_is_current(previous: calibrate.Calibration, prev_err: float | None, rows: FitRows,
-                    max_fit_error: float, now_s: float | None) -> str | None:
-    """Why the previous fit needs no refit (a message), or None: it still explains the ring (its
-    error is near the one it was fitted with), no batch lies outside the range it was fitted on,
-    a fit on < REFIT_SMALL_N points has not seen the ring double, and it is younger than
-    REFIT_MAX_AGE_S. A refit costs ~0.1 s
-    of CPU per resource; most windows add a point the fit already predicts."""
+def _refit_trigger(previous: calibrate.Calibration, prev_err: float | None, rows: FitRows,
+                   max_fit_error: float, now_s: float | None) -> str | None:
+    """Why the previous fit must be refitted, or None when it is current: it still explains the
+    ring (its error is near the one it was fitted with), no batch lies outside the range it was
+    fitted (or last re-checked) on, a fit on < REFIT_SMALL_N points has not seen the ring double,
+    and it is younger than REFIT_MAX_AGE_S. A refit costs ~20-100 ms of CPU per resource; most
+    windows add a point the fit already predicts."""
     notes = previous.notes or {}
     try:
         b_lo, b_hi = float(notes["batchMin"]), float(notes["batchMax"])
         created_s = _dt.datetime.fromisoformat(str(previous.created).replace("Z", "+00:00")).timestamp()
     except (KeyError, TypeError, ValueError):
-        return None  # a fit from before these notes, or from elsewhere: refit once
+        return "the fit in status has no fitted batch range"  # from before these notes, or from elsewhere
     if not _still_explains(previous, prev_err, max_fit_error):
-        return None
+        return f"its error on the ring grew to {prev_err:.1%}" if prev_err is not None else "no error on the ring"
     if rows.batch.min() < b_lo / REFIT_BATCH_MARGIN or rows.batch.max() > b_hi * REFIT_BATCH_MARGIN:
-        return None
+        return (f"batches {rows.batch.min():.3g}-{rows.batch.max():.3g} leave the fitted range "
+                f"{b_lo:.3g}-{b_hi:.3g}")
     n_fitted = max(int(previous.metrics.get("n_points", 0)), int(notes.get("ringN", 0)))
     if n_fitted < REFIT_SMALL_N and rows.n >= 2 * n_fitted:
-        return None
+        return f"the ring grew from {n_fitted} to {rows.n} observations"
     checked_s = float(notes.get("checkedS", created_s))
     if now_s is not None and now_s - max(created_s, checked_s) > REFIT_MAX_AGE_S:
-        return None
-    return (f"the fit still explains the ring (error {prev_err:.1%} on {rows.n} observations, batches "
-            f"{rows.batch.min():.3g}-{rows.batch.max():.3g} within the fitted {b_lo:.3g}-{b_hi:.3g}); not refitted")
+        return f"the fit is older than {REFIT_MAX_AGE_S:.0f} s"
+    return None
 
 
 def recalibrate(arch_key: str, gpu_key: str, observations: Sequence[Observation],
@@ -139,7 +139,7 @@ def recalibrate(arch_key: str, gpu_key: str, observations: Sequence[Observation]
                 now_s: float | None = None) -> CalibrationOutcome:
     """Refit SLIM on the observation ring; keep the previous fit if the new one is worse or fails.
 
-    A previous fit that still explains the ring is kept without a refit (see `_fit_is_current`);
+    A previous fit that still explains the ring is kept without a refit (see `_refit_trigger`);
     one whose error on the ring is within half of ``max_fit_error`` (it meets new ground, or its
     error grew but is still far from the bound) is refitted from where it stands (one warm
     start); otherwise, and with no previous fit, from the priors (3 starts)."""
@@ -151,8 +151,16 @@ def recalibrate(arch_key: str, gpu_key: str, observations: Sequence[Observation]
             return CalibrationOutcome(previous, prev_err is None or prev_err <= max_fit_error, False, "KeptPrevious",
                                       msg + "; keeping the previous fit", prev_err)
         return CalibrationOutcome(None, False, False, "TooFewBatchLevels", msg)
-    if previous is not None and (current := _fit_is_current(previous, prev_err, rows, max_fit_error, now_s)):
-        return CalibrationOutcome(previous, True, False, "KeptPrevious", current, prev_err)
+    trigger = None
+    if previous is not None:
+        trigger = _refit_trigger(previous, prev_err, rows, max_fit_error, now_s)
+        if trigger is None:
+            b_lo, b_hi = float(previous.notes["batchMin"]), float(previous.notes["batchMax"])
+            return CalibrationOutcome(previous, True, False, "KeptPrevious", (
+                f"the fit still explains the ring (error {prev_err:.1%} on {rows.n} observations, batches "
+                f"{rows.batch.min():.3g}-{rows.batch.max():.3g} within the fitted {b_lo:.3g}-{b_hi:.3g}); "
+                "not refitted"), prev_err)
+    why = f" (refitted: {trigger})" if trigger else ""
     warm = previous is not None and prev_err is not None and prev_err <= REFIT_WARM_ERROR * max_fit_error
     try:
         new = calibrate.fit(arch_key, gpu_key, rows.batch, rows.input_len, rows.output_len, rows.throughput_tok_s,
@@ -187,11 +195,11 @@ def recalibrate(arch_key: str, gpu_key: str, observations: Sequence[Observation]
             "batchMax": max(float(rows.batch.max()), float((previous.notes or {}).get("batchMax", -np.inf))),
             **({"checkedS": round(float(now_s), 3)} if now_s is not None else {})})
         return CalibrationOutcome(previous, prev_err <= max_fit_error, False, "KeptPrevious",
-                                  f"new fit error {new_err:.1%} is not better than the previous {prev_err:.1%}",
-                                  prev_err, revalidated=True)
+                                  f"new fit error {new_err:.1%} is not better than the previous {prev_err:.1%}"
+                                  + why, prev_err, revalidated=True)
     return CalibrationOutcome(new, True, True, "Fitted",
                               f"SLIM fitted on {rows.n} observations, {rows.batch_levels} batch levels, "
-                              f"error {new_err:.1%}", new_err)
+                              f"error {new_err:.1%}" + why, new_err)
 
 
 def predicted_at(cal: calibrate.Calibration, spec: LLMDeploymentSpec, obs: Observation) -> float:
