@@ -98,3 +98,34 @@ def test_spec_update_follows_spec_keeps_managed_flags_and_does_not_fight_an_hpa(
     assert V.container_flag(c, "--max-num-seqs") == "32"  # a spec change does not undo a decision
     assert d["spec"]["replicas"] == 12  # not clamped to spec max 8: the HPA owns it
     assert st["server"]["replicas"] == "hpa/llama-hpa" and "only recommends" in st["server"]["message"]
+
+
+async def test_light_reconcile_checks_deployments_only_and_a_full_pass_repairs_the_rest(kube):
+    """Ticks between full passes touch Deployments only; a full pass recreates a deleted Service
+    and prunes a pool the spec dropped (the spec handlers and every FULL_RECONCILE_TICKS-th tick)."""
+    from kneecap.control import reconcile as R
+    from kneecap.control.kube import KubeClient
+    from kneecap.control.spec import parse_spec
+
+    owner = kube.create(LLMD, llmd("llama"))
+    spec = parse_spec(owner["spec"])
+    client = KubeClient(kube.url)
+    try:
+        first = await R.reconcile(client, owner, spec)
+        assert [p.created for p in first.pools] == [True] and kube.get("v1/services", NS, "llama")
+        assert kube.delete("v1/services", NS, "llama")
+        light = await R.reconcile(client, owner, spec, full=False)
+        assert not light.changed and kube.get(DEPLOY, NS, "llama") and kube.get("v1/services", NS, "llama") is None
+        full = await R.reconcile(client, owner, spec)
+        assert not full.changed and kube.get("v1/services", NS, "llama") is not None  # Service recreated
+        # a pool the spec no longer has is pruned by a full pass only
+        disagg = parse_spec({**owner["spec"], "topology": {"mode": "disaggregated", "kvTransfer": {}}})
+        await R.reconcile(client, owner, disagg)
+        assert kube.get(DEPLOY, NS, "llama-decode") and kube.get(DEPLOY, NS, "llama") is None
+        await R.reconcile(client, owner, spec, full=False)
+        assert kube.get(DEPLOY, NS, "llama-decode") is not None  # a light pass deletes nothing
+        gone = await R.reconcile(client, owner, spec)
+        assert sorted(gone.deleted) == ["Deployment/llama-decode", "Deployment/llama-prefill",
+                                        "Service/llama-decode", "Service/llama-prefill"]
+    finally:
+        await client.close()

@@ -121,6 +121,13 @@ def test_observation_ring_is_bounded():
     assert [o["i"] for o in ring] == [2, 3, 4, 5, 6]
 
 
+def test_ring_entries_are_rounded_to_six_significant_digits_and_times_to_the_millisecond():
+    r = St.rounded({"requestsPerSecond": 12.345678901234, "ttftP95Seconds": 0.000123456789,
+                    "windowEndUnixSeconds": 1764486123.456789, "pods": 4, "pool": "server"})
+    assert r == {"requestsPerSecond": 12.3457, "ttftP95Seconds": 0.000123457,
+                 "windowEndUnixSeconds": 1764486123.457, "pods": 4, "pool": "server"}
+
+
 def test_metrics_exposition_and_forget():
     m = OperatorMetrics()
     m.set(m.recommended_max_num_seqs, 96, "ns", "a", "server")

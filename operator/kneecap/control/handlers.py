@@ -117,11 +117,13 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         now = config.now()
         gen = body["metadata"].get("generation")
         gen = gen if gen is not None else repr(body.get("spec"))  # an API server without generations
-        if mem.spec_generation == gen and (mem.spec is None or now - mem.last_tick_s < mem.spec.control.interval_s):
+        # due when the interval has passed, to within half a tick (timer wake-ups jitter)
+        due = lambda: not mem.last_tick_s or now - mem.last_tick_s >= mem.spec.control.interval_s - config.tick_s / 2  # noqa: E731
+        if mem.spec_generation == gen and (mem.spec is None or not due()):
             return  # not due, or a spec already reported invalid (the spec handler reported it)
         if mem.spec_generation != gen:  # parsed once per generation, not on every tick
             mem.spec, mem.spec_generation = _parse(body, patch, logger, config, emit=False), gen
-            if mem.spec is None or (mem.last_tick_s and now - mem.last_tick_s < mem.spec.control.interval_s):
+            if mem.spec is None or not due():
                 return
         spec = mem.spec
         mem.last_tick_s = now

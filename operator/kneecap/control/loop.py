@@ -40,6 +40,8 @@ WINDOW_FAMILIES = family_filter(
     [n for table in (W._COUNTERS, W._HISTOGRAMS, W._GAUGES) for names, _ in table.values() for n in names]
     + [W.CACHE_CONFIG, W.PROCESS_START, W.SUCCESS_CREATED, W.PROMPT_TOKENS_CREATED])
 
+FULL_RECONCILE_TICKS = 10  # a full reconcile (Services, pruning) every this many control ticks
+
 ScrapeFn = Callable[[str], Awaitable[Snapshot]]
 EventFn = Callable[[str, str, str], None]  # (type Normal|Warning, reason, message)
 
@@ -51,6 +53,7 @@ class LoopMemory:
 
     snapshots: dict[str, dict[str, list[Snapshot]]] = field(default_factory=dict)  # role -> url -> scrapes
     last_tick_s: float = 0.0
+    ticks: int = 0  # control ticks run since the operator started (every FULL_RECONCILE_TICKS-th is full)
     spec: LLMDeploymentSpec | None = None  # parsed at `spec_generation` (None: that spec is invalid)
     spec_generation: int | str | None = -1
 
@@ -171,7 +174,10 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
     out: dict = {"observedGeneration": gen}
     _export_spec(ctx, labels, spec)
 
-    rec = await R.reconcile(ctx.kube, body, spec)
+    # Deployments every tick (live settings, rollouts, drift); Services and pruning every
+    # FULL_RECONCILE_TICKS ticks (the spec handlers run a full pass on every spec change)
+    rec = await R.reconcile(ctx.kube, body, spec, full=mem.ticks % FULL_RECONCILE_TICKS == 0)
+    mem.ticks += 1
     if rec.changed:
         ctx.event("Normal", "Reconciled", ", ".join(
             [f"{p.pool.name} {'created' if p.created else 'patched'}" for p in rec.pools if p.created or p.patched]
@@ -197,22 +203,24 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
     for t in ticks:
         if t.observation is not None:
             engine = {k: v for k, v in _settings_status(t.state.settings).items() if k != "replicas"}
-            entry = {"pool": t.role, "engine": engine, **obs_pool.to_status(t.observation)}
+            entry = {"pool": t.role, "engine": engine, **St.rounded(obs_pool.to_status(t.observation))}
             ring = St.push_observation(ring, entry, spec.control.observation_history)
-    out["observations"] = ring
+    if any(t.observation is not None for t in ticks) or "observations" not in status:
+        out["observations"] = ring  # (unchanged, it is not re-sent: the ring is most of the status)
     status["observations"] = ring
+    observations = ring_entries(status, primary_role(spec))
 
     role = primary_role(spec)
     main = next(t for t in ticks if t.role == role)
     if main.observation is not None:
-        out["workload"] = {"pool": role, **obs_pool.to_status(main.observation)}
+        out["workload"] = {"pool": role, **St.rounded(obs_pool.to_status(main.observation))}
         per_pod = (main.observation.prompt_tok_s + main.observation.generation_tok_s) / max(main.observation.pods, 1)
         ctx.metrics.set(ctx.metrics.observed_throughput, per_pod, *labels, role)
         slo_ok = _slo_met(spec, main.observation)
         if slo_ok is not None:
             conds = St.set_condition(conds, St.SLO_MET, slo_ok[0], "SLOMet" if slo_ok[0] else "SLOMissed",
                                      slo_ok[1], gen, now)
-        ctx.metrics.set(ctx.metrics.slo_attainment, slo_attainment(spec, ring_entries(status, role)), *labels)
+        ctx.metrics.set(ctx.metrics.slo_attainment, slo_attainment(spec, observations), *labels)
 
     if not scrape_ok:
         errs = "; ".join(e for t in ticks for e in t.scrape_errors)
@@ -224,7 +232,6 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
 
     # calibration (kept across restarts in status)
     previous = decide.calibration_from_status(status.get("calibration"))
-    observations = ring_entries(status, role)
     cal_out = decide.recalibrate(spec.model.architecture, spec.accelerator.type, observations, previous,
                                  spec.control.max_fit_error, now_s=now)
     if cal_out.calibration is not None:

@@ -99,14 +99,18 @@ class ReconcileResult:
 
 
 async def _hpas(kube: KubeClient, ns: str) -> list[dict]:
-    try:
+    try:  # (not cached: an HPA created a second ago must stop kneecap from setting replicas)
         return await kube.list(resource_path("autoscaling/v2", "horizontalpodautoscalers", ns))
     except Exception:  # noqa: BLE001 - no HPA API is the same as no HPA
         return []
 
 
-async def reconcile(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec) -> ReconcileResult:
-    """Create what is missing, patch what drifted from the spec, delete pools the spec dropped."""
+async def reconcile(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec, *, full: bool = True) -> ReconcileResult:
+    """Create what is missing, patch what drifted from the spec, delete pools the spec dropped.
+
+    ``full=False`` (the control loop's ticks between full passes): Deployments only, no
+    Service check and no pruning; what a spec change adds or drops is handled by the spec
+    handlers, which always run a full pass."""
     ns, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
     result = ReconcileResult()
     hpas = await _hpas(kube, ns)
@@ -136,6 +140,8 @@ async def reconcile(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec) -> R
                 patched = True
             state = PoolState(pool, live, M.live_settings(live, start), ownership, patched=patched)
         result.pools.append(state)
+        if not full:
+            continue
 
         svc = M.service(owner, spec, pool)
         live_svc = await kube.get(services_path(ns, pool.name))
@@ -145,6 +151,8 @@ async def reconcile(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec) -> R
             await kube.patch(services_path(ns, pool.name), {"metadata": {"labels": svc["metadata"]["labels"]},
                                                             "spec": svc["spec"]})
 
+    if not full:
+        return result
     keep = {p.name for p in M.pools(name, spec)}
     selector = f"app.kubernetes.io/instance={name},app.kubernetes.io/managed-by={M.MANAGER}"
     for path_fn in (deployments_path, services_path):

@@ -56,6 +56,15 @@ def set_condition(conditions: list[dict] | None, type_: str, status: bool | str 
     return sorted(out, key=lambda c: order.get(c["type"], len(order)))
 
 
+def rounded(values: dict[str, Any], digits: int = 6) -> dict[str, Any]:
+    """Floats to `digits` significant digits, and those ≥ 10^digits (Unix times, token totals)
+    to the millisecond: the ring is re-sent with every status patch and a window's noise is
+    percent-level, so the 17-digit reprs only cost bytes. Other values pass through."""
+    big = 10.0**digits
+    return {k: (round(v, 3) if abs(v) >= big else float(f"{v:.{digits}g}")) if isinstance(v, float) else v
+            for k, v in values.items()}
+
+
 def push_observation(ring: list[dict] | None, observation: dict, limit: int) -> list[dict]:
     """Append to the bounded ring (oldest dropped first)."""
     if limit < 1:
