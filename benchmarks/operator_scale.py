@@ -134,6 +134,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup-intervals", type=int, default=6,
                     help="intervals before measuring: the first windows prime the scrapes and fit SLIM from scratch")
     ap.add_argument("--profile", type=Path, help="run the operator under cProfile, stats to this file")
+    ap.add_argument("--dump", type=Path, help="write the LLMDeployments as they end (JSON) to this file")
     args = ap.parse_args(argv)
     env = dict(os.environ, PYTHONPATH=str(ROOT / "operator"))
     ports = [free_port() for _ in range(args.servers)]
@@ -180,6 +181,8 @@ def main(argv=None) -> int:
                       f"rss {samples[-1]['rss_mb']:.0f} MB; calibration {samples[-1]['calibration']}, "
                       f"GAUSS {samples[-1]['gauss']}", flush=True)
             c1, w1 = proc_cpu_s(op.pid), time.monotonic()
+            if args.dump:
+                args.dump.write_text(json.dumps(items, indent=1))
     finally:
         if op is not None and op.poll() is None:
             op.send_signal(signal.SIGTERM)

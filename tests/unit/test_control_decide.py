@@ -121,10 +121,11 @@ def test_worse_fit_keeps_the_previous_calibration(curve):
     assert out.calibration.notes["ringN"] == 4 and out.calibration.notes["checkedS"] == pytest.approx(now_s + 30)
     again = decide.recalibrate("llama-2-7b", "h100-64gb", noisy, out.calibration, 0.3, now_s=now_s + 60)
     assert again.calibration is out.calibration and "not refitted" in again.message and not again.revalidated
-    # ... until the ring moves on: a batch beyond the range tried refits
-    moved = decide.recalibrate("llama-2-7b", "h100-64gb", noisy + [observation(curve[128])], out.calibration, 0.3,
-                               now_s=now_s + 90)
-    assert "not refitted" not in moved.message
+    # ... until the ring moves on: a batch beyond the range tried, that the fit misses, refits
+    o128 = observation(curve[128])
+    missed = replace(o128, prompt_tok_s=o128.prompt_tok_s / 2, generation_tok_s=o128.generation_tok_s / 2)
+    moved = decide.recalibrate("llama-2-7b", "h100-64gb", noisy + [missed], out.calibration, 0.3, now_s=now_s + 90)
+    assert "not refitted" not in moved.message and "(refitted: " in moved.message
 
 
 def test_calibration_roundtrips_through_status(curve):
@@ -234,13 +235,25 @@ def test_a_fit_that_still_explains_the_ring_is_not_refitted(curve):
     assert old.error <= out.error + 1e-9
 
 
-def test_a_batch_beyond_the_fitted_range_refits(curve):
+def test_a_batch_beyond_the_fitted_range_refits_only_when_the_fit_misses_it(curve):
     obs = [observation(curve[c]) for c in (8, 16, 32)]
     good = decide.recalibrate("llama-2-7b", "h100-64gb", obs, None, 0.3)
-    out = decide.recalibrate("llama-2-7b", "h100-64gb", obs + [observation(curve[128])], good.calibration, 0.3)
-    # the refit covers the new batch (the old fit, from 8-32, extrapolated worse)
-    assert out.refit and out.reason == "Fitted" and out.error < 0.05
-    assert out.calibration.notes["batchMax"] == pytest.approx(float(curve[128]["batch"]))
+    b128 = float(curve[128]["batch"])
+    # the fit on 8-32 extrapolates to the measured B = 128 within its tolerance: kept, range grows
+    fine = decide.recalibrate("llama-2-7b", "h100-64gb", obs + [observation(curve[128])], good.calibration, 0.3)
+    assert not fine.refit and fine.ok and "1 beyond the fitted" in fine.message and "not refitted" in fine.message
+    assert fine.calibration.params == good.calibration.params
+    assert fine.calibration.notes["batchMax"] == pytest.approx(b128)
+    # the same batch at 80% of that throughput (the curve bends earlier than the fit says), in a
+    # ring of 12 good windows: the ring's mean error stays low, the new batch alone is missed
+    o = observation(curve[128])
+    bent = replace(o, prompt_tok_s=0.8 * o.prompt_tok_s, generation_tok_s=0.8 * o.generation_tok_s)
+    ring = obs * 4 + [bent]
+    assert _mape_of(good.calibration, ring) < decide.REFIT_ERROR_FLOOR
+    out = decide.recalibrate("llama-2-7b", "h100-64gb", ring, good.calibration, 0.3)
+    assert "(refitted: batches 123-123 beyond the fitted range 7.88-31.3 are missed by" in out.message
+    assert out.calibration.notes["batchMax"] == pytest.approx(b128)  # fitted or checked up to it
+    assert out.error <= _mape_of(good.calibration, ring)
 
 
 def test_a_fit_without_range_notes_is_refitted_once(curve):
@@ -296,3 +309,7 @@ def test_gauss_inputs_are_the_service_times_gauss_simulates():
     assert runs.find("k", inputs_for(coef, 202.0, 0.32, 101.0, 0.5)) == (1.5, "ttft")
     assert runs.find("k", inputs_for(coef, 202.0, 0.40, 101.0, 0.5)) is None  # CV moved by 0.1
     assert runs.find("other", x) is None
+
+
+def _mape_of(cal, obs):
+    return decide._mape(cal, "llama-2-7b", decide.fit_rows(obs))

@@ -84,10 +84,15 @@ class CalibrationOutcome:
     revalidated: bool = False  # a refit on the current ring could not beat the fit in use
 
 
-def _mape(cal: calibrate.Calibration, arch_key: str, rows: FitRows) -> float:
+def _row_errors(cal: calibrate.Calibration, arch_key: str, rows: FitRows) -> np.ndarray:
+    """|T_pred/T − 1| per row (SLIM eq. 6 at each row's batch and lengths)."""
     thr, _ = calibrate.predict(cal, arch_key, None, rows.batch, rows.input_len, rows.output_len,
                                output_cv=rows.output_cv)
-    return float(np.mean(np.abs(thr / rows.throughput_tok_s - 1.0)))
+    return np.abs(np.asarray(thr, dtype=float) / rows.throughput_tok_s - 1.0)
+
+
+def _mape(cal: calibrate.Calibration, arch_key: str, rows: FitRows) -> float:
+    return float(np.mean(_row_errors(cal, arch_key, rows)))
 
 
 REFIT_ERROR_FLOOR = 0.05  # a fit within max(this, 2 × its own error) of the ring still explains it:
@@ -98,33 +103,41 @@ REFIT_SMALL_N = 8  # a fit on fewer points is refitted when the ring has twice a
 REFIT_MAX_AGE_S = 1800.0  # refit at least this often (well inside the 2 h CalibrationStale alert)
 
 
-def _still_explains(previous: calibrate.Calibration, prev_err: float | None, max_fit_error: float) -> bool:
-    """The previous fit's error on the ring is near the one it was fitted with, or near the one a
-    refit could not beat (``ringErrorPct``), and acceptable."""
+def _explain_tolerance(previous: calibrate.Calibration, max_fit_error: float) -> float:
+    """The error on the ring up to which the previous fit still explains it: near the one it was
+    fitted with, or the one a refit could not beat (``ringErrorPct``), and acceptable."""
     fitted_err = max(float(previous.metrics.get("mape_pct", 100.0)),
                      float((previous.notes or {}).get("ringErrorPct", 0.0))) / 100.0
-    return prev_err is not None and prev_err <= min(max_fit_error,
-                                                    max(REFIT_ERROR_FLOOR, REFIT_ERROR_GROWTH * fitted_err))
+    return min(max_fit_error, max(REFIT_ERROR_FLOOR, REFIT_ERROR_GROWTH * fitted_err))
 
 
-def _refit_trigger(previous: calibrate.Calibration, prev_err: float | None, rows: FitRows,
+def _new_ground(previous: calibrate.Calibration, rows: FitRows) -> np.ndarray:
+    """Rows whose batch lies beyond the range the fit was fitted (or last checked) on."""
+    b_lo, b_hi = float(previous.notes["batchMin"]), float(previous.notes["batchMax"])
+    return (rows.batch < b_lo / REFIT_BATCH_MARGIN) | (rows.batch > b_hi * REFIT_BATCH_MARGIN)
+
+
+def _refit_trigger(previous: calibrate.Calibration, row_err: np.ndarray | None, rows: FitRows,
                    max_fit_error: float, now_s: float | None) -> str | None:
     """Why the previous fit must be refitted, or None when it is current: it still explains the
-    ring (its error is near the one it was fitted with), no batch lies outside the range it was
-    fitted (or last re-checked) on, a fit on < REFIT_SMALL_N points has not seen the ring double,
-    and it is younger than REFIT_MAX_AGE_S. A refit costs ~20-100 ms of CPU per resource; most
-    windows add a point the fit already predicts."""
+    ring (its error is near the one it was fitted with), it predicts the batches beyond the range
+    it was fitted (or last checked) on as well, a fit on < REFIT_SMALL_N points has not seen the
+    ring double, and it is younger than REFIT_MAX_AGE_S. A refit costs ~5-50 ms of CPU per
+    resource; most windows add a point the fit already predicts."""
     notes = previous.notes or {}
     try:
         b_lo, b_hi = float(notes["batchMin"]), float(notes["batchMax"])
         created_s = _dt.datetime.fromisoformat(str(previous.created).replace("Z", "+00:00")).timestamp()
     except (KeyError, TypeError, ValueError):
         return "the fit in status has no fitted batch range"  # from before these notes, or from elsewhere
-    if not _still_explains(previous, prev_err, max_fit_error):
-        return f"its error on the ring grew to {prev_err:.1%}" if prev_err is not None else "no error on the ring"
-    if rows.batch.min() < b_lo / REFIT_BATCH_MARGIN or rows.batch.max() > b_hi * REFIT_BATCH_MARGIN:
-        return (f"batches {rows.batch.min():.3g}-{rows.batch.max():.3g} leave the fitted range "
-                f"{b_lo:.3g}-{b_hi:.3g}")
+    tol = _explain_tolerance(previous, max_fit_error)
+    if row_err is None or not float(np.mean(row_err)) <= tol:
+        return f"its error on the ring grew to {float(np.mean(row_err)):.1%}" if row_err is not None \
+            else "no error on the ring"
+    new = _new_ground(previous, rows)
+    if new.any() and not float(np.mean(row_err[new])) <= tol:  # extrapolation that misses
+        return (f"batches {rows.batch[new].min():.3g}-{rows.batch[new].max():.3g} beyond the fitted range "
+                f"{b_lo:.3g}-{b_hi:.3g} are missed by {float(np.mean(row_err[new])):.1%}")
     n_fitted = max(int(previous.metrics.get("n_points", 0)), int(notes.get("ringN", 0)))
     if n_fitted < REFIT_SMALL_N and rows.n >= 2 * n_fitted:
         return f"the ring grew from {n_fitted} to {rows.n} observations"
@@ -144,7 +157,8 @@ def recalibrate(arch_key: str, gpu_key: str, observations: Sequence[Observation]
     error grew but is still far from the bound) is refitted from where it stands (one warm
     start); otherwise, and with no previous fit, from the priors (3 starts)."""
     rows = fit_rows(observations)
-    prev_err = _mape(previous, arch_key, rows) if previous is not None and rows.n else None
+    row_err = _row_errors(previous, arch_key, rows) if previous is not None and rows.n else None
+    prev_err = float(np.mean(row_err)) if row_err is not None else None
     if rows.batch_levels < MIN_BATCH_LEVELS:
         msg = f"{rows.batch_levels} distinct batch level(s) in {rows.n} observations; need {MIN_BATCH_LEVELS}"
         if previous is not None:
@@ -153,13 +167,20 @@ def recalibrate(arch_key: str, gpu_key: str, observations: Sequence[Observation]
         return CalibrationOutcome(None, False, False, "TooFewBatchLevels", msg)
     trigger = None
     if previous is not None:
-        trigger = _refit_trigger(previous, prev_err, rows, max_fit_error, now_s)
+        trigger = _refit_trigger(previous, row_err, rows, max_fit_error, now_s)
         if trigger is None:
             b_lo, b_hi = float(previous.notes["batchMin"]), float(previous.notes["batchMax"])
+            new_ground = _new_ground(previous, rows)
+            if new_ground.any():  # predicted as well as the rest: the checked range grows, no refit
+                previous = replace(previous, notes={
+                    **previous.notes, "batchMin": min(b_lo, float(rows.batch.min())),
+                    "batchMax": max(b_hi, float(rows.batch.max()))})
             return CalibrationOutcome(previous, True, False, "KeptPrevious", (
                 f"the fit still explains the ring (error {prev_err:.1%} on {rows.n} observations, batches "
-                f"{rows.batch.min():.3g}-{rows.batch.max():.3g} within the fitted {b_lo:.3g}-{b_hi:.3g}); "
-                "not refitted"), prev_err)
+                f"{rows.batch.min():.3g}-{rows.batch.max():.3g}"
+                + (f", {int(new_ground.sum())} beyond the fitted {b_lo:.3g}-{b_hi:.3g} predicted as well); "
+                   if new_ground.any() else f" within the fitted {b_lo:.3g}-{b_hi:.3g}); ")
+                + "not refitted"), prev_err)
     why = f" (refitted: {trigger})" if trigger else ""
     warm = previous is not None and prev_err is not None and prev_err <= REFIT_WARM_ERROR * max_fit_error
     try:
