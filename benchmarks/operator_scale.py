@@ -105,7 +105,7 @@ def _reasons(items: list[dict]) -> dict[str, int]:
             key = "kept, not refitted"
         elif "(refitted: " in msg:
             why = msg.split("(refitted: ", 1)[1]
-            trigger = next((t for t in ("error on the ring grew", "leave the fitted range", "the ring grew",
+            trigger = next((t for t in ("error on the ring grew", "beyond the fitted range", "the ring grew",
                                         "is older than", "no fitted batch range") if t in why), why[:40])
             key = f"{c.get('reason')} after a refit ({trigger})"
         else:
@@ -134,6 +134,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup-intervals", type=int, default=6,
                     help="intervals before measuring: the first windows prime the scrapes and fit SLIM from scratch")
     ap.add_argument("--profile", type=Path, help="run the operator under cProfile, stats to this file")
+    ap.add_argument("--tick", type=float, help="the operator's --tick (default: its own default)")
     ap.add_argument("--dump", type=Path, help="write the LLMDeployments as they end (JSON) to this file")
     args = ap.parse_args(argv)
     env = dict(os.environ, PYTHONPATH=str(ROOT / "operator"))
@@ -159,7 +160,8 @@ def main(argv=None) -> int:
                   f"[{time.monotonic() - t:.0f}s]", flush=True)
             prof = ["-m", "cProfile", "-o", str(args.profile)] if args.profile else []
             op = subprocess.Popen([sys.executable, *prof, "-m", "kneecap", "run", "--namespace", NS, "--standalone",
-                                   "--tick", "5"], env=dict(env, KUBECONFIG=str(kubeconfig)),
+                                   *(["--tick", str(args.tick)] if args.tick else [])],
+                                  env=dict(env, KUBECONFIG=str(kubeconfig)),
                                   stdout=open(tmp / "operator.log", "wb"), stderr=subprocess.STDOUT)
             t0 = time.monotonic()
             warmup, c_prev = [], 0.0

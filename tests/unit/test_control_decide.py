@@ -313,3 +313,19 @@ def test_gauss_inputs_are_the_service_times_gauss_simulates():
 
 def _mape_of(cal, obs):
     return decide._mape(cal, "llama-2-7b", decide.fit_rows(obs))
+
+
+def test_ring_entries_parse_each_entry_once_and_forget_dropped_ones(curve):
+    from kneecap.control.loop import ring_entries
+    from kneecap.observe import pool as obs_pool
+
+    ring = [{"pool": "server", **obs_pool.to_status(replace(observation(curve[c]), t_end_s=1000.0 + c))}
+            for c in (8, 16, 32)]
+    ring.append({"pool": "server", "requestsPerSecond": "x"})  # unparseable: skipped
+    cache: dict = {}
+    first = ring_entries({"observations": ring}, "server", cache)
+    assert [o.t_end_s for o in first] == [1008.0, 1016.0, 1032.0] and len(cache) == 3
+    again = ring_entries({"observations": ring[1:]}, "server", cache)
+    assert again[0] is first[1] and again[1] is first[2] and len(cache) == 2  # reused, the dropped one forgotten
+    assert ring_entries({"observations": ring}, "prefill", cache) == [] and len(cache) == 2
+    assert ring_entries({"observations": ring}, "server") == first  # no cache: the same values

@@ -28,7 +28,7 @@ class OperatorConfig:
 
     connection: kopf.ConnectionInfo | None = None  # None: in-cluster service account, else kubeconfig
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
-    tick_s: float = 5.0  # how often timers wake to check whether spec.control.interval elapsed
+    tick_s: float = 10.0  # how often timers wake to check whether spec.control.interval elapsed
     scrape_timeout_s: float = 5.0
     now: Callable[[], float] = time.time
     scrape: L.ScrapeFn | None = None
@@ -89,9 +89,9 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         if kube is not None:
             await kube.close()
 
-    @kopf.on.resume(*RESOURCE, registry=registry)
-    @kopf.on.create(*RESOURCE, registry=registry)
-    @kopf.on.update(*RESOURCE, field="spec", registry=registry)
+    @kopf.on.resume(*RESOURCE, id="reconcile", registry=registry)
+    @kopf.on.create(*RESOURCE, id="reconcile", registry=registry)
+    @kopf.on.update(*RESOURCE, field="spec", id="reconcile", registry=registry)
     async def reconcile(body, patch, memo, logger, reason, **_):
         spec = _parse(body, patch, logger, config, emit=True)
         if spec is None:
@@ -111,7 +111,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
                 [f"{p.pool.name} {'created' if p.created else 'patched'}" for p in result.pools
                  if p.created or p.patched] + [f"{d} deleted" for d in result.deleted]))
 
-    @kopf.timer(*RESOURCE, interval=config.tick_s, initial_delay=config.tick_s, registry=registry)
+    @kopf.timer(*RESOURCE, interval=config.tick_s, initial_delay=config.tick_s, id="control", registry=registry)
     async def control(body, patch, memo, logger, **_):
         mem: L.LoopMemory = memo.setdefault("loop", L.LoopMemory())
         now = config.now()
@@ -133,7 +133,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
                                                                             message=message))
         patch.status.update(await L.tick(ctx, dict(body), spec, mem))
 
-    @kopf.on.delete(*RESOURCE, registry=registry)
+    @kopf.on.delete(*RESOURCE, id="delete", registry=registry)
     async def delete(body, memo, logger, **_):
         gone = await R.delete_owned(memo.kube, dict(body))
         memo.metrics.forget(body["metadata"]["namespace"], body["metadata"]["name"])

@@ -53,6 +53,7 @@ class LoopMemory:
 
     snapshots: dict[str, dict[str, list[Snapshot]]] = field(default_factory=dict)  # role -> url -> scrapes
     last_tick_s: float = 0.0
+    parsed_ring: dict = field(default_factory=dict)  # ring entry key -> Observation (see ring_entries)
     ticks: int = 0  # control ticks run since the operator started (every FULL_RECONCILE_TICKS-th is full)
     spec: LLMDeploymentSpec | None = None  # parsed at `spec_generation` (None: that spec is invalid)
     spec_generation: int | str | None = -1
@@ -99,15 +100,28 @@ def ownership_status(pools: list[R.PoolState]) -> dict:
     return out
 
 
-def ring_entries(status: dict, role: str) -> list[Observation]:
-    out = []
+def ring_entries(status: dict, role: str, parsed: dict | None = None) -> list[Observation]:
+    """The ring's observations of one pool (entries that do not parse are skipped). ``parsed``:
+    a cache of entries parsed on earlier ticks (a ring entry never changes once written), kept
+    to the entries still in the ring."""
+    out, seen = [], set()
     for e in status.get("observations") or []:
         if e.get("pool", "server") != role:
             continue
-        try:
-            out.append(obs_pool.from_status({k: v for k, v in e.items() if k not in ("pool", "engine")}))
-        except ValueError:
-            continue
+        key = (role, e.get("windowEndUnixSeconds"), e.get("requestsPerSecond"), e.get("generationTokens"))
+        obs = parsed.get(key) if parsed is not None else None
+        if obs is None:
+            try:
+                obs = obs_pool.from_status({k: v for k, v in e.items() if k not in ("pool", "engine")})
+            except ValueError:
+                continue
+        out.append(obs)
+        seen.add(key)
+        if parsed is not None:
+            parsed[key] = obs
+    if parsed is not None:
+        for key in [k for k in parsed if k[0] == role and k not in seen]:
+            del parsed[key]
     return out
 
 
@@ -208,7 +222,7 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
     if any(t.observation is not None for t in ticks) or "observations" not in status:
         out["observations"] = ring  # (unchanged, it is not re-sent: the ring is most of the status)
     status["observations"] = ring
-    observations = ring_entries(status, primary_role(spec))
+    observations = ring_entries(status, primary_role(spec), mem.parsed_ring)
 
     role = primary_role(spec)
     main = next(t for t in ticks if t.role == role)
