@@ -14,7 +14,7 @@ from typing import Callable
 import kopf
 
 from kneecap.control import loop as L, reconcile as R, status as St
-from kneecap.control.kube import KubeClient
+from kneecap.control.kube import KubeClient, resource_path
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.control.spec import GROUP, PLURAL, VERSION, LLMDeploymentSpec, parse_spec
 from kneecap.errors import InputError
@@ -131,7 +131,12 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
                             scrape_timeout_s=config.scrape_timeout_s, scrape=config.scrape,
                             event=lambda etype, reason, message: kopf.event(body, type=etype, reason=reason,
                                                                             message=message))
-        patch.status.update(await L.tick(ctx, dict(body), spec, mem))
+        status = await L.tick(ctx, dict(body), spec, mem)
+        # written directly (one merge patch on the status subresource, the object not read
+        # back): kopf's patch would re-check the whole returned object on every tick
+        meta = body["metadata"]
+        await memo.kube.patch_status(resource_path(f"{GROUP}/{VERSION}", PLURAL, meta["namespace"], meta["name"]),
+                                     status)
 
     @kopf.on.delete(*RESOURCE, id="delete", registry=registry)
     async def delete(body, memo, logger, **_):

@@ -94,7 +94,9 @@ class KubeClient:
             await self._session.close()
 
     async def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
-                      params: dict | None = None) -> tuple[int, Any]:
+                      params: dict | None = None, read_body: bool = True) -> tuple[int, Any]:
+        """(HTTP status, decoded JSON or text). ``read_body=False``: a 2xx body is not decoded
+        (None): a status write does not need the whole object back."""
         sess = await self._sess()
         kw: dict = {"params": params or None}
         if self._ssl is not None:
@@ -103,6 +105,9 @@ class KubeClient:
             kw["json"] = body
             kw["headers"] = {"Content-Type": content_type}
         async with sess.request(method, self.server + path, **kw) as resp:
+            if not read_body and resp.status < 300:
+                await resp.read()
+                return resp.status, None
             try:
                 data = await resp.json(content_type=None)
             except (ValueError, aiohttp.ContentTypeError):
@@ -142,6 +147,13 @@ class KubeClient:
         if status >= 300:
             raise ApiError(status, body, f"PATCH {path}")
         return body
+
+    async def patch_status(self, path: str, status: dict) -> None:
+        """Merge-patch ``status`` into the object at ``path`` through its status subresource."""
+        code, body = await self.request("PATCH", path + "/status", {"status": status}, content_type=MERGE,
+                                        params={"fieldManager": FIELD_MANAGER}, read_body=False)
+        if code >= 300:
+            raise ApiError(code, body, f"PATCH {path}/status")
 
     async def delete(self, path: str) -> bool:
         status, body = await self.request("DELETE", path)
