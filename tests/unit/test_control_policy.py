@@ -128,6 +128,26 @@ def test_ring_entries_are_rounded_to_six_significant_digits_and_times_to_the_mil
                  "windowEndUnixSeconds": 1764486123.457, "pods": 4, "pool": "server"}
 
 
+def test_ring_entries_keep_what_the_fit_and_slo_attainment_read():
+    from kneecap.observe import pool as obs_pool
+    from kneecap.observe.window import OBSERVATION_FIELDS, Observation
+
+    obs = Observation(**{f: 1.2345678 + i for i, f in enumerate(OBSERVATION_FIELDS)} | {"pods": 4, "batch_samples": 3})
+    entry = St.ring_entry(obs)
+    assert len(entry) == 16 and entry["pods"] == 4 and entry["inputLengthMean"] == 14.2346  # 6 significant digits
+    assert "ttftMeanSeconds" not in entry and "queueLength" not in entry  # the rest is in status.workload
+    back = St.ring_entry_from_status(entry)
+    for name in St.RING_FIELDS:
+        assert getattr(back, name) == pytest.approx(getattr(obs, name), rel=5e-6)  # 6 significant digits
+    # an entry written by an earlier version (every Observation field) still reads
+    old = St.ring_entry_from_status({"pool": "server", "engine": {"maxNumSeqs": 8}, **obs_pool.to_status(obs)})
+    assert all(getattr(old, name) == getattr(obs, name) for name in St.RING_FIELDS)
+    with pytest.raises(ValueError, match="observation.outputLengthCV: missing"):
+        St.ring_entry_from_status({k: v for k, v in entry.items() if k != "outputLengthCV"})
+    with pytest.raises(ValueError, match="observation.ttftP95Seconds: expected a finite number"):
+        St.ring_entry_from_status({**entry, "ttftP95Seconds": float("nan")})
+
+
 def test_metrics_exposition_and_forget():
     m = OperatorMetrics()
     m.set(m.recommended_max_num_seqs, 96, "ns", "a", "server")

@@ -53,7 +53,7 @@ class FitRows:
         return int(np.unique(np.round(self.batch)).size)
 
 
-def fit_rows(observations: Sequence[Observation]) -> FitRows:
+def fit_rows(observations: Sequence[Observation]) -> FitRows:  # or status.RingEntry: the same field names
     """Rows for SLIM: B = mean running batch, T = (prompt + generated tokens)/s per pod (eq. 6).
 
     B is Little's law over the window (Σ inference time / window) when vLLM exports it: two

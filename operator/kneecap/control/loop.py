@@ -17,7 +17,7 @@ import datetime as _dt
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Sequence
 
 import numpy as np
 
@@ -100,7 +100,7 @@ def ownership_status(pools: list[R.PoolState]) -> dict:
     return out
 
 
-def ring_entries(status: dict, role: str, parsed: dict | None = None) -> list[Observation]:
+def ring_entries(status: dict, role: str, parsed: dict | None = None) -> list[St.RingEntry]:
     """The ring's observations of one pool (entries that do not parse are skipped). ``parsed``:
     a cache of entries parsed on earlier ticks (a ring entry never changes once written), kept
     to the entries still in the ring."""
@@ -112,7 +112,7 @@ def ring_entries(status: dict, role: str, parsed: dict | None = None) -> list[Ob
         obs = parsed.get(key) if parsed is not None else None
         if obs is None:
             try:
-                obs = obs_pool.from_status({k: v for k, v in e.items() if k not in ("pool", "engine")})
+                obs = St.ring_entry_from_status(e)
             except ValueError:
                 continue
         out.append(obs)
@@ -217,7 +217,7 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
     for t in ticks:
         if t.observation is not None:
             engine = {k: v for k, v in _settings_status(t.state.settings).items() if k != "replicas"}
-            entry = {"pool": t.role, "engine": engine, **St.rounded(obs_pool.to_status(t.observation))}
+            entry = {"pool": t.role, "engine": engine, **St.ring_entry(t.observation)}
             ring = St.push_observation(ring, entry, spec.control.observation_history)
     if any(t.observation is not None for t in ticks) or "observations" not in status:
         out["observations"] = ring  # (unchanged, it is not re-sent: the ring is most of the status)
@@ -274,7 +274,7 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
                              degraded_reason[0] if degraded_reason else "Healthy",
                              degraded_reason[1] if degraded_reason else "scrapes and fit are healthy", gen, now)
 
-    latest = main.observation or (observations[-1] if observations else None)
+    latest = main.observation or _workload(status, role)  # the last full window when this one is open
     if cal_out.calibration is None or latest is None:
         out.update(conditions=conds, phase=St.phase_of(conds))
         why = main.no_observation or cal_out.message
@@ -375,7 +375,19 @@ def _replicas(spec, cal, obs, pools, role):
     return n, "gauss:" + str(binding), alloc
 
 
-def slo_attainment(spec: LLMDeploymentSpec, ring: list[Observation]) -> float | None:
+def _workload(status: dict, role: str) -> Observation | None:
+    """The last window's full observation of the pool, from ``status.workload`` (None if absent
+    or unreadable)."""
+    w = status.get("workload") or {}
+    if w.get("pool", "server") != role:
+        return None
+    try:
+        return obs_pool.from_status({k: v for k, v in w.items() if k != "pool"})
+    except ValueError:
+        return None
+
+
+def slo_attainment(spec: LLMDeploymentSpec, ring: Sequence[Observation | St.RingEntry]) -> float | None:
     """Fraction of the ring's windows whose p95 latencies met every declared SLO (None: no SLO
     declared, or no window measured one)."""
     met = [r[0] for r in (_slo_met(spec, o) for o in ring) if r is not None]
@@ -442,7 +454,7 @@ def _export_curve(ctx: LoopContext, labels, role: str, spec: LLMDeploymentSpec, 
             m.drop(m.predicted_curve, *labels, role, str(b))
 
 
-def _slo_met(spec: LLMDeploymentSpec, o: Observation) -> tuple[bool, str] | None:
+def _slo_met(spec: LLMDeploymentSpec, o: Observation | St.RingEntry) -> tuple[bool, str] | None:
     checks = [(spec.slo.ttft_s, o.ttft_p95_s, "TTFT"), (spec.slo.tpot_s, o.itl_p95_s, "TPOT"),
               (spec.slo.e2e_s, o.e2e_p95_s, "E2E")]
     checks = [(slo, v, n) for slo, v, n in checks if slo is not None and v is not None]

@@ -8,7 +8,11 @@ the status flips, so it says how long a state has held.
 from __future__ import annotations
 
 import datetime as _dt
+import math
+from dataclasses import dataclass, fields
 from typing import Any, Iterable
+
+from kneecap.naming import status_key
 
 READY = "Ready"
 CALIBRATED = "Calibrated"
@@ -63,6 +67,59 @@ def rounded(values: dict[str, Any], digits: int = 6) -> dict[str, Any]:
     big = 10.0**digits
     return {k: (round(v, 3) if abs(v) >= big else float(f"{v:.{digits}g}")) if isinstance(v, float) else v
             for k, v in values.items()}
+
+
+@dataclass(frozen=True)
+class RingEntry:
+    """What the observation ring keeps of a window's Observation: what SLIM is fitted on (batch,
+    lengths, tokens/s per pod), the p95 latencies SLO attainment counts, the rate and when. The
+    ring is re-sent with every status write and re-read with every watch event, so it keeps 16 of
+    the 40 fields; the whole latest window is ``status.workload``. Field names are
+    Observation's, so the fit and the SLO checks read either."""
+
+    t_end_s: float
+    window_s: float
+    pods: int
+    request_rate_rps: float
+    mean_batch: float
+    max_batch: float
+    prompt_tok_s: float
+    generation_tok_s: float
+    input_len_mean: float
+    output_len_mean: float
+    output_len_cv: float
+    ttft_p95_s: float
+    itl_p95_s: float
+    e2e_p95_s: float
+    mean_batch_little: float | None = None
+    kv_capacity_tokens: float | None = None
+
+
+RING_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RingEntry))
+_RING_KEYS = {f.name: status_key(f.name) for f in fields(RingEntry)}
+
+
+def ring_entry(observation) -> dict[str, Any]:
+    """A ring entry (camelCase status keys, rounded) of an Observation; None fields omitted."""
+    return rounded({key: getattr(observation, name) for name, key in _RING_KEYS.items()
+                    if getattr(observation, name) is not None})
+
+
+def ring_entry_from_status(data: dict[str, Any]) -> RingEntry:
+    """Inverse of :func:`ring_entry`. Other keys are ignored (entries written by earlier versions
+    carry every Observation field); raises ValueError naming a missing or non-numeric one."""
+    kwargs: dict[str, Any] = {}
+    for f in fields(RingEntry):
+        key = _RING_KEYS[f.name]
+        if key not in data:
+            if f.default is None:
+                continue
+            raise ValueError(f"observation.{key}: missing")
+        v = data[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"observation.{key}: expected a finite number, got {v!r}")
+        kwargs[f.name] = int(v) if f.name == "pods" else float(v)
+    return RingEntry(**kwargs)
 
 
 def push_observation(ring: list[dict] | None, observation: dict, limit: int) -> list[dict]:
