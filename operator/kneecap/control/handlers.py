@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import aiohttp
 import kopf
 
 from kneecap.control import loop as L, reconcile as R, status as St
@@ -82,12 +83,18 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         settings.posting.level = logging.INFO
         memo.kube = KubeClient.from_connection_info(_connection(config, logger, settings))
         memo.metrics = config.metrics
+        # one client session for every scrape; a connection per scrape (force_close): vLLM's
+        # server drops idle keep-alive connections after 5 s, an interval is longer
+        memo.scrape_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_):
         kube = getattr(memo, "kube", None)
         if kube is not None:
             await kube.close()
+        session = getattr(memo, "scrape_session", None)
+        if session is not None:
+            await session.close()
 
     @kopf.on.resume(*RESOURCE, id="reconcile", registry=registry)
     @kopf.on.create(*RESOURCE, id="reconcile", registry=registry)
@@ -129,6 +136,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         mem.last_tick_s = now
         ctx = L.LoopContext(kube=memo.kube, metrics=memo.metrics, now=config.now,
                             scrape_timeout_s=config.scrape_timeout_s, scrape=config.scrape,
+                            session=getattr(memo, "scrape_session", None),
                             event=lambda etype, reason, message: kopf.event(body, type=etype, reason=reason,
                                                                             message=message))
         status = await L.tick(ctx, dict(body), spec, mem)

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Sequence
 
+import aiohttp
 import numpy as np
 
 from kneecap.control import decide, manifests as M, policy, reconcile as R, status as St
@@ -67,11 +68,12 @@ class LoopContext:
     now: Callable[[], float] = time.time
     scrape_timeout_s: float = 5.0
     scrape: ScrapeFn | None = None
+    session: aiohttp.ClientSession | None = None  # shared by the scrapes (None: one per scrape)
 
     async def scrape_url(self, url: str) -> Snapshot:
         if self.scrape is not None:
             return await self.scrape(url)
-        return await http_scrape(url, timeout_s=self.scrape_timeout_s, keep=WINDOW_FAMILIES)
+        return await http_scrape(url, timeout_s=self.scrape_timeout_s, keep=WINDOW_FAMILIES, session=self.session)
 
 
 @dataclass
@@ -298,9 +300,6 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
                 action=policy.HOLD, previous=status.get("lastDecision"))
         return out
     out["recommendation"] = r.to_status()
-    if main.observation is not None:  # the fit, checked against the window it has just seen
-        ctx.metrics.set(ctx.metrics.predicted_throughput,
-                        decide.predicted_at(cal_out.calibration, spec, main.observation), *labels, role)
     if r.allocation:
         out["allocation"] = r.allocation
     _export_recommendation(ctx, labels, role, r)
@@ -435,20 +434,27 @@ def _export_spec(ctx: LoopContext, labels, spec: LLMDeploymentSpec) -> None:
 
 def _export_curve(ctx: LoopContext, labels, role: str, spec: LLMDeploymentSpec, cal: calibrate.Calibration,
                   obs: Observation) -> None:
-    """The calibrated curve at CURVE_BATCHES (≤ maxMaxNumSeqs) and the efficiency at the observed batch."""
+    """The calibrated curve at CURVE_BATCHES (≤ maxMaxNumSeqs), the efficiency T(B)/(B·T(1)) at
+    the observed batch (paper 000, eq. 13) and the prediction at the window's own batch (the fit
+    checked against the window it has just seen): one SLIM evaluation (eq. 6)."""
     m = ctx.metrics
     batch = np.array([b for b in CURVE_BATCHES if b <= spec.batching.max_max_num_seqs], float)
+    b_obs = max(obs.mean_batch_little or obs.mean_batch, 1e-3)  # as decide.fit_rows reads it
+    b_eff = max(b_obs, 1.0)  # as batching_efficiency: B < 1 reads as 1
     try:
-        thr = slim_curve(cal, spec, obs, batch)
-        eff = batching_efficiency(cal, spec, obs)
+        thr = slim_curve(cal, spec, obs, np.concatenate([batch, [1.0, b_eff, b_obs]]))
     except (InputError, ValueError, FloatingPointError) as exc:
         log.warning("SLIM curve for %s/%s: %s", labels[0], labels[1], exc)
         return
+    t1, t_eff, t_obs = (float(x) for x in thr[len(batch):])
     for b, t in zip(batch, thr):
         if np.isfinite(t):
             m.set(m.predicted_curve, float(t), *labels, role, str(int(b)))
+    eff = t_eff / (b_eff * t1)
     if np.isfinite(eff):
         m.set(m.batching_efficiency, eff, *labels, role)
+    if np.isfinite(t_obs):
+        m.set(m.predicted_throughput, t_obs, *labels, role)
     for b in CURVE_BATCHES:
         if b > spec.batching.max_max_num_seqs:
             m.drop(m.predicted_curve, *labels, role, str(b))
