@@ -8,11 +8,11 @@ the status flips, so it says how long a state has held.
 from __future__ import annotations
 
 import datetime as _dt
-import math
 from dataclasses import dataclass, fields
 from typing import Any, Iterable
 
 from kneecap.naming import status_key
+from kneecap.observe.pool import numbers_from_status
 
 READY = "Ready"
 CALIBRATED = "Calibrated"
@@ -108,18 +108,7 @@ def ring_entry(observation) -> dict[str, Any]:
 def ring_entry_from_status(data: dict[str, Any]) -> RingEntry:
     """Inverse of :func:`ring_entry`. Other keys are ignored (entries written by earlier versions
     carry every Observation field); raises ValueError naming a missing or non-numeric one."""
-    kwargs: dict[str, Any] = {}
-    for f in fields(RingEntry):
-        key = _RING_KEYS[f.name]
-        if key not in data:
-            if f.default is None:
-                continue
-            raise ValueError(f"observation.{key}: missing")
-        v = data[key]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise ValueError(f"observation.{key}: expected a finite number, got {v!r}")
-        kwargs[f.name] = int(v) if f.name == "pods" else float(v)
-    return RingEntry(**kwargs)
+    return numbers_from_status(RingEntry, data, _RING_KEYS, ints=("pods",))
 
 
 def push_observation(ring: list[dict] | None, observation: dict, limit: int) -> list[dict]:

@@ -68,9 +68,15 @@ def from_status(data: Mapping[str, Any]) -> Observation:
     unknown = set(data) - set(_FROM_CAMEL)
     if unknown:
         raise ValueError(f"observation: unknown keys {sorted(unknown)}")
+    return numbers_from_status(Observation, data, _TO_CAMEL, ints=("pods", "batch_samples"))
+
+
+def numbers_from_status(cls, data: Mapping[str, Any], keys: Mapping[str, str], ints: tuple[str, ...] = ()):
+    """``cls`` (a dataclass of numbers) from a status dict: field ``name`` read at ``keys[name]``;
+    a field defaulting to None may be absent. Raises ValueError naming a missing or non-finite key."""
     kwargs: dict[str, Any] = {}
-    for f in fields(Observation):
-        key = _TO_CAMEL[f.name]
+    for f in fields(cls):
+        key = keys[f.name]
         if key not in data:
             if f.default is None:
                 continue
@@ -78,5 +84,5 @@ def from_status(data: Mapping[str, Any]) -> Observation:
         v = data[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise ValueError(f"observation.{key}: expected a finite number, got {v!r}")
-        kwargs[f.name] = int(v) if f.name in ("pods", "batch_samples") else float(v)
-    return Observation(**kwargs)
+        kwargs[f.name] = int(v) if f.name in ints else float(v)
+    return cls(**kwargs)
