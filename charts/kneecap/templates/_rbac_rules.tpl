@@ -16,20 +16,20 @@ operator makes: tests/integration/test_ship_rbac.py records them against an emul
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
-# The vLLM pools the operator owns: read back, created, patched (spec changes and enforced
-# decisions), deleted when the topology drops a pool.
+# The vLLM pools the operator owns: read back (the control loop from a watch-backed cache),
+# created, patched (spec changes and enforced decisions), deleted when the topology drops a pool.
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, create, patch, delete]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [""]
   resources: [services]
   verbs: [get, list, create, patch, delete]
-# Ready vLLM pods to scrape (pod IPs and the kneecap.io/metrics-url annotation).
+# Ready vLLM pods to scrape (pod IPs and the kneecap.io/metrics-url annotation), watched.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [list]
+  verbs: [list, watch]
 # An HPA that targets a pool owns its replicas; the operator then only recommends them.
 - apiGroups: [autoscaling]
   resources: [horizontalpodautoscalers]
-  verbs: [list]
+  verbs: [list, watch]
 {{- end }}

@@ -15,6 +15,7 @@ import aiohttp
 import kopf
 
 from kneecap.control import loop as L, reconcile as R, status as St
+from kneecap.control.informer import CachedReads
 from kneecap.control.kube import KubeClient, resource_path
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.control.spec import GROUP, PLURAL, VERSION, LLMDeploymentSpec, parse_spec
@@ -82,6 +83,9 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
             prefix="kneecap.io", key="last-handled-configuration")
         settings.posting.level = logging.INFO
         memo.kube = KubeClient.from_connection_info(_connection(config, logger, settings))
+        # the ticks read Deployments, HPAs and pods from watch-backed caches (the spec handlers
+        # read the API: they must see an HPA created just before a spec change)
+        memo.reads = CachedReads(memo.kube)
         memo.metrics = config.metrics
         # one client session for every scrape; a connection per scrape (force_close): vLLM's
         # server drops idle keep-alive connections after 5 s, an interval is longer
@@ -89,6 +93,9 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_):
+        reads = getattr(memo, "reads", None)
+        if reads is not None:
+            await reads.close()
         kube = getattr(memo, "kube", None)
         if kube is not None:
             await kube.close()
@@ -136,7 +143,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         mem.last_tick_s = now
         ctx = L.LoopContext(kube=memo.kube, metrics=memo.metrics, now=config.now,
                             scrape_timeout_s=config.scrape_timeout_s, scrape=config.scrape,
-                            session=getattr(memo, "scrape_session", None),
+                            session=getattr(memo, "scrape_session", None), reads=getattr(memo, "reads", None),
                             event=lambda etype, reason, message: kopf.event(body, type=etype, reason=reason,
                                                                             message=message))
         status = await L.tick(ctx, dict(body), spec, mem)

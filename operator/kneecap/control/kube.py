@@ -8,10 +8,11 @@ through this client, built from the same `kopf.ConnectionInfo` the operator logg
 from __future__ import annotations
 
 import base64
+import json
 import ssl
 import tempfile
 import urllib.parse
-from typing import Any
+from typing import Any, AsyncIterator
 
 import aiohttp
 
@@ -123,11 +124,47 @@ class KubeClient:
         return body
 
     async def list(self, path: str, label_selector: str | None = None) -> list[dict]:
+        return (await self.list_versioned(path, label_selector))[0]
+
+    async def list_versioned(self, path: str, label_selector: str | None = None) -> tuple[list[dict], str | None]:
+        """(items, the list's resourceVersion): where a watch of the same collection starts."""
         params = {"labelSelector": label_selector} if label_selector else None
         status, body = await self.request("GET", path, params=params)
         if status >= 300:
             raise ApiError(status, body, f"LIST {path}")
-        return list(body.get("items") or [])
+        return list(body.get("items") or []), (body.get("metadata") or {}).get("resourceVersion")
+
+    async def watch(self, path: str, label_selector: str | None = None, resource_version: str | None = None,
+                    timeout_s: float = 300.0) -> AsyncIterator[dict]:
+        """The watch events of a collection from `resource_version` (ADDED, MODIFIED, DELETED,
+        BOOKMARK, ERROR), one dict each, until the server ends the stream after `timeout_s`.
+        Raises ApiError when the watch cannot start."""
+        params = {"watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": str(int(timeout_s))}
+        if label_selector:
+            params["labelSelector"] = label_selector
+        if resource_version:
+            params["resourceVersion"] = resource_version
+        sess = await self._sess()
+        kw: dict = {"params": params, "timeout": aiohttp.ClientTimeout(total=None, sock_connect=self._timeout.total,
+                                                                       sock_read=timeout_s + 30)}
+        if self._ssl is not None:
+            kw["ssl"] = self._ssl
+        async with sess.get(self.server + path, **kw) as resp:
+            if resp.status >= 300:
+                try:
+                    body = await resp.json(content_type=None)
+                except (ValueError, aiohttp.ContentTypeError):
+                    body = await resp.text()
+                raise ApiError(resp.status, body, f"WATCH {path}")
+            buf = b""  # events are JSON lines; a line can outgrow aiohttp's readline limit (64 KiB)
+            async for chunk in resp.content.iter_any():
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+            if buf.strip():
+                yield json.loads(buf)
 
     async def create(self, path: str, obj: dict) -> tuple[dict, bool]:
         """(object, created). An existing object (409) is fetched and returned with created=False."""

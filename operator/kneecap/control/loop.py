@@ -23,6 +23,7 @@ import aiohttp
 import numpy as np
 
 from kneecap.control import decide, manifests as M, policy, reconcile as R, status as St
+from kneecap.control.informer import ApiReads
 from kneecap.control.kube import KubeClient
 from kneecap.control.metrics import CURVE_BATCHES, OperatorMetrics
 from kneecap.control.spec import LLMDeploymentSpec
@@ -69,6 +70,11 @@ class LoopContext:
     scrape_timeout_s: float = 5.0
     scrape: ScrapeFn | None = None
     session: aiohttp.ClientSession | None = None  # shared by the scrapes (None: one per scrape)
+    reads: ApiReads | None = None  # where Deployments, HPAs and pods are read (None: the API)
+
+    @property
+    def reader(self) -> ApiReads:
+        return self.reads or ApiReads(self.kube)
 
     async def scrape_url(self, url: str) -> Snapshot:
         if self.scrape is not None:
@@ -131,7 +137,7 @@ async def observe_pool(ctx: LoopContext, mem: LoopMemory, ns: str, name: str, sp
                        state: R.PoolState) -> PoolTick:
     """Scrape the pool's ready pods and turn the windows since the last scrapes into one observation."""
     tick = PoolTick(state.pool.role, state)
-    pods = await R.ready_pods(ctx.kube, ns, name, state.pool.role)
+    pods = await R.ready_pods(ctx.reader, ns, name, state.pool.role)
     urls = [u for u in (R.metrics_url(p, spec.engine.port) for p in pods) if u]
     if not urls:
         tick.no_observation = "no_pods: no ready pod with an IP or a metrics URL"
@@ -192,7 +198,7 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
 
     # Deployments every tick (live settings, rollouts, drift); Services and pruning every
     # FULL_RECONCILE_TICKS ticks (the spec handlers run a full pass on every spec change)
-    rec = await R.reconcile(ctx.kube, body, spec, full=mem.ticks % FULL_RECONCILE_TICKS == 0)
+    rec = await R.reconcile(ctx.kube, body, spec, full=mem.ticks % FULL_RECONCILE_TICKS == 0, reads=ctx.reader)
     mem.ticks += 1
     if rec.changed:
         ctx.event("Normal", "Reconciled", ", ".join(

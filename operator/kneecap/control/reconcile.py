@@ -12,20 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kneecap.control import manifests as M
-from kneecap.control.kube import FIELD_MANAGER, KubeClient, resource_path
+from kneecap.control.informer import ApiReads, deployments_path, pods_path, services_path  # noqa: F401
+from kneecap.control.kube import FIELD_MANAGER, KubeClient
 from kneecap.control.spec import LLMDeploymentSpec
-
-
-def deployments_path(ns: str, name: str | None = None) -> str:
-    return resource_path("apps/v1", "deployments", ns, name)
-
-
-def services_path(ns: str, name: str | None = None) -> str:
-    return resource_path("v1", "services", ns, name)
-
-
-def pods_path(ns: str) -> str:
-    return resource_path("v1", "pods", ns)
 
 
 def is_subset(want: Any, have: Any) -> bool:
@@ -98,24 +87,28 @@ class ReconcileResult:
         return bool(self.deleted) or any(p.created or p.patched for p in self.pools)
 
 
-async def _hpas(kube: KubeClient, ns: str) -> list[dict]:
-    try:  # (not cached: an HPA created a second ago must stop kneecap from setting replicas)
-        return await kube.list(resource_path("autoscaling/v2", "horizontalpodautoscalers", ns))
+async def _hpas(reads: ApiReads, ns: str) -> list[dict]:
+    try:
+        return await reads.hpas(ns)
     except Exception:  # noqa: BLE001 - no HPA API is the same as no HPA
         return []
 
 
-async def reconcile(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec, *, full: bool = True) -> ReconcileResult:
+async def reconcile(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec, *, full: bool = True,
+                    reads: ApiReads | None = None) -> ReconcileResult:
     """Create what is missing, patch what drifted from the spec, delete pools the spec dropped.
 
     ``full=False`` (the control loop's ticks between full passes): Deployments only, no
     Service check and no pruning; what a spec change adds or drops is handled by the spec
-    handlers, which always run a full pass."""
+    handlers, which always run a full pass. ``reads``: where the live Deployments and HPAs are
+    read (the API by default; the ticks pass their watch-backed caches). Writes and pruning
+    always go to the API."""
     ns, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
+    reads = reads or ApiReads(kube)
     result = ReconcileResult()
-    hpas = await _hpas(kube, ns)
+    hpas = await _hpas(reads, ns)
     for pool in M.pools(name, spec):
-        live = await kube.get(deployments_path(ns, pool.name))
+        live = await reads.deployment(ns, pool.name)
         start = M.initial_settings(spec, pool.role)
         ownership = replicas_owner(spec, live, hpas)
         if live is None:
@@ -180,11 +173,10 @@ async def delete_owned(kube: KubeClient, owner: dict) -> list[str]:
     return gone
 
 
-async def ready_pods(kube: KubeClient, ns: str, name: str, role: str) -> list[dict]:
+async def ready_pods(reads: ApiReads, ns: str, name: str, role: str) -> list[dict]:
     """Running pods of a pool whose Ready condition is True and that have an IP."""
-    selector = f"app.kubernetes.io/instance={name},{M.ROLE_LABEL}={role}"
     out = []
-    for p in await kube.list(pods_path(ns), selector):
+    for p in await reads.pods(ns, name, role):
         st = p.get("status") or {}
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
         if ready and st.get("phase", "Running") == "Running" and not p["metadata"].get("deletionTimestamp"):

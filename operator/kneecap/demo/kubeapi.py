@@ -384,7 +384,8 @@ class KubeAPI(kmock.KubernetesEmulator):
 class KubeAPIThread:
     """The emulator in a background thread; sync, kubectl-like helpers for tests."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, api_class: type[KubeAPI] | None = None, **kwargs):
+        self._api_class = api_class or KubeAPI  # (a test's subclass adds a server behaviour)
         self._kwargs = kwargs
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -401,7 +402,7 @@ class KubeAPIThread:
         try:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
-            async with KubeAPI(**self._kwargs) as api, kmock.Server(api) as server:
+            async with self._api_class(**self._kwargs) as api, kmock.Server(api) as server:
                 self.api = api
                 self.url = str(server.url).rstrip("/")
                 self._ready.set()

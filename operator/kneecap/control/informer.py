@@ -1,0 +1,276 @@
+"""What the control loop reads of the cluster each tick, from watch-backed caches (informers).
+
+A tick needs each pool's Deployment, the namespace's HPAs and the pool's ready pods. Read from
+the API, that is three requests (and their JSON) per LLMDeployment and interval. An `Informer`
+lists a collection once and then follows its watch, as client-go's informers do, so a tick reads
+memory. Reads fall back to the API while an informer is not in sync (starting, relisting after
+an expired watch, or not allowed to watch), so a cached read is late by at most the watch
+latency, and an outage of the watch costs only the requests it saved.
+
+`ApiReads` and `CachedReads` answer the same three questions; the spec handlers use `ApiReads`
+(a spec change is rare and must see an HPA created a moment before it), the ticks `CachedReads`.
+Cached objects are shared: callers must not mutate them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Callable, Hashable
+
+from kneecap.control.kube import ApiError, KubeClient, resource_path
+from kneecap.control.manifests import MANAGER, ROLE_LABEL
+
+log = logging.getLogger("kneecap.informer")
+
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+MANAGER_LABEL = "app.kubernetes.io/managed-by"
+
+
+def deployments_path(ns: str, name: str | None = None) -> str:
+    return resource_path("apps/v1", "deployments", ns, name)
+
+
+def services_path(ns: str, name: str | None = None) -> str:
+    return resource_path("v1", "services", ns, name)
+
+
+def pods_path(ns: str) -> str:
+    return resource_path("v1", "pods", ns)
+
+
+def hpas_path(ns: str) -> str:
+    return resource_path("autoscaling/v2", "horizontalpodautoscalers", ns)
+
+
+def selector_terms(selector: str | None) -> list[tuple[str, str | None]]:
+    """``k=v`` and ``k`` (exists) terms of an equality label selector."""
+    terms = []
+    for term in filter(None, (t.strip() for t in (selector or "").split(","))):
+        k, eq, v = term.partition("=")
+        terms.append((k.strip(), v.strip() if eq else None))
+    return terms
+
+
+def labels_match(terms: list[tuple[str, str | None]], labels: dict | None) -> bool:
+    labels = labels or {}
+    return all(k in labels and (v is None or labels[k] == v) for k, v in terms)
+
+
+class _Expired(Exception):
+    """The watch's resourceVersion is too old (HTTP 410 Gone): list again."""
+
+
+class Informer:
+    """One collection (a path and a label selector) listed once and kept current by its watch.
+
+    ``index``: a key per object (e.g. its pool), so `indexed(key)` is a dict lookup rather than
+    a scan. ``transform``: what of an object to keep (e.g. a pod without its spec)."""
+
+    def __init__(self, kube: KubeClient, path: str, label_selector: str | None = None, *,
+                 index: Callable[[dict], Hashable] | None = None, transform: Callable[[dict], dict] | None = None,
+                 watch_timeout_s: float = 300.0, retry_s: float = 2.0, max_retry_s: float = 60.0):
+        self.kube, self.path, self.label_selector = kube, path, label_selector
+        self._terms = selector_terms(label_selector)  # (an API that ignores the selector on watches)
+        self._index_fn, self._transform = index, transform
+        self.watch_timeout_s, self.retry_s, self.max_retry_s = watch_timeout_s, retry_s, max_retry_s
+        self._objects: dict[str, dict] = {}
+        self._index: dict[Hashable, dict[str, dict]] = {}
+        self._synced = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self.error: str | None = None  # why the informer is not in sync (None while it is)
+        self.lists = 0  # LIST requests made (1 + relists)
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"informer {self.path}")
+
+    async def wait_synced(self, timeout_s: float) -> bool:
+        try:
+            await asyncio.wait_for(self._synced.wait(), timeout_s)
+        except (TimeoutError, asyncio.TimeoutError):
+            pass
+        return self.synced
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        self._synced.clear()
+
+    def get(self, name: str) -> dict | None:
+        return self._objects.get(name)
+
+    def items(self) -> list[dict]:
+        return list(self._objects.values())
+
+    def indexed(self, key: Hashable) -> list[dict]:
+        return list(self._index.get(key, {}).values())
+
+    # ------------------------------------------------------------ the list/watch loop
+
+    async def _run(self) -> None:
+        delay = self.retry_s
+        while True:
+            try:
+                items, rv = await self.kube.list_versioned(self.path, self.label_selector)
+                self.lists += 1
+                self._replace(items)
+                self._synced.set()
+                self.error, delay = None, self.retry_s
+                while True:
+                    started = time.monotonic()
+                    rv = await self._follow(rv)
+                    if time.monotonic() - started < 1.0:  # a server that ends watches at once
+                        await asyncio.sleep(1.0)
+            except asyncio.CancelledError:
+                raise
+            except _Expired:
+                self._synced.clear()  # reads go to the API until the relist is in
+                log.info("informer %s: watch expired, listing again", self.path)
+            except Exception as exc:  # noqa: BLE001 - any failure: reads fall back to the API
+                self._synced.clear()
+                error = f"{type(exc).__name__}: {exc}"
+                if error != self.error:
+                    log.warning("informer %s: %s; reads go to the API, retrying", self.path, error)
+                self.error = error
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.max_retry_s)
+
+    async def _follow(self, rv: str | None) -> str | None:
+        """Apply one watch stream's events from `rv`; the resourceVersion it ended at."""
+        try:
+            async for event in self.kube.watch(self.path, self.label_selector, rv, self.watch_timeout_s):
+                etype, obj = event.get("type"), event.get("object") or {}
+                if etype == "ERROR":
+                    if obj.get("code") == 410:
+                        raise _Expired()
+                    raise ApiError(int(obj.get("code") or 500), obj, f"WATCH {self.path}")
+                rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
+                if etype == "DELETED":
+                    self._remove((obj.get("metadata") or {}).get("name"))
+                elif etype in ("ADDED", "MODIFIED"):
+                    self._put(obj)
+        except ApiError as exc:
+            if exc.status == 410:
+                raise _Expired() from exc
+            raise
+        return rv
+
+    def _replace(self, items: list[dict]) -> None:
+        self._objects, self._index = {}, {}
+        for obj in items:
+            self._put(obj)
+
+    def _put(self, obj: dict) -> None:
+        meta = obj.get("metadata") or {}
+        name = meta.get("name")
+        if name is None:
+            return
+        if not labels_match(self._terms, meta.get("labels")):
+            self._remove(name)  # (relabelled out of the selector)
+            return
+        self._remove(name)
+        obj = self._transform(obj) if self._transform else obj
+        self._objects[name] = obj
+        if self._index_fn is not None:
+            self._index.setdefault(self._index_fn(obj), {})[name] = obj
+
+    def _remove(self, name: str | None) -> None:
+        old = self._objects.pop(name, None) if name is not None else None
+        if old is not None and self._index_fn is not None:
+            bucket = self._index.get(self._index_fn(old))
+            if bucket is not None:
+                bucket.pop(name, None)
+                if not bucket:
+                    del self._index[self._index_fn(old)]
+
+
+def pool_key(obj: dict) -> tuple[str | None, str | None]:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return labels.get(INSTANCE_LABEL), labels.get(ROLE_LABEL)
+
+
+def pod_essentials(pod: dict) -> dict:
+    """What the loop reads of a pod (labels, annotations, deletion, phase, conditions, IP); the
+    spec and managedFields are most of a real pod's size."""
+    meta = {k: v for k, v in (pod.get("metadata") or {}).items() if k != "managedFields"}
+    return {"metadata": meta, "status": pod.get("status") or {}}
+
+
+class ApiReads:
+    """The loop's reads, straight from the API."""
+
+    def __init__(self, kube: KubeClient):
+        self.kube = kube
+
+    async def deployment(self, ns: str, name: str) -> dict | None:
+        return await self.kube.get(deployments_path(ns, name))
+
+    async def hpas(self, ns: str) -> list[dict]:
+        return await self.kube.list(hpas_path(ns))
+
+    async def pods(self, ns: str, instance: str, role: str) -> list[dict]:
+        return await self.kube.list(pods_path(ns), f"{INSTANCE_LABEL}={instance},{ROLE_LABEL}={role}")
+
+    async def close(self) -> None:
+        pass
+
+
+class CachedReads(ApiReads):
+    """The same reads from informers, one per namespace and kind, started on first use: the
+    owned Deployments (kneecap's label), pool pods (the role label) and HPAs. A read waits for
+    a new informer's first list up to `sync_timeout_s` once; a read from an informer not in
+    sync goes to the API."""
+
+    def __init__(self, kube: KubeClient, *, sync_timeout_s: float = 5.0, watch_timeout_s: float = 300.0):
+        super().__init__(kube)
+        self.sync_timeout_s, self.watch_timeout_s = sync_timeout_s, watch_timeout_s
+        self.informers: dict[tuple[str, str], Informer] = {}
+        self._waited: set[tuple[str, str]] = set()
+
+    def _new(self, kind: str, ns: str) -> Informer:
+        kw = {"watch_timeout_s": self.watch_timeout_s}
+        if kind == "deployments":
+            return Informer(self.kube, deployments_path(ns), f"{MANAGER_LABEL}={MANAGER}", **kw)
+        if kind == "pods":
+            return Informer(self.kube, pods_path(ns), ROLE_LABEL, index=pool_key, transform=pod_essentials, **kw)
+        return Informer(self.kube, hpas_path(ns), **kw)
+
+    async def _synced(self, kind: str, ns: str) -> Informer | None:
+        key = (kind, ns)
+        inf = self.informers.get(key)
+        if inf is None:
+            inf = self.informers[key] = self._new(kind, ns)
+            inf.start()
+        if not inf.synced and key not in self._waited:
+            self._waited.add(key)
+            await inf.wait_synced(self.sync_timeout_s)
+        return inf if inf.synced else None
+
+    async def deployment(self, ns: str, name: str) -> dict | None:
+        inf = await self._synced("deployments", ns)
+        obj = inf.get(name) if inf is not None else None
+        # not cached: not there, not yet seen, or not labelled as ours: ask the API
+        return obj if obj is not None else await super().deployment(ns, name)
+
+    async def hpas(self, ns: str) -> list[dict]:
+        inf = await self._synced("hpas", ns)
+        return inf.items() if inf is not None else await super().hpas(ns)
+
+    async def pods(self, ns: str, instance: str, role: str) -> list[dict]:
+        inf = await self._synced("pods", ns)
+        return inf.indexed((instance, role)) if inf is not None else await super().pods(ns, instance, role)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(inf.stop() for inf in self.informers.values()))
+        self.informers.clear()
