@@ -139,7 +139,11 @@ def operator_lifecycle(monkeypatch, scope: list[str]) -> set[tuple[str, str, str
             kube.create(LLMD, llmd("llama"))
             wait_for(lambda: kube.get(DEPLOY, NS, "llama"), what="deployment")
             wait_for(lambda: kube.get("v1/services", NS, "llama"), what="service")
-            wait_for(lambda: (kube.get(LLMD, NS, "llama").get("status") or {}).get("lastDecision"), what="a tick")
+            first = wait_for(lambda: (kube.get(LLMD, NS, "llama").get("status") or {}).get("lastDecision"),
+                             what="a tick")
+            # a second tick: the first after a spec change reads the API, later ones the watch-backed caches
+            wait_for(lambda: kube.get(LLMD, NS, "llama")["status"]["lastDecision"]["time"] != first["time"],
+                     what="a second tick")
             kube.add_pod(NS, "llama-0", {"app.kubernetes.io/instance": "llama", "kneecap.io/role": "server"},
                          port=1)  # a ready pod nobody listens for: the tick lists and scrapes it
             # a spec change the pool must follow -> PATCH of the Deployment and the Service

@@ -135,15 +135,18 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         due = lambda: not mem.last_tick_s or now - mem.last_tick_s >= mem.spec.control.interval_s - config.tick_s / 2  # noqa: E731
         if mem.spec_generation == gen and (mem.spec is None or not due()):
             return  # not due, or a spec already reported invalid (the spec handler reported it)
+        fresh = False  # read the API, not the caches: the spec handler may have just patched a pool
         if mem.spec_generation != gen:  # parsed once per generation, not on every tick
             mem.spec, mem.spec_generation = _parse(body, patch, logger, config, emit=False), gen
+            fresh = True
             if mem.spec is None or not due():
                 return
         spec = mem.spec
         mem.last_tick_s = now
         ctx = L.LoopContext(kube=memo.kube, metrics=memo.metrics, now=config.now,
                             scrape_timeout_s=config.scrape_timeout_s, scrape=config.scrape,
-                            session=getattr(memo, "scrape_session", None), reads=getattr(memo, "reads", None),
+                            session=getattr(memo, "scrape_session", None),
+                            reads=None if fresh else getattr(memo, "reads", None),
                             event=lambda etype, reason, message: kopf.event(body, type=etype, reason=reason,
                                                                             message=message))
         status = await L.tick(ctx, dict(body), spec, mem)

@@ -8,13 +8,13 @@ through this client, built from the same `kopf.ConnectionInfo` the operator logg
 from __future__ import annotations
 
 import base64
-import json
 import ssl
 import tempfile
 import urllib.parse
 from typing import Any, AsyncIterator
 
 import aiohttp
+import orjson
 
 MERGE = "application/merge-patch+json"
 FIELD_MANAGER = "kneecap"
@@ -26,6 +26,14 @@ class ApiError(Exception):
         self.body = body
         msg = body.get("message") if isinstance(body, dict) else body
         super().__init__(f"{what}: HTTP {status}: {msg}")
+
+
+def _decode(raw: bytes) -> Any:
+    """A response body: JSON, else its text (an error page)."""
+    try:
+        return orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError:
+        return raw.decode("utf-8", "replace")
 
 
 def resource_path(api_version: str, plural: str, namespace: str | None = None, name: str | None = None,
@@ -102,18 +110,14 @@ class KubeClient:
         kw: dict = {"params": params or None}
         if self._ssl is not None:
             kw["ssl"] = self._ssl
-        if body is not None:
-            kw["json"] = body
+        if body is not None:  # orjson: a status patch every tick per resource (json.dumps is ~8x slower)
+            kw["data"] = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
             kw["headers"] = {"Content-Type": content_type}
         async with sess.request(method, self.server + path, **kw) as resp:
+            raw = await resp.read()
             if not read_body and resp.status < 300:
-                await resp.read()
                 return resp.status, None
-            try:
-                data = await resp.json(content_type=None)
-            except (ValueError, aiohttp.ContentTypeError):
-                data = await resp.text()
-            return resp.status, data
+            return resp.status, _decode(raw)
 
     async def get(self, path: str) -> dict | None:
         status, body = await self.request("GET", path)
@@ -151,20 +155,16 @@ class KubeClient:
             kw["ssl"] = self._ssl
         async with sess.get(self.server + path, **kw) as resp:
             if resp.status >= 300:
-                try:
-                    body = await resp.json(content_type=None)
-                except (ValueError, aiohttp.ContentTypeError):
-                    body = await resp.text()
-                raise ApiError(resp.status, body, f"WATCH {path}")
+                raise ApiError(resp.status, _decode(await resp.read()), f"WATCH {path}")
             buf = b""  # events are JSON lines; a line can outgrow aiohttp's readline limit (64 KiB)
             async for chunk in resp.content.iter_any():
                 buf += chunk
                 *lines, buf = buf.split(b"\n")
                 for line in lines:
                     if line.strip():
-                        yield json.loads(line)
+                        yield orjson.loads(line)
             if buf.strip():
-                yield json.loads(buf)
+                yield orjson.loads(buf)
 
     async def create(self, path: str, obj: dict) -> tuple[dict, bool]:
         """(object, created). An existing object (409) is fetched and returned with created=False."""
