@@ -83,6 +83,25 @@ async def test_informer_follows_creates_changes_relabels_and_deletes(kube):
         await client.close()
 
 
+async def test_a_silent_watch_is_watched_again_without_a_relist(kube):
+    """This API never ends a watch (a real one does after timeoutSeconds, with bookmarks in
+    between): a stream silent past the timeout is over, and the informer watches again from
+    where it was, without listing again or reporting an error."""
+    pool_pod(kube, "a-0")
+    client = KubeClient(kube.url)
+    inf = Informer(client, pods_path(NS), "kneecap.io/role", index=pool_key, watch_timeout_s=0.5)
+    inf.start()
+    try:
+        assert await inf.wait_synced(5)
+        await asyncio.sleep(3.0)  # ~2 silent streams (each ends after 1.55 s)
+        pool_pod(kube, "a-1")
+        await eventually(lambda: inf.get("a-1"), what="a pod created after silent streams")
+        assert inf.lists == 1 and inf.error is None and inf.synced
+    finally:
+        await inf.stop()
+        await client.close()
+
+
 @attrs.define(kw_only=True)
 class ExpiringKubeAPI(KubeAPI):
     """Answers the first `expire` watches of pods with 410 Gone, as an API server does when the

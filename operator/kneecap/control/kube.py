@@ -141,8 +141,9 @@ class KubeClient:
     async def watch(self, path: str, label_selector: str | None = None, resource_version: str | None = None,
                     timeout_s: float = 300.0) -> AsyncIterator[dict]:
         """The watch events of a collection from `resource_version` (ADDED, MODIFIED, DELETED,
-        BOOKMARK, ERROR), one dict each, until the server ends the stream after `timeout_s`.
-        Raises ApiError when the watch cannot start."""
+        BOOKMARK, ERROR), one dict each, until the server ends the stream after `timeout_s`
+        (a stream silent for longer than that, bookmarks included, ends here too). Raises
+        ApiError when the watch cannot start."""
         params = {"watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": str(int(timeout_s))}
         if label_selector:
             params["labelSelector"] = label_selector
@@ -150,19 +151,22 @@ class KubeClient:
             params["resourceVersion"] = resource_version
         sess = await self._sess()
         kw: dict = {"params": params, "timeout": aiohttp.ClientTimeout(total=None, sock_connect=self._timeout.total,
-                                                                       sock_read=timeout_s + 30)}
+                                                                       sock_read=1.1 * timeout_s + 1)}
         if self._ssl is not None:
             kw["ssl"] = self._ssl
         async with sess.get(self.server + path, **kw) as resp:
             if resp.status >= 300:
                 raise ApiError(resp.status, _decode(await resp.read()), f"WATCH {path}")
             buf = b""  # events are JSON lines; a line can outgrow aiohttp's readline limit (64 KiB)
-            async for chunk in resp.content.iter_any():
-                buf += chunk
-                *lines, buf = buf.split(b"\n")
-                for line in lines:
-                    if line.strip():
-                        yield orjson.loads(line)
+            try:
+                async for chunk in resp.content.iter_any():
+                    buf += chunk
+                    *lines, buf = buf.split(b"\n")
+                    for line in lines:
+                        if line.strip():
+                            yield orjson.loads(line)
+            except aiohttp.ServerTimeoutError:
+                return  # silent past the server's own timeout: this stream is over, watch again
             if buf.strip():
                 yield orjson.loads(buf)
 
