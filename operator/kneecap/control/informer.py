@@ -119,7 +119,7 @@ class Informer:
     # ------------------------------------------------------------ the list/watch loop
 
     async def _run(self) -> None:
-        delay = self.retry_s
+        delay, expired, started = self.retry_s, 0, time.monotonic()
         while True:
             try:
                 items, rv = await self.kube.list_versioned(self.path, self.label_selector)
@@ -137,6 +137,9 @@ class Informer:
             except _Expired:
                 self._synced.clear()  # reads go to the API until the relist is in
                 log.info("informer %s: watch expired, listing again", self.path)
+                expired = expired + 1 if time.monotonic() - started < 1.0 else 1
+                if expired > 1:  # a fresh list's version expired at once too: do not spin
+                    await asyncio.sleep(min(self.retry_s * expired, self.max_retry_s))
             except Exception as exc:  # noqa: BLE001 - any failure: reads fall back to the API
                 self._synced.clear()
                 error = f"{type(exc).__name__}: {exc}"
