@@ -243,7 +243,9 @@ def main(argv=None) -> int:
            "range refits only when the fit misses it; parse + window 3x cheaper (benchmarks/observe_speed.py); "
            "ticks reconcile Deployments only and parse the spec once per generation; --tick 10 s; the status is "
            "written with one merge patch without reading the object back; observationHistory 24 by default; "
-           "uvloop.", ""]
+           "uvloop; 2.99 s (10.0%) at bc380fb. Then: ticks read Deployments, pods and HPAs from watch-backed "
+           "caches (no API reads per tick) and API bodies are encoded with orjson; an earlier run of that code, "
+           "3 intervals: 2.67 s (8.9%, 28 refits in its first interval).", ""]
     (RESULTS / "operator_scale.md").write_text("\n".join(md))
     print("\n".join(md))
     return 0
