@@ -19,8 +19,8 @@ import aiohttp.web
 import attrs
 import pytest
 
-from kneecap.control.informer import CachedReads, Informer, pod_essentials, pool_key, pods_path
-from kneecap.control.kube import KubeClient
+from kneecap.control.informer import CachedReads, Informer, pod_essentials, pool_key
+from kneecap.control.kube import KubeClient, pods_path
 from tests.support.kmock_api import LLMD, KubeAPI, KubeAPIThread
 from tests.support.operator_harness import DEPLOY, NS, llmd, operator, status, wait_for
 

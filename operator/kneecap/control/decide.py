@@ -224,14 +224,6 @@ def recalibrate(arch_key: str, gpu_key: str, observations: Sequence[Observation]
                               f"error {new_err:.1%}" + why, new_err)
 
 
-def predicted_at(cal: calibrate.Calibration, spec: LLMDeploymentSpec, obs: Observation) -> float:
-    """SLIM token throughput per pod at an observation's batch and lengths (eq. 6)."""
-    thr, _ = calibrate.predict(cal, spec.model.architecture, spec.accelerator.type, max(_batch(obs), 1e-3),
-                               max(obs.input_len_mean, 1.0), max(obs.output_len_mean, 1.0),
-                               output_cv=obs.output_len_cv)
-    return float(np.asarray(thr).reshape(-1)[0])
-
-
 def calibration_to_status(cal: calibrate.Calibration, error: float | None) -> dict:
     d = json.loads(cal.to_json())
     d.update(fitErrorPct=None if error is None else round(100.0 * error, 3),

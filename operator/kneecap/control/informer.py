@@ -19,30 +19,10 @@ import logging
 import time
 from typing import Callable, Hashable
 
-from kneecap.control.kube import ApiError, KubeClient, resource_path
-from kneecap.control.manifests import MANAGER, ROLE_LABEL
+from kneecap.control.kube import ApiError, KubeClient, deployments_path, hpas_path, pods_path
+from kneecap.control.manifests import INSTANCE_LABEL, MANAGER, MANAGER_LABEL, ROLE_LABEL
 
 log = logging.getLogger("kneecap.informer")
-
-INSTANCE_LABEL = "app.kubernetes.io/instance"
-MANAGER_LABEL = "app.kubernetes.io/managed-by"
-
-
-def deployments_path(ns: str, name: str | None = None) -> str:
-    return resource_path("apps/v1", "deployments", ns, name)
-
-
-def services_path(ns: str, name: str | None = None) -> str:
-    return resource_path("v1", "services", ns, name)
-
-
-def pods_path(ns: str) -> str:
-    return resource_path("v1", "pods", ns)
-
-
-def hpas_path(ns: str) -> str:
-    return resource_path("autoscaling/v2", "horizontalpodautoscalers", ns)
-
 
 def selector_terms(selector: str | None) -> list[tuple[str, str | None]]:
     """``k=v`` and ``k`` (exists) terms of an equality label selector."""
@@ -179,10 +159,9 @@ class Informer:
         name = meta.get("name")
         if name is None:
             return
-        if not labels_match(self._terms, meta.get("labels")):
-            self._remove(name)  # (relabelled out of the selector)
-            return
         self._remove(name)
+        if not labels_match(self._terms, meta.get("labels")):
+            return  # (relabelled out of the selector)
         obj = self._transform(obj) if self._transform else obj
         self._objects[name] = obj
         if self._index_fn is not None:

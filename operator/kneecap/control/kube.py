@@ -43,6 +43,22 @@ def resource_path(api_version: str, plural: str, namespace: str | None = None, n
     return p + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
 
 
+def deployments_path(ns: str, name: str | None = None) -> str:
+    return resource_path("apps/v1", "deployments", ns, name)
+
+
+def services_path(ns: str, name: str | None = None) -> str:
+    return resource_path("v1", "services", ns, name)
+
+
+def pods_path(ns: str) -> str:
+    return resource_path("v1", "pods", ns)
+
+
+def hpas_path(ns: str) -> str:
+    return resource_path("autoscaling/v2", "horizontalpodautoscalers", ns)
+
+
 def _ssl_context(info) -> ssl.SSLContext | bool | None:
     if getattr(info, "insecure", False):
         return False

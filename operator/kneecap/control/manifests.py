@@ -15,6 +15,8 @@ from kneecap.control.spec import GROUP, KIND, VERSION, LLMDeploymentSpec
 MANAGER = "kneecap"
 CONTAINER = "vllm"
 ROLE_LABEL = "kneecap.io/role"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+MANAGER_LABEL = "app.kubernetes.io/managed-by"
 METRICS_URL_ANNOTATION = "kneecap.io/metrics-url"
 MAX_NUM_SEQS = "--max-num-seqs"
 GPU_MEMORY_UTILIZATION = "--gpu-memory-utilization"
@@ -63,15 +65,20 @@ def initial_settings(spec: LLMDeploymentSpec, role: str) -> EngineSettings:
 def labels(name: str, role: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "vllm",
-        "app.kubernetes.io/instance": name,
+        INSTANCE_LABEL: name,
         "app.kubernetes.io/component": role,
-        "app.kubernetes.io/managed-by": MANAGER,
+        MANAGER_LABEL: MANAGER,
         ROLE_LABEL: role,
     }
 
 
 def selector(name: str, role: str) -> dict[str, str]:
-    return {"app.kubernetes.io/instance": name, ROLE_LABEL: role}
+    return {INSTANCE_LABEL: name, ROLE_LABEL: role}
+
+
+def owned_selector(name: str) -> str:
+    """Label selector of the objects kneecap made for the LLMDeployment `name`."""
+    return f"{INSTANCE_LABEL}={name},{MANAGER_LABEL}={MANAGER}"
 
 
 def owner_reference(owner: dict) -> dict:

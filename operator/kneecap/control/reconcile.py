@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kneecap.control import manifests as M
-from kneecap.control.informer import ApiReads, deployments_path, pods_path, services_path  # noqa: F401
-from kneecap.control.kube import FIELD_MANAGER, KubeClient
+from kneecap.control.informer import ApiReads
+from kneecap.control.kube import FIELD_MANAGER, KubeClient, deployments_path, services_path
 from kneecap.control.spec import LLMDeploymentSpec
 
 
@@ -147,30 +147,28 @@ async def reconcile(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec, *, f
     if not full:
         return result
     keep = {p.name for p in M.pools(name, spec)}
-    selector = f"app.kubernetes.io/instance={name},app.kubernetes.io/managed-by={M.MANAGER}"
-    for path_fn in (deployments_path, services_path):
-        for obj in await kube.list(path_fn(ns), selector):
-            n = obj["metadata"]["name"]
-            refs = obj["metadata"].get("ownerReferences") or []
-            ours = any(r.get("uid") == owner["metadata"].get("uid") for r in refs)
-            if n not in keep and ours:
-                await kube.delete(path_fn(ns, n))
-                result.deleted.append(f"{obj.get('kind', path_fn.__name__)}/{n}")
+    for path_fn, obj in await _owned(kube, owner):
+        n = obj["metadata"]["name"]
+        if n not in keep:
+            await kube.delete(path_fn(ns, n))
+            result.deleted.append(f"{obj.get('kind', path_fn.__name__)}/{n}")
     return result
+
+
+async def _owned(kube: KubeClient, owner: dict) -> list[tuple]:
+    """(path function, object) of the Deployments and Services kneecap made for `owner`
+    (its labels and an ownerReference to its uid), read from the API."""
+    ns, name, uid = owner["metadata"]["namespace"], owner["metadata"]["name"], owner["metadata"].get("uid")
+    return [(path_fn, obj) for path_fn in (deployments_path, services_path)
+            for obj in await kube.list(path_fn(ns), M.owned_selector(name))
+            if any(r.get("uid") == uid for r in obj["metadata"].get("ownerReferences") or [])]
 
 
 async def delete_owned(kube: KubeClient, owner: dict) -> list[str]:
     """Explicit cleanup of owned objects (clusters garbage-collect by ownerReferences anyway)."""
-    ns, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
-    selector = f"app.kubernetes.io/instance={name},app.kubernetes.io/managed-by={M.MANAGER}"
-    gone = []
-    for path_fn in (deployments_path, services_path):
-        for obj in await kube.list(path_fn(ns), selector):
-            refs = obj["metadata"].get("ownerReferences") or []
-            if any(r.get("uid") == owner["metadata"].get("uid") for r in refs):
-                if await kube.delete(path_fn(ns, obj["metadata"]["name"])):
-                    gone.append(obj["metadata"]["name"])
-    return gone
+    ns = owner["metadata"]["namespace"]
+    return [obj["metadata"]["name"] for path_fn, obj in await _owned(kube, owner)
+            if await kube.delete(path_fn(ns, obj["metadata"]["name"]))]
 
 
 async def ready_pods(reads: ApiReads, ns: str, name: str, role: str) -> list[dict]:
