@@ -117,21 +117,31 @@ async def test_observation_matches_what_was_sent(vllm_server):
 
 
 async def test_kv_saturation_shows_usage_and_preemptions(vllm_server):
-    # 4 running × (40 + 440 tokens) = 16 blocks of 128 wanted, 8 exist: usage hits the top
-    # and the scheduler preempts (recompute) to make room. The gauge is sampled during load;
-    # 48 requests keep the cache in its fill/preempt cycle long enough for a slow (busy-CPU)
-    # scrape to land near the top (16 sometimes gave only 3 samples, none above 0.6).
-    n = 48
-    prompt_lens = [40] * n
-    output_lens = [440] * n
-    prev, between, cur, responses = await _run_load(vllm_server, prompt_lens, output_lens, seed=2, sample_every_s=0.02)
+    # 7 usable blocks of 128 tokens (one of the 8 is vLLM's null block). A 140-token prompt
+    # holds 2 blocks from its prefill, so at most 3 run at once (6/7 = 0.857 used) and each
+    # grows to 4 blocks (440 tokens): the scheduler preempts (recompute) to make room, and the
+    # cache sits at 6/7 or 7/7 for most of the run. The gauge is only seen when a scrape lands;
+    # on a busy 2-core machine scrapes are slow and can all fall in a transition (CI once saw
+    # only 4/7 with 40-token prompts), so the load is sent again (at most 3 rounds) until one
+    # sample sees the top. What is under test is the observation, not the sampling luck.
+    n = 40
+    prompt_lens = [140] * n
+    output_lens = [300] * n
+    rounds = []
+    for seed in (2, 3, 4):
+        prev, between, cur, responses = await _run_load(vllm_server, prompt_lens, output_lens, seed=seed, sample_every_s=0.02)
+        usage = [g[2] for g in _gauges(between)]
+        rounds.append(usage)
+        if max(usage) >= 0.85:
+            break
     obs = observe(prev, cur, between)
     assert isinstance(obs, Observation), obs
     assert obs.finished_requests == n
     assert obs.prompt_tokens == sum(prompt_lens)
     assert obs.generation_tokens == sum(output_lens)
     assert obs.preemptions is not None and obs.preemptions > 0
-    assert obs.kv_usage_max >= 0.85, _gauges(between)
+    assert obs.kv_usage_max == max(usage)
+    assert obs.kv_usage_max >= 0.85, rounds
     assert obs.max_batch <= MAX_NUM_SEQS, _gauges(between)
 
 
