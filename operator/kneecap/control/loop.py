@@ -408,11 +408,20 @@ def slim_curve(cal: calibrate.Calibration, spec: LLMDeploymentSpec, obs: Observa
     return np.broadcast_to(np.asarray(thr, float), np.shape(batch))
 
 
+def _efficiency_batch(obs: Observation) -> float:
+    """The batch the efficiency is read at: the window's mean running batch; B < 1 reads as 1."""
+    return max(obs.mean_batch_little or obs.mean_batch, 1.0)
+
+
+def _efficiency(t1_tok_s: float, tb_tok_s: float, b: float) -> float:
+    return tb_tok_s / (b * t1_tok_s)  # T(B)/(B·T(1)), paper 000 eq. 13
+
+
 def batching_efficiency(cal: calibrate.Calibration, spec: LLMDeploymentSpec, obs: Observation) -> float:
     """T(B)/(B·T(1)) at the window's mean running batch B (paper 000, eq. 13); B < 1 reads as 1."""
-    b = max(obs.mean_batch_little or obs.mean_batch, 1.0)
+    b = _efficiency_batch(obs)
     t1, tb = slim_curve(cal, spec, obs, np.array([1.0, b]))
-    return float(tb / (b * t1))
+    return float(_efficiency(t1, tb, b))
 
 
 def _accepted_time(cal_status: dict | None) -> str | None:
@@ -446,7 +455,7 @@ def _export_curve(ctx: LoopContext, labels, role: str, spec: LLMDeploymentSpec, 
     m = ctx.metrics
     batch = np.array([b for b in CURVE_BATCHES if b <= spec.batching.max_max_num_seqs], float)
     b_obs = max(obs.mean_batch_little or obs.mean_batch, 1e-3)  # as decide.fit_rows reads it
-    b_eff = max(b_obs, 1.0)  # as batching_efficiency: B < 1 reads as 1
+    b_eff = _efficiency_batch(obs)
     try:
         thr = slim_curve(cal, spec, obs, np.concatenate([batch, [1.0, b_eff, b_obs]]))
     except (InputError, ValueError, FloatingPointError) as exc:
@@ -456,7 +465,7 @@ def _export_curve(ctx: LoopContext, labels, role: str, spec: LLMDeploymentSpec, 
     for b, t in zip(batch, thr):
         if np.isfinite(t):
             m.set(m.predicted_curve, float(t), *labels, role, str(int(b)))
-    eff = t_eff / (b_eff * t1)
+    eff = _efficiency(t1, t_eff, b_eff)
     if np.isfinite(eff):
         m.set(m.batching_efficiency, eff, *labels, role)
     if np.isfinite(t_obs):
