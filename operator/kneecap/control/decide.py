@@ -58,10 +58,10 @@ def fit_rows(observations: Sequence[Observation]) -> FitRows:  # or status.RingE
 
     B is Little's law over the window (Σ inference time / window) when vLLM exports it: two
     gauge samples per window are a noisy mean, the time integral is not."""
-    ok = [o for o in observations if _batch(o) > 0 and o.prompt_tok_s + o.generation_tok_s > 0]
+    ok = [o for o in observations if observed_batch(o) > 0 and o.prompt_tok_s + o.generation_tok_s > 0]
     arr = lambda f: np.array([f(o) for o in ok], dtype=float)  # noqa: E731
     return FitRows(
-        batch=arr(lambda o: max(_batch(o), 1e-3)),
+        batch=arr(lambda o: max(observed_batch(o), 1e-3)),
         input_len=arr(lambda o: max(o.input_len_mean, 1.0)),
         output_len=arr(lambda o: max(o.output_len_mean, 1.0)),
         output_cv=arr(lambda o: max(o.output_len_cv, 0.0)),
@@ -69,7 +69,8 @@ def fit_rows(observations: Sequence[Observation]) -> FitRows:  # or status.RingE
     )
 
 
-def _batch(o: Observation) -> float:
+def observed_batch(o: Observation) -> float:
+    """The window's mean running batch: Little's law when vLLM exports it, else the gauge mean."""
     return o.mean_batch_little if o.mean_batch_little else o.mean_batch
 
 

@@ -19,23 +19,10 @@ import logging
 import time
 from typing import Callable, Hashable
 
-from kneecap.control.kube import ApiError, KubeClient, deployments_path, hpas_path, pods_path
-from kneecap.control.manifests import INSTANCE_LABEL, MANAGER, MANAGER_LABEL, ROLE_LABEL
+from kneecap.control.kube import ApiError, KubeClient, deployments_path, hpas_path, pods_path, selector_matches
+from kneecap.control.manifests import INSTANCE_LABEL, MANAGER, MANAGER_LABEL, ROLE_LABEL, pool_selector
 
 log = logging.getLogger("kneecap.informer")
-
-def selector_terms(selector: str | None) -> list[tuple[str, str | None]]:
-    """``k=v`` and ``k`` (exists) terms of an equality label selector."""
-    terms = []
-    for term in filter(None, (t.strip() for t in (selector or "").split(","))):
-        k, eq, v = term.partition("=")
-        terms.append((k.strip(), v.strip() if eq else None))
-    return terms
-
-
-def labels_match(terms: list[tuple[str, str | None]], labels: dict | None) -> bool:
-    labels = labels or {}
-    return all(k in labels and (v is None or labels[k] == v) for k, v in terms)
 
 
 class _Expired(Exception):
@@ -52,7 +39,6 @@ class Informer:
                  index: Callable[[dict], Hashable] | None = None, transform: Callable[[dict], dict] | None = None,
                  watch_timeout_s: float = 300.0, retry_s: float = 2.0, max_retry_s: float = 60.0):
         self.kube, self.path, self.label_selector = kube, path, label_selector
-        self._terms = selector_terms(label_selector)  # (an API that ignores the selector on watches)
         self._index_fn, self._transform = index, transform
         self.watch_timeout_s, self.retry_s, self.max_retry_s = watch_timeout_s, retry_s, max_retry_s
         self._objects: dict[str, dict] = {}
@@ -160,8 +146,8 @@ class Informer:
         if name is None:
             return
         self._remove(name)
-        if not labels_match(self._terms, meta.get("labels")):
-            return  # (relabelled out of the selector)
+        if not selector_matches(self.label_selector, meta.get("labels")):
+            return  # relabelled out of the selector, or an API that ignores it on watches
         obj = self._transform(obj) if self._transform else obj
         self._objects[name] = obj
         if self._index_fn is not None:
@@ -202,7 +188,7 @@ class ApiReads:
         return await self.kube.list(hpas_path(ns))
 
     async def pods(self, ns: str, instance: str, role: str) -> list[dict]:
-        return await self.kube.list(pods_path(ns), f"{INSTANCE_LABEL}={instance},{ROLE_LABEL}={role}")
+        return await self.kube.list(pods_path(ns), pool_selector(instance, role))
 
     async def close(self) -> None:
         pass

@@ -43,6 +43,26 @@ def resource_path(api_version: str, plural: str, namespace: str | None = None, n
     return p + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
 
 
+def selector_matches(selector: str | None, labels: dict | None) -> bool:
+    """Equality-based label selectors: k=v, k==v, k!=v, k, !k (comma = and)."""
+    labels = labels or {}
+    for term in filter(None, (t.strip() for t in (selector or "").split(","))):
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            if labels.get(k.strip()) == v.strip():
+                return False
+        elif "=" in term:
+            k, v = term.replace("==", "=").split("=", 1)
+            if labels.get(k.strip()) != v.strip():
+                return False
+        elif term.startswith("!"):
+            if term[1:].strip() in labels:
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
 def deployments_path(ns: str, name: str | None = None) -> str:
     return resource_path("apps/v1", "deployments", ns, name)
 

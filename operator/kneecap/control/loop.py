@@ -116,7 +116,8 @@ def ring_entries(status: dict, role: str, parsed: dict | None = None) -> list[St
     for e in status.get("observations") or []:
         if e.get("pool", "server") != role:
             continue
-        key = (role, e.get("windowEndUnixSeconds"), e.get("requestsPerSecond"), e.get("generationTokens"))
+        key = (role, e.get("windowEndUnixSeconds"), e.get("requestsPerSecond"),
+               e.get("generationTokensPerSecond"))
         obs = parsed.get(key) if parsed is not None else None
         if obs is None:
             try:
@@ -410,7 +411,7 @@ def slim_curve(cal: calibrate.Calibration, spec: LLMDeploymentSpec, obs: Observa
 
 def _efficiency_batch(obs: Observation) -> float:
     """The batch the efficiency is read at: the window's mean running batch; B < 1 reads as 1."""
-    return max(obs.mean_batch_little or obs.mean_batch, 1.0)
+    return max(decide.observed_batch(obs), 1.0)
 
 
 def _efficiency(t1_tok_s: float, tb_tok_s: float, b: float) -> float:
@@ -454,7 +455,7 @@ def _export_curve(ctx: LoopContext, labels, role: str, spec: LLMDeploymentSpec, 
     checked against the window it has just seen): one SLIM evaluation (eq. 6)."""
     m = ctx.metrics
     batch = np.array([b for b in CURVE_BATCHES if b <= spec.batching.max_max_num_seqs], float)
-    b_obs = max(obs.mean_batch_little or obs.mean_batch, 1e-3)  # as decide.fit_rows reads it
+    b_obs = max(decide.observed_batch(obs), 1e-3)  # as decide.fit_rows reads it
     b_eff = _efficiency_batch(obs)
     try:
         thr = slim_curve(cal, spec, obs, np.concatenate([batch, [1.0, b_eff, b_obs]]))

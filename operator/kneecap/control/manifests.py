@@ -76,6 +76,11 @@ def selector(name: str, role: str) -> dict[str, str]:
     return {INSTANCE_LABEL: name, ROLE_LABEL: role}
 
 
+def pool_selector(name: str, role: str) -> str:
+    """Label selector (API query form) of a pool's pods."""
+    return ",".join(f"{k}={v}" for k, v in selector(name, role).items())
+
+
 def owned_selector(name: str) -> str:
     """Label selector of the objects kneecap made for the LLMDeployment `name`."""
     return f"{INSTANCE_LABEL}={name},{MANAGER_LABEL}={MANAGER}"

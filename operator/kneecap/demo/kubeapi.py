@@ -45,6 +45,8 @@ import kmock
 from kmock._internal import enums, rendering
 from kmock._internal.k8s import KubernetesError, KubernetesObjectConflictError, KubernetesObjectNotFoundError
 
+from kneecap.control.kube import selector_matches
+
 assert kmock.__version__.startswith("0.8"), f"kneecap.demo.kubeapi is pinned to kmock 0.8, found {kmock.__version__}"
 
 # group/version/plural -> (kind, namespaced, subresources)
@@ -131,26 +133,6 @@ def json_patch(doc: Any, ops: list[dict]) -> Any:
         else:
             raise UnprocessableEntity(status=422, reason="Invalid", message=f"unsupported op {kind!r}")
     return doc
-
-
-def selector_matches(selector: str | None, labels: dict | None) -> bool:
-    """Equality-based label selectors: k=v, k==v, k!=v, k, !k (comma = and)."""
-    labels = labels or {}
-    for term in filter(None, (t.strip() for t in (selector or "").split(","))):
-        if "!=" in term:
-            k, v = term.split("!=", 1)
-            if labels.get(k.strip()) == v.strip():
-                return False
-        elif "=" in term:
-            k, v = term.replace("==", "=").split("=", 1)
-            if labels.get(k.strip()) != v.strip():
-                return False
-        elif term.startswith("!"):
-            if term[1:].strip() in labels:
-                return False
-        elif term not in labels:
-            return False
-    return True
 
 
 @attrs.define(kw_only=True)
