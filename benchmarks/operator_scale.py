@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import median_high
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
@@ -207,10 +208,9 @@ def main(argv=None) -> int:
            # why each resource's calibration is what it is at the end (refit or kept)
            "calibrated_reasons": _reasons(decided),
            # steady state: the ring is full, so each status (re-sent every tick) has its full size
-           "observation_ring_median": sorted(len(o["status"].get("observations") or []) for o in decided)[
-               len(decided) // 2] if decided else 0,
-           "status_bytes_median": sorted(len(json.dumps(o["status"])) for o in decided)[len(decided) // 2]
-           if decided else 0}
+           "observation_ring_median": median_high(len(o["status"].get("observations") or []) for o in decided)
+           if decided else 0,
+           "status_bytes_median": median_high(len(json.dumps(o["status"])) for o in decided) if decided else 0}
     out["meets"] = {"cpu": out["core_fraction_at_30s"] <= 0.10, "rss": out["rss_mb_max"] <= 300}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "operator_scale.json").write_text(json.dumps(out, indent=1))
