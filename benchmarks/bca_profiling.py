@@ -1,6 +1,6 @@
 """BCA from a cheap SLIM fit vs BCA on the fully profiled curve (paper 000 Tables V–VI, this data).
 
-For each target curve of shared/data/real-h100/profiles.csv:
+For each target curve of data/real-h100/profiles.csv:
 * full-profile BCA: eq. 13 applied to the measured points (T and SLIM's E2E = B·(IL+OL)/T per
   point, T(1) the smallest-batch point), ε = 0.1;
 * SLIM-BCA: fit SLIM on the training rows, then eq. 13 over integer caps within the curve's KV
@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _shared import PROFILES_CSV, RESULTS  # noqa: E402
+from _paths import PROFILES_CSV, RESULTS  # noqa: E402
 from slim_accuracy import splits  # noqa: E402
 
 from kneecap.model import bca, calibrate, memory, profiles  # noqa: E402

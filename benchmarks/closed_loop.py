@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _shared import RESULTS  # noqa: E402
+from _paths import RESULTS  # noqa: E402
 
 from kneecap.demo.harness import DemoConfig, run_demo  # noqa: E402
 from kneecap.demo.report import plot, row_line, summary_text  # noqa: E402

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _shared import RESULTS  # noqa: E402
+from _paths import RESULTS  # noqa: E402
 
 from kneecap.model import gauss as g  # noqa: E402
 

@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from _shared import PROFILES_CSV, RESULTS
+from _paths import PROFILES_CSV, RESULTS
 from kneecap.model.arch import get_arch
 from kneecap.model.hardware import get_gpu
 from kneecap.model.memory import default_max_num_batched_tokens, memory_split

@@ -4,7 +4,7 @@ Per pod and interval the operator parses one /metrics page with the window filte
 (``parse_metrics(text, keep=WINDOW_FAMILIES)``), and per window it turns each pod's scrapes into
 deltas (``window_deltas(prev, cur, between)``) and merges a pool's pods (``combine``). Timed on
 
-- ``vllm``: the real vLLM 0.32 captures (shared/fixtures/vllm-metrics). Each capture is a
+- ``vllm``: the real vLLM 0.32 captures (tests/fixtures/vllm-metrics). Each capture is a
   server's totals since start; its window opens on a copy with every vLLM sample zeroed (the same
   series, counters advanced to the capture, as in tests/unit/test_observe_window.py), with the
   capture itself as the one scrape in between. The pool: the three captures + the first again.
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 
-from _shared import RESULTS, SHARED  # noqa: E402
+from _paths import RESULTS, VLLM_CAPTURES  # noqa: E402
 
 from kneecap.control.loop import WINDOW_FAMILIES  # noqa: E402
 from kneecap.model.arch import get_arch  # noqa: E402
@@ -64,7 +64,7 @@ def zeroed(text: str) -> str:
 
 def vllm_pods() -> list[tuple[str, str, str]]:
     """(prev, between, cur) page texts of four pods from the real captures."""
-    texts = [(SHARED / "fixtures" / "vllm-metrics" / n).read_text() for n in CAPTURES]
+    texts = [(VLLM_CAPTURES / n).read_text() for n in CAPTURES]
     return [(zeroed(t), t, t) for t in (*texts, texts[0])]
 
 

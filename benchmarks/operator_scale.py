@@ -30,7 +30,7 @@ from statistics import median_high
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _shared import RESULTS, ROOT  # noqa: E402
+from _paths import RESULTS, ROOT  # noqa: E402
 
 from kneecap.demo.clock import free_port  # noqa: E402
 from kneecap.demo.kubeapi import LLMD, KubeAPIThread  # noqa: E402

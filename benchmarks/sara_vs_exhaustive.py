@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _shared import RESULTS  # noqa: E402
+from _paths import RESULTS  # noqa: E402
 
 from kneecap.model import sara  # noqa: E402
 

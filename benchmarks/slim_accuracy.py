@@ -1,6 +1,6 @@
 """SLIM accuracy on the real H100 profiles: the paper's Table III scenarios on this data.
 
-Scenarios (shared/data/real-h100/profiles.csv, suspect_outlier rows dropped):
+Scenarios (data/real-h100/profiles.csv, suspect_outlier rows dropped):
 * same_curve: every curve with ≥ 6 points: fit its 3 smallest-batch points, predict the rest;
 * output_length: per model, fit the advisor curves at OL 130/260, predict OL 390;
 * model_transfer: fit two models' advisor curves at OL 390, predict the third (3 rotations);
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _shared import PROFILES_CSV, RESULTS  # noqa: E402
+from _paths import PROFILES_CSV, RESULTS  # noqa: E402
 
 from kneecap.model import baselines, calibrate, profiles, slim  # noqa: E402
 
@@ -172,7 +172,7 @@ def main():
 
     lines = ["# SLIM accuracy on the real H100 profiles (paper Table III scenarios)", "",
              "Throughput / E2E MAPE (%), pooled over held-out points. Measured by `benchmarks/slim_accuracy.py`",
-             "on shared/data/real-h100/profiles.csv (suspect_outlier rows dropped). E2E is SLIM's batch latency",
+             "on data/real-h100/profiles.csv (suspect_outlier rows dropped). E2E is SLIM's batch latency",
              "B·(IL+OL)/T. `kneecap` is the default form; `paper-a`/`paper-b` are SLIM as published with the two",
              "readings of eq. 9, fitted with the same weak priors as kneecap (`paper-a/np`: plain least squares,",
              "as the paper fits); `imai-lr` and `llmvisor-pw` are the baselines; `kneecap/nocv` ablates fix (ii)",

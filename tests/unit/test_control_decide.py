@@ -1,4 +1,4 @@
-"""The decision seam on real H100 measurements (shared/data/real-h100/profiles.csv)."""
+"""The decision seam on real H100 measurements (data/real-h100/profiles.csv)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """GAUSS decode step from a SLIM calibrated on real H100 throughput, against the measured TPOT
-of the same runs (shared/data/real-h100/profiles.csv): the SLIM → GAUSS mapping on real data."""
+of the same runs (data/real-h100/profiles.csv): the SLIM → GAUSS mapping on real data."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ def test_kv_tokens_for_cap_margin_grows_with_spread():
 
 
 @pytest.mark.parametrize("model,util,seqs,budget,measured", [
-    # rows of shared/data/real-h100/profiles.csv (vLLM-reported kv_capacity_tokens)
+    # rows of data/real-h100/profiles.csv (vLLM-reported kv_capacity_tokens)
     ("llama-2-7b", 0.9, 64, 2048, 90544),
     ("llama-2-7b", 0.9, 512, 512, 89728),
     ("opt-1.3b", 0.9, 768, 2048, 290160),

@@ -9,7 +9,8 @@ import sys
 import pytest
 from aiohttp import web
 
-from tests.unit.test_observe_window import read_capture, zeroed
+from tests.support.data import read_capture
+from tests.unit.test_observe_window import zeroed
 
 
 async def _serve(texts: list[str]):
@@ -39,9 +40,9 @@ async def _cli(*args: str) -> tuple[int, str, str]:
     return proc.returncode, out.decode(), err.decode()
 
 
-async def test_json_lines_per_window_and_pool(shared_dir):
-    a_text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
-    b_text = read_capture(shared_dir, "vllm-0.32-cpu-run4.txt")
+async def test_json_lines_per_window_and_pool():
+    a_text = read_capture("vllm-0.32-cpu-20req.txt")
+    b_text = read_capture("vllm-0.32-cpu-run4.txt")
     ra, a = await _serve([zeroed(a_text), a_text])
     rb, b = await _serve([zeroed(b_text), b_text])
     try:
@@ -60,8 +61,8 @@ async def test_json_lines_per_window_and_pool(shared_dir):
     assert [x["reason"] for x in lines[3:]] == ["idle"] * 3
 
 
-async def test_text_line_and_scrape_error(shared_dir):
-    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+async def test_text_line_and_scrape_error():
+    text = read_capture("vllm-0.32-cpu-20req.txt")
     runner, url = await _serve([zeroed(text), text])
     try:
         rc, out, err = await _cli(url, "http://127.0.0.1:9/metrics", "--interval", "0.2", "--count", "1", "--timeout", "1")

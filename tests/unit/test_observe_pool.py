@@ -7,17 +7,18 @@ import json
 import pytest
 
 from kneecap.observe import NoObservation, Observation, from_status, observe, observe_pool, parse_metrics, to_status
-from tests.unit.test_observe_window import T0, T1, read_capture, zeroed
+from tests.support.data import read_capture
+from tests.unit.test_observe_window import T0, T1, zeroed
 
 
-def _pair(shared_dir, name, url, t0=T0, t1=T1, edit=lambda t: t):
-    text = read_capture(shared_dir, name)
+def _pair(name, url, t0=T0, t1=T1, edit=lambda t: t):
+    text = read_capture(name)
     return parse_metrics(zeroed(text), t_s=t0, url=url), parse_metrics(edit(text), t_s=t1, url=url)
 
 
-def test_pool_of_two_pods(shared_dir):
-    a = _pair(shared_dir, "vllm-0.32-cpu-20req.txt", "http://a/metrics")
-    b = _pair(shared_dir, "vllm-0.32-cpu-run4.txt", "http://b/metrics", t0=T0, t1=T0 + 20)
+def test_pool_of_two_pods():
+    a = _pair("vllm-0.32-cpu-20req.txt", "http://a/metrics")
+    b = _pair("vllm-0.32-cpu-run4.txt", "http://b/metrics", t0=T0, t1=T0 + 20)
     res = observe_pool([a, b])
     o = res.observation
     assert isinstance(o, Observation) and res.excluded == {}
@@ -43,14 +44,14 @@ def test_pool_of_two_pods(shared_dir):
     assert o.window_s == pytest.approx(15.0)
 
 
-def test_pool_of_one_equals_the_pod(shared_dir):
-    a = _pair(shared_dir, "vllm-0.32-cpu-kv-saturated.txt", "http://a/metrics")
+def test_pool_of_one_equals_the_pod():
+    a = _pair("vllm-0.32-cpu-kv-saturated.txt", "http://a/metrics")
     assert observe_pool([a]).observation == observe(*a)
 
 
-def test_broken_pod_is_excluded_and_named(shared_dir):
-    good = _pair(shared_dir, "vllm-0.32-cpu-20req.txt", "http://a/metrics")
-    text = read_capture(shared_dir, "vllm-0.32-cpu-run4.txt")
+def test_broken_pod_is_excluded_and_named():
+    good = _pair("vllm-0.32-cpu-20req.txt", "http://a/metrics")
+    text = read_capture("vllm-0.32-cpu-run4.txt")
     cut = text[: text.index("vllm:time_to_first_token_seconds_sum") + 10]
     bad = (parse_metrics(zeroed(text), t_s=T0, url="http://b/metrics"), parse_metrics(cut, t_s=T1, url="http://b/metrics"))
     res = observe_pool([good, bad])
@@ -59,8 +60,8 @@ def test_broken_pod_is_excluded_and_named(shared_dir):
     assert res.excluded["http://b/metrics"].reason.value == "truncated"
 
 
-def test_all_pods_idle_is_idle(shared_dir):
-    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+def test_all_pods_idle_is_idle():
+    text = read_capture("vllm-0.32-cpu-20req.txt")
     p = (parse_metrics(text, t_s=T0), parse_metrics(text, t_s=T1))
     res = observe_pool([p, p])
     assert isinstance(res.observation, NoObservation) and res.observation.code == "idle"
@@ -71,8 +72,8 @@ def test_no_pods():
     assert observe_pool([]).observation.code == "no_pods"
 
 
-def test_status_round_trip(shared_dir):
-    o = observe(*_pair(shared_dir, "vllm-0.32-cpu-20req.txt", "u"))
+def test_status_round_trip():
+    o = observe(*_pair("vllm-0.32-cpu-20req.txt", "u"))
     d = to_status(o)
     assert d["requestsPerSecond"] == 2.0 and d["ttftP95Seconds"] == pytest.approx(0.46875)
     assert d["kvCapacityTokens"] == 1048576 and d["inputLengthCV"] == pytest.approx(o.input_len_cv)
@@ -81,19 +82,19 @@ def test_status_round_trip(shared_dir):
     assert back == o
 
 
-def test_status_omits_none_and_restores_it(shared_dir):
+def test_status_omits_none_and_restores_it():
     def drop(t: str) -> str:
         return "\n".join(x for x in t.split("\n") if "vllm:cache_config_info" not in x)
 
-    o = observe(*_pair(shared_dir, "vllm-0.32-cpu-20req.txt", "u", edit=drop))
+    o = observe(*_pair("vllm-0.32-cpu-20req.txt", "u", edit=drop))
     assert o.kv_capacity_tokens is None
     d = to_status(o)
     assert "kvCapacityTokens" not in d
     assert from_status(d) == o
 
 
-def test_status_bad_input_names_the_key(shared_dir):
-    d = to_status(observe(*_pair(shared_dir, "vllm-0.32-cpu-20req.txt", "u")))
+def test_status_bad_input_names_the_key():
+    d = to_status(observe(*_pair("vllm-0.32-cpu-20req.txt", "u")))
     with pytest.raises(ValueError, match=r"observation\.ttftP95Seconds: expected a finite number"):
         from_status({**d, "ttftP95Seconds": "fast"})
     with pytest.raises(ValueError, match=r"unknown keys \['bogus'\]"):
@@ -104,9 +105,9 @@ def test_status_bad_input_names_the_key(shared_dir):
         from_status(missing)
 
 
-def test_pool_takes_intermediate_gauge_samples(shared_dir):
-    prev, cur = _pair(shared_dir, "vllm-0.32-cpu-20req.txt", "http://a/metrics")
-    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt").replace(
+def test_pool_takes_intermediate_gauge_samples():
+    prev, cur = _pair("vllm-0.32-cpu-20req.txt", "http://a/metrics")
+    text = read_capture("vllm-0.32-cpu-20req.txt").replace(
         'vllm:num_requests_running{engine="0",model_name="tiny"} 0.0',
         'vllm:num_requests_running{engine="0",model_name="tiny"} 3.0',
     )

@@ -17,7 +17,7 @@ from kneecap.observe import (
     parse_metrics,
     scrape,
 )
-from tests.unit.test_observe_window import read_capture
+from tests.support.data import read_capture
 
 
 def reply(text: str, status: int = 200):
@@ -46,8 +46,8 @@ async def serve():
         await r.cleanup()
 
 
-async def test_scrape_parses_the_body(serve, shared_dir):
-    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+async def test_scrape_parses_the_body(serve):
+    text = read_capture("vllm-0.32-cpu-20req.txt")
     app = web.Application()
     app.router.add_get("/metrics", reply(text))
     base = await serve(app)
@@ -113,8 +113,8 @@ async def test_connection_refused():
         await scrape(f"http://127.0.0.1:{port}/metrics", timeout_s=2, max_bytes=1 << 20)
 
 
-async def test_body_shorter_than_content_length(shared_dir):
-    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt").encode()
+async def test_body_shorter_than_content_length():
+    text = read_capture("vllm-0.32-cpu-20req.txt").encode()
 
     async def handle(reader, writer):
         await reader.readuntil(b"\r\n\r\n")

@@ -10,7 +10,8 @@ import pytest
 
 from kneecap.control.loop import WINDOW_FAMILIES
 from kneecap.observe import NoObservation, Observation, observe, parse_metrics
-from tests.unit.test_observe_window import CAPTURES, T0, T1, _cut_inside, read_capture, zeroed
+from tests.support.data import read_capture
+from tests.unit.test_observe_window import CAPTURES, T0, T1, _cut_inside, zeroed
 
 S = importlib.import_module("kneecap.observe.scrape")
 
@@ -37,16 +38,16 @@ def edits(text: str) -> list[str]:
 
 @pytest.mark.parametrize("name", CAPTURES)
 @pytest.mark.parametrize("keep", [None, WINDOW_FAMILIES])
-def test_cached_parse_equals_whole_family_parse(shared_dir, monkeypatch, name, keep):
+def test_cached_parse_equals_whole_family_parse(monkeypatch, name, keep):
     S._SERIES_CACHE.clear()
-    for text in edits(read_capture(shared_dir, name)):
+    for text in edits(read_capture(name)):
         cold = parse_metrics(text, t_s=T0, keep=keep)
         warm = parse_metrics(text, t_s=T0, keep=keep)  # every series from the cache
         assert as_plain(cold) == as_plain(warm) == as_plain(whole_family_parse(monkeypatch, text, t_s=T0, keep=keep))
 
 
-def test_dirty_lines_are_named_in_invalid(shared_dir):
-    snap = parse_metrics(edits(read_capture(shared_dir, "vllm-0.32-cpu-20req.txt"))[1])
+def test_dirty_lines_are_named_in_invalid():
+    snap = parse_metrics(edits(read_capture("vllm-0.32-cpu-20req.txt"))[1])
     assert {"garbage", "vllm:half_written_metric"} <= snap.invalid
 
 
@@ -67,16 +68,16 @@ def test_counter_sample_without_total_is_renamed_like_prometheus_client(monkeypa
 
 
 @pytest.mark.parametrize("name", CAPTURES)
-def test_window_from_filtered_scrapes_is_the_same(shared_dir, name):
-    text = read_capture(shared_dir, name)
+def test_window_from_filtered_scrapes_is_the_same(name):
+    text = read_capture(name)
     full = observe(parse_metrics(zeroed(text), t_s=T0), parse_metrics(text, t_s=T1))
     kept = [parse_metrics(t, t_s=ts, keep=WINDOW_FAMILIES) for t, ts in ((zeroed(text), T0), (text, T1))]
     assert isinstance(full, Observation) and observe(*kept) == full
     assert len(kept[1].series) < len(parse_metrics(text).series)
 
 
-def test_filtered_cut_outside_the_kept_families_keeps_them(shared_dir):
-    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+def test_filtered_cut_outside_the_kept_families_keeps_them():
+    text = read_capture("vllm-0.32-cpu-20req.txt")
     cut = _cut_inside(text, "http_request_duration_seconds_bucket{", 30)
     snap = parse_metrics(cut, keep=WINDOW_FAMILIES)
     assert snap.truncated and snap.dropped_family == "http_request_duration_seconds"
@@ -84,8 +85,8 @@ def test_filtered_cut_outside_the_kept_families_keeps_them(shared_dir):
                               parse_metrics(cut, t_s=T1, keep=WINDOW_FAMILIES)), Observation)
 
 
-def test_filtered_cut_inside_a_kept_family_drops_it(shared_dir):
-    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+def test_filtered_cut_inside_a_kept_family_drops_it():
+    text = read_capture("vllm-0.32-cpu-20req.txt")
     cut = _cut_inside(text, 'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.5"')
     snap = parse_metrics(cut, keep=WINDOW_FAMILIES)
     assert snap.dropped_family == "vllm:time_to_first_token_seconds"
@@ -106,9 +107,9 @@ VALUE_FORMS = ["7", "1e3", "+Inf", "-Inf", "NaN", "1_5", "3 1700000000000", "2.5
 
 
 @pytest.mark.parametrize("keep", [None, WINDOW_FAMILIES])
-def test_line_cache_reads_every_value_form_as_the_reference(shared_dir, monkeypatch, keep):
+def test_line_cache_reads_every_value_form_as_the_reference(monkeypatch, keep):
     S._SERIES_CACHE.clear()
-    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+    text = read_capture("vllm-0.32-cpu-20req.txt")
     targets = ['vllm:prompt_tokens_total{engine="0",model_name="tiny"} ',
                'vllm:num_requests_running{engine="0",model_name="tiny"} ',
                'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.25",model_name="tiny"} ',
@@ -135,8 +136,8 @@ def test_line_cache_follows_a_changed_type_line():
         assert dict(snap.series) == ({"jobs_total": {(): 3.0}} if body == counter else {"jobs": {(): 3.0}})
 
 
-def test_warm_parse_skips_the_sample_parser_and_a_cleared_cache_does_not(shared_dir, monkeypatch):
-    text = read_capture(shared_dir, "vllm-0.32-cpu-run4.txt")
+def test_warm_parse_skips_the_sample_parser_and_a_cleared_cache_does_not(monkeypatch):
+    text = read_capture("vllm-0.32-cpu-run4.txt")
     calls = []
     parse_sample = S._parse_sample
     monkeypatch.setattr(S, "_parse_sample", lambda line: calls.append(line) or parse_sample(line))

@@ -10,18 +10,14 @@ from __future__ import annotations
 
 import math
 import re
-from pathlib import Path
 
 import pytest
 
 from kneecap.observe import NoObservation, Observation, Reason, observe, parse_metrics
+from tests.support.data import read_capture
 
 CAPTURES = ("vllm-0.32-cpu-20req.txt", "vllm-0.32-cpu-kv-saturated.txt", "vllm-0.32-cpu-run4.txt")
 T0, T1 = 1000.0, 1010.0
-
-
-def read_capture(shared_dir: Path, name: str) -> str:
-    return (shared_dir / "fixtures" / "vllm-metrics" / name).read_text()
 
 
 def zeroed(text: str) -> str:
@@ -35,8 +31,8 @@ def zeroed(text: str) -> str:
     return "\n".join(out)
 
 
-def window(shared_dir: Path, name: str, edit=lambda t: t, edit_prev=None):
-    text = read_capture(shared_dir, name)
+def window(name: str, edit=lambda t: t, edit_prev=None):
+    text = read_capture(name)
     prev_text = zeroed(text)
     prev = parse_metrics((edit_prev or edit)(prev_text), t_s=T0)
     cur = parse_metrics(edit(text), t_s=T1)
@@ -52,8 +48,8 @@ def uniform_cv(edges_counts: list[tuple[float, float, float]]) -> float:
 
 
 # --- exact values on every capture ----------------------------------------------------------
-def test_capture_20req(shared_dir):
-    o = window(shared_dir, "vllm-0.32-cpu-20req.txt")
+def test_capture_20req():
+    o = window("vllm-0.32-cpu-20req.txt")
     assert isinstance(o, Observation), o
     assert o.window_s == 10.0 and o.pods == 1
     assert o.finished_requests == 20  # request_success_total{finished_reason="length"} 20
@@ -92,8 +88,8 @@ def test_capture_20req(shared_dir):
     assert o.kv_cache_memory_bytes == 1073741824
 
 
-def test_capture_kv_saturated(shared_dir):
-    o = window(shared_dir, "vllm-0.32-cpu-kv-saturated.txt")
+def test_capture_kv_saturated():
+    o = window("vllm-0.32-cpu-kv-saturated.txt")
     assert isinstance(o, Observation), o
     assert o.finished_requests == 44 and o.request_rate_rps == pytest.approx(4.4)
     assert o.prompt_tokens == 1660 and o.generation_tokens == 10448
@@ -112,8 +108,8 @@ def test_capture_kv_saturated(shared_dir):
     assert o.kv_capacity_tokens == 8 * 128  # num_gpu_blocks="8" (--num-gpu-blocks-override 8)
 
 
-def test_capture_run4(shared_dir):
-    o = window(shared_dir, "vllm-0.32-cpu-run4.txt")
+def test_capture_run4():
+    o = window("vllm-0.32-cpu-run4.txt")
     assert isinstance(o, Observation), o
     assert o.finished_requests == 44 and o.prompt_tokens == 1660 and o.generation_tokens == 10448
     # TTFT: sum 17.630914211273193; <=1.0: 36, <=2.5: 44 -> 1 + 1.5*5.8/8
@@ -128,8 +124,8 @@ def test_capture_run4(shared_dir):
 
 
 @pytest.mark.parametrize("name", CAPTURES)
-def test_every_capture_parses_clean(shared_dir, name):
-    snap = parse_metrics(read_capture(shared_dir, name), t_s=T1)
+def test_every_capture_parses_clean(name):
+    snap = parse_metrics(read_capture(name), t_s=T1)
     assert not snap.truncated and snap.invalid == frozenset() and snap.dropped_family is None
     assert snap.value("vllm:num_requests_running") == 0
     assert len(snap.get("vllm:request_prompt_tokens_bucket")) == 10
@@ -141,14 +137,14 @@ def _fields(o: Observation) -> dict:
     return {k: v for k, v in o.__dict__.items()}
 
 
-def test_renamed_metrics_read_the_same(shared_dir):
+def test_renamed_metrics_read_the_same():
     def old_names(t: str) -> str:
         return t.replace("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc").replace(
             "vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"
         )
 
-    new = window(shared_dir, "vllm-0.32-cpu-20req.txt")
-    old = window(shared_dir, "vllm-0.32-cpu-20req.txt", old_names)
+    new = window("vllm-0.32-cpu-20req.txt")
+    old = window("vllm-0.32-cpu-20req.txt", old_names)
     assert isinstance(old, Observation)
     assert old == new
 
@@ -162,9 +158,9 @@ def _two_engines(t: str) -> str:
     return "\n".join(out)
 
 
-def test_two_engines_add_up(shared_dir):
-    one = window(shared_dir, "vllm-0.32-cpu-20req.txt")
-    two = window(shared_dir, "vllm-0.32-cpu-20req.txt", _two_engines)
+def test_two_engines_add_up():
+    one = window("vllm-0.32-cpu-20req.txt")
+    two = window("vllm-0.32-cpu-20req.txt", _two_engines)
     assert isinstance(two, Observation)
     assert two.finished_requests == 40 and two.prompt_tokens == 744 and two.generation_tokens == 1696
     assert two.request_rate_rps == 4.0
@@ -174,35 +170,35 @@ def test_two_engines_add_up(shared_dir):
     assert two.kv_capacity_tokens == 2 * 8192 * 128
 
 
-def test_engine_appearing_is_series_changed(shared_dir):
-    o = window(shared_dir, "vllm-0.32-cpu-20req.txt", lambda t: t, edit_prev=lambda t: _two_engines(t))
+def test_engine_appearing_is_series_changed():
+    o = window("vllm-0.32-cpu-20req.txt", lambda t: t, edit_prev=lambda t: _two_engines(t))
     assert isinstance(o, NoObservation) and o.reason is Reason.SERIES_CHANGED
 
 
-def test_process_restart_is_counter_reset(shared_dir):
-    big = read_capture(shared_dir, "vllm-0.32-cpu-kv-saturated.txt")
-    small = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+def test_process_restart_is_counter_reset():
+    big = read_capture("vllm-0.32-cpu-kv-saturated.txt")
+    small = read_capture("vllm-0.32-cpu-20req.txt")
     o = observe(parse_metrics(big, t_s=T0), parse_metrics(small, t_s=T1))
     assert isinstance(o, NoObservation)
     assert o.code == "counter_reset:process restarted"
 
 
-def test_counter_going_down_is_counter_reset(shared_dir):
+def test_counter_going_down_is_counter_reset():
     # no restart marker left (start time and *_created lines removed): the decrease itself tells
     def strip(t: str) -> str:
         return "\n".join(
             x for x in t.split("\n") if "process_start_time_seconds" not in x and "_created" not in x.split(" ")[0]
         )
 
-    big = strip(read_capture(shared_dir, "vllm-0.32-cpu-kv-saturated.txt"))
-    small = strip(read_capture(shared_dir, "vllm-0.32-cpu-20req.txt"))
+    big = strip(read_capture("vllm-0.32-cpu-kv-saturated.txt"))
+    small = strip(read_capture("vllm-0.32-cpu-20req.txt"))
     o = observe(parse_metrics(big, t_s=T0), parse_metrics(small, t_s=T1))
     assert isinstance(o, NoObservation)
     assert o.code == "counter_reset:vllm:request_success_total"
 
 
-def test_created_timestamp_change_is_counter_reset(shared_dir):
-    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+def test_created_timestamp_change_is_counter_reset():
+    text = read_capture("vllm-0.32-cpu-20req.txt")
     later = text.replace(
         'vllm:request_success_created{engine="0",finished_reason="length",model_name="tiny"} 1.796009202647013e+09',
         'vllm:request_success_created{engine="0",finished_reason="length",model_name="tiny"} 1.796009999e+09',
@@ -212,14 +208,14 @@ def test_created_timestamp_change_is_counter_reset(shared_dir):
     assert isinstance(o, NoObservation) and o.reason is Reason.COUNTER_RESET
 
 
-def test_idle_window(shared_dir):
-    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+def test_idle_window():
+    text = read_capture("vllm-0.32-cpu-20req.txt")
     o = observe(parse_metrics(text, t_s=T0), parse_metrics(text, t_s=T1))
     assert isinstance(o, NoObservation) and o.code == "idle"
 
 
-def test_work_without_finished_requests(shared_dir):
-    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+def test_work_without_finished_requests():
+    text = read_capture("vllm-0.32-cpu-20req.txt")
     busy = text.replace(
         'vllm:generation_tokens_total{engine="0",model_name="tiny"} 848.0',
         'vllm:generation_tokens_total{engine="0",model_name="tiny"} 900.0',
@@ -231,33 +227,33 @@ def test_work_without_finished_requests(shared_dir):
     assert isinstance(o, NoObservation) and o.reason is Reason.NO_FINISHED
 
 
-def test_non_positive_window(shared_dir):
-    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+def test_non_positive_window():
+    text = read_capture("vllm-0.32-cpu-20req.txt")
     o = observe(parse_metrics(zeroed(text), t_s=T1), parse_metrics(text, t_s=T1))
     assert isinstance(o, NoObservation) and o.reason is Reason.BAD_WINDOW
 
 
-def test_nan_in_needed_gauge_is_invalid(shared_dir):
+def test_nan_in_needed_gauge_is_invalid():
     def nan_kv(t: str) -> str:
         return t.replace(
             'vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} 0.0',
             'vllm:kv_cache_usage_perc{engine="0",model_name="tiny"} NaN',
         )
 
-    o = window(shared_dir, "vllm-0.32-cpu-20req.txt", nan_kv)
+    o = window("vllm-0.32-cpu-20req.txt", nan_kv)
     assert isinstance(o, NoObservation)
     assert o.code == "invalid_value:vllm:kv_cache_usage_perc"
 
 
-def test_nan_in_histogram_sum_is_invalid(shared_dir):
+def test_nan_in_histogram_sum_is_invalid():
     def nan_sum(t: str) -> str:
         return re.sub(r"(vllm:request_prompt_tokens_sum\{[^}]*\}) \S+", r"\1 NaN", t)
 
-    o = window(shared_dir, "vllm-0.32-cpu-20req.txt", nan_sum)
+    o = window("vllm-0.32-cpu-20req.txt", nan_sum)
     assert isinstance(o, NoObservation) and o.code == "invalid_value:vllm:request_prompt_tokens_sum"
 
 
-def test_nan_and_garbage_in_unneeded_lines_are_ignored(shared_dir):
+def test_nan_and_garbage_in_unneeded_lines_are_ignored():
     def dirty(t: str) -> str:
         t = t.replace(
             'vllm:estimated_flops_per_gpu_total{engine="0",model_name="tiny"} 0.0',
@@ -266,33 +262,33 @@ def test_nan_and_garbage_in_unneeded_lines_are_ignored(shared_dir):
         t = t.replace("# HELP vllm:num_requests_running", 'garbage{{ line "with no value\n# HELP vllm:num_requests_running')
         return t + "vllm:half_written_metric{engine=\n"
 
-    clean = window(shared_dir, "vllm-0.32-cpu-20req.txt")
-    o = window(shared_dir, "vllm-0.32-cpu-20req.txt", dirty)
+    clean = window("vllm-0.32-cpu-20req.txt")
+    o = window("vllm-0.32-cpu-20req.txt", dirty)
     assert isinstance(o, Observation)
     assert o == clean
-    snap = parse_metrics(dirty(read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")))
+    snap = parse_metrics(dirty(read_capture("vllm-0.32-cpu-20req.txt")))
     assert {"garbage", "vllm:half_written_metric", "vllm:estimated_flops_per_gpu_total"} <= snap.invalid
 
 
-def test_garbage_value_is_dropped_not_misread(shared_dir):
+def test_garbage_value_is_dropped_not_misread():
     def bad(t: str) -> str:
         return t.replace(
             'vllm:prompt_tokens_total{engine="0",model_name="tiny"} 372.0',
             'vllm:prompt_tokens_total{engine="0",model_name="tiny"} 37two',
         )
 
-    o = window(shared_dir, "vllm-0.32-cpu-20req.txt", bad, edit_prev=lambda t: t)
+    o = window("vllm-0.32-cpu-20req.txt", bad, edit_prev=lambda t: t)
     assert isinstance(o, NoObservation) and o.code == "invalid_value:vllm:prompt_tokens_total"
 
 
-def test_inconsistent_histogram_is_invalid(shared_dir):
+def test_inconsistent_histogram_is_invalid():
     def bad(t: str) -> str:  # +Inf bucket says 19, count says 20
         return t.replace(
             'vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="tiny"} 20.0',
             'vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="tiny"} 19.0',
         )
 
-    o = window(shared_dir, "vllm-0.32-cpu-20req.txt", bad, edit_prev=lambda t: t)
+    o = window("vllm-0.32-cpu-20req.txt", bad, edit_prev=lambda t: t)
     assert isinstance(o, NoObservation) and o.reason is Reason.INVALID_VALUE
 
 
@@ -301,8 +297,8 @@ def _cut_inside(text: str, marker: str, extra_chars: int = 20) -> str:
     return text[: i + extra_chars]
 
 
-def test_body_cut_inside_a_needed_histogram_is_truncated(shared_dir):
-    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+def test_body_cut_inside_a_needed_histogram_is_truncated():
+    text = read_capture("vllm-0.32-cpu-20req.txt")
     cut = _cut_inside(text, 'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.5"')
     snap = parse_metrics(cut)
     assert snap.truncated and snap.dropped_family == "vllm:time_to_first_token_seconds"
@@ -312,43 +308,43 @@ def test_body_cut_inside_a_needed_histogram_is_truncated(shared_dir):
     assert o.reason is Reason.TRUNCATED
 
 
-def test_body_cut_inside_a_counter_family_drops_it(shared_dir):
-    text = _two_engines(read_capture(shared_dir, "vllm-0.32-cpu-20req.txt"))
+def test_body_cut_inside_a_counter_family_drops_it():
+    text = _two_engines(read_capture("vllm-0.32-cpu-20req.txt"))
     # cut after engine 0's line, inside engine 1's: a sum over engines would be half the truth
     cut = _cut_inside(text, 'vllm:prompt_tokens_total{engine="1"')
     snap = parse_metrics(cut)
     assert snap.truncated and snap.get("vllm:prompt_tokens_total") is None
 
 
-def test_body_cut_in_trailing_unneeded_lines_still_observes(shared_dir):
-    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+def test_body_cut_in_trailing_unneeded_lines_still_observes():
+    text = read_capture("vllm-0.32-cpu-20req.txt")
     cut = _cut_inside(text, "http_request_duration_seconds_bucket{", 30)
     o = observe(parse_metrics(zeroed(text), t_s=T0), parse_metrics(cut, t_s=T1))
     assert isinstance(o, Observation)
-    assert o == window(shared_dir, "vllm-0.32-cpu-20req.txt")
+    assert o == window("vllm-0.32-cpu-20req.txt")
 
 
-def test_missing_metric_is_named(shared_dir):
+def test_missing_metric_is_named():
     def drop_ttft(t: str) -> str:
         return "\n".join(x for x in t.split("\n") if "vllm:time_to_first_token_seconds" not in x)
 
-    o = window(shared_dir, "vllm-0.32-cpu-20req.txt", drop_ttft)
+    o = window("vllm-0.32-cpu-20req.txt", drop_ttft)
     assert isinstance(o, NoObservation)
     assert o.code == "missing_metric:vllm:time_to_first_token_seconds_count"
 
 
-def test_optional_metric_absent_gives_none(shared_dir):
+def test_optional_metric_absent_gives_none():
     def drop_tpot(t: str) -> str:
         return "\n".join(x for x in t.split("\n") if "vllm:request_time_per_output_token_seconds" not in x)
 
-    o = window(shared_dir, "vllm-0.32-cpu-20req.txt", drop_tpot)
+    o = window("vllm-0.32-cpu-20req.txt", drop_tpot)
     assert isinstance(o, Observation)
     assert o.tpot_mean_s is None and o.tpot_p95_s is None
     assert o.ttft_mean_s == pytest.approx(4.1649415493011475 / 20)
 
 
-def test_gauge_samples_between_scrapes_are_averaged(shared_dir):
-    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+def test_gauge_samples_between_scrapes_are_averaged():
+    text = read_capture("vllm-0.32-cpu-20req.txt")
 
     def running(n: float, kv: float):
         t = text.replace(
@@ -369,16 +365,16 @@ def test_gauge_samples_between_scrapes_are_averaged(shared_dir):
     assert o.kv_usage == pytest.approx(1.5 / 4) and o.kv_usage_max == 1.0
 
 
-def test_intermediate_scrape_without_the_gauge_is_skipped(shared_dir):
-    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+def test_intermediate_scrape_without_the_gauge_is_skipped():
+    text = read_capture("vllm-0.32-cpu-20req.txt")
     cut = parse_metrics(text[: text.index("vllm:num_requests_running{") + 5], t_s=T0 + 5)
     o = observe(parse_metrics(zeroed(text), t_s=T0), parse_metrics(text, t_s=T1), [cut])
     assert isinstance(o, Observation) and o.batch_samples == 2
 
 
-def test_body_cut_at_a_line_end_inside_a_histogram_is_no_observation(shared_dir):
+def test_body_cut_at_a_line_end_inside_a_histogram_is_no_observation():
     # no partial line to give the cut away: the bucket series that vanished still tell
-    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+    text = read_capture("vllm-0.32-cpu-20req.txt")
     i = text.index('vllm:e2e_request_latency_seconds_bucket{engine="0",le="1.0"')
     cut = text[:i]
     assert cut.endswith("\n")
@@ -397,10 +393,10 @@ def _general_deltas(monkeypatch, prev, cur, between=()):
         return W.window_deltas(prev, cur, between)
 
 
-def test_window_histograms_are_the_capture_buckets(shared_dir):
+def test_window_histograms_are_the_capture_buckets():
     from kneecap.observe.window import window_deltas
 
-    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+    text = read_capture("vllm-0.32-cpu-20req.txt")
     d = window_deltas(parse_metrics(zeroed(text), t_s=T0), parse_metrics(text, t_s=T1))
     inp, ttft = d.histograms["input_len"], d.histograms["ttft"]
     # vllm:request_prompt_tokens_bucket le=1.0 .. +Inf, _sum 372.0, _count 20.0
@@ -422,10 +418,10 @@ def _same_histogram(h, g) -> bool:
 
 @pytest.mark.parametrize("name", CAPTURES)
 @pytest.mark.parametrize("engines", [1, 2])
-def test_bucket_plans_give_the_general_path_bit_for_bit(shared_dir, monkeypatch, name, engines):
+def test_bucket_plans_give_the_general_path_bit_for_bit(monkeypatch, name, engines):
     from kneecap.observe.window import combine, window_deltas
 
-    text = read_capture(shared_dir, name)
+    text = read_capture(name)
     if engines == 2:
         text = _two_engines(text)
     prev, cur = parse_metrics(zeroed(text), t_s=T0), parse_metrics(text, t_s=T1)
@@ -444,12 +440,12 @@ def test_bucket_plans_give_the_general_path_bit_for_bit(shared_dir, monkeypatch,
     assert combine([fast]).input_len_cv == combine([slow]).input_len_cv
 
 
-def test_bad_le_label_is_invalid(shared_dir):
+def test_bad_le_label_is_invalid():
     def bad(t: str) -> str:
         return t.replace('vllm:request_prompt_tokens_bucket{engine="0",le="10.0"',
                          'vllm:request_prompt_tokens_bucket{engine="0",le="ten"')
 
-    o = window(shared_dir, "vllm-0.32-cpu-20req.txt", bad)
+    o = window("vllm-0.32-cpu-20req.txt", bad)
     assert isinstance(o, NoObservation) and o.code == "invalid_value:vllm:request_prompt_tokens_bucket le='ten'"
 
 
@@ -472,10 +468,10 @@ def test_merge_histograms_sums_over_common_bounds():
     assert one.cumulative.tolist() == [1.0, 3.0, 4.0, 6.0] and one.cumulative is not a.cumulative
 
 
-def test_cv_is_the_same_with_plan_bounds_and_fresh_bounds(shared_dir):
+def test_cv_is_the_same_with_plan_bounds_and_fresh_bounds():
     from kneecap.observe.window import Histogram, window_deltas
 
-    text = read_capture(shared_dir, "vllm-0.32-cpu-kv-saturated.txt")
+    text = read_capture("vllm-0.32-cpu-kv-saturated.txt")
     d = window_deltas(parse_metrics(zeroed(text), t_s=T0), parse_metrics(text, t_s=T1))
     for k in ("input_len", "output_len", "e2e"):
         h = d.histograms[k]
@@ -509,10 +505,10 @@ def _reference_cv(h) -> float:
 
 
 @pytest.mark.parametrize("name", CAPTURES)
-def test_cv_is_the_reference_cv_exactly(shared_dir, name):
+def test_cv_is_the_reference_cv_exactly(name):
     from kneecap.observe.window import Histogram, window_deltas
 
-    text = read_capture(shared_dir, name)
+    text = read_capture(name)
     d = window_deltas(parse_metrics(zeroed(text), t_s=T0), parse_metrics(text, t_s=T1))
     for k, h in d.histograms.items():
         if h is not None and h.count > 0:
@@ -523,12 +519,12 @@ def test_cv_is_the_reference_cv_exactly(shared_dir, name):
     assert tail.cv() == _reference_cv(tail)
 
 
-def test_histogram_one_by_one_reads_reordered_series(shared_dir, monkeypatch):
+def test_histogram_one_by_one_reads_reordered_series(monkeypatch):
     # the earlier scrape lists the TTFT buckets in reverse: same series, other order. The
     # batched path steps aside; histogram by histogram reads the same deltas.
     from kneecap.observe import window as W
 
-    text = read_capture(shared_dir, "vllm-0.32-cpu-20req.txt")
+    text = read_capture("vllm-0.32-cpu-20req.txt")
     lines = zeroed(text).split("\n")
     ttft = [i for i, ln in enumerate(lines) if ln.startswith("vllm:time_to_first_token_seconds_bucket")]
     for i, ln in zip(ttft, [lines[i] for i in reversed(ttft)]):

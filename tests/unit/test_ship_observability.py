@@ -5,7 +5,7 @@
   alert fires on a series that should fire it and stays silent on one that should not.
 * Every metric name in an alert or a dashboard query is exported: operator names from
   kneecap.control.metrics' registry, vLLM names from the real vLLM 0.32 captures in
-  shared/fixtures/vllm-metrics/ (the twin serves the same names; DESIGN §6).
+  tests/fixtures/vllm-metrics/ (the twin serves the same names; DESIGN §6).
 * Every dashboard query parses (promtool check rules on them as recording rules).
 """
 
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.support.data import VLLM_CAPTURES
 from tests.support.tools import tool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,11 +83,11 @@ def operator_metric_names() -> set[str]:
     return out
 
 
-def vllm_metric_names(shared: Path) -> set[str]:
+def vllm_metric_names() -> set[str]:
     """Sample names in the real vLLM /metrics captures (vLLM 0.32, CPU)."""
     names = set()
-    captures = sorted((shared / "fixtures" / "vllm-metrics").glob("*.txt"))
-    assert captures, "no vLLM metric captures in shared/fixtures/vllm-metrics/"
+    captures = sorted(VLLM_CAPTURES.glob("*.txt"))
+    assert captures, f"no vLLM metric captures in {VLLM_CAPTURES}"
     for path in captures:
         for line in path.read_text().splitlines():
             if line and not line.startswith("#"):
@@ -95,8 +96,8 @@ def vllm_metric_names(shared: Path) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def exported(shared_dir) -> dict[str, set[str]]:
-    return {"operator": operator_metric_names(), "vllm": vllm_metric_names(shared_dir),
+def exported() -> dict[str, set[str]]:
+    return {"operator": operator_metric_names(), "vllm": vllm_metric_names(),
             "prometheus": PROMETHEUS_SYNTHETIC}
 
 

@@ -9,6 +9,7 @@ from kneecap.model.arch import get_arch
 from kneecap.model.hardware import get_gpu
 from kneecap.sim.engine import Engine, engine_config
 from kneecap.sim.metrics import TwinMetrics, build_1_2_5_buckets
+from tests.support.data import read_capture
 
 CAPTURES = ("vllm-0.32-cpu-20req.txt", "vllm-0.32-cpu-kv-saturated.txt", "vllm-0.32-cpu-run4.txt")
 DESIGN_METRICS = {  # DESIGN.md §6
@@ -35,8 +36,8 @@ def shape(fam) -> tuple:
 
 
 @pytest.fixture(scope="module")
-def capture(shared_dir):
-    return families((shared_dir / "fixtures" / "vllm-metrics" / CAPTURES[0]).read_text())
+def capture():
+    return families(read_capture(CAPTURES[0]))
 
 
 def twin_text(max_model_len: int = 512, run: bool = True) -> tuple[str, Engine]:
@@ -73,9 +74,9 @@ def test_every_twin_family_has_the_real_name_type_labels_and_buckets(capture):
         assert twin[name].type == kind
 
 
-def test_every_capture_parses_to_the_design_metrics(shared_dir):
+def test_every_capture_parses_to_the_design_metrics():
     for cap in CAPTURES:
-        fams = families((shared_dir / "fixtures" / "vllm-metrics" / cap).read_text())
+        fams = families(read_capture(cap))
         assert set(DESIGN_METRICS) <= set(fams), cap
 
 

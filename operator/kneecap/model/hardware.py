@@ -37,7 +37,7 @@ class GPU:
 
 
 GPUS: dict[str, GPU] = {g.key: g for g in [
-    # The data's machine (shared/data/real-h100): paper figures, memory as vLLM reported it.
+    # The data's machine (data/real-h100): paper figures, memory as vLLM reported it.
     GPU("h100-64gb", "NVIDIA H100 64GB (GH100)", 989e12, 1.62e12, 63.43, 4.0),
     GPU("h100-80gb", "NVIDIA H100 SXM 80GB", 989e12, 3.35e12, 79.19, 5.0),
     GPU("h100-pcie-80gb", "NVIDIA H100 PCIe 80GB", 756e12, 2.0e12, 79.19, 4.0),

@@ -9,7 +9,7 @@ buffers and non-torch memory. The reserve model here is
 with T the token budget (``max_num_batched_tokens``), D the hidden size, V the vocabulary and
 S = ``max_num_seqs``: the profile run's peak is either the forward pass over T tokens or the
 sampler over S rows of V logits, whichever is larger. The constants were measured on the real
-H100 data (shared/data/real-h100/profiles.csv, vLLM 0.5–0.6 V0; 142 rows, worst KV error
+H100 data (data/real-h100/profiles.csv, vLLM 0.5–0.6 V0; 142 rows, worst KV error
 0.13%, see benchmarks/kv_capacity.py). A live pod's ``vllm:cache_config_info`` re-measures
 non_kv exactly (``non_kv_from_cache_config``); pass that as ``measured_non_kv_bytes``.
 """

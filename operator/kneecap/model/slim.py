@@ -32,7 +32,7 @@ DEFAULT_FORM = "kneecap"
 
 # Fraction of the KV cache that running sequences fill at saturation under vLLM V0 (watermark,
 # block rounding, preempted-but-resident blocks): measured B_running·(IL+OL/2) / capacity on the
-# preempting curves of shared/data/real-h100/profiles.csv is 0.84–0.87 for fixed lengths.
+# preempting curves of data/real-h100/profiles.csv is 0.84–0.87 for fixed lengths.
 KV_FILL = 0.85
 
 

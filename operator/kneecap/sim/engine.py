@@ -7,7 +7,7 @@ What it copies from vLLM (V1 scheduler unless chunked prefill is off):
   (``max_num_batched_tokens``) and free KV blocks allow;
 * chunked prefill (default): a step mixes decodes and prefill chunks under the token budget;
   with ``enable_chunked_prefill=False`` it behaves like vLLM's V0 default scheduler (the
-  engine of shared/data/real-h100): waiting prompts are prefilled whole in prefill-only
+  engine of data/real-h100): waiting prompts are prefilled whole in prefill-only
   steps that take priority over decodes, admitted only above a 1% free-block watermark;
 * a block KV cache of ``num_gpu_blocks`` blocks of ``block_size`` tokens, sized from
   ``num_gpu_blocks_override``, else ``kv_cache_memory_bytes``, else vLLM's memory split

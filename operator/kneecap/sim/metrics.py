@@ -1,6 +1,6 @@
 """vLLM's Prometheus metrics for the twin: names, types, help, labels and buckets of vLLM 0.32.
 
-Copied from real captures (shared/fixtures/vllm-metrics/, vLLM 0.32 V1 engine): every series
+Copied from real captures (tests/fixtures/vllm-metrics/, vLLM 0.32 V1 engine): every series
 carries ``model_name`` and ``engine``; token-count histograms use vLLM's 1-2-5 buckets up to
 ``max_model_len``; latency histograms use the fixed boundaries below. Observations follow vLLM
 V1's definitions (vllm/v1/metrics/stats.py): queue = scheduled − arrival, prefill = first token

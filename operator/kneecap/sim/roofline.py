@@ -18,7 +18,7 @@ This is deliberately not SLIM (kneecap.model.slim): it is a per-step physical mo
 engine integrates step by step, so calibrating SLIM on the twin's output is not circular.
 
 The efficiency constants are set once for all models (not per model, not per curve) from the
-offline prefill/decode step timings of the real H100 (shared/data/real-h100/offline.csv, 54
+offline prefill/decode step timings of the real H100 (data/real-h100/offline.csv, 54
 runs, 3 models; nsys runs deflated 5%): η_w = 0.90 fixed from microbenchmark knowledge (large
 fp16 GEMV reach ~90% of peak HBM bandwidth), the rest by one least-squares fit on log step
 time (RMS error 10% over all 108 prefill and decode steps, 5% over decode steps);
