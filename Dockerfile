@@ -29,15 +29,13 @@ LABEL org.opencontainers.image.title="kneecap" \
 RUN groupadd --system --gid 10001 kneecap \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin kneecap
 
+# The package carries the CRD it reads its defaults from (kneecap/crds/, a copy by scripts/sync-crd.sh).
 COPY --from=build /opt/kneecap /opt/kneecap
-# The operator reads its defaults from the CRD (kneecap.control.spec; KNEECAP_CRD points at it).
-COPY crds/llmdeployment.yaml /opt/kneecap/share/kneecap/crds/llmdeployment.yaml
 
 # Read-only root filesystem in the chart: no bytecode writes, caches under /tmp (an emptyDir).
 ENV PATH=/opt/kneecap/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    KNEECAP_CRD=/opt/kneecap/share/kneecap/crds/llmdeployment.yaml \
     HOME=/tmp \
     MPLCONFIGDIR=/tmp/matplotlib
 

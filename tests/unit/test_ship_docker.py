@@ -80,14 +80,12 @@ def test_final_image_runs_kneecap_run_as_non_root_on_slim_python():
     # only runtime dependencies: the package without its [test] extra
     runs = " ".join(args for op, args in instructions(text) if op == "RUN")
     assert "pip install --no-cache-dir ." in runs and "[test]" not in runs and "pytest" not in runs
-    # the chart's UID and the image's agree, and the CRD path the operator reads exists in the image
+    # the chart's UID and the image's agree; the CRD comes with the package (no path to set)
     import yaml
 
     values = yaml.safe_load((ROOT / "charts" / "kneecap" / "values.yaml").read_text())
     assert users[-1] == f"{values['podSecurityContext']['runAsUser']}:{values['podSecurityContext']['runAsGroup']}"
-    env = " ".join(args for op, args in stage if op == "ENV")
-    crd_path = re.search(r"KNEECAP_CRD=(\S+)", env).group(1)
-    assert any(op == "COPY" and args.endswith(crd_path) for op, args in stage)
+    assert "KNEECAP_CRD" not in " ".join(args for op, args in stage if op == "ENV")
 
 
 # ------------------------------------------------------------------ build context
@@ -142,9 +140,8 @@ def test_dockerignore_matcher():
 
 def test_build_context_holds_only_what_the_image_needs():
     sent = docker_context(ROOT)
-    assert {"pyproject.toml", "README.md", "crds/llmdeployment.yaml", "operator/kneecap/cli.py"} <= set(sent)
-    stray = [f for f in sent if not (f in ("pyproject.toml", "README.md", "crds/llmdeployment.yaml")
-                                     or f.startswith("operator/"))]
+    assert {"pyproject.toml", "README.md", "operator/kneecap/crds/llmdeployment.yaml", "operator/kneecap/cli.py"} <= set(sent)
+    stray = [f for f in sent if not (f in ("pyproject.toml", "README.md") or f.startswith("operator/"))]
     assert stray == []
     assert not any("__pycache__" in f or f.endswith(".pyc") for f in sent)
     # every COPY source of the Dockerfile is in the context
@@ -181,16 +178,14 @@ def test_package_builds_from_the_build_context_alone(tmp_path):
     assert sorted(map(name, requires)) == sorted(map(name, project["dependencies"]))
     assert not any(name(r).startswith("pytest") for r in requires), requires
 
-    # the image's layout: the installed (not editable) package, away from the repository, finds the
-    # CRD through KNEECAP_CRD as the Dockerfile sets it, and `kneecap run` is there
+    # the image's layout: the installed (not editable) package, away from the repository, reads the
+    # CRD it carries (the Dockerfile sets no KNEECAP_CRD), and `kneecap run` is there
     site = tmp_path / "site"
     p = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(whl)],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
-    share = tmp_path / "opt" / "share" / "crds"
-    share.mkdir(parents=True)
-    shutil.copy(ROOT / "crds" / "llmdeployment.yaml", share / "llmdeployment.yaml")
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "KNEECAP_CRD": str(share / "llmdeployment.yaml"),
+    assert "KNEECAP_CRD" not in DOCKERFILE.read_text()
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site),
            "PYTHONDONTWRITEBYTECODE": "1", "HOME": str(tmp_path)}
     probe = ("import kneecap, kneecap.control.spec as s; print(kneecap.__file__); "
              "print(s.CRD_PATH); print(s.parse_spec({'model': {'name': 'meta-llama/Llama-3.1-8B-Instruct'}, "
@@ -198,7 +193,8 @@ def test_package_builds_from_the_build_context_alone(tmp_path):
     p = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     where, crd_path, default_cap = p.stdout.split()
-    assert where.startswith(str(site)) and crd_path == str(share / "llmdeployment.yaml") and default_cap == "256"
+    assert where.startswith(str(site)) and crd_path == str(site / "kneecap" / "crds" / "llmdeployment.yaml")
+    assert default_cap == "256"
     p = subprocess.run([sys.executable, "-m", "kneecap", "run", "--help"], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=60)
     assert p.returncode == 0 and "--liveness" in p.stdout and "--metrics-port" in p.stdout, p.stderr

@@ -20,14 +20,16 @@ def test_scripts_parse():
 
 
 def test_sync_crd_copies_the_crd_byte_for_byte(tmp_path):
-    for rel in ("scripts/sync-crd.sh", "crds/llmdeployment.yaml", "charts/kneecap/crds/llmdeployment.yaml"):
+    copies = ("charts/kneecap/crds/llmdeployment.yaml", "operator/kneecap/crds/llmdeployment.yaml")
+    for rel in ("scripts/sync-crd.sh", "crds/llmdeployment.yaml", *copies):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / rel, tmp_path / rel)
     src = tmp_path / "crds" / "llmdeployment.yaml"
     src.write_bytes(src.read_bytes() + b"# changed\n")
     p = subprocess.run(["bash", str(tmp_path / "scripts" / "sync-crd.sh")], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
-    assert (tmp_path / "charts" / "kneecap" / "crds" / "llmdeployment.yaml").read_bytes() == src.read_bytes()
+    for rel in copies:
+        assert (tmp_path / rel).read_bytes() == src.read_bytes(), rel
 
 
 def test_setup_tools_is_idempotent_and_leaves_working_tools():

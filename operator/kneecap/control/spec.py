@@ -14,6 +14,7 @@ import functools
 import os
 import re
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -26,8 +27,9 @@ VERSION = "v1alpha1"
 PLURAL = "llmdeployments"
 KIND = "LLMDeployment"
 
-# The CRD lives at the repository top level (DESIGN §2); KNEECAP_CRD overrides (e.g. in an image).
-CRD_PATH = Path(os.environ.get("KNEECAP_CRD", Path(__file__).resolve().parents[3] / "crds" / "llmdeployment.yaml"))
+# The package carries a byte copy of crds/llmdeployment.yaml (scripts/sync-crd.sh), so an installed
+# wheel finds it; KNEECAP_CRD overrides (another CRD revision, a mounted file).
+CRD_PATH = Path(os.environ.get("KNEECAP_CRD") or str(resources.files("kneecap") / "crds" / "llmdeployment.yaml"))
 
 _DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)$")
 _UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
