@@ -6,6 +6,7 @@ point the operator at an emulated API) register the same handlers with different
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ import aiohttp
 import kopf
 
 from kneecap.control import loop as L, reconcile as R, status as St
+from kneecap.control.auth import Credentials, CredentialsError
 from kneecap.control.informer import CachedReads
 from kneecap.control.kube import KubeClient, resource_path
 from kneecap.control.metrics import OperatorMetrics
@@ -28,7 +30,8 @@ RESOURCE = (GROUP, VERSION, PLURAL)
 class OperatorConfig:
     """How the operator connects and paces itself."""
 
-    connection: kopf.ConnectionInfo | None = None  # None: in-cluster service account, else kubeconfig
+    connection: kopf.ConnectionInfo | None = None  # fixed credentials (the emulated API); None: `credentials`
+    credentials: Credentials | None = None  # None: loaded at login (in-cluster service account, else kubeconfig)
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     tick_s: float = 10.0  # how often timers wake to check whether spec.control.interval elapsed
     scrape_timeout_s: float = 5.0
@@ -36,15 +39,21 @@ class OperatorConfig:
     scrape: L.ScrapeFn | None = None
 
 
-def _connection(config: OperatorConfig, logger, settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
-    """One ConnectionInfo for kopf and for the owned-object client: in-cluster, else kubeconfig."""
-    if config.connection is None:
-        info = (kopf.login_with_service_account(logger=logger, settings=settings)
-                or kopf.login_with_kubeconfig(logger=logger, settings=settings))
-        if info is None:
-            raise kopf.PermanentError("no Kubernetes credentials: neither a service account nor a kubeconfig")
-        config.connection = info
-    return config.connection
+async def _connection(config: OperatorConfig, *, fresh: bool) -> kopf.ConnectionInfo | Credentials:
+    """The credentials kopf and the owned-object client share: the fixed ConnectionInfo, else the
+    `kubernetes` package's (kneecap.control.auth), loaded on first use and, when `fresh`, anew
+    (kopf logs in again after a 401 or at the credential's expiration: a new exec token, a
+    rotated token file)."""
+    if config.connection is not None:
+        return config.connection
+    try:
+        if config.credentials is None:
+            config.credentials = await asyncio.to_thread(Credentials.from_environment)
+        elif fresh:
+            await config.credentials.reload()
+    except CredentialsError as exc:
+        raise kopf.PermanentError(f"no Kubernetes credentials: {exc.detail}") from None
+    return config.credentials
 
 
 def _invalid(body, exc: InputError, now_s: float) -> dict:
@@ -72,8 +81,9 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
-    def login(logger, settings, **_):
-        return _connection(config, logger, settings)
+    async def login(**_):
+        creds = await _connection(config, fresh=True)
+        return creds if isinstance(creds, kopf.ConnectionInfo) else creds.connection_info()
 
     @kopf.on.startup(registry=registry)
     async def startup(memo: kopf.Memo, settings: kopf.OperatorSettings, logger, **_):
@@ -82,7 +92,9 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
             prefix="kneecap.io", key="last-handled-configuration")
         settings.posting.level = logging.INFO
-        memo.kube = KubeClient.from_connection_info(_connection(config, logger, settings))
+        creds = await _connection(config, fresh=False)
+        memo.kube = (KubeClient.from_connection_info(creds) if isinstance(creds, kopf.ConnectionInfo)
+                     else KubeClient(credentials=creds))
         # the ticks read Deployments, HPAs and pods from watch-backed caches (the spec handlers
         # read the API: they must see an HPA created just before a spec change)
         memo.reads = CachedReads(memo.kube)

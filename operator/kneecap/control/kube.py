@@ -1,8 +1,10 @@
 """A small async Kubernetes API client for the objects the operator owns.
 
 kopf talks to the API for the LLMDeployment itself; owned Deployments, Services and Pods go
-through this client, built from the same `kopf.ConnectionInfo` the operator logged in with
-(so in-cluster service accounts, kubeconfigs and the tests' emulated API all work alike).
+through this client. It authenticates with the operator's `Credentials` (kneecap.control.auth:
+the `kubernetes` package's Configuration, the same one kopf logs in with), asking for the
+Authorization header on every request, and reloads them once and retries after a 401; or with
+a fixed `kopf.ConnectionInfo` (the tests' and the demo's emulated API).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any, AsyncIterator
 
 import aiohttp
 import orjson
+
+from kneecap.control.auth import Credentials
 
 MERGE = "application/merge-patch+json"
 FIELD_MANAGER = "kneecap"
@@ -111,14 +115,21 @@ def _ssl_context(info) -> ssl.SSLContext | bool | None:
 class KubeClient:
     """JSON over HTTP to one API server. Methods raise ApiError on non-2xx (404 -> None for get)."""
 
-    def __init__(self, server: str, token: str | None = None, scheme: str | None = None, ssl_context=None,
-                 timeout_s: float = 15.0, username: str | None = None, password: str | None = None):
-        self.server = server.rstrip("/")
-        self._headers = {"Accept": "application/json"}
-        if token:
-            self._headers["Authorization"] = f"{scheme or 'Bearer'} {token}"
-        elif username and password:
-            self._headers["Authorization"] = aiohttp.BasicAuth(username, password).encode()
+    def __init__(self, server: str | None = None, token: str | None = None, scheme: str | None = None,
+                 ssl_context=None, timeout_s: float = 15.0, username: str | None = None,
+                 password: str | None = None, credentials: Credentials | None = None):
+        """A fixed server and token, or `credentials` (server, TLS and a per-request token from them)."""
+        self._credentials = credentials
+        self._auth: str | None = None  # the fixed Authorization header
+        if credentials is not None:
+            self.server = credentials.server
+            ssl_context = _ssl_context(credentials.connection_info())
+        else:
+            self.server = (server or "").rstrip("/")
+            if token:
+                self._auth = f"{scheme or 'Bearer'} {token}"
+            elif username and password:
+                self._auth = aiohttp.BasicAuth(username, password).encode()
         self._ssl = ssl_context
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
@@ -129,9 +140,24 @@ class KubeClient:
                    ssl_context=_ssl_context(info), username=getattr(info, "username", None),
                    password=getattr(info, "password", None))
 
+    def _auth_headers(self) -> tuple[int, dict]:
+        """(credentials generation, the Authorization header to send)."""
+        if self._credentials is None:
+            return 0, {"Authorization": self._auth} if self._auth else {}
+        header = self._credentials.authorization()
+        return self._credentials.generation, {"Authorization": header} if header else {}
+
+    async def _reauthenticate(self, generation: int) -> bool:
+        """After a 401: reload the credentials (once for concurrent 401s). False: fixed ones."""
+        if self._credentials is None:
+            return False
+        await self._credentials.reload(generation)
+        self._ssl = _ssl_context(self._credentials.connection_info())  # an exec plugin may issue certificates
+        return True
+
     async def _sess(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(headers=self._headers, timeout=self._timeout)
+            self._session = aiohttp.ClientSession(headers={"Accept": "application/json"}, timeout=self._timeout)
         return self._session
 
     async def close(self) -> None:
@@ -144,16 +170,23 @@ class KubeClient:
         (None): a status write does not need the whole object back."""
         sess = await self._sess()
         kw: dict = {"params": params or None}
-        if self._ssl is not None:
-            kw["ssl"] = self._ssl
         if body is not None:  # orjson: a status patch every tick per resource (json.dumps is ~8x slower)
             kw["data"] = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
-            kw["headers"] = {"Content-Type": content_type}
-        async with sess.request(method, self.server + path, **kw) as resp:
-            raw = await resp.read()
-            if not read_body and resp.status < 300:
-                return resp.status, None
-            return resp.status, _decode(raw)
+        for attempt in range(2):
+            generation, headers = self._auth_headers()
+            if body is not None:
+                headers["Content-Type"] = content_type
+            if self._ssl is not None:
+                kw["ssl"] = self._ssl
+            async with sess.request(method, self.server + path, headers=headers, **kw) as resp:
+                raw = await resp.read()
+                status = resp.status
+            if status == 401 and attempt == 0 and await self._reauthenticate(generation):
+                continue
+            if not read_body and status < 300:
+                return status, None
+            return status, _decode(raw)
+        raise AssertionError("unreachable")
 
     async def get(self, path: str) -> dict | None:
         status, body = await self.request("GET", path)
@@ -188,11 +221,15 @@ class KubeClient:
         sess = await self._sess()
         kw: dict = {"params": params, "timeout": aiohttp.ClientTimeout(total=None, sock_connect=self._timeout.total,
                                                                        sock_read=1.1 * timeout_s + 1)}
+        generation, kw["headers"] = self._auth_headers()
         if self._ssl is not None:
             kw["ssl"] = self._ssl
         async with sess.get(self.server + path, **kw) as resp:
             if resp.status >= 300:
-                raise ApiError(resp.status, _decode(await resp.read()), f"WATCH {path}")
+                error = ApiError(resp.status, _decode(await resp.read()), f"WATCH {path}")
+                if resp.status == 401:
+                    await self._reauthenticate(generation)  # the caller's next watch sends the new token
+                raise error
             buf = b""  # events are JSON lines; a line can outgrow aiohttp's readline limit (64 KiB)
             try:
                 async for chunk in resp.content.iter_any():
