@@ -20,6 +20,7 @@ import pytest
 import yaml
 from kopf.testing import KopfRunner
 
+from kneecap.control import auth
 from kneecap.control.auth import Credentials, CredentialsError
 from kneecap.control.handlers import OperatorConfig, build_registry
 from kneecap.control.kube import ApiError, KubeClient, deployments_path, pods_path
@@ -140,9 +141,11 @@ async def test_exec_plugin_token_and_its_rotation_after_a_401(kube, tmp_path):
         await client.close()
 
 
-async def test_expiring_exec_credential_is_renewed_before_it_is_refused(kube, tmp_path):
+async def test_expiring_exec_credential_is_renewed_before_it_is_refused(kube, tmp_path, monkeypatch):
     # the kubernetes package treats a credential as expired 5 minutes before its expirationTimestamp:
-    # a 60 s lifetime is always due, a 1 h one never is during this test
+    # a 60 s lifetime is always due, a 1 h one never is during this test. The header is read anew
+    # per request here (in service, reused for a second: far inside those 5 minutes).
+    monkeypatch.setattr(auth, "HEADER_REUSE_S", 0.0)
     user = ExecUser(tmp_path, kube.url, "tok-1", ttl_s=60)
     creds = Credentials.from_kubeconfig(str(user.kubeconfig))
     client = KubeClient(credentials=creds)

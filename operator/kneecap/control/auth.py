@@ -21,11 +21,16 @@ from __future__ import annotations
 import asyncio
 import datetime
 import os
+import time
 from typing import Callable
 
 import kopf
 
 from kneecap.errors import InputError
+
+# How long a header is reused before the Configuration's refresh hook runs again. The hook costs
+# ~0.1 ms (it re-applies the whole kubeconfig); the operator sends a request per resource and tick.
+HEADER_REUSE_S = 1.0
 
 
 class CredentialsError(InputError):
@@ -46,6 +51,8 @@ class Credentials:
         self.config, self.expiration = load()
         self.generation = 0  # bumped by every reload: a 401 of an older generation reloads no more
         self._lock: asyncio.Lock | None = None
+        self._header: str | None = None
+        self._header_until_s = 0.0  # monotonic; 0: run the refresh hook on the next request
 
     # ------------------------------------------------------------ sources
 
@@ -109,7 +116,14 @@ class Credentials:
 
     def authorization(self) -> str | None:
         """The Authorization header for the next request. The Configuration's refresh hook runs
-        here: an expired exec credential is renewed, an old service-account token re-read."""
+        here (at most every HEADER_REUSE_S): an expired exec credential is renewed, an old
+        service-account token re-read."""
+        now_s = time.monotonic()
+        if now_s >= self._header_until_s:
+            self._header, self._header_until_s = self._read_header(), now_s + HEADER_REUSE_S
+        return self._header
+
+    def _read_header(self) -> str | None:
         header = self.config.get_api_key_with_prefix("BearerToken")
         if header:
             return header.strip()  # the in-cluster loader keeps a token file's trailing newline
@@ -139,3 +153,4 @@ class Credentials:
                 return  # another request already reloaded
             self.config, self.expiration = await asyncio.to_thread(self._load)
             self.generation += 1
+            self._header_until_s = 0.0
