@@ -81,10 +81,9 @@ def run(args) -> int:
 
 
 def plot(res, args, out) -> str:
-    import matplotlib
+    from kneecap.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     b = res.curve_batch
     fig, ax = plt.subplots(figsize=(7, 4.2))

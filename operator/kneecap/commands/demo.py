@@ -16,11 +16,13 @@ from pathlib import Path
 from kneecap.errors import InputError
 
 HELP = "run kneecap end to end on an embedded cluster (twin pods, load, the real operator)"
+EXTRA = "pip install 'kneecap[demo]'"  # the emulated API (kmock) and matplotlib are not `kneecap run`'s
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from kneecap.demo.harness import DemoConfig
 
+    parser.epilog = f"Needs the demo extra: {EXTRA}."
     d = DemoConfig()
     parser.add_argument("--model", default=d.model, help=f"model served by the twin pods (default {d.model})")
     parser.add_argument("--arch", default=None, help="catalog model shape (default: guessed from --model)")
@@ -63,6 +65,13 @@ def config_from_args(args):
 
 
 def run(args) -> int:
+    try:
+        import kmock  # noqa: F401  (the embedded Kubernetes API)
+    except ModuleNotFoundError:
+        raise InputError("demo", f"needs kmock (the embedded Kubernetes API): {EXTRA}") from None
+    from kneecap.plotting import pyplot
+
+    pyplot("demo")  # the trajectory PNG: fail before the run, not after it
     from kneecap.demo.harness import run_demo
     from kneecap.demo.report import plot, row_line, summary_text
 

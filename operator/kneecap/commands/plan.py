@@ -118,10 +118,9 @@ def build(args):
 
 
 def _plot(path, pb, budget, with_exhaustive):
-    import matplotlib
+    from kneecap.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     from kneecap.model import sara
 

@@ -190,10 +190,9 @@ def _to_json(r: gauss.GaussResult, mode: str, seed: int, coef) -> dict:
 
 
 def _plot(path: str, r: gauss.GaussResult, slo_ttft, slo_tbt) -> None:
-    import matplotlib
+    from kneecap.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     q = r.quantile
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))

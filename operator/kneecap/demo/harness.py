@@ -33,8 +33,8 @@ from kneecap.control import vllm_args as V
 from kneecap.control.manifests import GPU_MEMORY_UTILIZATION, MAX_NUM_SEQS, vllm_container
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.demo.clock import SimClock, scaled_scrape
-from kneecap.demo.kubeapi import LLMD, KubeAPIThread
-from kneecap.demo.kubelet import DEPLOY, Kubelet
+# the emulated API (kmock, the `demo` extra) is imported where a run starts: DemoConfig and
+# `kneecap demo --help` work without it
 from kneecap.demo.router import Router
 from kneecap.errors import InputError
 
@@ -276,6 +276,9 @@ async def _load(cfg: DemoConfig, url: str) -> dict:
 
 async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: SimClock,
                 on_row: Callable[[IntervalRow], None], log_dir: Path | None):
+    from kneecap.demo.kubeapi import LLMD
+    from kneecap.demo.kubelet import DEPLOY, Kubelet
+
     router = await Router().start()
     kubelet = Kubelet(kube, NS, cfg.time_scale, on_endpoints=lambda _d, urls: router.set_endpoints(urls),
                       drain=router.drain, log_dir=log_dir)
@@ -325,6 +328,9 @@ def run_demo(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = lambda row
         logging.getLogger("kopf").setLevel(logging.ERROR)  # e.g. "OS signals are ignored" (it runs in a thread)
         for name in ("aiohttp", "kneecap"):
             logging.getLogger(name).setLevel(logging.WARNING)
+    from kneecap.demo.kubeapi import LLMD, KubeAPIThread
+    from kneecap.demo.kubelet import DEPLOY
+
     wall0 = time.monotonic()
     clock = SimClock(cfg.time_scale)
     with KubeAPIThread(instant_rollouts=False) as kube:

@@ -118,10 +118,9 @@ def summary_text(s: dict) -> str:
 
 def plot(res, path: Path) -> Path:
     """Trajectory: cap (applied, recommended), memory fraction, throughput and ITL p95 over time."""
-    import matplotlib
+    from kneecap.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot("demo")
 
     rows = res.rows
     t = np.array([r.t_s for r in rows], dtype=float)
