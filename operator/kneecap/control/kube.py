@@ -172,21 +172,22 @@ class KubeClient:
         kw: dict = {"params": params or None}
         if body is not None:  # orjson: a status patch every tick per resource (json.dumps is ~8x slower)
             kw["data"] = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
-        for attempt in range(2):
+
+        async def send() -> tuple[int, int, bytes]:
             generation, headers = self._auth_headers()
             if body is not None:
                 headers["Content-Type"] = content_type
             if self._ssl is not None:
                 kw["ssl"] = self._ssl
             async with sess.request(method, self.server + path, headers=headers, **kw) as resp:
-                raw = await resp.read()
-                status = resp.status
-            if status == 401 and attempt == 0 and await self._reauthenticate(generation):
-                continue
-            if not read_body and status < 300:
-                return status, None
-            return status, _decode(raw)
-        raise AssertionError("unreachable")
+                return generation, resp.status, await resp.read()
+
+        generation, status, raw = await send()
+        if status == 401 and await self._reauthenticate(generation):
+            _, status, raw = await send()
+        if not read_body and status < 300:
+            return status, None
+        return status, _decode(raw)
 
     async def get(self, path: str) -> dict | None:
         status, body = await self.request("GET", path)
