@@ -22,11 +22,12 @@ import asyncio
 import datetime
 import os
 import time
-from typing import Callable
-
-import kopf
+from typing import TYPE_CHECKING, Callable
 
 from kneecap.errors import InputError
+
+if TYPE_CHECKING:
+    import kopf
 
 # How long a header is reused before the Configuration's refresh hook runs again. The hook costs
 # ~0.1 ms (it re-applies the whole kubeconfig); the operator sends a request per resource and tick.
@@ -131,9 +132,11 @@ class Credentials:
             return self.config.get_basic_auth_token()
         return None
 
-    def connection_info(self, priority: int = 0) -> kopf.ConnectionInfo:
+    def connection_info(self, priority: int = 0) -> "kopf.ConnectionInfo":
         """kopf's view of the same credentials (as kopf.login_via_client builds it, but from this
         Configuration rather than the package's global default)."""
+        import kopf
+
         header = self.authorization()
         scheme, token = (header.split(" ", 1) if header and " " in header else (None, header))
         config = self.config
