@@ -34,6 +34,7 @@ import datetime
 import itertools
 import json
 import threading
+import zlib
 import urllib.error
 import urllib.request
 import uuid
@@ -45,7 +46,10 @@ import kmock
 from kmock._internal import enums, rendering
 from kmock._internal.k8s import KubernetesError, KubernetesObjectConflictError, KubernetesObjectNotFoundError
 
+from kneecap.control import spec as crd
+from kneecap.control import validation
 from kneecap.control.kube import selector_matches
+from kneecap.demo import apiserver
 
 assert kmock.__version__.startswith("0.8"), f"kneecap.demo.kubeapi is pinned to kmock 0.8, found {kmock.__version__}"
 
@@ -65,6 +69,35 @@ VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
 
 class UnprocessableEntity(KubernetesError):
     pass
+
+
+def _qualified(kind: str, group: str) -> str:
+    return f"{kind}.{group}" if group else kind
+
+
+def invalid_error(kind: str, group: str, name: str, causes: list[validation.Cause]) -> UnprocessableEntity:
+    """422 Invalid, worded like kube-apiserver's (apierrors.NewInvalid)."""
+    bodies = [str(c) for c in causes]
+    text = bodies[0] if len(bodies) == 1 else "[" + ", ".join(bodies) + "]"
+    return UnprocessableEntity(
+        status=422, reason="Invalid", message=f'{_qualified(kind, group)} "{name}" is invalid: {text}',
+        details={"name": name, "group": group, "kind": kind,
+                 "causes": [{"reason": c.reason, "message": c.message, "field": c.field} for c in causes]})
+
+
+def conflict_error(plural: str, group: str, name: str) -> KubernetesError:
+    """409 Conflict for a stale resourceVersion (apierrors.NewConflict)."""
+    return KubernetesError(
+        status=409, reason="Conflict",
+        message=f'Operation cannot be fulfilled on {_qualified(plural, group)} "{name}": the object has been '
+                "modified; please apply your changes to the latest version and try again",
+        details={"name": name, "group": group, "kind": plural})
+
+
+def _manager(request) -> str:
+    """fieldManager, else the User-Agent up to its first '/', as the API server defaults it."""
+    agent = request.headers.get("User-Agent") or request.headers.get("user-agent") or "unknown"
+    return request.params.get("fieldManager") or agent.split("/", 1)[0][:128]
 
 
 def _now() -> str:
@@ -271,11 +304,19 @@ class KubeAPI(kmock.KubernetesEmulator):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         if request.namespace:
             meta["namespace"] = request.namespace
+        kind = self.resources[request.resource].kind
+        causes = apiserver.name_causes(kind, meta.get("name"))
+        if causes:
+            raise invalid_error(kind, request.resource.group, str(meta.get("name") or ""), causes)
         key = (request.resource, meta.get("namespace"), meta["name"])
         if self._live(key) is not None:
             raise KubernetesObjectConflictError(reason="AlreadyExists")
+        obj = self._admit(request, None, obj)
+        meta = obj["metadata"]
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)
         meta.pop("deletionTimestamp", None)
+        meta.pop("resourceVersion", None)
+        apiserver.record_managed_fields(None, obj, _manager(request), None, "Update")
         self._rollout(request.resource, obj)
         self._stamp(obj)
         if key in self._objects:
@@ -284,6 +325,52 @@ class KubeAPI(kmock.KubernetesEmulator):
             self._objects[key] = obj
         events.append((request.resource, {"type": "ADDED", "object": obj}))
         return obj
+
+    def _admit(self, request, old: dict | None, new: dict) -> dict:
+        """Validate and default a write as the API server does; raises 422 (or 400 in strict mode)."""
+        res = request.resource
+        kind = self.resources[res].kind
+        meta = new.setdefault("metadata", {})
+        causes = apiserver.label_causes(meta.get("labels"))
+        if kind == "LLMDeployment":
+            new, more = self._custom(request, new)
+            causes += more
+        elif kind in ("Deployment", "Pod", "Service"):
+            causes += apiserver.server_defaults(kind, new, cluster_ip=self._cluster_ip(new))
+            new = apiserver.drop_empty(new)
+        new["metadata"] = apiserver.drop_empty(new.get("metadata") or {})
+        if causes:
+            raise invalid_error(kind, res.group, meta.get("name", ""), causes)
+        return new
+
+    def _cluster_ip(self, obj: dict) -> str:
+        n = zlib.crc32((obj["metadata"].get("namespace", "") + "/" + obj["metadata"].get("name", "")).encode())
+        return f"10.96.{n >> 8 & 0xFF}.{n & 0xFF or 1}"
+
+    def _custom(self, request, obj: dict) -> tuple[dict, list[validation.Cause]]:
+        """An LLMDeployment pruned, defaulted and validated against the CRD's schema and CEL rules."""
+        schema = crd.resource_schema()
+        if request.subresource == "status":
+            if "status" not in obj:
+                return obj, []
+            obj["status"], causes, _ = validation.check(obj["status"], schema["properties"]["status"], "status")
+            return obj, causes
+        strict = request.params.get("fieldValidation") == "Strict"
+        out = {k: obj[k] for k in ("apiVersion", "kind", "metadata", "status") if k in obj}
+        unknown = [k for k in obj if k not in schema["properties"]]
+        causes = []
+        if "spec" in obj:
+            out["spec"], causes, unknown_spec = validation.check(obj["spec"], schema["properties"]["spec"], "spec")
+            unknown += unknown_spec
+        else:
+            causes = [validation.Cause("spec", "FieldValueRequired", "Required value")]
+        name = obj["metadata"].get("name")
+        if isinstance(name, str):
+            causes += validation.check(name, schema["properties"]["metadata"]["properties"]["name"], "metadata.name")[1]
+        if unknown and strict:
+            raise KubernetesError(status=400, reason="BadRequest", message="strict decoding error: " + ", ".join(
+                f'unknown field "{u}"' for u in unknown))
+        return out, causes
 
     def _update(self, request, events, replace: bool) -> dict:
         key = (request.resource, request.namespace, request.name)
@@ -296,13 +383,26 @@ class KubeAPI(kmock.KubernetesEmulator):
         ctype = (request.headers.get("Content-Type") or request.headers.get("content-type") or "").split(";")[0]
         if replace:
             new = copy.deepcopy(data)
+            meta = new.setdefault("metadata", {})
             for k in ("uid", "creationTimestamp", "generation", "deletionTimestamp"):
                 if k in old["metadata"]:
-                    new.setdefault("metadata", {})[k] = old["metadata"][k]
+                    meta[k] = old["metadata"][k]
+            if "managedFields" not in meta and "managedFields" in old["metadata"]:
+                meta["managedFields"] = old["metadata"]["managedFields"]
         elif ctype == "application/json-patch+json":
             new = json_patch(old, data)
-        else:  # merge-patch+json, strategic-merge-patch+json (treated as merge), or unspecified
+        elif ctype == "application/strategic-merge-patch+json":
+            if self.resources[request.resource].kind == "LLMDeployment":
+                raise UnprocessableEntity(status=415, reason="UnsupportedMediaType",
+                                          message="strategic merge patch is not supported for custom resources")
+            new = apiserver.strategic_merge(old, data)
+        else:  # merge-patch+json or unspecified
             new = merge_patch(old, data)
+        rv = (new.get("metadata") or {}).get("resourceVersion")
+        if rv and rv != old["metadata"].get("resourceVersion"):
+            raise conflict_error(request.resource.plural, request.resource.group, request.name)
+        for k in ("name", "namespace"):
+            new.setdefault("metadata", {})[k] = old["metadata"][k]
         if on_status:
             merged = copy.deepcopy(old)
             if "status" in new:
@@ -315,9 +415,11 @@ class KubeAPI(kmock.KubernetesEmulator):
                 new["status"] = copy.deepcopy(old["status"])
             else:
                 new.pop("status", None)
+        new = self._admit(request, old, new)
         if not on_status and new.get("spec") != old.get("spec"):
             new["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
             self._rollout(request.resource, new)
+        apiserver.record_managed_fields(old, new, _manager(request), request.subresource, "Update")
         self._stamp(new)
         live.create(new)
         events.append((request.resource, {"type": "MODIFIED", "object": new}))
