@@ -2,7 +2,8 @@
 
 One pass prunes unknown fields, drops nulls, applies defaults, checks types, enums, bounds,
 lengths, patterns and required fields, then evaluates the schema's `x-kubernetes-validations`
-CEL rules (with cel-python; the Kubernetes string extensions the CRD uses are added). Each
+CEL rules (with common-expression-language, cel-rust's bindings; the Kubernetes string extensions
+the CRD uses are added). Each
 failure is a `Cause` worded like apimachinery's field errors, so the emulated API answers what a
 cluster answers and `kneecap.control.spec` reports the same field paths from the same rules.
 """
@@ -16,8 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-import celpy
-from celpy import celtypes
+import cel
 
 _DATE_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
 _CEL_REASON = {"FieldValueInvalid": None, "FieldValueForbidden": "Forbidden",
@@ -165,29 +165,20 @@ def check(value: Any, schema: Mapping, path: str, unknown: str = "prune") -> tup
 
 # ---------------------------------------------------------------- CEL
 
-def _split(s, sep):
-    return celtypes.ListType([celtypes.StringType(x) for x in str(s).split(str(sep))])
-
-
-def _substring(s, start, end=None):
-    return celtypes.StringType(str(s)[int(start):None if end is None else int(end)])
-
-
-# Kubernetes' CEL string extensions (cel-go ext.Strings) the CRD's rules use.
+# Kubernetes' CEL string extensions (cel-go ext.Strings) that the CRD's rules use.
 _FUNCTIONS = {
-    "split": _split,
-    "replace": lambda s, old, new: celtypes.StringType(str(s).replace(str(old), str(new))),
-    "substring": _substring,
-    "lowerAscii": lambda s: celtypes.StringType(str(s).lower()),
-    "indexOf": lambda s, sub: celtypes.IntType(str(s).find(str(sub))),
-    "join": lambda lst, sep="": celtypes.StringType(str(sep).join(str(x) for x in lst)),
+    "split": lambda s, sep: s.split(sep),
+    "replace": lambda s, old, new: s.replace(old, new),
+    "substring": lambda s, start, end=None: s[start:end],
+    "lowerAscii": lambda s: s.lower(),
+    "indexOf": lambda s, sub: s.find(sub),
+    "join": lambda items, sep="": sep.join(items),
 }
 
 
 @functools.cache
-def _program(expr: str):
-    env = celpy.Environment()
-    return env.program(env.compile(expr), functions=_FUNCTIONS)
+def _program(expr: str) -> cel.Program:
+    return cel.compile(expr)
 
 
 def to_cel(value: Any, schema: Mapping | None) -> Any:
@@ -195,13 +186,23 @@ def to_cel(value: Any, schema: Mapping | None) -> Any:
     schema = schema or {}
     if isinstance(value, dict):
         props, extra = schema.get("properties") or {}, schema.get("additionalProperties")
-        return celtypes.MapType({celtypes.StringType(k): to_cel(v, props.get(k, extra if isinstance(extra, dict) else None))
-                                 for k, v in value.items()})
+        return {k: to_cel(v, props.get(k, extra if isinstance(extra, dict) else None)) for k, v in value.items()}
     if isinstance(value, list):
-        return celtypes.ListType([to_cel(v, schema.get("items")) for v in value])
-    if schema.get("type") == "number" and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return celtypes.DoubleType(float(value))
-    return celpy.json_to_cel(value)
+        return [to_cel(v, schema.get("items")) for v in value]
+    if schema.get("type") == "number" and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def _evaluate(expr: str, context: cel.Context) -> Any:
+    try:
+        return _program(expr).execute(context)
+    except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+        raise CELError(f"{exc} evaluating rule: {expr}") from None
+
+
+class CELError(Exception):
+    """A rule that could not be evaluated (a missing field without has(), a type mismatch)."""
 
 
 def cel_causes(value: Any, schema: Mapping, path: str) -> list[Cause]:
@@ -209,24 +210,25 @@ def cel_causes(value: Any, schema: Mapping, path: str) -> list[Cause]:
     rules = schema.get("x-kubernetes-validations") or []
     if not rules:
         return []
-    activation = {"self": to_cel(value, schema)}
+    context = cel.Context(variables={"self": to_cel(value, schema)}, functions=_FUNCTIONS)
+    typ = schema.get("type", "object")
     out = []
     for rule in rules:
         try:
-            ok = _program(rule["rule"]).evaluate(activation)
-        except celpy.CELEvalError as exc:
-            out.append(invalid(path, schema.get("type", "object"), f"{exc.args[0]} evaluating rule: {rule['rule']}"))
+            ok = _evaluate(rule["rule"], context)
+        except CELError as exc:
+            out.append(invalid(path, typ, str(exc)))
             continue
-        if ok is True or (isinstance(ok, celtypes.BoolType) and bool(ok)):
+        if ok is True:
             continue
         message = rule.get("message") or f"failed rule: {rule['rule']}"
         if rule.get("messageExpression"):
             try:
-                message = str(_program(rule["messageExpression"]).evaluate(activation)) or message
-            except celpy.CELEvalError:
+                message = str(_evaluate(rule["messageExpression"], context)) or message
+            except CELError:
                 pass
-        field = path + rule.get("fieldPath", "")
-        prefix = _CEL_REASON.get(rule.get("reason", "FieldValueInvalid"))
-        text = f"{prefix}: {message}" if prefix else f"Invalid value: {show(schema.get('type', 'object'))}: {message}"
-        out.append(Cause(field, rule.get("reason", "FieldValueInvalid"), text))
+        reason = rule.get("reason", "FieldValueInvalid")
+        prefix = _CEL_REASON.get(reason)
+        text = f"{prefix}: {message}" if prefix else f"Invalid value: {show(typ)}: {message}"
+        out.append(Cause(path + rule.get("fieldPath", ""), reason, text))
     return out
