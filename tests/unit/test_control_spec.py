@@ -160,6 +160,9 @@ MALFORMED = [
     ({"engine.extraArgs": ["--kv-cache-memory-bytes=8G"]}, "spec.engine.extraArgs[0]"),
     ({"engine.extraArgs": ["--port", "9000"]}, "spec.engine.extraArgs[0]"),
     ({"engine.extraArgs": ["--host=0.0.0.0"]}, "spec.engine.extraArgs[0]"),
+    ({"engine.extraArgs": ["--ho=0.0.0.0"]}, "spec.engine.extraArgs[0]"),
+    ({"engine.extraArgs": ["--por=9000"]}, "spec.engine.extraArgs[0]"),
+    ({"engine.extraArgs": ["--kv-cache-mem=1G"]}, "spec.engine.extraArgs[0]"),
     ({"engine.extraArgs": ["--kv-transfer-config.kv_connector", "X"]}, "spec.engine.extraArgs[0]"),
     ({"engine.extraArgs": _many(129)}, "spec.engine.extraArgs"),
     ({"engine.extraArgs": ["x" * 4097]}, "spec.engine.extraArgs[0]"),
@@ -178,6 +181,7 @@ MALFORMED = [
 WELL_FORMED = [
     {"engine.extraArgs": ["--max-model-len", "4096", "--enable-prefix-caching", "-tp", "2", "--"]},
     {"engine.extraArgs": ["--hf-token=x", "--port-range-is-not-a-flag", "--served-model-name", "m"]},
+    {"engine.extraArgs": ["--gpu=h100-80gb", "--max-num-batched-tokens=8192", "--kv-cache-dtype=fp8", "--h", "--p"]},
     {"engine.extraArgs": _many(128)},
     {"engine.command": ["python", "-m", "vllm.entrypoints.openai.api_server"]},
     {"control.minObservations": 24, "control.maxObservationAge": "90s"},
