@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.support.kmock_api import LLMD, KubeAPIThread, json_patch, merge_patch, selector_matches
+from tests.support.operator_harness import MINIMAL_SPEC as SPEC
 
-SPEC = {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "accelerator": {"type": "h100-80gb"},
-        "engine": {"image": "vllm/vllm-openai:v0.11.0"}}
 
 
 @pytest.fixture(scope="module")

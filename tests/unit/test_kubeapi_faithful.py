@@ -15,11 +15,9 @@ from kneecap.control.quantity import canonical_quantity, parse_quantity
 from kneecap.control.reconcile import replicas_owner
 from kneecap.demo.kubeapi import LLMD, KubeAPIThread
 from kneecap.errors import InputError
+from tests.support.operator_harness import DEPLOY, MINIMAL_SPEC as SPEC
 
 NS = "faithful"
-DEPLOY = "apps/v1/deployments"
-SPEC = {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "accelerator": {"type": "h100-80gb"},
-        "engine": {"image": "vllm/vllm-openai:v0.11.0"}}
 
 
 @pytest.fixture(scope="module")
