@@ -64,7 +64,9 @@ def test_label_selector_and_gc_and_rollout(kube):
             "uid": owner["metadata"]["uid"], "controller": True}]
     d = kube.create("apps/v1/deployments", {"metadata": {"name": "c", "namespace": "t2", "ownerReferences": ref,
                                                          "labels": {"role": "x"}},
-                                            "spec": {"replicas": 3, "template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}}})
+                                            "spec": {"replicas": 3, "selector": {"matchLabels": {"role": "x"}},
+                                                     "template": {"metadata": {"labels": {"role": "x"}},
+                                                                  "spec": {"containers": [{"name": "c", "image": "x"}]}}}})
     assert d["status"]["observedGeneration"] == 1 and d["status"]["updatedReplicas"] == 3
     kube.add_pod("t2", "p1", {"role": "x"})
     kube.add_pod("t2", "p2", {"role": "y"})

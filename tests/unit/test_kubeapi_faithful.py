@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 import decimal
+import json
+import urllib.request
 
 import pytest
 
@@ -62,6 +64,16 @@ def test_strict_field_validation_rejects_unknown_fields(kube):
     assert body["message"] == 'strict decoding error: unknown field "spec.engine.bogus"'
     code, _ = post(kube, LLMD, llmd("strict"), "?fieldValidation=Strict")
     assert code == 201
+
+
+def test_unknown_fields_are_warned_about_by_default(kube):
+    obj = llmd("warned")
+    obj["spec"]["engine"]["maxNumSeq"] = 64  # a typo
+    req = urllib.request.Request(kube.url + kube.path(LLMD, NS), data=json.dumps(obj).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        assert resp.status == 201
+        assert resp.headers.get_all("Warning") == ['299 - "unknown field \\"spec.engine.maxNumSeq\\""']
 
 
 def test_invalid_spec_is_422_with_causes_worded_like_kube(kube):
@@ -153,6 +165,26 @@ def test_names_per_kind_and_labels(kube):
     code, _ = post(kube, DEPLOY, deployment("lab", labels={"bad key!": "v"}))
     assert code == 422
     assert post(kube, DEPLOY, deployment("lab", labels={"example.com/ok_key": "A.b-c_9"}))[0] == 201
+
+
+def test_deployment_selector_matches_the_template_and_is_immutable(kube):
+    d = deployment("sel")
+    d["spec"]["template"]["metadata"]["labels"] = {"app": "other"}
+    code, body = post(kube, DEPLOY, d)
+    assert code == 422 and body["details"]["causes"][0]["field"] == "spec.template.metadata.labels"
+    assert body["details"]["causes"][0]["message"].endswith("`selector` does not match template `labels`")
+    kube.create(DEPLOY, deployment("sel"))
+    code, body = kube.request("PATCH", kube.path(DEPLOY, NS, "sel"), {"spec": {"selector": {"matchLabels": {"x": "y"}},
+                                                                          "template": {"metadata": {"labels": {"x": "y"}}}}})
+    assert code == 422 and body["details"]["causes"][0]["field"] == "spec.selector"
+    assert body["details"]["causes"][0]["message"].endswith("field is immutable")
+    code, _ = kube.request("PATCH", kube.path(DEPLOY, NS, "sel"), {"spec": {"template": {"metadata": {"labels": {"x": "y"}}}}})
+    assert code == 200  # more template labels than the selector asks for are fine
+
+
+def test_namespace_names_are_dns_labels(kube):
+    assert kube.request("POST", "/api/v1/namespaces", {"metadata": {"name": "Team.A"}})[0] == 422
+    assert kube.request("POST", "/api/v1/namespaces", {"metadata": {"name": "team-a"}})[0] == 201
 
 
 # ---------------------------------------------------------------- stored form of built-in kinds

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import json
 import re
 from typing import Any
 
@@ -196,6 +197,31 @@ def _service_defaults(obj: dict, cluster_ip: str) -> None:
         p.setdefault("protocol", "TCP")
         p.setdefault("targetPort", p.get("port"))
     obj.setdefault("status", {}).setdefault("loadBalancer", {})
+
+
+def _go_map(m: dict) -> str:
+    return "map[string]string{" + ", ".join(f"{json.dumps(k)}:{json.dumps(v)}" for k, v in sorted(m.items())) + "}"
+
+
+def deployment_causes(old: dict | None, new: dict) -> list[Cause]:
+    """The selector selects the template's labels and never changes (apps/v1 ValidateDeploymentUpdate)."""
+    spec = new.get("spec") or {}
+    selector = (spec.get("selector") or {}).get("matchLabels") or {}
+    labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
+    out = []
+    if not selector:
+        out.append(Cause("spec.selector", "FieldValueRequired", "Required value"))
+    elif any(labels.get(k) != v for k, v in selector.items()):
+        out.append(Cause("spec.template.metadata.labels", "FieldValueInvalid",
+                         f"Invalid value: {_go_map(labels)}: `selector` does not match template `labels`"))
+    if old is not None and (old.get("spec") or {}).get("selector") != spec.get("selector"):
+        out.append(Cause("spec.selector", "FieldValueInvalid",
+                         f"Invalid value: v1.LabelSelector{{MatchLabels:{_go_map(selector)}}}: field is immutable"))
+    for i, c in enumerate((spec.get("template") or {}).get("spec", {}).get("containers") or []):
+        for key in ("name", "image"):
+            if not c.get(key):
+                out.append(Cause(f"spec.template.spec.containers[{i}].{key}", "FieldValueRequired", "Required value"))
+    return out
 
 
 def server_defaults(kind: str, obj: dict, cluster_ip: str = "10.96.0.10") -> list[Cause]:

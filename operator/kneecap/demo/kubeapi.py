@@ -43,6 +43,7 @@ from typing import Any
 import aiohttp.web
 import attrs
 import kmock
+import multidict
 from kmock._internal import enums, rendering
 from kmock._internal.k8s import KubernetesError, KubernetesObjectConflictError, KubernetesObjectNotFoundError
 
@@ -175,6 +176,7 @@ class KubeAPI(kmock.KubernetesEmulator):
     instant_rollouts: bool = True
     garbage_collect: bool = True  # cascade deletes by ownerReferences, as a cluster's GC does
     _rv: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
+    _warnings: list[str] = attrs.field(factory=list, init=False)  # of the request being served
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -221,6 +223,9 @@ class KubeAPI(kmock.KubernetesEmulator):
         if raw_request.method == "POST":
             obj = await raw_request.json()
             name = obj["metadata"]["name"]
+            causes = apiserver.name_causes("Namespace", name)
+            if causes:
+                return await self._render_error(invalid_error("Namespace", "", name, causes))
             async with self._lock:
                 if self._live((res, None, name)) is not None:
                     return await self._render_error(KubernetesObjectConflictError(reason="AlreadyExists"))
@@ -259,6 +264,7 @@ class KubeAPI(kmock.KubernetesEmulator):
         events: list[dict] = []
         try:
             async with self._lock:
+                self._warnings = []
                 if request.action == enums.action.LIST:
                     payload, status = self._list(request), 200
                 elif request.action == enums.action.FETCH and request.subresource is None:
@@ -277,7 +283,8 @@ class KubeAPI(kmock.KubernetesEmulator):
             return await super()._handle(request)
         for resource, event in events:
             await self._buses[resource].put(event)
-        return aiohttp.web.json_response(payload, status=status)
+        headers = multidict.CIMultiDict(("Warning", f"299 - {json.dumps(w)}") for w in self._warnings)
+        return aiohttp.web.json_response(payload, status=status, headers=headers)
 
     def _list(self, request) -> dict:
         if request.resource not in self._get_resources():
@@ -337,6 +344,8 @@ class KubeAPI(kmock.KubernetesEmulator):
             causes += more
         elif kind in ("Deployment", "Pod", "Service"):
             causes += apiserver.server_defaults(kind, new, cluster_ip=self._cluster_ip(new))
+            if kind == "Deployment":
+                causes += apiserver.deployment_causes(old, new)
             new = apiserver.drop_empty(new)
         new["metadata"] = apiserver.drop_empty(new.get("metadata") or {})
         if causes:
@@ -355,7 +364,6 @@ class KubeAPI(kmock.KubernetesEmulator):
                 return obj, []
             obj["status"], causes, _ = validation.check(obj["status"], schema["properties"]["status"], "status")
             return obj, causes
-        strict = request.params.get("fieldValidation") == "Strict"
         out = {k: obj[k] for k in ("apiVersion", "kind", "metadata", "status") if k in obj}
         unknown = [k for k in obj if k not in schema["properties"]]
         causes = []
@@ -367,9 +375,12 @@ class KubeAPI(kmock.KubernetesEmulator):
         name = obj["metadata"].get("name")
         if isinstance(name, str):
             causes += validation.check(name, schema["properties"]["metadata"]["properties"]["name"], "metadata.name")[1]
-        if unknown and strict:
+        mode = request.params.get("fieldValidation", "Warn")
+        if unknown and mode == "Strict":
             raise KubernetesError(status=400, reason="BadRequest", message="strict decoding error: " + ", ".join(
                 f'unknown field "{u}"' for u in unknown))
+        if mode == "Warn":
+            self._warnings += [f'unknown field "{u}"' for u in unknown]
         return out, causes
 
     def _update(self, request, events, replace: bool) -> dict:
