@@ -320,3 +320,31 @@ def test_canonical_quantity(given, canonical, value):
 def test_malformed_quantities(bad):
     with pytest.raises(InputError):
         canonical_quantity(bad)
+
+
+# ---------------------------------------------------------------- what the operator sees back
+
+@pytest.mark.parametrize("engine", [
+    {},
+    {"podAnnotations": {"a": "b"}, "env": [{"name": "X", "value": "1"}]},
+    pytest.param({"resources": {"limits": {"cpu": 1, "memory": "1024Mi"}, "requests": {"cpu": 0.5}}},
+                 marks=pytest.mark.xfail(strict=True, reason="reconcile compares raw quantities with the stored "
+                                                            "canonical ones (1 vs '1', 1024Mi vs 1Gi): a patch every tick")),
+])
+def test_the_operators_deployment_reads_back_unchanged(kube, engine):
+    """reconcile patches when its desired Deployment is not a subset of the live one: after a create
+    the stored object (defaults, canonical quantities, omitted empties) must still contain it."""
+    from kneecap.control import manifests as M
+    from kneecap.control.reconcile import is_subset
+
+    name = f"rb{len(engine)}{sorted(engine)[0][:3].lower() if engine else ''}"
+    spec = copy.deepcopy(SPEC)
+    spec["engine"].update(engine)
+    owner = kube.create(LLMD, llmd(name, spec))
+    parsed = S.parse_spec(owner["spec"])
+    (pool,) = M.pools(name, parsed)
+    desired = M.deployment(owner, parsed, pool, M.initial_settings(parsed, pool.role))
+    live = kube.create(DEPLOY, desired)
+    want = {"metadata": {"labels": desired["metadata"]["labels"]},
+            "spec": {"template": desired["spec"]["template"], "replicas": desired["spec"]["replicas"]}}
+    assert is_subset(want, live)
