@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import decimal
 import json
+import urllib.error
 import urllib.request
 
 import pytest
@@ -348,3 +349,57 @@ def test_the_operators_deployment_reads_back_unchanged(kube, engine):
     want = {"metadata": {"labels": desired["metadata"]["labels"]},
             "spec": {"template": desired["spec"]["template"], "replicas": desired["spec"]["replicas"]}}
     assert is_subset(want, live)
+
+
+# ---------------------------------------------------------------- server-side apply
+
+def apply(kube, name: str, obj: dict, manager: str | None, force: bool = False):
+    import yaml
+
+    query = "&".join(q for q in (f"fieldManager={manager}" if manager else "", "force=true" if force else "") if q)
+    req = urllib.request.Request(kube.url + kube.path(DEPLOY, NS, name) + (f"?{query}" if query else ""),
+                                 data=yaml.safe_dump(obj).encode(), method="PATCH",
+                                 headers={"Content-Type": "application/apply-patch+yaml"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_server_side_apply_owns_fields_and_conflicts_without_force(kube):
+    d = deployment("ssa")
+    d["spec"]["replicas"] = 2
+    code, body = apply(kube, "ssa", d, "kneecap")
+    assert code == 201 and body["spec"]["replicas"] == 2
+    assert [(m["manager"], m["operation"]) for m in body["metadata"]["managedFields"]] == [("kneecap", "Apply")]
+    assert "f:revisionHistoryLimit" not in body["metadata"]["managedFields"][0]["fieldsV1"]["f:spec"]  # a default
+    assert apply(kube, "ssa", d, None)[0] == 422  # an apply names its manager
+    # someone scales by hand: the next apply of another replica count conflicts
+    code, _ = kube.request("PATCH", kube.path(DEPLOY, NS, "ssa") + "?fieldManager=kubectl-scale", {"spec": {"replicas": 5}})
+    assert code == 200
+    d["spec"]["replicas"] = 3
+    code, body = apply(kube, "ssa", d, "kneecap")
+    assert code == 409 and body["reason"] == "Conflict"
+    assert body["message"] == 'Apply failed with 1 conflict: conflict with "kubectl-scale" using apps/v1: .spec.replicas'
+    assert body["details"]["causes"] == [{"reason": "FieldManagerConflict", "field": ".spec.replicas",
+                                          "message": 'conflict with "kubectl-scale" using apps/v1'}]
+    # applying without replicas gives the field up; forcing takes it back
+    del d["spec"]["replicas"]
+    code, body = apply(kube, "ssa", d, "kneecap")
+    assert code == 200 and body["spec"]["replicas"] == 5
+    d["spec"]["replicas"] = 3
+    code, body = apply(kube, "ssa", d, "kneecap", force=True)
+    assert code == 200 and body["spec"]["replicas"] == 3
+    assert [m["manager"] for m in body["metadata"]["managedFields"]] == ["kneecap"]
+
+
+def test_server_side_apply_removes_fields_the_manager_stopped_applying(kube):
+    d = deployment("ssa-rm", labels={"a": "1", "b": "2"})
+    assert apply(kube, "ssa-rm", d, "tool")[0] == 201
+    d["metadata"]["labels"] = {"a": "1"}
+    code, body = apply(kube, "ssa-rm", d, "tool")
+    assert code == 200 and body["metadata"]["labels"] == {"a": "1"}
+    assert kube.request("PATCH", kube.path(DEPLOY, NS, "ssa-rm"), {"spec": {}}, "application/merge-patch+json")[0] == 200
+    code, body = kube.request("PATCH", kube.path(DEPLOY, NS, "ssa-rm") + "?force=true", {"spec": {}})
+    assert code == 422  # force belongs to apply

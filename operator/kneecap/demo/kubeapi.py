@@ -44,6 +44,7 @@ import aiohttp.web
 import attrs
 import kmock
 import multidict
+import yaml
 from kmock._internal import enums, rendering
 from kmock._internal.k8s import KubernetesError, KubernetesObjectConflictError, KubernetesObjectNotFoundError
 
@@ -65,6 +66,7 @@ CORE_RESOURCES: dict[str, tuple[str, bool, set[str]]] = {
     "autoscaling/v2/horizontalpodautoscalers": ("HorizontalPodAutoscaler", True, {"status"}),
 }
 LLMD = "kneecap.io/v1alpha1/llmdeployments"
+APPLY = "application/apply-patch+yaml"
 VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
 
 
@@ -93,6 +95,23 @@ def conflict_error(plural: str, group: str, name: str) -> KubernetesError:
         message=f'Operation cannot be fulfilled on {_qualified(plural, group)} "{name}": the object has been '
                 "modified; please apply your changes to the latest version and try again",
         details={"name": name, "group": group, "kind": plural})
+
+
+def apply_conflict_error(conflicts, plural: str, group: str, name: str) -> KubernetesError:
+    """409 of a server-side apply that would change fields other managers own."""
+    by = {}
+    for manager, api_version, field in conflicts:
+        by.setdefault((manager, api_version), []).append(field)
+    if len(conflicts) == 1:
+        (manager, api_version, field), = conflicts
+        text = f'Apply failed with 1 conflict: conflict with "{manager}" using {api_version}: {field}'
+    else:
+        text = f"Apply failed with {len(conflicts)} conflicts: " + "\n".join(
+            f'conflicts with "{m}" using {v}:\n' + "\n".join(f"- {f}" for f in fs) for (m, v), fs in by.items())
+    return KubernetesError(status=409, reason="Conflict", message=text, details={
+        "name": name, "group": group, "kind": plural,
+        "causes": [{"reason": "FieldManagerConflict", "message": f'conflict with "{m}" using {v}', "field": f}
+                   for m, v, f in conflicts]})
 
 
 def _manager(request) -> str:
@@ -272,7 +291,9 @@ class KubeAPI(kmock.KubernetesEmulator):
                 elif request.action == enums.action.CREATE:
                     payload, status = self._create(request, events), 201
                 elif request.action == enums.action.UPDATE or (method == "PUT" and request.name):
-                    payload, status = self._update(request, events, replace=method == "PUT"), 200
+                    created = self._live((res, request.namespace, request.name)) is None  # by an apply
+                    payload = self._update(request, events, replace=method == "PUT")
+                    status = 201 if created else 200
                 elif request.action == enums.action.DELETE:
                     payload, status = self._delete(res, request.namespace, request.name, events), 200
                 else:
@@ -304,9 +325,11 @@ class KubeAPI(kmock.KubernetesEmulator):
             raise KubernetesObjectNotFoundError()
         return live.raw
 
-    def _create(self, request, events) -> dict:
-        obj = copy.deepcopy(request.data or {})
+    def _create(self, request, events, body: dict | None = None, operation: str = "Update") -> dict:
+        obj = copy.deepcopy(body if body is not None else request.data or {})
         meta = obj.setdefault("metadata", {})
+        if operation == "Apply":
+            meta["name"] = request.name
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         if request.namespace:
@@ -323,7 +346,11 @@ class KubeAPI(kmock.KubernetesEmulator):
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)
         meta.pop("deletionTimestamp", None)
         meta.pop("resourceVersion", None)
-        apiserver.record_managed_fields(None, obj, _manager(request), None, "Update")
+        if operation == "Apply":  # the applied fields only, not the defaults
+            meta["managedFields"] = apiserver.server_side_apply({}, body, _manager(request), force=True,
+                                                                strategic=True)[1]
+        else:
+            apiserver.record_managed_fields(None, obj, _manager(request), None, operation)
         self._rollout(request.resource, obj)
         self._stamp(obj)
         if key in self._objects:
@@ -386,13 +413,31 @@ class KubeAPI(kmock.KubernetesEmulator):
     def _update(self, request, events, replace: bool) -> dict:
         key = (request.resource, request.namespace, request.name)
         live = self._live(key)
+        ctype = (request.headers.get("Content-Type") or request.headers.get("content-type") or "").split(";")[0]
+        apply = ctype == APPLY
+        if apply and not request.params.get("fieldManager"):
+            raise invalid_error("PatchOptions", "meta.k8s.io", "", [validation.Cause(
+                "fieldManager", "FieldValueRequired", "Required value: is required for apply patch")])
+        if not apply and "force" in request.params:
+            raise invalid_error("PatchOptions", "meta.k8s.io", "", [validation.Cause(
+                "force", "FieldValueForbidden", "Forbidden: may not be specified for non-apply patch")])
+        data = yaml.safe_load(request.text or "") if apply else request.data
         if live is None:
+            if apply and request.subresource is None:
+                return self._create(request, events, data, operation="Apply")
             raise KubernetesObjectNotFoundError()
         old = live.raw
-        data = request.data
         on_status = request.subresource == "status"
-        ctype = (request.headers.get("Content-Type") or request.headers.get("content-type") or "").split(";")[0]
-        if replace:
+        managed = None
+        if apply:
+            try:
+                new, managed = apiserver.server_side_apply(
+                    old, data, request.params["fieldManager"], force=request.params.get("force") == "true",
+                    strategic=self.resources[request.resource].kind != "LLMDeployment")
+            except apiserver.ApplyConflict as exc:
+                raise apply_conflict_error(exc.conflicts, request.resource.plural, request.resource.group,
+                                           request.name) from None
+        elif replace:
             new = copy.deepcopy(data)
             meta = new.setdefault("metadata", {})
             for k in ("uid", "creationTimestamp", "generation", "deletionTimestamp"):
@@ -430,7 +475,10 @@ class KubeAPI(kmock.KubernetesEmulator):
         if not on_status and new.get("spec") != old.get("spec"):
             new["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
             self._rollout(request.resource, new)
-        apiserver.record_managed_fields(old, new, _manager(request), request.subresource, "Update")
+        if managed is None:
+            apiserver.record_managed_fields(old, new, _manager(request), request.subresource, "Update")
+        else:
+            new["metadata"]["managedFields"] = managed
         self._stamp(new)
         live.create(new)
         events.append((request.resource, {"type": "MODIFIED", "object": new}))
