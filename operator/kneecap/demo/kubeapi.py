@@ -1,26 +1,43 @@
-"""An emulated Kubernetes API (kmock 0.8, fixed where kopf needs it) for the demo and operator tests.
+"""An emulated Kubernetes API (kmock 0.8) that answers like kube-apiserver where the operator depends on it.
 
 kmock (==0.8, by kopf's author) serves discovery, lists, watches and fetches from memory. Its
-gaps (DESIGN §7) are fixed here for the requests the operator makes; everything else is kmock's:
+gaps (DESIGN §7) are filled here, and every write is admitted as a real API server admits it
+(the pure rules are in kneecap.demo.apiserver and kneecap.control.validation):
 
 * objects get ``uid``, ``creationTimestamp``, ``resourceVersion`` (a global counter) and
-  ``generation`` (bumped when ``spec`` changes), so kopf's JSON-patch ``test`` ops work;
+  ``generation`` (bumped when ``spec`` changes), so kopf's JSON-patch ``test`` ops work; a PUT or
+  patch carrying a stale ``metadata.resourceVersion`` is a 409 Conflict;
+* LLMDeployments are pruned, defaulted and validated against the CRD's structural schema and its
+  CEL rules (the file in crds/); failures are a 422 Invalid Status with ``details.causes`` worded
+  like kube-apiserver's; ``fieldValidation=Strict`` turns unknown fields into a 400, the default
+  (Warn) into ``Warning`` headers; ``/status`` writes are checked against the status schema;
+* names are validated per kind (DNS-1035 label for Services and their 63 characters, DNS-1123
+  subdomain for the rest), label keys and values too;
+* Deployments, Pods and Services get the server's defaults, canonical resource quantities
+  (``0.5`` -> ``500m``) and their empty maps and lists dropped; a Deployment's selector must
+  select its template and never changes;
+* ``managedFields`` record the last writer of each field (``fieldManager``, else the
+  User-Agent's product), which is how the operator finds who owns ``spec.replicas``;
 * POST answers 201 (409 AlreadyExists on a live name); ``generateName`` is honoured;
-* PATCH honours the content type: ``application/json-patch+json`` (add, remove, replace, test;
-  a failed test is 422) and merge patch (RFC 7386: dicts merge, lists replace, null deletes);
-  ``/status`` changes only ``status``; for resources declared with a status subresource the
-  main endpoint ignores ``status``;
+* PATCH honours the content type: JSON patch (add, remove, replace, test; a failed test is 422),
+  merge patch (RFC 7386), strategic merge patch (lists merged by their keys: containers and env
+  by ``name``, ports by ``containerPort``..., ``$patch: delete``; 415 on custom resources) and
+  server-side apply (``fieldManager`` required, 409 on fields another manager set differently
+  unless ``force=true``); ``/status`` changes only ``status``; for resources declared with a
+  status subresource the main endpoint ignores ``status``;
 * PUT replaces an object (keeping identity fields);
 * GET of one object is a dict lookup (kmock's fetch scans all objects: 0.17 s at 1000 objects);
 * LIST honours ``labelSelector`` (``k=v``, ``k!=v``, ``k``, ``!k``, comma-joined) and namespaces;
 * ``/api/v1/namespaces`` lists instead of 500 (declared like any resource);
 * DELETE of an object without finalizers removes it and cascades to objects whose
-  ``ownerReferences`` name its uid (the garbage collector a cluster runs);
+  ``ownerReferences`` name its uid (the garbage collector a cluster runs, background
+  propagation: no ``blockOwnerDeletion`` needed);
 * Deployments roll out instantly (a minimal deployment controller writes ``status``).
 
 Deliberate simplifications: ``status`` given on create is kept (tests write pods' IPs that way);
-watches ignore ``labelSelector`` and ``resourceVersion``; user reactions (``kmock[...] << ...``)
-do not see mutating requests, which this class serves itself.
+watches ignore ``labelSelector`` and ``resourceVersion``; managedFields treat lists as single
+fields; user reactions (``kmock[...] << ...``) do not see mutating requests, which this class
+serves itself.
 
 `KubeAPIThread` runs the emulator in a background thread with its own event loop, so a sync
 test can run the operator with `kopf.testing.KopfRunner` and talk to the API like kubectl.
