@@ -131,7 +131,7 @@ class Walk:
     def _object(self, value, schema, path) -> dict:
         props = schema.get("properties") or {}
         extra = schema.get("additionalProperties")
-        keep_unknown = schema.get("x-kubernetes-preserve-unknown-fields") or extra is True or not (props or extra)
+        keep_unknown = schema.get("x-kubernetes-preserve-unknown-fields") or extra is True
         out: dict = {}
         for key, v in value.items():
             sub = props.get(key, extra if isinstance(extra, dict) else None)
