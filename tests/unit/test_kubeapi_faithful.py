@@ -403,3 +403,16 @@ def test_server_side_apply_removes_fields_the_manager_stopped_applying(kube):
     assert kube.request("PATCH", kube.path(DEPLOY, NS, "ssa-rm"), {"spec": {}}, "application/merge-patch+json")[0] == 200
     code, body = kube.request("PATCH", kube.path(DEPLOY, NS, "ssa-rm") + "?force=true", {"spec": {}})
     assert code == 422  # force belongs to apply
+
+
+def test_validation_ratchets_fields_an_update_leaves_alone(kube, monkeypatch):
+    """An object made invalid by a stricter CRD still takes writes that do not touch the bad field."""
+    post(kube, LLMD, llmd("ratchet", {**SPEC, "engine": {**SPEC["engine"], "extraArgs": ["--legacy-flag"]}}))
+    stricter = copy.deepcopy(S.resource_schema())
+    stricter["properties"]["spec"]["properties"]["engine"]["properties"]["extraArgs"]["maxItems"] = 0
+    monkeypatch.setattr(S, "resource_schema", lambda: stricter)
+    ok = kube.patch(LLMD, NS, "ratchet", {"metadata": {"finalizers": ["kneecap.io/cleanup"]}})
+    assert ok["metadata"]["finalizers"] == ["kneecap.io/cleanup"]
+    code, body = kube.request("PATCH", kube.path(LLMD, NS, "ratchet"),
+                              {"spec": {"engine": {"extraArgs": ["--legacy-flag", "--more"]}}})
+    assert code == 422 and body["details"]["causes"][0]["field"] == "spec.engine.extraArgs"

@@ -156,6 +156,30 @@ class Walk:
         return out
 
 
+_MISSING = object()
+_STEP = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
+
+
+def field_value(obj: Any, path: str) -> Any:
+    """The value at a cause's field path ('spec.engine.extraArgs[1]') in `obj`; a sentinel when absent."""
+    for key, index in _STEP.findall("." + path):
+        if key and isinstance(obj, dict) and key in obj:
+            obj = obj[key]
+        elif index and isinstance(obj, list) and int(index) < len(obj):
+            obj = obj[int(index)]
+        else:
+            return _MISSING
+    return obj
+
+
+def ratchet(causes: list[Cause], old: Any, new: Any) -> list[Cause]:
+    """The causes an update introduced: a field left as it was may stay invalid (CRD validation
+    ratcheting, on by default since Kubernetes 1.30), so a CRD that tightens a rule does not lock
+    existing objects against unrelated writes (a finalizer, a label)."""
+    return [c for c in causes if field_value(old, c.field) is _MISSING
+            or field_value(old, c.field) != field_value(new, c.field)]
+
+
 def check(value: Any, schema: Mapping, path: str, unknown: str = "prune") -> tuple[Any, list[Cause], list[str]]:
     """(pruned and defaulted copy, causes, unknown field paths) of `value` under `schema`."""
     walk = Walk(unknown)

@@ -384,7 +384,7 @@ class KubeAPI(kmock.KubernetesEmulator):
         meta = new.setdefault("metadata", {})
         causes = apiserver.label_causes(meta.get("labels"))
         if kind == "LLMDeployment":
-            new, more = self._custom(request, new)
+            new, more = self._custom(request, old, new)
             causes += more
         elif kind in ("Deployment", "Pod", "Service"):
             causes += apiserver.server_defaults(kind, new, cluster_ip=self._cluster_ip(new))
@@ -400,14 +400,15 @@ class KubeAPI(kmock.KubernetesEmulator):
         n = zlib.crc32((obj["metadata"].get("namespace", "") + "/" + obj["metadata"].get("name", "")).encode())
         return f"10.96.{n >> 8 & 0xFF}.{n & 0xFF or 1}"
 
-    def _custom(self, request, obj: dict) -> tuple[dict, list[validation.Cause]]:
-        """An LLMDeployment pruned, defaulted and validated against the CRD's schema and CEL rules."""
+    def _custom(self, request, old: dict | None, obj: dict) -> tuple[dict, list[validation.Cause]]:
+        """An LLMDeployment pruned, defaulted and validated against the CRD's schema and CEL rules
+        (on an update, only the fields it changed: ratcheting)."""
         schema = crd.resource_schema()
         if request.subresource == "status":
             if "status" not in obj:
                 return obj, []
             obj["status"], causes, _ = validation.check(obj["status"], schema["properties"]["status"], "status")
-            return obj, causes
+            return obj, causes if old is None else validation.ratchet(causes, old, obj)
         out = {k: obj[k] for k in ("apiVersion", "kind", "metadata", "status") if k in obj}
         unknown = [k for k in obj if k not in schema["properties"]]
         causes = []
@@ -425,7 +426,7 @@ class KubeAPI(kmock.KubernetesEmulator):
                 f'unknown field "{u}"' for u in unknown))
         if mode == "Warn":
             self._warnings += [f'unknown field "{u}"' for u in unknown]
-        return out, causes
+        return out, causes if old is None else validation.ratchet(causes, old, out)
 
     def _update(self, request, events, replace: bool) -> dict:
         key = (request.resource, request.namespace, request.name)
