@@ -212,8 +212,9 @@ def test_quantities_canonical_defaults_and_empty_fields(kube):
     bad = copy.deepcopy(c)
     bad["resources"]["limits"]["cpu"] = "two"
     code, body = post(kube, DEPLOY, deployment("q-bad", bad))
-    assert code == 422
-    assert body["details"]["causes"][0]["field"] == "spec.template.spec.containers[0].resources.limits[cpu]"
+    assert code == 400 and body["reason"] == "BadRequest"  # a Quantity that cannot be decoded
+    assert body["message"] == ('Deployment in version "v1" cannot be handled as a Deployment: quantities must '
+                               "match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'")
 
 
 def test_service_defaults(kube):

@@ -6,9 +6,10 @@
   compares what it sent with what is stored sees what a cluster would show it;
 * the strategic merge patch merges lists by their keys (containers by name, env by name...);
 * `managedFields` record which manager last wrote each field (a coarse FieldsV1: maps are
-  followed, lists are leaves).
+  followed, lists are leaves), and server-side apply checks and takes ownership by them.
 
-Each check returns `validation.Cause`s; the emulated API turns them into a 422 Status.
+Each check returns `validation.Cause`s, which the emulated API turns into a 422 Status; a body
+that cannot be decoded (a malformed quantity) raises DecodeError, a 400.
 """
 
 from __future__ import annotations
@@ -94,6 +95,10 @@ def label_causes(labels: Any, path: str = "metadata.labels") -> list[Cause]:
 
 # ---------------------------------------------------------------- defaults, quantities, omitempty
 
+class DecodeError(Exception):
+    """A body the API server cannot decode into its Go type (a 400, before any validation)."""
+
+
 # Go maps and slices are omitempty in the API types: an empty one is not stored.
 _MAP_FIELDS = {"labels", "annotations", "nodeSelector", "limits", "requests", "matchLabels", "selector", "data"}
 
@@ -128,7 +133,7 @@ def _image_pull_policy(image: str) -> str:
     return "Always" if ":" not in last or last.endswith(":latest") else "IfNotPresent"
 
 
-def _container_defaults(c: dict, path: str, causes: list[Cause]) -> None:
+def _container_defaults(c: dict) -> None:
     c.setdefault("terminationMessagePath", "/dev/termination-log")
     c.setdefault("terminationMessagePolicy", "File")
     if isinstance(c.get("image"), str):
@@ -151,24 +156,23 @@ def _container_defaults(c: dict, path: str, causes: list[Cause]) -> None:
             try:
                 amounts[name] = canonical_quantity(amount)
             except InputError:
-                causes.append(invalid(f"{path}.resources.{part}[{name}]", amount,
-                                      "quantities must match the regular expression "
-                                      "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"))
+                raise DecodeError("quantities must match the regular expression "
+                                  "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'") from None
 
 
-def pod_spec_defaults(spec: dict, path: str, causes: list[Cause]) -> None:
+def pod_spec_defaults(spec: dict) -> None:
     spec.setdefault("restartPolicy", "Always")
     spec.setdefault("dnsPolicy", "ClusterFirst")
     spec.setdefault("schedulerName", "default-scheduler")
     spec.setdefault("terminationGracePeriodSeconds", 30)
     spec.setdefault("securityContext", {})
     for group in ("initContainers", "containers"):
-        for i, c in enumerate(spec.get(group) or []):
+        for c in spec.get(group) or []:
             if isinstance(c, dict):
-                _container_defaults(c, f"{path}.{group}[{i}]", causes)
+                _container_defaults(c)
 
 
-def _deployment_defaults(obj: dict, causes: list[Cause]) -> None:
+def _deployment_defaults(obj: dict) -> None:
     spec = obj.setdefault("spec", {})
     spec.setdefault("replicas", 1)
     spec.setdefault("revisionHistoryLimit", 10)
@@ -180,7 +184,7 @@ def _deployment_defaults(obj: dict, causes: list[Cause]) -> None:
         ru.setdefault("maxUnavailable", "25%")
         ru.setdefault("maxSurge", "25%")
     template = spec.setdefault("template", {})
-    pod_spec_defaults(template.setdefault("spec", {}), "spec.template.spec", causes)
+    pod_spec_defaults(template.setdefault("spec", {}))
 
 
 def _service_defaults(obj: dict, cluster_ip: str) -> None:
@@ -224,17 +228,15 @@ def deployment_causes(old: dict | None, new: dict) -> list[Cause]:
     return out
 
 
-def server_defaults(kind: str, obj: dict, cluster_ip: str = "10.96.0.10") -> list[Cause]:
-    """Apply the API server's defaults to a Deployment, Pod or Service in place; quantity causes."""
-    causes: list[Cause] = []
+def server_defaults(kind: str, obj: dict, cluster_ip: str = "10.96.0.10") -> None:
+    """Apply the API server's defaults to a Deployment, Pod or Service in place (DecodeError on a bad quantity)."""
     if kind == "Deployment":
-        _deployment_defaults(obj, causes)
+        _deployment_defaults(obj)
     elif kind == "Pod":
-        pod_spec_defaults(obj.setdefault("spec", {}), "spec", causes)
+        pod_spec_defaults(obj.setdefault("spec", {}))
         obj["spec"].setdefault("enableServiceLinks", True)
     elif kind == "Service":
         _service_defaults(obj, cluster_ip)
-    return causes
 
 
 # ---------------------------------------------------------------- strategic merge patch

@@ -387,7 +387,11 @@ class KubeAPI(kmock.KubernetesEmulator):
             new, more = self._custom(request, old, new)
             causes += more
         elif kind in ("Deployment", "Pod", "Service"):
-            causes += apiserver.server_defaults(kind, new, cluster_ip=self._cluster_ip(new))
+            try:
+                apiserver.server_defaults(kind, new, cluster_ip=self._cluster_ip(new))
+            except apiserver.DecodeError as exc:
+                raise KubernetesError(status=400, reason="BadRequest", message=f'{kind} in version "{res.version}" '
+                                      f"cannot be handled as a {kind}: {exc}") from None
             if kind == "Deployment":
                 causes += apiserver.deployment_causes(old, new)
             new = apiserver.drop_empty(new)
