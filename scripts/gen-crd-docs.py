@@ -44,6 +44,12 @@ def _bounds(schema: dict) -> str:
         parts.append(("< " if schema.get("exclusiveMaximum") else "≤ ") + _num(schema["maximum"]))
     if "minLength" in schema:
         parts.append(f"length ≥ {schema['minLength']}")
+    if "maxLength" in schema:
+        parts.append(f"length ≤ {schema['maxLength']}")
+    if "maxItems" in schema:
+        parts.append(f"at most {schema['maxItems']} items")
+    if isinstance(schema.get("items"), dict) and "maxLength" in schema["items"]:
+        parts.append(f"items of length ≤ {schema['items']['maxLength']}")
     if "enum" in schema:
         parts.append("one of " + ", ".join(f"`{e}`" for e in schema["enum"]))
     if "pattern" in schema:
@@ -67,6 +73,8 @@ def _rows(schema: dict, path: str, required: bool, out: list[list[str]], rules: 
     for name, sub in (schema.get("properties") or {}).items():
         _rows(sub, f"{path}.{name}", name in req, out, rules)
     items = schema.get("items")
+    for rule in (items or {}).get("x-kubernetes-validations", []) if isinstance(items, dict) else []:
+        rules.append((f"{path}[i]", rule))
     if isinstance(items, dict) and items.get("properties"):
         for name, sub in items["properties"].items():
             _rows(sub, f"{path}[].{name}", name in set(items.get("required", [])), out, rules)
@@ -97,8 +105,10 @@ def render() -> str:
             for c in version["additionalPrinterColumns"]:
                 lines.append(f"| {c['name']} | {c['type']} | `{c['jsonPath']}` | {c.get('description', '')} |")
             lines.append("")
-        for top in ("spec", "status"):
+        for top in ("metadata", "spec", "status"):
             sub = schema["properties"][top]
+            if top == "metadata" and not sub.get("properties"):
+                continue
             rows: list[list[str]] = []
             rules: list[tuple[str, dict]] = []
             _rows(sub, top, top in schema.get("required", []), rows, rules)
@@ -107,8 +117,9 @@ def render() -> str:
             # GFM tables: a literal | (also inside code spans) is written \|
             lines += ["| " + " | ".join(c.replace("\\|", "|").replace("|", "\\|") for c in r) + " |" for r in rows]
             if rules:
-                lines += ["", f"Cross-field rules on `{top}` (CEL, enforced by the API server and re-checked by the operator):", ""]
-                lines += [f"- `{p}`: `{r['rule']}` — {r.get('message', '')}" for p, r in rules]
+                lines += ["", f"Rules on `{top}` (CEL, enforced by the API server and re-checked by the operator; "
+                          "the field named is the one an error reports):", ""]
+                lines += [f"- `{p}{r.get('fieldPath', '')}`: `{r['rule']}` — {r.get('message', '')}" for p, r in rules]
             lines.append("")
     return "\n".join(lines).rstrip() + "\n"
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.support.kmock_api import LLMD, KubeAPIThread, json_patch, merge_patch, selector_matches
+from tests.support.operator_harness import MINIMAL_SPEC as SPEC
+
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +26,7 @@ def test_discovery_serves_the_crd_with_status_subresource(kube):
 
 def test_identity_fields_conflict_and_generation(kube):
     obj = kube.create(LLMD, {"apiVersion": "kneecap.io/v1alpha1", "kind": "LLMDeployment",
-                             "metadata": {"name": "a", "namespace": "t1"}, "spec": {"x": 1}})
+                             "metadata": {"name": "a", "namespace": "t1"}, "spec": SPEC})
     meta = obj["metadata"]
     assert meta["uid"] and meta["creationTimestamp"] and meta["generation"] == 1
     rv1 = int(meta["resourceVersion"])
@@ -36,12 +38,12 @@ def test_identity_fields_conflict_and_generation(kube):
     new = kube.patch(LLMD, "t1", "a", {"status": {"phase": "Y"}}, sub="status")
     assert new["status"] == {"phase": "Y"} and new["metadata"]["generation"] == 1
     assert int(new["metadata"]["resourceVersion"]) > rv1
-    new = kube.patch(LLMD, "t1", "a", {"spec": {"x": 2}})
+    new = kube.patch(LLMD, "t1", "a", {"spec": {"engine": {"maxNumSeqs": 128}}})
     assert new["metadata"]["generation"] == 2 and new["status"] == {"phase": "Y"}
 
 
 def test_json_patch_with_resource_version_test(kube):
-    obj = kube.create(LLMD, {"metadata": {"name": "b", "namespace": "t1"}, "spec": {}})
+    obj = kube.create(LLMD, {"metadata": {"name": "b", "namespace": "t1"}, "spec": SPEC})
     rv = obj["metadata"]["resourceVersion"]
     ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": rv},
            {"op": "add", "path": "/metadata/finalizers", "value": ["f"]}]
@@ -57,12 +59,14 @@ def test_json_patch_with_resource_version_test(kube):
 
 
 def test_label_selector_and_gc_and_rollout(kube):
-    owner = kube.create(LLMD, {"metadata": {"name": "c", "namespace": "t2"}, "spec": {}})
+    owner = kube.create(LLMD, {"metadata": {"name": "c", "namespace": "t2"}, "spec": SPEC})
     ref = [{"apiVersion": "kneecap.io/v1alpha1", "kind": "LLMDeployment", "name": "c",
             "uid": owner["metadata"]["uid"], "controller": True}]
     d = kube.create("apps/v1/deployments", {"metadata": {"name": "c", "namespace": "t2", "ownerReferences": ref,
                                                          "labels": {"role": "x"}},
-                                            "spec": {"replicas": 3, "template": {}}})
+                                            "spec": {"replicas": 3, "selector": {"matchLabels": {"role": "x"}},
+                                                     "template": {"metadata": {"labels": {"role": "x"}},
+                                                                  "spec": {"containers": [{"name": "c", "image": "x"}]}}}})
     assert d["status"]["observedGeneration"] == 1 and d["status"]["updatedReplicas"] == 3
     kube.add_pod("t2", "p1", {"role": "x"})
     kube.add_pod("t2", "p2", {"role": "y"})

@@ -60,7 +60,8 @@ def test_disaggregated_objects_with_kv_transfer(kube):
 
 
 def test_invalid_spec_sets_condition_and_event_and_creates_nothing(kube):
-    bad = llmd("bad", topology={"replicas": {"min": 5, "max": 2}})
+    # valid for the API server (the CRD cannot know the accelerator catalog), invalid for the operator
+    bad = llmd("bad", gpu="tpu-v9")
     with operator(kube) as runner:
         kube.create(LLMD, bad)
         st = wait_for(lambda: (kube.get(LLMD, NS, "bad").get("status") or {}).get("conditions"), what="conditions")
@@ -69,9 +70,9 @@ def test_invalid_spec_sets_condition_and_event_and_creates_nothing(kube):
     assert runner.exit_code == 0, runner.output
     (ready,) = [c for c in st if c["type"] == "Ready"]
     assert ready["status"] == "False" and ready["reason"] == "InvalidSpec"
-    assert "spec.topology.replicas.min" in ready["message"]
+    assert "spec.accelerator.type" in ready["message"]
     assert kube.get(LLMD, NS, "bad")["status"]["phase"] == "Invalid"
-    assert "spec.topology.replicas.min" in ev[0]["message"] and ev[0]["type"] == "Warning"
+    assert "spec.accelerator.type" in ev[0]["message"] and ev[0]["type"] == "Warning"
     assert kube.list(DEPLOY, NS) == [] and kube.list("v1/services", NS) == []
 
 

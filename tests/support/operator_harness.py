@@ -12,6 +12,9 @@ from kneecap.control.handlers import OperatorConfig, build_registry
 NS = "serving"
 DEPLOY = "apps/v1/deployments"
 SERVICE = "v1/services"
+# the smallest spec a real API server (and parse_spec) accepts
+MINIMAL_SPEC = {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "accelerator": {"type": "h100-80gb"},
+                "engine": {"image": "vllm/vllm-openai:v0.11.0"}}
 
 
 def llmd(name: str, model: str = "meta-llama/Llama-3.1-8B-Instruct", gpu: str = "h100-80gb", **spec_over) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import yaml
@@ -93,20 +94,20 @@ def test_full_example_parses():
 
 
 @pytest.mark.parametrize("path,value,field,needle", [
-    ("topology.replicas", {"min": 5, "max": 2}, "spec.topology.replicas.min", "must be ≤ max (got 5 > 2)"),
+    ("topology.replicas", {"min": 5, "max": 2}, "spec.topology.replicas.min", "must be <= max (got 5 > 2)"),
     ("topology.decode", {"min": 3, "max": 1}, "spec.topology.decode.min", "got 3 > 1"),
-    ("topology.mode", "split", "spec.topology.mode", "expected one of"),
+    ("topology.mode", "split", "spec.topology.mode", 'Unsupported value: "split": supported values: "colocated", "disaggregated"'),
     ("topology.mode", "disaggregated", "spec.topology.kvTransfer", "required when"),
-    ("engine.gpuMemoryUtilization", 1.5, "spec.engine.gpuMemoryUtilization", "≤ 1"),
-    ("engine.gpuMemoryUtilization", 0, "spec.engine.gpuMemoryUtilization", "> 0"),
-    ("engine.maxNumSeqs", "lots", "spec.engine.maxNumSeqs", "expected integer"),
-    ("engine.maxNumSeqs", 2048, "spec.engine.maxNumSeqs", "within [1, 1024]"),
-    ("engine.port", 70000, "spec.engine.port", "≤ 65535"),
-    ("control.mode", "yolo", "spec.control.mode", "expected one of"),
-    ("control.interval", "soon", "spec.control.interval", "expected to match"),
-    ("control.minObservations", 0, "spec.control.minObservations", "≥ 1"),
+    ("engine.gpuMemoryUtilization", 1.5, "spec.engine.gpuMemoryUtilization", "should be less than or equal to 1"),
+    ("engine.gpuMemoryUtilization", 0, "spec.engine.gpuMemoryUtilization", "should be greater than 0"),
+    ("engine.maxNumSeqs", "lots", "spec.engine.maxNumSeqs", "must be of type integer"),
+    ("engine.maxNumSeqs", 2048, "spec.engine.maxNumSeqs", "= [1, 1024] (got 2048)"),
+    ("engine.port", 70000, "spec.engine.port", "Invalid value: 70000: spec.engine.port in body should be less than or equal to 65535"),
+    ("control.mode", "yolo", "spec.control.mode", "Unsupported value"),
+    ("control.interval", "soon", "spec.control.interval", "should match"),
+    ("control.minObservations", 0, "spec.control.minObservations", "should be greater than or equal to 1"),
     ("batching", {"minMaxNumSeqs": 64, "maxMaxNumSeqs": 8}, "spec.batching.minMaxNumSeqs", "got 64 > 8"),
-    ("slo.quantile", 1.0, "spec.slo.quantile", "< 1"),
+    ("slo.quantile", 1.0, "spec.slo.quantile", "should be less than 1"),
     ("model.architecture", "gpt-9", "spec.model.architecture", "gpt-9"),
     ("accelerator.type", "tpu-v9", "spec.accelerator.type", "tpu-v9"),
     ("engine.bogus", 1, "spec.engine.bogus", "unknown field"),
@@ -135,23 +136,131 @@ def test_durations(text, seconds):
     assert S.parse_duration_s(text, "x") == pytest.approx(seconds)
 
 
-def test_every_cel_rule_has_a_python_check():
-    """Each x-kubernetes-validations rule in the CRD is mirrored by a check that names a field."""
-    schema = S.spec_schema()
-    rules = [r["message"] for r in schema.get("x-kubernetes-validations", [])]
-    rules += [r["message"] for r in schema["properties"]["topology"]["x-kubernetes-validations"]]
-    rules += [r["message"] for r in schema["properties"]["batching"]["x-kubernetes-validations"]]
-    assert len(rules) == 6
-    bad = {
-        "kvTransfer": with_("topology.mode", "disaggregated"),
-        "maxNumSeqs": with_("engine.maxNumSeqs", 2000),
-        "replicas.min": with_("topology.replicas", {"min": 3, "max": 2}),
-        "prefill.min": with_("topology.prefill", {"min": 3, "max": 2}),
-        "decode.min": with_("topology.decode", {"min": 3, "max": 2}),
-        "minMaxNumSeqs": with_("batching", {"minMaxNumSeqs": 9, "maxMaxNumSeqs": 8, }, with_("engine.maxNumSeqs", 8)),
-    }
-    for msg in rules:
-        (key,) = [k for k in bad if msg.split()[0].endswith(k)]
-        with pytest.raises(InputError) as exc:
-            S.parse_spec(bad[key])
-        assert exc.value.field == msg.split()[0]
+def _cel_fields(schema: dict, path: str = "spec") -> set[str]:
+    """The field each x-kubernetes-validations rule of the CRD reports (its node plus fieldPath)."""
+    out = {path + r.get("fieldPath", "") for r in schema.get("x-kubernetes-validations", [])}
+    for key, sub in (schema.get("properties") or {}).items():
+        out |= _cel_fields(sub, f"{path}.{key}")
+    if "items" in schema:
+        out |= _cel_fields(schema["items"], f"{path}[]")
+    return out
+
+
+def _many(n):
+    return [f"--opt-{i}" for i in range(n)]
+
+
+# (spec edits, the field both the API server and parse_spec name)
+MALFORMED = [
+    ({"engine.extraArgs": ["--max-model-len=8192", "--max-num-seqs=8"]}, "spec.engine.extraArgs[1]"),
+    ({"engine.extraArgs": ["--max_num_seqs", "8"]}, "spec.engine.extraArgs[0]"),
+    ({"engine.extraArgs": ["--max-num-se", "8"]}, "spec.engine.extraArgs[0]"),  # argparse abbreviation
+    ({"engine.extraArgs": ["--gpu_mem=0.5"]}, "spec.engine.extraArgs[0]"),
+    ({"engine.extraArgs": ["--device-memory-utilization=0.5"]}, "spec.engine.extraArgs[0]"),  # vLLM's alias
+    ({"engine.extraArgs": ["--kv-cache-memory-bytes=8G"]}, "spec.engine.extraArgs[0]"),
+    ({"engine.extraArgs": ["--port", "9000"]}, "spec.engine.extraArgs[0]"),
+    ({"engine.extraArgs": ["--host=0.0.0.0"]}, "spec.engine.extraArgs[0]"),
+    ({"engine.extraArgs": ["--ho=0.0.0.0"]}, "spec.engine.extraArgs[0]"),
+    ({"engine.extraArgs": ["--por=9000"]}, "spec.engine.extraArgs[0]"),
+    ({"engine.extraArgs": ["--kv-cache-mem=1G"]}, "spec.engine.extraArgs[0]"),
+    ({"engine.extraArgs": ["--kv-transfer-config.kv_connector", "X"]}, "spec.engine.extraArgs[0]"),
+    ({"engine.extraArgs": _many(129)}, "spec.engine.extraArgs"),
+    ({"engine.extraArgs": ["x" * 4097]}, "spec.engine.extraArgs[0]"),
+    ({"engine.command": ["vllm", "serve", "--max-num-seqs=4"]}, "spec.engine.command[2]"),
+    ({"model.name": "--help"}, "spec.model.name"),
+    ({"control.minObservations": 30}, "spec.control.minObservations"),
+    ({"control.maxObservationAge": "soon"}, "spec.control.maxObservationAge"),
+    ({"topology.replicas": {"min": 5, "max": 2}}, "spec.topology.replicas.min"),
+    ({"topology.prefill": {"min": 3, "max": 2}}, "spec.topology.prefill.min"),
+    ({"topology.decode": {"min": 3, "max": 2}}, "spec.topology.decode.min"),
+    ({"topology.mode": "disaggregated"}, "spec.topology.kvTransfer"),
+    ({"engine.maxNumSeqs": 2000}, "spec.engine.maxNumSeqs"),
+    ({"batching": {"minMaxNumSeqs": 9, "maxMaxNumSeqs": 8}, "engine.maxNumSeqs": 8}, "spec.batching.minMaxNumSeqs"),
+    ({"engine.port": 0}, "spec.engine.port"),
+]
+WELL_FORMED = [
+    {"engine.extraArgs": ["--max-model-len", "4096", "--enable-prefix-caching", "-tp", "2", "--"]},
+    {"engine.extraArgs": ["--hf-token=x", "--port-range-is-not-a-flag", "--served-model-name", "m"]},
+    {"engine.extraArgs": ["--gpu=h100-80gb", "--max-num-batched-tokens=8192", "--kv-cache-dtype=fp8", "--h", "--p"]},
+    {"engine.extraArgs": _many(128)},
+    {"engine.command": ["python", "-m", "vllm.entrypoints.openai.api_server"]},
+    {"control.minObservations": 24, "control.maxObservationAge": "90s"},
+    {"model.name": "/models/llama-3.1-8b"},
+]
+
+
+def _edit(edits: dict) -> dict:
+    raw = copy.deepcopy(BASE)
+    for path, value in edits.items():
+        raw = with_(path, value, raw)
+    return raw
+
+
+@pytest.fixture(scope="module")
+def api():
+    from kneecap.demo.kubeapi import KubeAPIThread
+
+    with KubeAPIThread() as k:
+        yield k
+
+
+def _post(api, name: str, spec: dict):
+    from kneecap.demo.kubeapi import LLMD
+
+    obj = {"apiVersion": "kneecap.io/v1alpha1", "kind": "LLMDeployment",
+           "metadata": {"name": name, "namespace": "specs"}, "spec": spec}
+    return api.request("POST", api.path(LLMD, "specs"), obj)
+
+
+@pytest.mark.parametrize("i", range(len(MALFORMED)))
+def test_malformed_specs_are_rejected_by_the_api_and_the_parser_alike(api, i):
+    edits, field = MALFORMED[i]
+    spec = _edit(edits)
+    code, body = _post(api, f"bad-{i}", spec)
+    assert code == 422, body
+    assert field in [c["field"] for c in body["details"]["causes"]], body["message"]
+    with pytest.raises(InputError) as exc:
+        S.parse_spec(spec)
+    assert exc.value.field == field
+
+
+@pytest.mark.parametrize("i", range(len(WELL_FORMED)))
+def test_well_formed_specs_are_accepted_by_both(api, i):
+    spec = _edit(WELL_FORMED[i])
+    code, body = _post(api, f"good-{i}", spec)
+    assert code == 201, body
+    S.parse_spec(spec)
+
+
+def test_every_cel_rule_is_in_the_malformed_table():
+    tested = {re.sub(r"\[\d+\]", "[]", f) for _, f in MALFORMED}
+    rules = _cel_fields(S.spec_schema())
+    assert len(rules) == 9 and rules <= tested, rules - tested
+
+
+def test_managed_flag_message_names_the_flag():
+    with pytest.raises(InputError) as exc:
+        S.parse_spec(_edit({"engine.extraArgs": ["--max_num_seqs=4"]}))
+    assert str(exc.value).startswith('spec.engine.extraArgs[0]: Invalid value: "string": --max_num_seqs=4 sets a vLLM '
+                                     "flag that kneecap manages")
+    assert "spec.engine.maxNumSeqs" in str(exc.value)
+
+
+@pytest.mark.parametrize("name,ok", [("llama", True), ("a" * 55, True), ("a-1", True), ("a" * 56, False),
+                                     ("Llama", False), ("has.dot", False), ("9lives", False), ("end-", False)])
+def test_check_name_matches_the_api(api, name, ok):
+    code, body = _post(api, name, BASE)
+    assert (code == 201) == ok, body
+    if ok:
+        S.check_name(name)
+        return
+    assert body["details"]["causes"][0]["field"] == "metadata.name"
+    with pytest.raises(InputError) as exc:
+        S.check_name(name)
+    assert exc.value.field == "metadata.name"
+
+
+def test_max_observation_age_defaults_to_three_windows():
+    assert S.parse_spec(BASE).control.max_observation_age_s == 900.0
+    assert S.parse_spec(with_("control.window", "1m")).control.max_observation_age_s == 180.0
+    assert S.parse_spec(with_("control.maxObservationAge", "90s")).control.max_observation_age_s == 90.0

@@ -44,6 +44,7 @@ def strict(schema: dict) -> dict:
 def validator() -> jsonschema.Draft4Validator:
     (version,) = [v for v in CRD["spec"]["versions"] if v["storage"]]
     schema = strict(version["schema"]["openAPIV3Schema"])
+    del schema["properties"]["metadata"]["additionalProperties"]  # ObjectMeta: the CRD restricts only name
     jsonschema.Draft4Validator.check_schema(schema)
     return jsonschema.Draft4Validator(schema)
 

@@ -20,7 +20,7 @@ from kneecap.control.auth import Credentials, CredentialsError
 from kneecap.control.informer import CachedReads
 from kneecap.control.kube import KubeClient, resource_path
 from kneecap.control.metrics import OperatorMetrics
-from kneecap.control.spec import GROUP, PLURAL, VERSION, LLMDeploymentSpec, parse_spec
+from kneecap.control.spec import GROUP, PLURAL, VERSION, LLMDeploymentSpec, check_name, parse_spec
 from kneecap.errors import InputError
 
 RESOURCE = (GROUP, VERSION, PLURAL)
@@ -67,6 +67,7 @@ def _invalid(body, exc: InputError, now_s: float) -> dict:
 def _parse(body, patch, logger, config: OperatorConfig, *, emit: bool) -> LLMDeploymentSpec | None:
     """The spec, or None after recording an InvalidSpec condition (and an Event when `emit`)."""
     try:
+        check_name(body["metadata"]["name"])
         return parse_spec(body.get("spec"))
     except InputError as exc:
         patch.status.update(_invalid(body, exc, config.now()))

@@ -2,14 +2,13 @@
 
 The CRD (crds/llmdeployment.yaml) is the single source of truth: defaults, types, enums and
 bounds are read from its openAPIV3Schema, so the Python side cannot drift from what the API
-server enforces. Cross-field rules (the CRD's x-kubernetes-validations) are re-checked here
-with messages that name the field path, because the operator must also reject specs that
-reached it without an API server's validation (kmock, old CRD versions).
+server enforces. The CRD's CEL rules (x-kubernetes-validations: cross-field bounds, the flags
+kneecap manages) are evaluated here too, naming the same field paths, because the operator must
+also reject specs that reached it without an API server's validation (old CRD versions).
 """
 
 from __future__ import annotations
 
-import copy
 import functools
 import os
 import re
@@ -20,6 +19,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from kneecap.control import validation
 from kneecap.errors import InputError
 
 GROUP = "kneecap.io"
@@ -42,10 +42,15 @@ def load_crd(path: Path = CRD_PATH) -> dict:
         return yaml.safe_load(f)
 
 
+def resource_schema() -> dict:
+    """openAPIV3Schema of the served version (the whole object)."""
+    (version,) = [v for v in load_crd()["spec"]["versions"] if v["name"] == VERSION]
+    return version["schema"]["openAPIV3Schema"]
+
+
 def spec_schema() -> dict:
     """openAPIV3Schema of `.spec` for the served version."""
-    (version,) = [v for v in load_crd()["spec"]["versions"] if v["name"] == VERSION]
-    return version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    return resource_schema()["properties"]["spec"]
 
 
 def parse_duration_s(text: str, path: str) -> float:
@@ -58,71 +63,26 @@ def parse_duration_s(text: str, path: str) -> float:
 
 # ---------------------------------------------------------------- schema defaulting + validation
 
-def _type_ok(value: Any, typ: str) -> bool:
-    if typ == "object":
-        return isinstance(value, Mapping)
-    if typ == "array":
-        return isinstance(value, list)
-    if typ == "string":
-        return isinstance(value, str)
-    if typ == "boolean":
-        return isinstance(value, bool)
-    if typ == "integer":
-        return isinstance(value, int) and not isinstance(value, bool) or (isinstance(value, float) and value.is_integer())
-    if typ == "number":
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    return True
-
-
 def apply_schema(value: Any, schema: Mapping, path: str) -> Any:
-    """Default and validate `value` against a structural schema, as the API server would.
+    """Default and validate `value` against a structural schema and its CEL rules, as the API server would.
 
+    Unknown fields are an error here (a typo the API server would have pruned silently).
     Returns a defaulted deep copy; raises InputError naming the first offending field path.
     """
-    typ = schema.get("type")
-    if typ and not _type_ok(value, typ):
-        raise InputError(path, f"expected {typ}, got {type(value).__name__} {value!r}")
-    if "enum" in schema and value not in schema["enum"]:
-        raise InputError(path, f"expected one of {schema['enum']}, got {value!r}")
-    if typ in ("integer", "number"):
-        if typ == "integer":
-            value = int(value)
-        lo, hi = schema.get("minimum"), schema.get("maximum")
-        if lo is not None:
-            if schema.get("exclusiveMinimum") and not value > lo:
-                raise InputError(path, f"must be > {lo} (got {value})")
-            if not value >= lo:
-                raise InputError(path, f"must be ≥ {lo} (got {value})")
-        if hi is not None:
-            if schema.get("exclusiveMaximum") and not value < hi:
-                raise InputError(path, f"must be < {hi} (got {value})")
-            if not value <= hi:
-                raise InputError(path, f"must be ≤ {hi} (got {value})")
-    if typ == "string":
-        if len(value) < schema.get("minLength", 0):
-            raise InputError(path, "must not be empty")
-        if "pattern" in schema and not re.search(schema["pattern"], value):
-            raise InputError(path, f"expected to match {schema['pattern']}, got {value!r}")
-    if typ == "array" and "items" in schema:
-        return [apply_schema(v, schema["items"], f"{path}[{i}]") for i, v in enumerate(value)]
-    if typ == "object":
-        props = schema.get("properties")
-        if props is None:
-            return copy.deepcopy(dict(value))
-        out = {}
-        for key in value:
-            if key not in props and not schema.get("x-kubernetes-preserve-unknown-fields"):
-                raise InputError(f"{path}.{key}", f"unknown field (known: {', '.join(props)})")
-        for key in schema.get("required", []):
-            if key not in value:
-                raise InputError(f"{path}.{key}", "required")
-        for key, sub in props.items():
-            if key in value:
-                out[key] = apply_schema(value[key], sub, f"{path}.{key}")
-            elif "default" in sub:
-                out[key] = apply_schema(copy.deepcopy(sub["default"]), sub, f"{path}.{key}")
-        return out
-    return value
+    out, causes, _ = validation.check(value, schema, path, unknown="reject")
+    if causes:
+        raise InputError(causes[0].field, causes[0].message)
+    return out
+
+
+def metadata_schema() -> dict:
+    """openAPIV3Schema of `.metadata` (the CRD restricts `name` only)."""
+    return resource_schema()["properties"]["metadata"]
+
+
+def check_name(name: str) -> None:
+    """InputError('metadata.name') unless the derived Service names (`<name>-prefill`...) are valid DNS-1035 labels."""
+    apply_schema(name, metadata_schema()["properties"]["name"], "metadata.name")
 
 
 # ---------------------------------------------------------------- dataclasses
@@ -208,6 +168,7 @@ class ControlSpec:
     hysteresis: float
     observation_history: int
     max_fit_error: float
+    max_observation_age_s: float  # spec.control.maxObservationAge, else 3 x window_s
 
 
 @dataclass(frozen=True)
@@ -260,33 +221,14 @@ def _check_catalogs(spec: Mapping) -> str:
     return arch_key
 
 
-def _check_cross_fields(s: Mapping) -> None:
-    """The CRD's x-kubernetes-validations, with messages naming the field path."""
-    topo = s["topology"]
-    for pool in ("replicas", "prefill", "decode"):
-        b = topo[pool]
-        if b["min"] > b["max"]:
-            raise InputError(f"spec.topology.{pool}.min", f"must be ≤ max (got {b['min']} > {b['max']})")
-    if topo["mode"] == "disaggregated" and "kvTransfer" not in topo:
-        raise InputError("spec.topology.kvTransfer", "required when spec.topology.mode is disaggregated")
-    bat = s["batching"]
-    if bat["minMaxNumSeqs"] > bat["maxMaxNumSeqs"]:
-        raise InputError("spec.batching.minMaxNumSeqs",
-                         f"must be ≤ maxMaxNumSeqs (got {bat['minMaxNumSeqs']} > {bat['maxMaxNumSeqs']})")
-    mns = s["engine"]["maxNumSeqs"]
-    if not bat["minMaxNumSeqs"] <= mns <= bat["maxMaxNumSeqs"]:
-        raise InputError("spec.engine.maxNumSeqs",
-                         f"must lie within [{bat['minMaxNumSeqs']}, {bat['maxMaxNumSeqs']}] (got {mns})")
-
-
 def parse_spec(raw: Mapping | None) -> LLMDeploymentSpec:
     """Default, validate and parse `.spec` of an LLMDeployment. Raises InputError(field path)."""
     if raw is None:
         raise InputError("spec", "required")
     s = apply_schema(raw, spec_schema(), "spec")
-    _check_cross_fields(s)
     arch_key = _check_catalogs(s)
     c, e, t = s["control"], s["engine"], s["topology"]
+    window_s = parse_duration_s(c["window"], "spec.control.window")
     kv = t.get("kvTransfer")
     return LLMDeploymentSpec(
         model=ModelSpec(s["model"]["name"], arch_key, s["model"].get("servedModelName")),
@@ -310,9 +252,11 @@ def parse_spec(raw: Mapping | None) -> LLMDeploymentSpec:
         max_cost_per_hour=s["budget"].get("maxCostPerHour"),
         control=ControlSpec(
             mode=c["mode"], interval_s=parse_duration_s(c["interval"], "spec.control.interval"),
-            window_s=parse_duration_s(c["window"], "spec.control.window"),
+            window_s=window_s,
             cooldown_s=parse_duration_s(c["cooldown"], "spec.control.cooldown"),
             min_improvement=float(c["minImprovement"]), min_observations=c["minObservations"],
             max_step_factor=float(c["maxStepFactor"]), hysteresis=float(c["hysteresis"]),
-            observation_history=c["observationHistory"], max_fit_error=float(c["maxFitError"])),
+            observation_history=c["observationHistory"], max_fit_error=float(c["maxFitError"]),
+            max_observation_age_s=(parse_duration_s(c["maxObservationAge"], "spec.control.maxObservationAge")
+                                   if "maxObservationAge" in c else 3 * window_s)),
     )

@@ -1,26 +1,43 @@
-"""An emulated Kubernetes API (kmock 0.8, fixed where kopf needs it) for the demo and operator tests.
+"""An emulated Kubernetes API (kmock 0.8) that answers like kube-apiserver where the operator depends on it.
 
 kmock (==0.8, by kopf's author) serves discovery, lists, watches and fetches from memory. Its
-gaps (DESIGN §7) are fixed here for the requests the operator makes; everything else is kmock's:
+gaps (DESIGN §7) are filled here, and every write is admitted as a real API server admits it
+(the pure rules are in kneecap.demo.apiserver and kneecap.control.validation):
 
 * objects get ``uid``, ``creationTimestamp``, ``resourceVersion`` (a global counter) and
-  ``generation`` (bumped when ``spec`` changes), so kopf's JSON-patch ``test`` ops work;
+  ``generation`` (bumped when ``spec`` changes), so kopf's JSON-patch ``test`` ops work; a PUT or
+  patch carrying a stale ``metadata.resourceVersion`` is a 409 Conflict;
+* LLMDeployments are pruned, defaulted and validated against the CRD's structural schema and its
+  CEL rules (the file in crds/); failures are a 422 Invalid Status with ``details.causes`` worded
+  like kube-apiserver's; ``fieldValidation=Strict`` turns unknown fields into a 400, the default
+  (Warn) into ``Warning`` headers; ``/status`` writes are checked against the status schema;
+* names are validated per kind (DNS-1035 label for Services and their 63 characters, DNS-1123
+  subdomain for the rest), label keys and values too;
+* Deployments, Pods and Services get the server's defaults, canonical resource quantities
+  (``0.5`` -> ``500m``) and their empty maps and lists dropped; a Deployment's selector must
+  select its template and never changes;
+* ``managedFields`` record the last writer of each field (``fieldManager``, else the
+  User-Agent's product), which is how the operator finds who owns ``spec.replicas``;
 * POST answers 201 (409 AlreadyExists on a live name); ``generateName`` is honoured;
-* PATCH honours the content type: ``application/json-patch+json`` (add, remove, replace, test;
-  a failed test is 422) and merge patch (RFC 7386: dicts merge, lists replace, null deletes);
-  ``/status`` changes only ``status``; for resources declared with a status subresource the
-  main endpoint ignores ``status``;
+* PATCH honours the content type: JSON patch (add, remove, replace, test; a failed test is 422),
+  merge patch (RFC 7386), strategic merge patch (lists merged by their keys: containers and env
+  by ``name``, ports by ``containerPort``..., ``$patch: delete``; 415 on custom resources) and
+  server-side apply (``fieldManager`` required, 409 on fields another manager set differently
+  unless ``force=true``); ``/status`` changes only ``status``; for resources declared with a
+  status subresource the main endpoint ignores ``status``;
 * PUT replaces an object (keeping identity fields);
 * GET of one object is a dict lookup (kmock's fetch scans all objects: 0.17 s at 1000 objects);
 * LIST honours ``labelSelector`` (``k=v``, ``k!=v``, ``k``, ``!k``, comma-joined) and namespaces;
 * ``/api/v1/namespaces`` lists instead of 500 (declared like any resource);
 * DELETE of an object without finalizers removes it and cascades to objects whose
-  ``ownerReferences`` name its uid (the garbage collector a cluster runs);
+  ``ownerReferences`` name its uid (the garbage collector a cluster runs, background
+  propagation: no ``blockOwnerDeletion`` needed);
 * Deployments roll out instantly (a minimal deployment controller writes ``status``).
 
 Deliberate simplifications: ``status`` given on create is kept (tests write pods' IPs that way);
-watches ignore ``labelSelector`` and ``resourceVersion``; user reactions (``kmock[...] << ...``)
-do not see mutating requests, which this class serves itself.
+watches ignore ``labelSelector`` and ``resourceVersion``; managedFields treat lists as single
+fields; user reactions (``kmock[...] << ...``) do not see mutating requests, which this class
+serves itself.
 
 `KubeAPIThread` runs the emulator in a background thread with its own event loop, so a sync
 test can run the operator with `kopf.testing.KopfRunner` and talk to the API like kubectl.
@@ -34,6 +51,7 @@ import datetime
 import itertools
 import json
 import threading
+import zlib
 import urllib.error
 import urllib.request
 import uuid
@@ -42,10 +60,15 @@ from typing import Any
 import aiohttp.web
 import attrs
 import kmock
+import multidict
+import yaml
 from kmock._internal import enums, rendering
 from kmock._internal.k8s import KubernetesError, KubernetesObjectConflictError, KubernetesObjectNotFoundError
 
+from kneecap.control import spec as crd
+from kneecap.control import validation
 from kneecap.control.kube import selector_matches
+from kneecap.demo import apiserver
 
 assert kmock.__version__.startswith("0.8"), f"kneecap.demo.kubeapi is pinned to kmock 0.8, found {kmock.__version__}"
 
@@ -60,11 +83,58 @@ CORE_RESOURCES: dict[str, tuple[str, bool, set[str]]] = {
     "autoscaling/v2/horizontalpodautoscalers": ("HorizontalPodAutoscaler", True, {"status"}),
 }
 LLMD = "kneecap.io/v1alpha1/llmdeployments"
+APPLY = "application/apply-patch+yaml"
 VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
 
 
 class UnprocessableEntity(KubernetesError):
     pass
+
+
+def _qualified(kind: str, group: str) -> str:
+    return f"{kind}.{group}" if group else kind
+
+
+def invalid_error(kind: str, group: str, name: str, causes: list[validation.Cause]) -> UnprocessableEntity:
+    """422 Invalid, worded like kube-apiserver's (apierrors.NewInvalid)."""
+    bodies = [str(c) for c in causes]
+    text = bodies[0] if len(bodies) == 1 else "[" + ", ".join(bodies) + "]"
+    return UnprocessableEntity(
+        status=422, reason="Invalid", message=f'{_qualified(kind, group)} "{name}" is invalid: {text}',
+        details={"name": name, "group": group, "kind": kind,
+                 "causes": [{"reason": c.reason, "message": c.message, "field": c.field} for c in causes]})
+
+
+def conflict_error(plural: str, group: str, name: str) -> KubernetesError:
+    """409 Conflict for a stale resourceVersion (apierrors.NewConflict)."""
+    return KubernetesError(
+        status=409, reason="Conflict",
+        message=f'Operation cannot be fulfilled on {_qualified(plural, group)} "{name}": the object has been '
+                "modified; please apply your changes to the latest version and try again",
+        details={"name": name, "group": group, "kind": plural})
+
+
+def apply_conflict_error(conflicts, plural: str, group: str, name: str) -> KubernetesError:
+    """409 of a server-side apply that would change fields other managers own."""
+    by = {}
+    for manager, api_version, field in conflicts:
+        by.setdefault((manager, api_version), []).append(field)
+    if len(conflicts) == 1:
+        (manager, api_version, field), = conflicts
+        text = f'Apply failed with 1 conflict: conflict with "{manager}" using {api_version}: {field}'
+    else:
+        text = f"Apply failed with {len(conflicts)} conflicts: " + "\n".join(
+            f'conflicts with "{m}" using {v}:\n' + "\n".join(f"- {f}" for f in fs) for (m, v), fs in by.items())
+    return KubernetesError(status=409, reason="Conflict", message=text, details={
+        "name": name, "group": group, "kind": plural,
+        "causes": [{"reason": "FieldManagerConflict", "message": f'conflict with "{m}" using {v}', "field": f}
+                   for m, v, f in conflicts]})
+
+
+def _manager(request) -> str:
+    """fieldManager, else the User-Agent up to its first '/', as the API server defaults it."""
+    agent = request.headers.get("User-Agent") or request.headers.get("user-agent") or "unknown"
+    return request.params.get("fieldManager") or agent.split("/", 1)[0][:128]
 
 
 def _now() -> str:
@@ -142,6 +212,7 @@ class KubeAPI(kmock.KubernetesEmulator):
     instant_rollouts: bool = True
     garbage_collect: bool = True  # cascade deletes by ownerReferences, as a cluster's GC does
     _rv: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
+    _warnings: list[str] = attrs.field(factory=list, init=False)  # of the request being served
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -188,6 +259,9 @@ class KubeAPI(kmock.KubernetesEmulator):
         if raw_request.method == "POST":
             obj = await raw_request.json()
             name = obj["metadata"]["name"]
+            causes = apiserver.name_causes("Namespace", name)
+            if causes:
+                return await self._render_error(invalid_error("Namespace", "", name, causes))
             async with self._lock:
                 if self._live((res, None, name)) is not None:
                     return await self._render_error(KubernetesObjectConflictError(reason="AlreadyExists"))
@@ -226,6 +300,7 @@ class KubeAPI(kmock.KubernetesEmulator):
         events: list[dict] = []
         try:
             async with self._lock:
+                self._warnings = []
                 if request.action == enums.action.LIST:
                     payload, status = self._list(request), 200
                 elif request.action == enums.action.FETCH and request.subresource is None:
@@ -233,7 +308,9 @@ class KubeAPI(kmock.KubernetesEmulator):
                 elif request.action == enums.action.CREATE:
                     payload, status = self._create(request, events), 201
                 elif request.action == enums.action.UPDATE or (method == "PUT" and request.name):
-                    payload, status = self._update(request, events, replace=method == "PUT"), 200
+                    created = self._live((res, request.namespace, request.name)) is None  # by an apply
+                    payload = self._update(request, events, replace=method == "PUT")
+                    status = 201 if created else 200
                 elif request.action == enums.action.DELETE:
                     payload, status = self._delete(res, request.namespace, request.name, events), 200
                 else:
@@ -244,7 +321,8 @@ class KubeAPI(kmock.KubernetesEmulator):
             return await super()._handle(request)
         for resource, event in events:
             await self._buses[resource].put(event)
-        return aiohttp.web.json_response(payload, status=status)
+        headers = multidict.CIMultiDict(("Warning", f"299 - {json.dumps(w)}") for w in self._warnings)
+        return aiohttp.web.json_response(payload, status=status, headers=headers)
 
     def _list(self, request) -> dict:
         if request.resource not in self._get_resources():
@@ -264,18 +342,32 @@ class KubeAPI(kmock.KubernetesEmulator):
             raise KubernetesObjectNotFoundError()
         return live.raw
 
-    def _create(self, request, events) -> dict:
-        obj = copy.deepcopy(request.data or {})
+    def _create(self, request, events, body: dict | None = None, operation: str = "Update") -> dict:
+        obj = copy.deepcopy(body if body is not None else request.data or {})
         meta = obj.setdefault("metadata", {})
+        if operation == "Apply":
+            meta["name"] = request.name
         if not meta.get("name") and meta.get("generateName"):
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         if request.namespace:
             meta["namespace"] = request.namespace
+        kind = self.resources[request.resource].kind
+        causes = apiserver.name_causes(kind, meta.get("name"))
+        if causes:
+            raise invalid_error(kind, request.resource.group, str(meta.get("name") or ""), causes)
         key = (request.resource, meta.get("namespace"), meta["name"])
         if self._live(key) is not None:
             raise KubernetesObjectConflictError(reason="AlreadyExists")
+        obj = self._admit(request, None, obj)
+        meta = obj["metadata"]
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)
         meta.pop("deletionTimestamp", None)
+        meta.pop("resourceVersion", None)
+        if operation == "Apply":  # the applied fields only, not the defaults
+            meta["managedFields"] = apiserver.server_side_apply({}, body, _manager(request), force=True,
+                                                                strategic=True)[1]
+        else:
+            apiserver.record_managed_fields(None, obj, _manager(request), None, operation)
         self._rollout(request.resource, obj)
         self._stamp(obj)
         if key in self._objects:
@@ -285,24 +377,110 @@ class KubeAPI(kmock.KubernetesEmulator):
         events.append((request.resource, {"type": "ADDED", "object": obj}))
         return obj
 
+    def _admit(self, request, old: dict | None, new: dict) -> dict:
+        """Validate and default a write as the API server does; raises 422 (or 400 in strict mode)."""
+        res = request.resource
+        kind = self.resources[res].kind
+        meta = new.setdefault("metadata", {})
+        causes = apiserver.label_causes(meta.get("labels"))
+        if kind == "LLMDeployment":
+            new, more = self._custom(request, old, new)
+            causes += more
+        elif kind in ("Deployment", "Pod", "Service"):
+            try:
+                apiserver.server_defaults(kind, new, cluster_ip=self._cluster_ip(new))
+            except apiserver.DecodeError as exc:
+                raise KubernetesError(status=400, reason="BadRequest", message=f'{kind} in version "{res.version}" '
+                                      f"cannot be handled as a {kind}: {exc}") from None
+            if kind == "Deployment":
+                causes += apiserver.deployment_causes(old, new)
+            new = apiserver.drop_empty(new)
+        new["metadata"] = apiserver.drop_empty(new.get("metadata") or {})
+        if causes:
+            raise invalid_error(kind, res.group, meta.get("name", ""), causes)
+        return new
+
+    def _cluster_ip(self, obj: dict) -> str:
+        n = zlib.crc32((obj["metadata"].get("namespace", "") + "/" + obj["metadata"].get("name", "")).encode())
+        return f"10.96.{n >> 8 & 0xFF}.{n & 0xFF or 1}"
+
+    def _custom(self, request, old: dict | None, obj: dict) -> tuple[dict, list[validation.Cause]]:
+        """An LLMDeployment pruned, defaulted and validated against the CRD's schema and CEL rules
+        (on an update, only the fields it changed: ratcheting)."""
+        schema = crd.resource_schema()
+        if request.subresource == "status":
+            if "status" not in obj:
+                return obj, []
+            obj["status"], causes, _ = validation.check(obj["status"], schema["properties"]["status"], "status")
+            return obj, causes if old is None else validation.ratchet(causes, old, obj)
+        out = {k: obj[k] for k in ("apiVersion", "kind", "metadata", "status") if k in obj}
+        unknown = [k for k in obj if k not in schema["properties"]]
+        causes = []
+        if "spec" in obj:
+            out["spec"], causes, unknown_spec = validation.check(obj["spec"], schema["properties"]["spec"], "spec")
+            unknown += unknown_spec
+        else:
+            causes = [validation.Cause("spec", "FieldValueRequired", "Required value")]
+        name = obj["metadata"].get("name")
+        if isinstance(name, str):
+            causes += validation.check(name, schema["properties"]["metadata"]["properties"]["name"], "metadata.name")[1]
+        mode = request.params.get("fieldValidation", "Warn")
+        if unknown and mode == "Strict":
+            raise KubernetesError(status=400, reason="BadRequest", message="strict decoding error: " + ", ".join(
+                f'unknown field "{u}"' for u in unknown))
+        if mode == "Warn":
+            self._warnings += [f'unknown field "{u}"' for u in unknown]
+        return out, causes if old is None else validation.ratchet(causes, old, out)
+
     def _update(self, request, events, replace: bool) -> dict:
         key = (request.resource, request.namespace, request.name)
         live = self._live(key)
+        ctype = (request.headers.get("Content-Type") or request.headers.get("content-type") or "").split(";")[0]
+        apply = ctype == APPLY
+        if apply and not request.params.get("fieldManager"):
+            raise invalid_error("PatchOptions", "meta.k8s.io", "", [validation.Cause(
+                "fieldManager", "FieldValueRequired", "Required value: is required for apply patch")])
+        if not apply and "force" in request.params:
+            raise invalid_error("PatchOptions", "meta.k8s.io", "", [validation.Cause(
+                "force", "FieldValueForbidden", "Forbidden: may not be specified for non-apply patch")])
+        data = yaml.safe_load(request.text or "") if apply else request.data
         if live is None:
+            if apply and request.subresource is None:
+                return self._create(request, events, data, operation="Apply")
             raise KubernetesObjectNotFoundError()
         old = live.raw
-        data = request.data
         on_status = request.subresource == "status"
-        ctype = (request.headers.get("Content-Type") or request.headers.get("content-type") or "").split(";")[0]
-        if replace:
+        managed = None
+        if apply:
+            try:
+                new, managed = apiserver.server_side_apply(
+                    old, data, request.params["fieldManager"], force=request.params.get("force") == "true",
+                    strategic=self.resources[request.resource].kind != "LLMDeployment")
+            except apiserver.ApplyConflict as exc:
+                raise apply_conflict_error(exc.conflicts, request.resource.plural, request.resource.group,
+                                           request.name) from None
+        elif replace:
             new = copy.deepcopy(data)
+            meta = new.setdefault("metadata", {})
             for k in ("uid", "creationTimestamp", "generation", "deletionTimestamp"):
                 if k in old["metadata"]:
-                    new.setdefault("metadata", {})[k] = old["metadata"][k]
+                    meta[k] = old["metadata"][k]
+            if "managedFields" not in meta and "managedFields" in old["metadata"]:
+                meta["managedFields"] = old["metadata"]["managedFields"]
         elif ctype == "application/json-patch+json":
             new = json_patch(old, data)
-        else:  # merge-patch+json, strategic-merge-patch+json (treated as merge), or unspecified
+        elif ctype == "application/strategic-merge-patch+json":
+            if self.resources[request.resource].kind == "LLMDeployment":
+                raise UnprocessableEntity(status=415, reason="UnsupportedMediaType",
+                                          message="strategic merge patch is not supported for custom resources")
+            new = apiserver.strategic_merge(old, data)
+        else:  # merge-patch+json or unspecified
             new = merge_patch(old, data)
+        rv = (new.get("metadata") or {}).get("resourceVersion")
+        if rv and rv != old["metadata"].get("resourceVersion"):
+            raise conflict_error(request.resource.plural, request.resource.group, request.name)
+        for k in ("name", "namespace"):
+            new.setdefault("metadata", {})[k] = old["metadata"][k]
         if on_status:
             merged = copy.deepcopy(old)
             if "status" in new:
@@ -315,9 +493,14 @@ class KubeAPI(kmock.KubernetesEmulator):
                 new["status"] = copy.deepcopy(old["status"])
             else:
                 new.pop("status", None)
+        new = self._admit(request, old, new)
         if not on_status and new.get("spec") != old.get("spec"):
             new["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
             self._rollout(request.resource, new)
+        if managed is None:
+            apiserver.record_managed_fields(old, new, _manager(request), request.subresource, "Update")
+        else:
+            new["metadata"]["managedFields"] = managed
         self._stamp(new)
         live.create(new)
         events.append((request.resource, {"type": "MODIFIED", "object": new}))
