@@ -206,6 +206,8 @@ class ControlSpec:
     hysteresis: float
     observation_history: int
     max_fit_error: float
+    max_observation_age_s: float  # spec.control.maxObservationAge, default 3 windows
+
 
 
 @dataclass(frozen=True)
@@ -312,5 +314,8 @@ def parse_spec(raw: Mapping | None) -> LLMDeploymentSpec:
             cooldown_s=parse_duration_s(c["cooldown"], "spec.control.cooldown"),
             min_improvement=float(c["minImprovement"]), min_observations=c["minObservations"],
             max_step_factor=float(c["maxStepFactor"]), hysteresis=float(c["hysteresis"]),
-            observation_history=c["observationHistory"], max_fit_error=float(c["maxFitError"])),
+            observation_history=c["observationHistory"], max_fit_error=float(c["maxFitError"]),
+            max_observation_age_s=(parse_duration_s(c["maxObservationAge"], "spec.control.maxObservationAge")
+                                   if "maxObservationAge" in c
+                                   else 3.0 * parse_duration_s(c["window"], "spec.control.window"))),
     )
