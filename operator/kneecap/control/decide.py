@@ -8,7 +8,6 @@ themselves. The guards (policy.py) decide afterwards whether a recommendation is
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 from dataclasses import asdict, dataclass, replace
 from typing import Sequence
@@ -223,24 +222,6 @@ def recalibrate(arch_key: str, gpu_key: str, observations: Sequence[Observation]
     return CalibrationOutcome(new, True, True, "Fitted",
                               f"SLIM fitted on {rows.n} observations, {rows.batch_levels} batch levels, "
                               f"error {new_err:.1%}" + why, new_err)
-
-
-def calibration_to_status(cal: calibrate.Calibration, error: float | None) -> dict:
-    d = json.loads(cal.to_json())
-    d.update(fitErrorPct=None if error is None else round(100.0 * error, 3),
-             nPoints=int(cal.metrics.get("n_points", 0)), time=cal.created)
-    return d
-
-
-def calibration_from_status(d: dict | None) -> calibrate.Calibration | None:
-    if not d or "params" not in d:
-        return None
-    try:
-        return calibrate.Calibration.from_json(json.dumps({k: v for k, v in d.items()
-                                                           if k in ("version", "form", "gpu", "models", "params",
-                                                                    "std", "metrics", "created", "notes")}))
-    except InputError:
-        return None
 
 
 # ---------------------------------------------------------------- recommendation

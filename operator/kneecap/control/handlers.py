@@ -14,7 +14,7 @@ from typing import Callable
 import aiohttp
 import kopf
 
-from kneecap.control import loop as L, reconcile as R, status as St
+from kneecap.control import loop as L, plan as P, reconcile as R, status as St
 from kneecap.control.informer import CachedReads
 from kneecap.control.kube import KubeClient, resource_path
 from kneecap.control.metrics import OperatorMetrics
@@ -119,7 +119,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
                                  ", ".join(f"{p.pool.name}: {'created' if p.created else 'patched' if p.patched else 'in sync'}"
                                            for p in result.pools), gen, now)
         patch.status.update({"observedGeneration": gen, "conditions": conds, "phase": St.phase_of(conds),
-                             "invalidField": None, "ownership": L.ownership_status(result.pools)})
+                             "invalidField": None, "ownership": P.ownership_status(result.pools)})
         if result.changed:
             kopf.info(body, reason="Reconciled", message=f"{reason}: " + ", ".join(
                 [f"{p.pool.name} {'created' if p.created else 'patched'}" for p in result.pools
@@ -153,8 +153,8 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         # written directly (one merge patch on the status subresource, the object not read
         # back): kopf's patch would re-check the whole returned object on every tick
         meta = body["metadata"]
-        await memo.kube.patch_status(resource_path(f"{GROUP}/{VERSION}", PLURAL, meta["namespace"], meta["name"]),
-                                     status)
+        await L.write_status(ctx, resource_path(f"{GROUP}/{VERSION}", PLURAL, meta["namespace"], meta["name"]),
+                             status, mem)
 
     @kopf.on.delete(*RESOURCE, id="delete", registry=registry)
     async def delete(body, memo, logger, **_):
