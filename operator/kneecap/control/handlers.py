@@ -63,7 +63,7 @@ def _parse(body, patch, logger, config: OperatorConfig, *, emit: bool) -> LLMDep
         patch.status.update(_invalid(body, exc, config.now()))
         if emit:
             kopf.warn(body, reason="InvalidSpec", message=str(exc))
-        logger.error("invalid spec: %s", exc)
+        logger.info("invalid spec: %s", exc)  # (the InvalidSpec condition and Event carry it)
         return None
 
 
@@ -81,7 +81,10 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kneecap.io")
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
             prefix="kneecap.io", key="last-handled-configuration")
-        settings.posting.level = logging.INFO
+        # kopf's own handler failures (logged at ERROR on the object's logger) become Warning/Error
+        # Events; the handlers' explicit Events (kopf.event, kopf.warn) are posted as they are
+        settings.posting.loggers = True
+        settings.posting.level = logging.WARNING
         memo.kube = KubeClient.from_connection_info(_connection(config, logger, settings))
         # the ticks read Deployments, HPAs and pods from watch-backed caches (the spec handlers
         # read the API: they must see an HPA created just before a spec change)
@@ -121,7 +124,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         patch.status.update({"observedGeneration": gen, "conditions": conds, "phase": St.phase_of(conds),
                              "invalidField": None, "ownership": P.ownership_status(result.pools)})
         if result.changed:
-            kopf.info(body, reason="Reconciled", message=f"{reason}: " + ", ".join(
+            kopf.event(body, type="Normal", reason="Reconciled", message=f"{reason}: " + ", ".join(
                 [f"{p.pool.name} {'created' if p.created else 'patched'}" for p in result.pools
                  if p.created or p.patched] + [f"{d} deleted" for d in result.deleted]))
 

@@ -467,7 +467,8 @@ def _api_errors(t: _Tick) -> None:
     for f in t.g.api_failures:
         t.m.inc("api_errors", f.verb, f.resource, str(f.code))
     if not failures:
-        t.condition(St.API_ERROR, False, "WritesSucceeded", "the operator's API writes succeed")
+        if St.get_condition(t.conds, St.API_ERROR):  # (absent until a write first fails: fewer bytes a tick)
+            t.condition(St.API_ERROR, False, "WritesSucceeded", "the operator's API writes succeed again")
         return
     f = failures[0]
     reason = ("StatusWriteFailed" if f is t.g.status_write_failure and not t.g.api_failures
