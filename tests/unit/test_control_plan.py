@@ -224,6 +224,9 @@ def test_a_failed_patch_rolls_back_what_it_would_have_changed(curve):
     assert (c["status"], c["reason"]) == ("True", "PatchFailed") and "patch deployments llm: HTTP 422" in c["message"]
     assert (event.type, event.reason) == ("Warning", "PatchFailed")
     assert counters[0] == P.MetricUpdate("inc", "api_errors", ("patch", "deployments", "422"), 1.0)
+    # the same refusal on the next tick: counted, no second Event
+    _, again, counted = P.failed_write({**p.status, **out}, failure, 2, NOW + 30, *LABELS, p.patches[0].rollback)
+    assert again is None and counted == counters
 
 
 def test_a_pool_left_out_for_a_conflict_is_not_acted_on(curve):

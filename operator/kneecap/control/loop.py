@@ -238,7 +238,7 @@ async def apply(ctx: LoopContext, g: P.Gathered, plan: P.Plan, now_s: float) -> 
                 rollback.update(later.rollback)
             status, event, counters = P.failed_write(status, failure, g.generation, now_s, g.namespace, g.name,
                                                      rollback)
-            events.append(event)
+            events += [event] if event else []
             updates.extend(counters)
             break
         events.extend(patch.events)

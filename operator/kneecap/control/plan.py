@@ -481,17 +481,20 @@ def _api_errors(t: _Tick) -> None:
 
 
 def failed_write(status: dict, failure: ApiFailure, generation, now_s: float, namespace: str, name: str,
-                 rollback: dict) -> tuple[dict, Event, tuple[MetricUpdate, ...]]:
+                 rollback: dict) -> tuple[dict, Event | None, tuple[MetricUpdate, ...]]:
     """A Deployment patch of the plan failed: the status without what it would have changed,
-    ApiError and a held decision that name the failure, the Event and the counters. Pure."""
+    ApiError and a held decision that name the failure, the counters, and a Warning Event
+    (None when ApiError already said the same). Pure."""
     out = {**status, **rollback}
     reason = f"{failure.verb.capitalize()}Failed"
+    prev = St.get_condition(out.get("conditions"), St.API_ERROR) or {}
     conds = St.set_condition(out.get("conditions"), St.API_ERROR, True, reason, str(failure)[:900], generation,
                              now_s)
+    repeated = prev.get("status") == "True" and prev.get("message") == str(failure)[:900]
     msg = f"the Deployment patch failed, nothing applied: {failure}"[:900]
     out.update(conditions=conds, phase=St.phase_of(conds),
                lastDecision={"action": policy.HOLD, "reason": "ApplyFailed", "message": msg, "time": St.iso(now_s)})
-    return out, Event("Warning", reason, msg), (
+    return out, None if repeated else Event("Warning", reason, msg), (
         MetricUpdate("inc", "api_errors", (failure.verb, failure.resource, str(failure.code)), 1.0),
         MetricUpdate("inc", "decisions", (namespace, name, "ApplyFailed"), 1.0))
 
