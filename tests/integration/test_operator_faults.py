@@ -29,10 +29,10 @@ from kneecap.control.loop import WINDOW_FAMILIES
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.demo.kubeapi import KubeAPI
 from kneecap.observe.scrape import parse_metrics
-from tests.integration.test_operator_loop import GPU, MODEL, ARCH, SCALE, add_pod, drive, resource, stop
+from tests.integration.test_operator_loop import SCALE, add_pod, drive, resource, stop, twin  # noqa: F401 (fixture)
 from tests.support.kmock_api import LLMD, KubeAPIThread
 from tests.support.operator_harness import DEPLOY, NS, condition, events, operator, status, wait_for
-from tests.support.twins import SimClock, Twin
+from tests.support.twins import SimClock
 
 pytestmark = pytest.mark.slow
 
@@ -76,13 +76,6 @@ def kube():
         yield k
 
 
-@pytest.fixture()
-def twin():
-    t = Twin(MODEL, ARCH, GPU, max_num_seqs=8, time_scale=SCALE).start()
-    yield t
-    t.stop()
-
-
 def series(metrics: OperatorMetrics) -> dict[tuple, float]:
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for f in text_string_to_metric_families(metrics.exposition().decode()) for s in f.samples}
@@ -120,12 +113,17 @@ def editing_scrape(clock: SimClock, edit: list):
     return scrape
 
 
+def run_operator(kube, metrics: OperatorMetrics, clock: SimClock, edit: list | None = None):
+    """The operator on ``kube``, scraping through :func:`editing_scrape`, at the twin's clock."""
+    return operator(kube, OperatorConfig(tick_s=0.1, now=clock, scrape=editing_scrape(clock, edit or [None]),
+                                         metrics=metrics))
+
+
 def test_unusable_metrics_hold_every_decision_and_degraded_names_them(kube, twin):
     metrics, clock, edit = OperatorMetrics(), SimClock(SCALE), [None]
     procs = drive(twin)
     try:
-        with operator(kube, OperatorConfig(tick_s=0.1, now=clock, scrape=editing_scrape(clock, edit),
-                                           metrics=metrics)) as runner:
+        with run_operator(kube, metrics, clock, edit) as runner:
             # a 1 s cooldown: with usable windows the loop would keep stepping the cap (×2 each tick)
             kube.create(LLMD, resource("bad", "enforce", cooldown="1s", batching={"efficiencyFloor": 0.02}))
             add_pod(kube, "bad", twin)
@@ -171,8 +169,7 @@ def test_a_status_write_lost_after_a_patch_keeps_the_cooldown(kube, twin):
     clock = SimClock(SCALE)
     procs = drive(twin)
     try:
-        with operator(kube, OperatorConfig(tick_s=0.1, now=clock, scrape=editing_scrape(clock, [None]),
-                                           metrics=metrics)) as runner:
+        with run_operator(kube, metrics, clock) as runner:
             kube.create(LLMD, resource("cool", "enforce", cooldown="600s", batching={"efficiencyFloor": 0.02}))
             add_pod(kube, "cool", twin)
             wait_for(lambda: len(kube.history(DEPLOY, NS, "cool")) >= 2, timeout_s=40, what="a patch")
@@ -206,8 +203,7 @@ def test_a_refused_deployment_patch_is_visible_and_the_loop_keeps_observing(kube
     clock = SimClock(SCALE)
     procs = drive(twin)
     try:
-        with operator(kube, OperatorConfig(tick_s=0.1, now=clock, scrape=editing_scrape(clock, [None]),
-                                           metrics=metrics)) as runner:
+        with run_operator(kube, metrics, clock) as runner:
             kube.create(LLMD, resource("deny", "enforce", cooldown="600s", batching={"efficiencyFloor": 0.02}))
             add_pod(kube, "deny", twin)
             st = wait_for(lambda: (lambda s: s if condition(s, "ApiError").get("status") == "True" else None)(
@@ -237,8 +233,7 @@ def test_a_refused_service_is_visible_and_the_loop_observes_without_acting(kube,
     clock = SimClock(SCALE)
     procs = drive(twin)
     try:
-        with operator(kube, OperatorConfig(tick_s=0.1, now=clock, scrape=editing_scrape(clock, [None]),
-                                           metrics=metrics)) as runner:
+        with run_operator(kube, metrics, clock) as runner:
             kube.create(LLMD, resource("svc", "enforce", cooldown="600s", batching={"efficiencyFloor": 0.02}))
             wait_for(lambda: kube.get(DEPLOY, NS, "svc"), timeout_s=20, what="the Deployment")
             add_pod(kube, "svc", twin)
