@@ -12,7 +12,7 @@ import pytest
 from kneecap.control import applied as A, manifests as M, plan as P, reconcile as R, status as St, vllm_args as V
 from kneecap.control.kube import ApiError, ApiFailure
 from kneecap.control.spec import parse_spec
-from tests.unit.test_control_decide import CURVE, observation  # noqa: F401 (the curve's rows)
+from tests.unit.test_control_decide import curve, observation  # noqa: F401 (curve: the fixture)
 
 NOW = 1_800_000_000.0
 WINDOW = 60.0
@@ -23,13 +23,6 @@ SPEC = parse_spec({"model": {"name": "meta-llama/Llama-2-7b-hf"}, "accelerator":
 OWNER = {"apiVersion": "kneecap.io/v1alpha1", "kind": "LLMDeployment",
          "metadata": {"name": "llm", "namespace": "serving", "uid": "u1", "generation": 2}}
 LABELS = ("serving", "llm")
-
-
-@pytest.fixture(scope="module")
-def curve(profiles_csv):
-    import csv
-    rows = [r for r in csv.DictReader(open(profiles_csv)) if r["curve"] == CURVE]
-    return {int(r["max_num_seqs"]): r for r in rows}
 
 
 def live_pool(annotation: dict | None = None, ready: int = 1) -> R.PoolState:
