@@ -155,3 +155,13 @@ def test_every_cel_rule_has_a_python_check():
         with pytest.raises(InputError) as exc:
             S.parse_spec(bad[key])
         assert exc.value.field == msg.split()[0]
+
+
+def test_max_observation_age_defaults_to_three_windows_and_parses_a_duration():
+    spec = S.parse_spec({**BASE, "control": {"window": "2m"}})
+    assert spec.control.max_observation_age_s == 360.0
+    spec = S.parse_spec({**BASE, "control": {"window": "2m", "maxObservationAge": "15m"}})
+    assert spec.control.max_observation_age_s == 900.0
+    with pytest.raises(InputError) as e:
+        S.parse_spec({**BASE, "control": {"maxObservationAge": "soon"}})
+    assert e.value.field == "spec.control.maxObservationAge"
