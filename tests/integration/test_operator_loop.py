@@ -195,7 +195,8 @@ def test_worse_fit_keeps_last_good_calibration_and_sets_degraded(kube, twin):
     slow = Twin(MODEL, ARCH, "l4", max_num_seqs=8, time_scale=SCALE).start()  # same model, a much slower GPU
     procs = drive(twin)
     try:
-        with operator(kube, config(SimClock(SCALE))) as runner:
+        clock = SimClock(SCALE)
+        with operator(kube, config(clock)) as runner:
             res = resource("fit", "enforce", cooldown="600s")
             res["spec"]["control"].update(maxFitError=0.3, observationHistory=12)
             kube.create(LLMD, res)
@@ -204,7 +205,7 @@ def test_worse_fit_keeps_last_good_calibration_and_sets_degraded(kube, twin):
             versions = len(kube.history(DEPLOY, NS, "fit"))
             stop(procs)
             # the pod now reports the slow engine: the same batches give a fraction of the tokens/s
-            switched = datetime.now(timezone.utc)
+            switched = datetime.fromtimestamp(clock(), timezone.utc)  # fits carry the operator's clock
             kube.patch("v1/pods", NS, "fit-0", {"metadata": {"annotations": {
                 "kneecap.io/metrics-url": slow.url + "/metrics"}}})
             procs = [load(slow.url, rate=3, duration_s=8, seed=3)]

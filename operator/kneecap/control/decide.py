@@ -147,6 +147,11 @@ def _refit_trigger(previous: calibrate.Calibration, row_err: np.ndarray | None, 
     return None
 
 
+def _created(now_s: float | None) -> str | None:
+    """A fit's creation time at the caller's clock (None: calibrate stamps the wall clock)."""
+    return None if now_s is None else _dt.datetime.fromtimestamp(now_s, _dt.timezone.utc).isoformat(timespec="seconds")
+
+
 def recalibrate(arch_key: str, gpu_key: str, observations: Sequence[Observation],
                 previous: calibrate.Calibration | None, max_fit_error: float,
                 now_s: float | None = None) -> CalibrationOutcome:
@@ -185,7 +190,7 @@ def recalibrate(arch_key: str, gpu_key: str, observations: Sequence[Observation]
     warm = previous is not None and prev_err is not None and prev_err <= REFIT_WARM_ERROR * max_fit_error
     try:
         new = calibrate.fit(arch_key, gpu_key, rows.batch, rows.input_len, rows.output_len, rows.throughput_tok_s,
-                            output_cv=rows.output_cv, n_starts=1 if warm else 3,
+                            output_cv=rows.output_cv, n_starts=1 if warm else 3, created=_created(now_s),
                             start=previous.params if warm else None,
                             **({"xtol": 1e-4, "ftol": 1e-4} if warm else {}))  # warm: the error is
         # percent-level; tighter tolerances only add iterations (same MAPE to 4 digits, half the CPU)
