@@ -248,5 +248,8 @@ def test_a_refused_service_is_visible_and_the_loop_observes_without_acting(kube,
     assert st["lastDecision"]["reason"] == "ReconcileFailed" and "HTTP 422" in st["lastDecision"]["message"]
     assert len(kube.history(DEPLOY, NS, "svc")) == 1  # a recommendation, but nothing applied
     assert events(kube, "CreateFailed", "svc")[0]["type"] == "Warning"
+    # the spec handler's own failure (kopf retries it) is an Event too
+    assert any("reconcile" in e["message"] and "HTTP 422" in e["message"] and e["type"] == "Error"
+               for e in events(kube, "Logging", "svc")), events(kube, name="svc")
     got = series(metrics)
     assert got[("kneecap_api_errors_total", (("code", "422"), ("resource", "services"), ("verb", "create")))] >= 2

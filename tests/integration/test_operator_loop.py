@@ -202,6 +202,8 @@ def test_worse_fit_keeps_last_good_calibration_and_sets_degraded(kube, twin):
             kube.create(LLMD, res)
             add_pod(kube, "fit", twin)
             good = wait_for(lambda: calibrated(kube, "fit"), timeout_s=60, what="calibration")
+            # the good fit's own decision (cap 8 is far below the knee) lands first; then the cooldown holds
+            wait_for(lambda: len(kube.history(DEPLOY, NS, "fit")) >= 2, timeout_s=20, what="first patch")
             versions = len(kube.history(DEPLOY, NS, "fit"))
             stop(procs)
             # the pod now reports the slow engine: the same batches give a fraction of the tokens/s
