@@ -16,10 +16,10 @@ from tests.unit.test_control_decide import curve, observation  # noqa: F401 (cur
 
 NOW = 1_800_000_000.0
 WINDOW = 60.0
-SPEC = parse_spec({"model": {"name": "meta-llama/Llama-2-7b-hf"}, "accelerator": {"type": "h100-64gb"},
-                   "engine": {"image": "vllm", "maxNumSeqs": 32},
-                   "control": {"mode": "enforce", "interval": "30s", "window": "60s", "cooldown": "600s",
-                               "minObservations": 3}})
+RAW = {"model": {"name": "meta-llama/Llama-2-7b-hf"}, "accelerator": {"type": "h100-64gb"},
+       "engine": {"image": "vllm", "maxNumSeqs": 32},
+       "control": {"mode": "enforce", "interval": "30s", "window": "60s", "cooldown": "600s", "minObservations": 3}}
+SPEC = parse_spec(RAW)
 OWNER = {"apiVersion": "kneecap.io/v1alpha1", "kind": "LLMDeployment",
          "metadata": {"name": "llm", "namespace": "serving", "uid": "u1", "generation": 2}}
 LABELS = ("serving", "llm")
@@ -229,3 +229,13 @@ def test_a_pool_left_out_for_a_conflict_is_not_acted_on(curve):
     assert p.patches == () and p.status["lastDecision"]["reason"] == "OwnershipConflict"
     assert "not owned by kneecap" in p.status["lastDecision"]["message"]
     assert cond(p.status, "Ready")["status"] == "False"
+
+
+def test_a_full_ring_drops_its_oldest_window_for_the_new_one(curve):
+    status, ring = ring_status(curve)
+    spec = parse_spec({**RAW, "control": {**RAW["control"], "observationHistory": 3}})
+    obs = replace(observation(curve[64]), t_end_s=NOW)
+    p = P.plan(gathered(P.PoolWindow("server", live_pool(), P.OBSERVED, observation=obs), ring), status, spec, NOW)
+    got = [e["windowEndUnixSeconds"] for e in p.status["observations"]]
+    assert got == [NOW - 60.0, NOW - 30.0, NOW]  # the oldest went, the tick's own window is last
+    assert p.status["observations"][-1]["meanBatch"] == pytest.approx(float(curve[64]["batch"]), rel=1e-5)

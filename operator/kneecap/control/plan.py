@@ -354,7 +354,7 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float) -> Pl
             engine = {k: v for k, v in settings_status(p.state.settings).items() if k != "replicas"}
             entry = {"pool": p.role, "engine": engine, **St.ring_entry(p.observation)}
             ring = (ring + [(entry, p.observation if p.role == role else None)])[-spec.control.observation_history:]
-    if len(ring) != len(g.ring) or "observations" not in status:
+    if any(p.observation is not None for p in g.pools) or "observations" not in status:
         t.out["observations"] = [e for e, _ in ring]  # (unchanged, it is not re-sent: most of the status)
     observations = [o for _, o in ring if o is not None]
 
