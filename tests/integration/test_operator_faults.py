@@ -100,10 +100,11 @@ def test_unusable_metrics_hold_every_decision_and_degraded_names_them(kube, twin
             seen = []
             for fault, code in FAULT_PAGES:
                 edit[0] = fault
-                versions, ring = len(kube.history(DEPLOY, NS, "bad")), status(kube, "bad")["observations"]
                 st = wait_for(lambda: (lambda s: s if code in condition(s, "Degraded").get("message", "") else None)(
                     status(kube, "bad")), timeout_s=20, what=f"Degraded naming {code}")
-                t_fault = st["lastDecision"]["time"]
+                # (a tick that scraped before the edit may still have added a window: count from here)
+                versions, ring, t_fault = (len(kube.history(DEPLOY, NS, "bad")), st["observations"],
+                                           st["lastDecision"]["time"])
                 wait_for(lambda: status(kube, "bad")["lastDecision"]["time"] > t_fault, timeout_s=10,
                          what="another tick")
                 st = status(kube, "bad")
