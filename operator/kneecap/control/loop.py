@@ -193,7 +193,7 @@ async def gather(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: Loo
     try:
         rec = await R.reconcile(ctx.kube, body, spec, full=full, reads=ctx.reader)
         pools = rec.pools
-        conflicts = list(getattr(rec, "conflicts", []))
+        conflicts = list(rec.conflicts)
         changes = ([f"{p.pool.name} {'created' if p.created else 'patched'}" for p in rec.pools
                     if p.created or p.patched] + [f"{d} deleted" for d in rec.deleted])
     except API_EXCEPTIONS as exc:
