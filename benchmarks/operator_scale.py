@@ -197,7 +197,7 @@ def main(argv=None) -> int:
         canned.terminate()
         canned.wait(10)
     decided = [o for o in items if ((o or {}).get("status") or {}).get("lastDecision")]
-    calibrated = [o for o in decided if (o["status"].get("calibration") or {}).get("params")]
+    calibrated = [o for o in decided if (o["status"].get("calibration") or {}).get("parameters")]
     cpu_per_interval = (c1 - c0) / ((w1 - w0) / args.interval)
     out = {"resources": args.resources, "pods_per_resource": args.pods, "canned_servers": args.servers,
            "interval_s": args.interval, "measured_wall_s": w1 - w0, "cpu_s_measured": c1 - c0,

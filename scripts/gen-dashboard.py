@@ -237,11 +237,16 @@ def dashboard() -> dict:
               [target(f"sum by (reason) (increase(kneecap_decisions_total{{{K}}}[$__rate_interval]))", "{{reason}}", "A")],
               (8, 37, 8, 8), min_=0,
               options={"legend": {"showLegend": True, "displayMode": "table", "placement": "right"}}),
-        panel(18, "Replicas, restarts and scrape failures",
-              "Live replicas per pool, operator-caused pod rollouts in the last hour, and failed scrapes.",
+        panel(18, "Replicas, restarts and failures",
+              "Live replicas per pool, operator-caused pod rollouts in the last hour, failed scrapes, failed "
+              "observations in a row (the operator holds while > 0; alert KneecapObservationsFailing) and the "
+              "operator's failed API calls (all resources; alert KneecapApiErrors).",
               [target(f"kneecap_replicas{{{KP}}}", "replicas {{pool}}", "A"),
                target(f"sum(increase(kneecap_restarts_total{{{K}}}[1h]))", "restarts in the last hour", "B"),
-               target(f"sum(rate(kneecap_scrape_failures_total{{{K}}}[$__rate_interval]))", "scrape failures/s", "C")],
+               target(f"sum(rate(kneecap_scrape_failures_total{{{K}}}[$__rate_interval]))", "scrape failures/s", "C"),
+               target(f"max(kneecap_observation_consecutive_failures{{{K}}})", "failed observations in a row", "D"),
+               target("sum by (verb, resource, code) (rate(kneecap_api_errors_total[$__rate_interval]))",
+                      "API errors/s {{verb}} {{resource}} {{code}}", "E")],
               (16, 37, 8, 8), min_=0),
     ]
     for p in panels:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from kneecap.control import decide
+from kneecap.control.plan import calibration_from_status, calibration_to_status
 from kneecap.control.manifests import EngineSettings
 from kneecap.control.spec import parse_spec
 from kneecap.observe.window import Observation
@@ -130,11 +131,17 @@ def test_worse_fit_keeps_the_previous_calibration(curve):
 
 def test_calibration_roundtrips_through_status(curve):
     out = decide.recalibrate("llama-2-7b", "h100-64gb", [observation(curve[c]) for c in (8, 16, 32)], None, 0.3)
-    st = decide.calibration_to_status(out.calibration, out.error)
-    back = decide.calibration_from_status(st)
-    assert back.params == out.calibration.params and st["nPoints"] == 3
-    assert decide.calibration_from_status({"params": {"eta_c": "x"}}) is None
-    assert decide.calibration_from_status(None) is None
+    st = calibration_to_status(out.calibration, out.error, "2026-11-30T05:00:00Z")
+    back = calibration_from_status(st)
+    assert back == out.calibration and st["nPoints"] == 3 and st["acceptedTime"] == "2026-11-30T05:00:00Z"
+    # camelCase throughout: SLIM's parameters, the fit's metrics and notes
+    assert st["parameters"]["tFixedSeconds"] == out.calibration.params["t_fixed_s"] > 0
+    assert {"mapePct", "maxErrorPct", "fitCost", "fitErrorPct", "createdTime"} <= set(st)
+    assert set(st["notes"]) == {"batchMin", "batchMax"}
+    assert all("_" not in k for k in [*st, *st["parameters"], *st["parameterStd"], *st["notes"]])
+    assert calibration_from_status({**st, "parameters": {"etaC": "x"}}) is None
+    assert calibration_from_status({k: v for k, v in st.items() if k != "form"}) is None
+    assert calibration_from_status(None) is None
 
 
 def _opt_fit(profiles_csv):
@@ -172,7 +179,7 @@ def test_disaggregated_allocation_from_sara(profiles_csv):
 
 def test_batching_efficiency_and_curve_the_loop_exports(curve):
     """The series behind KneecapPastKnee and the dashboard's curve, from a fit on real H100 points."""
-    from kneecap.control.loop import batching_efficiency, slim_curve
+    from kneecap.control.plan import batching_efficiency, slim_curve
     from kneecap.control.metrics import CURVE_BATCHES
 
     obs = [observation(curve[c]) for c in (8, 16, 32)]
@@ -194,7 +201,7 @@ def test_batching_efficiency_and_curve_the_loop_exports(curve):
 
 
 def test_slo_attainment_is_the_fraction_of_ring_windows_meeting_every_slo(curve):
-    from kneecap.control.loop import slo_attainment
+    from kneecap.control.plan import slo_attainment
 
     o = observation(curve[8])
     spec = parse_spec({"model": {"name": "meta-llama/Llama-2-7b-hf"}, "accelerator": {"type": "h100-64gb"},
@@ -205,17 +212,6 @@ def test_slo_attainment_is_the_fraction_of_ring_windows_meeting_every_slo(curve)
     assert slo_attainment(spec, ring) == 0.5  # the second misses TTFT, the third E2E
     assert slo_attainment(spec, ring[:1]) == 1.0 and slo_attainment(spec, []) is None
     assert slo_attainment(SPEC, ring) is None  # no SLO declared: nothing to attain
-
-
-def test_calibration_accepted_time_survives_in_status_and_falls_back_to_the_fit_time():
-    from kneecap.control.loop import _accepted_time
-
-    assert _accepted_time({"acceptedTime": "2026-11-30T05:00:00Z", "time": "2026-11-29T00:00:00+00:00"}) \
-        == "2026-11-30T05:00:00Z"
-    assert _accepted_time({"time": "2026-11-29T10:20:30+00:00"}) == "2026-11-29T10:20:30Z"  # status before acceptedTime
-    assert _accepted_time({"time": "not a time"}) is None and _accepted_time(None) is None
-
-
 
 
 def test_a_fit_that_still_explains_the_ring_is_not_refitted(curve):
@@ -316,7 +312,7 @@ def _mape_of(cal, obs):
 
 
 def test_ring_entries_parse_each_entry_once_and_forget_dropped_ones(curve):
-    from kneecap.control.loop import ring_entries
+    from kneecap.control.plan import ring_entries
     from kneecap.observe import pool as obs_pool
 
     ring = [{"pool": "server", **obs_pool.to_status(replace(observation(curve[c]), t_end_s=1000.0 + c))}

@@ -264,3 +264,13 @@ def test_max_observation_age_defaults_to_three_windows():
     assert S.parse_spec(BASE).control.max_observation_age_s == 900.0
     assert S.parse_spec(with_("control.window", "1m")).control.max_observation_age_s == 180.0
     assert S.parse_spec(with_("control.maxObservationAge", "90s")).control.max_observation_age_s == 90.0
+
+
+def test_max_observation_age_defaults_to_three_windows_and_parses_a_duration():
+    spec = S.parse_spec({**BASE, "control": {"window": "2m"}})
+    assert spec.control.max_observation_age_s == 360.0
+    spec = S.parse_spec({**BASE, "control": {"window": "2m", "maxObservationAge": "15m"}})
+    assert spec.control.max_observation_age_s == 900.0
+    with pytest.raises(InputError) as e:
+        S.parse_spec({**BASE, "control": {"maxObservationAge": "soon"}})
+    assert e.value.field == "spec.control.maxObservationAge"

@@ -164,7 +164,7 @@ def test_promtool_unit_tests_fail_when_no_alert_fires(tmp_path):
 
 
 def _identity(labels: dict) -> tuple:
-    return tuple(sorted((k, v) for k, v in labels.items() if k in ("namespace", "name", "pool", "job", "instance")))
+    return tuple(sorted((k, v) for k, v in labels.items() if k in ("namespace", "name", "pool", "job", "instance", "verb", "resource", "code")))
 
 
 def _series_labels(series: str) -> dict:

@@ -8,7 +8,6 @@ themselves. The guards (policy.py) decide afterwards whether a recommendation is
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 from dataclasses import asdict, dataclass, replace
 from typing import Sequence
@@ -148,6 +147,11 @@ def _refit_trigger(previous: calibrate.Calibration, row_err: np.ndarray | None, 
     return None
 
 
+def _created(now_s: float | None) -> str | None:
+    """A fit's creation time at the caller's clock (None: calibrate stamps the wall clock)."""
+    return None if now_s is None else _dt.datetime.fromtimestamp(now_s, _dt.timezone.utc).isoformat(timespec="seconds")
+
+
 def recalibrate(arch_key: str, gpu_key: str, observations: Sequence[Observation],
                 previous: calibrate.Calibration | None, max_fit_error: float,
                 now_s: float | None = None) -> CalibrationOutcome:
@@ -186,7 +190,7 @@ def recalibrate(arch_key: str, gpu_key: str, observations: Sequence[Observation]
     warm = previous is not None and prev_err is not None and prev_err <= REFIT_WARM_ERROR * max_fit_error
     try:
         new = calibrate.fit(arch_key, gpu_key, rows.batch, rows.input_len, rows.output_len, rows.throughput_tok_s,
-                            output_cv=rows.output_cv, n_starts=1 if warm else 3,
+                            output_cv=rows.output_cv, n_starts=1 if warm else 3, created=_created(now_s),
                             start=previous.params if warm else None,
                             **({"xtol": 1e-4, "ftol": 1e-4} if warm else {}))  # warm: the error is
         # percent-level; tighter tolerances only add iterations (same MAPE to 4 digits, half the CPU)
@@ -223,24 +227,6 @@ def recalibrate(arch_key: str, gpu_key: str, observations: Sequence[Observation]
     return CalibrationOutcome(new, True, True, "Fitted",
                               f"SLIM fitted on {rows.n} observations, {rows.batch_levels} batch levels, "
                               f"error {new_err:.1%}" + why, new_err)
-
-
-def calibration_to_status(cal: calibrate.Calibration, error: float | None) -> dict:
-    d = json.loads(cal.to_json())
-    d.update(fitErrorPct=None if error is None else round(100.0 * error, 3),
-             nPoints=int(cal.metrics.get("n_points", 0)), time=cal.created)
-    return d
-
-
-def calibration_from_status(d: dict | None) -> calibrate.Calibration | None:
-    if not d or "params" not in d:
-        return None
-    try:
-        return calibrate.Calibration.from_json(json.dumps({k: v for k, v in d.items()
-                                                           if k in ("version", "form", "gpu", "models", "params",
-                                                                    "std", "metrics", "created", "notes")}))
-    except InputError:
-        return None
 
 
 # ---------------------------------------------------------------- recommendation

@@ -15,7 +15,7 @@ from typing import Callable
 import aiohttp
 import kopf
 
-from kneecap.control import loop as L, reconcile as R, status as St
+from kneecap.control import loop as L, plan as P, reconcile as R, status as St
 from kneecap.control.auth import Credentials, CredentialsError
 from kneecap.control.informer import CachedReads
 from kneecap.control.kube import KubeClient, resource_path
@@ -73,7 +73,7 @@ def _parse(body, patch, logger, config: OperatorConfig, *, emit: bool) -> LLMDep
         patch.status.update(_invalid(body, exc, config.now()))
         if emit:
             kopf.warn(body, reason="InvalidSpec", message=str(exc))
-        logger.error("invalid spec: %s", exc)
+        logger.info("invalid spec: %s", exc)  # (the InvalidSpec condition and Event carry it)
         return None
 
 
@@ -92,7 +92,10 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kneecap.io")
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
             prefix="kneecap.io", key="last-handled-configuration")
-        settings.posting.level = logging.INFO
+        # kopf's own handler failures (logged at ERROR on the object's logger) become Warning/Error
+        # Events; the handlers' explicit Events (kopf.event, kopf.warn) are posted as they are
+        settings.posting.loggers = True
+        settings.posting.level = logging.WARNING
         creds = await _connection(config, fresh=False)
         memo.kube = (KubeClient.from_connection_info(creds) if isinstance(creds, kopf.ConnectionInfo)
                      else KubeClient(credentials=creds))
@@ -132,9 +135,9 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
                                  ", ".join(f"{p.pool.name}: {'created' if p.created else 'patched' if p.patched else 'in sync'}"
                                            for p in result.pools), gen, now)
         patch.status.update({"observedGeneration": gen, "conditions": conds, "phase": St.phase_of(conds),
-                             "invalidField": None, "ownership": L.ownership_status(result.pools)})
+                             "invalidField": None, "ownership": P.ownership_status(result.pools)})
         if result.changed:
-            kopf.info(body, reason="Reconciled", message=f"{reason}: " + ", ".join(
+            kopf.event(body, type="Normal", reason="Reconciled", message=f"{reason}: " + ", ".join(
                 [f"{p.pool.name} {'created' if p.created else 'patched'}" for p in result.pools
                  if p.created or p.patched] + [f"{d} deleted" for d in result.deleted]))
 
@@ -166,8 +169,8 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         # written directly (one merge patch on the status subresource, the object not read
         # back): kopf's patch would re-check the whole returned object on every tick
         meta = body["metadata"]
-        await memo.kube.patch_status(resource_path(f"{GROUP}/{VERSION}", PLURAL, meta["namespace"], meta["name"]),
-                                     status)
+        await L.write_status(ctx, resource_path(f"{GROUP}/{VERSION}", PLURAL, meta["namespace"], meta["name"]),
+                             status, mem)
 
     @kopf.on.delete(*RESOURCE, id="delete", registry=registry)
     async def delete(body, memo, logger, **_):

@@ -13,6 +13,7 @@ import base64
 import ssl
 import tempfile
 import urllib.parse
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 import aiohttp
@@ -28,8 +29,46 @@ class ApiError(Exception):
     def __init__(self, status: int, body: Any, what: str):
         self.status = status
         self.body = body
+        self.what = what  # "<VERB> <path>"
         msg = body.get("message") if isinstance(body, dict) else body
+        self.api_message = str(msg)
         super().__init__(f"{what}: HTTP {status}: {msg}")
+
+
+@dataclass(frozen=True)
+class ApiFailure:
+    """A write (or read) the API refused or never answered: what was tried, on what, and why.
+    ``code`` is the HTTP status (0: no answer, e.g. a connection error or a timeout)."""
+
+    verb: str  # the API verb: create | patch | delete | get | list
+    resource: str  # the plural, with a subresource: "deployments", "llmdeployments/status"
+    name: str
+    code: int
+    message: str
+
+    @classmethod
+    def of(cls, exc: BaseException) -> "ApiFailure":
+        if isinstance(exc, ApiError):
+            verb, _, path = exc.what.partition(" ")
+            resource, name = _resource_of(path)
+            return cls("create" if verb == "POST" else verb.lower(), resource, name, exc.status,
+                       exc.api_message[:500])
+        return cls("request", "", "", 0, f"{type(exc).__name__}: {exc}"[:500])
+
+    def __str__(self) -> str:
+        return (f"{self.verb} {self.resource}{' ' + self.name if self.name else ''}: "
+                f"HTTP {self.code or '(no answer)'}: {self.message}")
+
+
+def _resource_of(path: str) -> tuple[str, str]:
+    """(plural[/subresource], name) of an API path (see resource_path)."""
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    if "namespaces" in parts and parts.index("namespaces") + 2 < len(parts):
+        parts = parts[parts.index("namespaces") + 2:]
+    else:
+        parts = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    plural, name, sub = (parts + ["", "", ""])[:3]
+    return plural + (f"/{sub}" if sub else ""), urllib.parse.unquote(name)
 
 
 def _decode(raw: bytes) -> Any:

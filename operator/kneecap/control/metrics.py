@@ -77,9 +77,25 @@ class OperatorMetrics:
                                  ("namespace", "name", "reason"), registry=r)
         self.restarts = Counter("kneecap_restarts", "pod rollouts caused by the operator, by reason",
                                 ("namespace", "name", "reason"), registry=r)
+        self.observation_failures = Counter(
+            "kneecap_observation_failures", "control ticks whose observation failed (a scrape failed, or a "
+            "closed window was unusable: garbage, NaN, truncated, missing families, counter resets), by reason",
+            ("namespace", "name", "reason"), registry=r)
+        self.observation_consecutive_failures = Gauge(
+            "kneecap_observation_consecutive_failures", "failed observations since the last usable window",
+            LABELS, registry=r)
+        self.observation_age = Gauge("kneecap_observation_age_seconds",
+                                     "age of the last usable window (observed or idle) at the last tick",
+                                     LABELS, registry=r)
+        self.api_errors = Counter("kneecap_api_errors", "Kubernetes API calls of the operator that failed, by "
+                                  "verb, resource and HTTP code (0: no answer)", ("verb", "resource", "code"),
+                                  registry=r)
+        self._unscoped = {self.api_errors}  # not per LLMDeployment: `forget` leaves them
         self._seen: dict[tuple[str, str], set[tuple]] = {}
 
     def _remember(self, metric, labels: tuple) -> None:
+        if metric in self._unscoped:
+            return
         self._seen.setdefault(labels[:2], set()).add((metric, labels))
 
     def set(self, metric: Gauge, value: float | None, *labels: str) -> None:

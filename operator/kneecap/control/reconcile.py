@@ -77,10 +77,20 @@ class PoolState:
         return int(st.get("updatedReplicas", want)) < want or int(st.get("unavailableReplicas", 0)) > 0
 
 
+@dataclass(frozen=True)
+class Conflict:
+    """An object kneecap would own that is not its own (left alone; its pool is not reconciled)."""
+
+    kind: str
+    name: str
+    message: str
+
+
 @dataclass
 class ReconcileResult:
     pools: list[PoolState] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
+    conflicts: list[Conflict] = field(default_factory=list)  # their pools are left out of `pools`
 
     @property
     def changed(self) -> bool:

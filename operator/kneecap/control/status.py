@@ -18,7 +18,8 @@ READY = "Ready"
 CALIBRATED = "Calibrated"
 SLO_MET = "SLOMet"
 DEGRADED = "Degraded"
-CONDITION_TYPES = (READY, CALIBRATED, SLO_MET, DEGRADED)
+API_ERROR = "ApiError"  # an API write of the operator failed (status True until writes succeed again)
+CONDITION_TYPES = (READY, CALIBRATED, SLO_MET, DEGRADED, API_ERROR)
 
 
 def iso(t_s: float) -> str:

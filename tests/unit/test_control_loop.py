@@ -1,0 +1,105 @@
+"""The tick's I/O half: on real vLLM pages (shared/fixtures/vllm-metrics) each pod's scrapes are
+kept to one window, whatever another pod does, and a broken page closes its window as
+MetricsUnusable, naming why; on the emulated API a status write that fails is reported and
+merged into the next one."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from kneecap.control import loop as L, plan as P
+from kneecap.control.kube import KubeClient, resource_path
+from kneecap.control.metrics import OperatorMetrics
+from kneecap.control.spec import GROUP, PLURAL, VERSION
+from kneecap.observe.scrape import ScrapeHTTPError, parse_metrics
+from tests.support.faulty_api import FaultyAPI
+from tests.support.kmock_api import LLMD, KubeAPIThread
+from tests.unit.test_control_plan import SPEC, live_pool
+
+GOOD = ("http://10.0.0.1:8000/metrics", "http://10.0.0.2:8000/metrics")
+BAD = "http://10.0.0.3:8000/metrics"
+
+
+def page(shared_dir) -> str:
+    return (shared_dir / "fixtures" / "vllm-metrics" / "vllm-0.32-cpu-20req.txt").read_text()
+
+
+def context(pages: dict[str, str | None], clock: list[float]) -> L.LoopContext:
+    async def scrape(url: str):
+        text = pages[url]
+        if text is None:
+            raise ScrapeHTTPError(url, 500)
+        return parse_metrics(text, url=url, t_s=clock[0], keep=L.WINDOW_FAMILIES)
+    return L.LoopContext(kube=None, metrics=OperatorMetrics(), event=lambda *a: None, scrape=scrape)
+
+
+def test_one_pod_failing_for_1000_ticks_keeps_the_others_scrapes_to_one_window(shared_dir):
+    text = page(shared_dir)
+    clock = [1000.0]
+    ctx = context({GOOD[0]: text, GOOD[1]: text, BAD: None}, clock)
+    mem, state = L.LoopMemory(), live_pool()
+    per_window = int(SPEC.control.window_s / SPEC.control.interval_s) + 1  # 60 s window, 30 s ticks: 3
+    most = 0
+    for _ in range(1000):
+        w = asyncio.run(L.observe_window(ctx, mem, SPEC, state, [*GOOD, BAD]))
+        assert w.outcome == P.SCRAPE_FAILED and w.scrape_errors == 1 and BAD in w.message
+        most = max(most, *(len(mem.snapshots["server"][u]) for u in GOOD))
+        clock[0] += SPEC.control.interval_s
+    assert most == per_window and BAD not in mem.snapshots["server"]
+    # the failing pod goes away: it is forgotten and the others' window (still one window long) closes
+    w = asyncio.run(L.observe_window(ctx, mem, SPEC, state, list(GOOD)))
+    assert set(mem.snapshots["server"]) == set(GOOD)
+    assert w.outcome == P.IDLE  # the same page twice: nothing ran in between
+    assert all(len(mem.snapshots["server"][u]) == 1 for u in GOOD)  # the next window opens
+
+
+def test_a_garbage_page_closes_its_window_as_unusable_naming_what(shared_dir):
+    text = page(shared_dir)
+    clock = [1000.0]
+    pages = {GOOD[0]: text}
+    ctx = context(pages, clock)
+    mem, state = L.LoopMemory(), live_pool()
+    assert asyncio.run(L.observe_window(ctx, mem, SPEC, state, [GOOD[0]])).outcome == P.OPEN  # priming
+    clock[0] += 60.0
+    pages[GOOD[0]] = re.sub(r"^(vllm:num_requests_running\{.*\}) \S+$", r"\1 NaN", text, flags=re.M)
+    w = asyncio.run(L.observe_window(ctx, mem, SPEC, state, [GOOD[0]]))
+    assert w.outcome == P.UNUSABLE and w.message == f"{GOOD[0]}: invalid_value:vllm:num_requests_running"
+    clock[0] += 60.0
+    pages[GOOD[0]] = text[: text.index("vllm:e2e_request_latency_seconds_bucket") + 60]  # cut mid-family
+    w = asyncio.run(L.observe_window(ctx, mem, SPEC, state, [GOOD[0]]))
+    assert (w.outcome, w.message) == (P.UNUSABLE, f"{GOOD[0]}: truncated:vllm:e2e_request_latency_seconds_count")
+
+
+def test_a_status_write_that_fails_is_merged_into_the_next_and_reported():
+    FaultyAPI.FAULTS, FaultyAPI.ARM = {("PATCH", r"/llmdeployments/llm/status$", None): [500, "etcd timed out", 1]}, {}
+    posted = []
+    with KubeAPIThread(api_class=FaultyAPI) as kube:
+        kube.add_namespace("serving")
+        kube.create(LLMD, {"apiVersion": "kneecap.io/v1alpha1", "kind": "LLMDeployment",
+                           "metadata": {"name": "llm", "namespace": "serving"}, "spec": {}})
+        path = resource_path(f"{GROUP}/{VERSION}", PLURAL, "serving", "llm")
+
+        async def two_ticks():
+            client = KubeClient(kube.url)
+            ctx = L.LoopContext(kube=client, metrics=OperatorMetrics(), event=lambda *e: posted.append(e))
+            mem = L.LoopMemory()
+            try:
+                first = await L.write_status(ctx, path, {"observations": [{"pool": "server"}], "phase": "Running"},
+                                             mem)
+                kept = dict(mem.unwritten_status or {})
+                second = await L.write_status(ctx, path, {"phase": "Degraded"}, mem)
+                return first, kept, second, mem, ctx.metrics
+            finally:
+                await client.close()
+
+        first, kept, second, mem, metrics = asyncio.run(two_ticks())
+        st = kube.get(LLMD, "serving", "llm")["status"]
+    assert (first, second) == (False, True)
+    assert kept == {"observations": [{"pool": "server"}], "phase": "Running"}
+    assert st == {"observations": [{"pool": "server"}], "phase": "Degraded"}  # the lost ring arrived with the next
+    assert mem.unwritten_status is None and mem.status_write_failure is None
+    (etype, reason, message), = posted
+    assert (etype, reason) == ("Warning", "StatusWriteFailed") and "HTTP 500: etcd timed out" in message
+    assert metrics.registry.get_sample_value(
+        "kneecap_api_errors_total", {"verb": "patch", "resource": "llmdeployments/status", "code": "500"}) == 1.0

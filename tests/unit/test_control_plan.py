@@ -1,0 +1,241 @@
+"""The tick's decision as a table: what was gathered + status + spec + time → status, Events,
+metric updates and patches (kneecap.control.plan). Observations are real H100 operating points
+(shared/data/real-h100/profiles.csv, Llama-2-7B), the live objects what manifests.py builds."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from kneecap.control import applied as A, manifests as M, plan as P, reconcile as R, status as St, vllm_args as V
+from kneecap.control.kube import ApiError, ApiFailure
+from kneecap.control.spec import parse_spec
+from tests.unit.test_control_decide import curve, observation  # noqa: F401 (curve: the fixture)
+
+NOW = 1_800_000_000.0
+WINDOW = 60.0
+RAW = {"model": {"name": "meta-llama/Llama-2-7b-hf"}, "accelerator": {"type": "h100-64gb"},
+       "engine": {"image": "vllm", "maxNumSeqs": 32},
+       "control": {"mode": "enforce", "interval": "30s", "window": "60s", "cooldown": "600s", "minObservations": 3}}
+SPEC = parse_spec(RAW)
+OWNER = {"apiVersion": "kneecap.io/v1alpha1", "kind": "LLMDeployment",
+         "metadata": {"name": "llm", "namespace": "serving", "uid": "u1", "generation": 2}}
+LABELS = ("serving", "llm")
+
+
+def live_pool(annotation: dict | None = None, ready: int = 1) -> R.PoolState:
+    (pool,) = M.pools("llm", SPEC)
+    settings = M.EngineSettings(32, 0.9, None, 1)
+    deploy = M.deployment(OWNER, SPEC, pool, settings)
+    deploy["metadata"]["generation"] = 1
+    deploy["status"] = {"observedGeneration": 1, "readyReplicas": ready, "updatedReplicas": 1}
+    if annotation:
+        deploy["metadata"].update(A.annotation_patch(annotation)["metadata"])
+    return R.PoolState(pool, deploy, settings, R.Ownership("kneecap"))
+
+
+def ring_status(curve) -> tuple[dict, tuple]:
+    """A status whose ring holds three windows (caps 8, 16, 32) ending one interval ago."""
+    obs = [replace(observation(curve[c]), t_end_s=NOW - 30.0 * (3 - i)) for i, c in enumerate((8, 16, 32))]
+    entries = [{"pool": "server", **St.ring_entry(o)} for o in obs]
+    status = {"observations": entries, "workload": {"pool": "server", **St.rounded(P.obs_pool.to_status(obs[-1]))},
+              "lastWindow": {"pool": "server", "outcome": P.OBSERVED, "time": St.iso(NOW - 30),
+                             "usableTime": St.iso(NOW - 30)}}
+    return status, P.parse_ring(entries, "server")
+
+
+def gathered(window: P.PoolWindow, ring=(), **kw) -> P.Gathered:
+    return P.Gathered("serving", "llm", 2, (window,), ring, **kw)
+
+
+def updates(plan: P.Plan, metric: str) -> list[P.MetricUpdate]:
+    return [u for u in plan.metrics if u.metric == metric]
+
+
+def cond(status: dict, type_: str) -> dict:
+    return St.get_condition(status["conditions"], type_) or {}
+
+
+def test_a_fresh_window_in_enforce_patches_once_with_the_applied_record_in_the_same_patch(curve):
+    status, ring = ring_status(curve)
+    obs = replace(observation(curve[32]), t_end_s=NOW)
+    p = P.plan(gathered(P.PoolWindow("server", live_pool(), P.OBSERVED, observation=obs), ring), status, SPEC, NOW)
+    (patch,) = p.patches
+    record = json.loads(patch.body["metadata"]["annotations"][A.APPLIED_ANNOTATION])
+    c = patch.body["spec"]["template"]["spec"]["containers"][0]
+    assert record["maxNumSeqs"] == 64 == int(V.container_flag(c, "--max-num-seqs"))  # ×2 step
+    assert record["time"] == St.iso(NOW) and record["reason"] == "Recommended" and record["restart"] is True
+    assert p.status["applied"] == {**record, "pool": "server"}
+    assert p.status["lastDecision"]["reason"] == "Applied"
+    # the Applied Event and the restart counter wait for the patch; the hold it replaces is the rollback
+    assert [e.reason for e in patch.events] == ["Applied"] and "Applied" not in [e.reason for e in p.events]
+    assert P.MetricUpdate("inc", "restarts", (*LABELS, "Recommended"), 1.0) in patch.metrics
+    assert patch.rollback["applied"]["maxNumSeqs"] == 32 and "time" not in patch.rollback["applied"]
+    assert cond(p.status, "Degraded")["status"] == "False" and cond(p.status, "ApiError") == {}  # none failed yet
+    assert len(p.status["observations"]) == 4 and p.status["lastWindow"]["outcome"] == P.OBSERVED
+    assert "observationFailures" not in p.status
+    assert updates(p, "observation_consecutive_failures") == [
+        P.MetricUpdate("set", "observation_consecutive_failures", LABELS, 0.0)]
+
+
+@pytest.mark.parametrize("outcome, message, reason", [
+    (P.UNUSABLE, "http://10.0.0.1:8000/metrics: invalid_value:vllm:num_requests_running", "MetricsUnusable"),
+    (P.UNUSABLE, "http://10.0.0.1:8000/metrics: truncated:vllm:e2e_request_latency_seconds_bucket",
+     "MetricsUnusable"),
+    (P.UNUSABLE, "http://10.0.0.1:8000/metrics: missing_metric:vllm:time_to_first_token_seconds_bucket",
+     "MetricsUnusable"),
+    (P.UNUSABLE, "http://10.0.0.1:8000/metrics: counter_reset:process restarted", "MetricsUnusable"),
+    (P.SCRAPE_FAILED, "http://10.0.0.1:8000/metrics: HTTP 500", "ScrapeFailed"),
+])
+def test_an_unusable_window_holds_sets_degraded_counts_it_and_leaves_the_ring(curve, outcome, message, reason):
+    status, ring = ring_status(curve)
+    status["observationFailures"] = {"consecutive": 0, "lastReason": "ScrapeFailed", "lastTime": St.iso(NOW - 600)}
+    w = P.PoolWindow("server", live_pool(), outcome, message, scrape_errors=int(outcome == P.SCRAPE_FAILED))
+    p = P.plan(gathered(w, ring), status, SPEC, NOW)
+    assert p.patches == ()
+    d = cond(p.status, "Degraded")
+    assert d["status"] == "True" and d["reason"] == reason and message in d["message"]
+    assert p.status["phase"] == "Degraded"
+    assert p.status["observationFailures"] == {"consecutive": 1, "lastReason": reason,
+                                               "lastMessage": f"server: {message}", "lastTime": St.iso(NOW)}
+    assert "observations" not in p.status and "workload" not in p.status  # the ring is unchanged
+    assert p.status["lastDecision"]["reason"] == reason and p.status["lastDecision"]["action"] == "hold"
+    assert P.MetricUpdate("inc", "observation_failures", (*LABELS, reason), 1.0) in p.metrics
+    assert P.MetricUpdate("set", "observation_consecutive_failures", LABELS, 1.0) in p.metrics
+    assert [(e.type, e.reason) for e in p.events] == [("Warning", reason)]
+
+
+def test_after_a_failure_the_open_window_still_holds_and_a_usable_one_clears_it(curve):
+    status, ring = ring_status(curve)
+    status["observationFailures"] = {"consecutive": 2, "lastReason": P.UNUSABLE, "lastMessage": "server: nan",
+                                     "lastTime": St.iso(NOW - 30)}
+    held = P.plan(gathered(P.PoolWindow("server", live_pool(), P.OPEN, "window open: 30s of 60s"), ring),
+                  status, SPEC, NOW)
+    assert held.patches == () and cond(held.status, "Degraded")["reason"] == P.UNUSABLE
+    assert "2 failed observation(s)" in cond(held.status, "Degraded")["message"]
+    assert "observationFailures" not in held.status  # unchanged: not re-sent, not counted again
+    assert not updates(held, "observation_failures")
+    obs = replace(observation(curve[32]), t_end_s=NOW)
+    ok = P.plan(gathered(P.PoolWindow("server", live_pool(), P.OBSERVED, observation=obs), ring), status, SPEC, NOW)
+    assert ok.status["observationFailures"]["consecutive"] == 0 and len(ok.patches) == 1
+    assert cond(ok.status, "Degraded")["status"] == "False"
+
+
+def test_no_usable_window_within_max_observation_age_holds_as_stale(curve):
+    status, ring = ring_status(curve)
+    assert SPEC.control.max_observation_age_s == 3 * WINDOW
+    status["lastWindow"]["usableTime"] = St.iso(NOW - 3 * WINDOW - 1)
+    p = P.plan(gathered(P.PoolWindow("server", live_pool(), P.NO_PODS, "no ready pod"), ring), status, SPEC, NOW)
+    assert p.patches == ()
+    d = cond(p.status, "Degraded")
+    assert (d["status"], d["reason"]) == ("True", "ObservationStale") and "181s ago" in d["message"]
+    assert P.MetricUpdate("set", "observation_age", LABELS, 181.0) in p.metrics
+    # one second younger: fresh enough to decide
+    status["lastWindow"]["usableTime"] = St.iso(NOW - 3 * WINDOW + 1)
+    fresh = P.plan(gathered(P.PoolWindow("server", live_pool(), P.OPEN, "window open"), ring), status, SPEC, NOW)
+    assert cond(fresh.status, "Degraded")["reason"] == "Healthy" and len(fresh.patches) == 1
+
+
+def test_idle_windows_are_not_failures_but_old_traffic_is_not_decided_on(curve):
+    status, ring = ring_status(curve)
+    for e in status["observations"]:
+        e["windowEndUnixSeconds"] -= 600  # the last traffic was ten minutes ago
+    status["workload"]["windowEndUnixSeconds"] -= 600
+    ring = P.parse_ring(status["observations"], "server")
+    p = P.plan(gathered(P.PoolWindow("server", live_pool(), P.IDLE, "idle"), ring), status, SPEC, NOW)
+    assert p.patches == () and p.status["lastDecision"]["reason"] == "Idle"
+    assert cond(p.status, "Degraded")["status"] == "False" and "observationFailures" not in p.status
+    assert p.status["lastWindow"] == {"pool": "server", "outcome": P.IDLE, "time": St.iso(NOW),
+                                      "usableTime": St.iso(NOW)}
+    assert P.MetricUpdate("drop", "batching_efficiency", (*LABELS, "server")) in p.metrics
+
+
+def test_the_deployment_record_keeps_the_cooldown_when_the_status_lost_it(curve):
+    status, ring = ring_status(curve)
+    status["applied"] = {"maxNumSeqs": 16, "pool": "server", "time": St.iso(NOW - 5000)}  # the write after failed
+    record = {"maxNumSeqs": 32, "gpuMemoryUtilization": 0.9, "replicas": 1, "time": St.iso(NOW - 100),
+              "reason": "Recommended", "restart": True}
+    obs = replace(observation(curve[32]), t_end_s=NOW)
+    p = P.plan(gathered(P.PoolWindow("server", live_pool(record), P.OBSERVED, observation=obs), ring),
+               status, SPEC, NOW)
+    assert p.patches == () and p.status["lastDecision"]["reason"] == "Cooldown"
+    assert "500s left" in p.status["lastDecision"]["message"]
+    assert p.status["applied"]["time"] == St.iso(NOW - 100) and p.status["applied"]["reason"] == "Recommended"
+    # an older record than status changes nothing
+    assert A.newest({"time": St.iso(NOW)}, record)["time"] == St.iso(NOW)
+    assert A.from_deployment({"metadata": {"annotations": {A.APPLIED_ANNOTATION: "{not json"}}}) is None
+
+
+def test_a_failed_reconcile_write_is_visible_and_stops_acting_but_not_observing(curve):
+    status, ring = ring_status(curve)
+    failure = ApiFailure.of(ApiError(422, {"message": 'Service "llm" is invalid: metadata.name: Invalid value'},
+                                     "POST /api/v1/namespaces/serving/services"))
+    obs = replace(observation(curve[32]), t_end_s=NOW)
+    g = gathered(P.PoolWindow("server", live_pool(), P.OBSERVED, observation=obs), ring,
+                 api_failures=(failure,), reconcile_failed=True)
+    p = P.plan(g, status, SPEC, NOW)
+    assert p.patches == ()
+    c = cond(p.status, "ApiError")
+    assert (c["status"], c["reason"]) == ("True", "CreateFailed")
+    assert c["message"] == 'create services: HTTP 422: Service "llm" is invalid: metadata.name: Invalid value'
+    assert P.MetricUpdate("inc", "api_errors", ("create", "services", "422"), 1.0) in p.metrics
+    assert ("Warning", "CreateFailed") in [(e.type, e.reason) for e in p.events]
+    assert p.status["lastDecision"]["reason"] == "ReconcileFailed" and "HTTP 422" in p.status["lastDecision"]["message"]
+    assert len(p.status["observations"]) == 4 and p.status["recommendation"]["maxNumSeqs"] > 32  # still observing
+    # the same failure on the next tick: the condition stands, no second Event
+    again = P.plan(g, {**status, **p.status}, SPEC, NOW + 30)
+    assert "CreateFailed" not in [e.reason for e in again.events] and updates(again, "api_errors")
+    # writes succeed again: False
+    ok = P.plan(gathered(P.PoolWindow("server", live_pool(), P.OPEN, "window open"), ring), {**status, **p.status},
+                SPEC, NOW + 60)
+    assert cond(ok.status, "ApiError")["status"] == "False"
+
+
+def test_a_status_write_that_failed_last_tick_shows_in_api_error_without_counting_twice(curve):
+    status, ring = ring_status(curve)
+    failure = ApiFailure.of(ApiError(500, {"message": "etcdserver: request timed out"},
+                                     "PATCH /apis/kneecap.io/v1alpha1/namespaces/serving/llmdeployments/llm/status"))
+    g = gathered(P.PoolWindow("server", live_pool(), P.OPEN, "window open"), ring, status_write_failure=failure)
+    p = P.plan(g, status, SPEC, NOW)
+    c = cond(p.status, "ApiError")
+    assert (c["status"], c["reason"]) == ("True", "StatusWriteFailed") and "llmdeployments/status llm" in c["message"]
+    assert not updates(p, "api_errors") and "StatusWriteFailed" not in [e.reason for e in p.events]
+
+
+def test_a_failed_patch_rolls_back_what_it_would_have_changed(curve):
+    status, ring = ring_status(curve)
+    obs = replace(observation(curve[32]), t_end_s=NOW)
+    p = P.plan(gathered(P.PoolWindow("server", live_pool(), P.OBSERVED, observation=obs), ring), status, SPEC, NOW)
+    failure = ApiFailure.of(ApiError(422, {"message": "spec.template.spec.containers[0].env[0].name: Required value"},
+                                     "PATCH /apis/apps/v1/namespaces/serving/deployments/llm"))
+    out, event, counters = P.failed_write(p.status, failure, 2, NOW, *LABELS, p.patches[0].rollback)
+    assert out["applied"] == p.patches[0].rollback["applied"] and "time" not in out["applied"]
+    assert out["lastDecision"]["reason"] == "ApplyFailed" and "env[0].name" in out["lastDecision"]["message"]
+    c = cond(out, "ApiError")
+    assert (c["status"], c["reason"]) == ("True", "PatchFailed") and "patch deployments llm: HTTP 422" in c["message"]
+    assert (event.type, event.reason) == ("Warning", "PatchFailed")
+    assert counters[0] == P.MetricUpdate("inc", "api_errors", ("patch", "deployments", "422"), 1.0)
+    # the same refusal on the next tick: counted, no second Event
+    _, again, counted = P.failed_write({**p.status, **out}, failure, 2, NOW + 30, *LABELS, p.patches[0].rollback)
+    assert again is None and counted == counters
+
+
+def test_a_pool_left_out_for_a_conflict_is_not_acted_on(curve):
+    status, _ = ring_status(curve)
+    g = P.Gathered("serving", "llm", 2, (), conflicts=(R.Conflict("Deployment", "llm", "not owned by kneecap"),))
+    p = P.plan(g, status, SPEC, NOW)
+    assert p.patches == () and p.status["lastDecision"]["reason"] == "OwnershipConflict"
+    assert "not owned by kneecap" in p.status["lastDecision"]["message"]
+    assert cond(p.status, "Ready")["status"] == "False"
+
+
+def test_a_full_ring_drops_its_oldest_window_for_the_new_one(curve):
+    status, ring = ring_status(curve)
+    spec = parse_spec({**RAW, "control": {**RAW["control"], "observationHistory": 3}})
+    obs = replace(observation(curve[64]), t_end_s=NOW)
+    p = P.plan(gathered(P.PoolWindow("server", live_pool(), P.OBSERVED, observation=obs), ring), status, spec, NOW)
+    got = [e["windowEndUnixSeconds"] for e in p.status["observations"]]
+    assert got == [NOW - 60.0, NOW - 30.0, NOW]  # the oldest went, the tick's own window is last
+    assert p.status["observations"][-1]["meanBatch"] == pytest.approx(float(curve[64]["batch"]), rel=1e-5)
