@@ -17,14 +17,19 @@ def deploy(**meta):
     return d
 
 
-def test_is_subset_ignores_server_defaults():
-    want = {"spec": {"template": {"spec": {"containers": [{"name": "vllm", "image": "a", "args": ["x"]}]}}}}
-    have = {"spec": {"template": {"spec": {"containers": [{"name": "vllm", "image": "a", "args": ["x"],
-                                                           "imagePullPolicy": "IfNotPresent"}],
-                                           "dnsPolicy": "ClusterFirst"}}, "revisionHistoryLimit": 10}}
-    assert R.is_subset(want, have)
-    have["spec"]["template"]["spec"]["containers"][0]["args"] = ["x", "y"]
-    assert not R.is_subset(want, have)
+def test_owns_needs_kneecaps_label_and_an_owner_reference_to_this_uid():
+    ours = deploy()
+    assert R.owns(OWNER, ours)
+    other_uid = {"metadata": {"name": "m", "namespace": "ns", "uid": "u2"}}
+    assert not R.owns(other_uid, ours)  # an LLMDeployment of the same name, recreated
+    unlabelled = deploy(labels={"app": "payments"})
+    assert not R.owns(OWNER, unlabelled)
+    no_ref = deploy(ownerReferences=[])
+    assert not R.owns(OWNER, no_ref)
+    c = R._conflict(OWNER, "Deployment", unlabelled)
+    assert (c.kind, c.name) == ("Deployment", "m")
+    assert "ns/m" in c.message and "app.kubernetes.io/managed-by=kneecap" in c.message
+    assert "u1" in R._conflict(OWNER, "Deployment", no_ref).message
 
 
 def test_replicas_owner():
