@@ -114,12 +114,17 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         now = config.now()
         gen = body["metadata"].get("generation")
         conds = (body.get("status") or {}).get("conditions")
-        ready = all(int((p.deployment.get("status") or {}).get("readyReplicas", 0)) >= 1 for p in result.pools)
+        ready = bool(result.pools) and not any(c.kind == "Deployment" for c in result.conflicts) and all(
+            int((p.deployment.get("status") or {}).get("readyReplicas", 0)) >= 1 for p in result.pools)
         conds = St.set_condition(conds, St.READY, ready, "PodsReady" if ready else "PodsNotReady",
-                                 ", ".join(f"{p.pool.name}: {'created' if p.created else 'patched' if p.patched else 'in sync'}"
-                                           for p in result.pools), gen, now)
+                                 ", ".join([f"{p.pool.name}: {'created' if p.created else 'patched' if p.patched else 'in sync'}"
+                                            for p in result.pools]
+                                           + [f"{c.name}: {c.kind} not owned" for c in result.conflicts]), gen, now)
+        conds = St.set_conflict(conds, result.conflicts, gen, now)
         patch.status.update({"observedGeneration": gen, "conditions": conds, "phase": St.phase_of(conds),
                              "invalidField": None, "ownership": L.ownership_status(result.pools)})
+        for c in result.conflicts:
+            kopf.warn(body, reason="Conflict", message=c.message)
         if result.changed:
             kopf.info(body, reason="Reconciled", message=f"{reason}: " + ", ".join(
                 [f"{p.pool.name} {'created' if p.created else 'patched'}" for p in result.pools

@@ -199,7 +199,8 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
 
     # Deployments every tick (live settings, rollouts, drift); Services and pruning every
     # FULL_RECONCILE_TICKS ticks (the spec handlers run a full pass on every spec change)
-    rec = await R.reconcile(ctx.kube, body, spec, full=mem.ticks % FULL_RECONCILE_TICKS == 0, reads=ctx.reader)
+    full = mem.ticks % FULL_RECONCILE_TICKS == 0
+    rec = await R.reconcile(ctx.kube, body, spec, full=full, reads=ctx.reader)
     mem.ticks += 1
     if rec.changed:
         ctx.event("Normal", "Reconciled", ", ".join(
@@ -211,6 +212,13 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
                              "every pool has a ready replica" if ready else "a pool has no ready replica", gen, now)
 
     out["ownership"] = ownership_status(rec.pools)
+    if rec.conflicts or full:  # (Services are only checked on full passes)
+        conds = St.set_conflict(conds, rec.conflicts, gen, now)
+    if len(rec.pools) < len(M.pools(name, spec)):  # a pool's Deployment is not kneecap's: hold
+        conds = St.set_condition(conds, St.READY, False, "PodsNotReady", "; ".join(
+            c.message for c in rec.conflicts), gen, now)
+        out.update(conditions=conds, phase=St.phase_of(conds))
+        return out
 
     ticks = [await observe_pool(ctx, mem, ns, name, spec, p) for p in rec.pools]
     scrape_ok = all(t.scrape_ok for t in ticks)
