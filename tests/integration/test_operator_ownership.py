@@ -4,11 +4,15 @@ deleting the LLMDeployment leaves it in place."""
 
 from __future__ import annotations
 
-import copy
+import http.server
+import threading
 import time
 
 import pytest
 
+from kneecap.control import manifests as M
+from kneecap.demo.clock import free_port
+from kneecap.demo.kubelet import add_owned_pod
 from tests.support.kmock_api import LLMD, KubeAPIThread
 from tests.support.operator_harness import DEPLOY, NS, SERVICE, condition, events, llmd, operator, status, wait_for
 
@@ -76,3 +80,61 @@ def test_same_named_deployment_and_service_of_someone_else_are_never_touched(kub
         assert kube.get(res, NS, name) == before
     # ledger's own Deployment went with its owner
     assert kube.get(DEPLOY, NS, "ledger") is None
+
+
+class CountingServer:
+    """An HTTP server on 127.0.0.1 answering a minimal /metrics page; counts the requests."""
+
+    def __init__(self):
+        hits = self.hits = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                hits.append(self.path)
+                body = b"vllm:num_requests_running 1\n"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def url(self, host: str = "127.0.0.1") -> str:
+        return f"http://{host}:{self.port}/metrics"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_only_the_pools_own_pods_are_scraped_and_only_on_their_own_ip(kube):
+    """A pod carrying the pool's labels but not owned through the Deployment's ReplicaSet is never
+    scraped; a metrics-url annotation naming another host is ignored (the pod's IP is scraped)."""
+    own, impostor, elsewhere = CountingServer(), CountingServer(), CountingServer()
+    closed = free_port()  # the engine port: nothing listens there
+    try:
+        with operator(kube) as runner:
+            kube.create(LLMD, llmd("pool", engine={"port": closed}))
+            add_owned_pod(kube, "pool", "pool-0", namespace=NS, annotations={M.METRICS_URL_ANNOTATION: own.url()})
+            kube.add_pod(NS, "pool-fake", M.labels("pool", "server"),  # the labels, no owner
+                         annotations={M.METRICS_URL_ANNOTATION: impostor.url()})
+            add_owned_pod(kube, "pool", "pool-1", namespace=NS,  # owned, but points at another host
+                          annotations={M.METRICS_URL_ANNOTATION: elsewhere.url("localhost")})
+            st = wait_for(lambda: (s := status(kube, "pool")) and f"127.0.0.1:{closed}" in
+                          condition(s, "Degraded").get("message", "") and len(own.hits) >= 3 and s,
+                          what="scrapes of the pool's pods")
+    finally:
+        for s in (own, impostor, elsewhere):
+            s.close()
+    assert runner.exit_code == 0, runner.output
+    assert own.hits and set(own.hits) == {"/metrics"}
+    assert impostor.hits == [] and elsewhere.hits == []
+    msg = condition(st, "Degraded")["message"]
+    assert own.url() not in msg and f"http://127.0.0.1:{closed}/metrics" in msg  # pool-1 on its own IP
+    assert f":{impostor.port}" not in msg and f":{elsewhere.port}" not in msg

@@ -25,6 +25,7 @@ import yaml
 from kopf.testing import KopfRunner
 
 from kneecap.control.handlers import OperatorConfig, build_registry
+from kneecap.demo.kubelet import add_owned_pod
 from tests.support import kmock_api
 from tests.support.kmock_api import LLMD, KubeAPI, KubeAPIThread
 
@@ -144,8 +145,7 @@ def operator_lifecycle(monkeypatch, scope: list[str]) -> set[tuple[str, str, str
             # a second tick: the first after a spec change reads the API, later ones the watch-backed caches
             wait_for(lambda: kube.get(LLMD, NS, "llama")["status"]["lastDecision"]["time"] != first["time"],
                      what="a second tick")
-            kube.add_pod(NS, "llama-0", {"app.kubernetes.io/instance": "llama", "kneecap.io/role": "server"},
-                         port=1)  # a ready pod nobody listens for: the tick lists and scrapes it
+            add_owned_pod(kube, "llama", "llama-0", namespace=NS, port=1)  # a ready pod nobody listens for: the tick lists and scrapes it
             # a spec change the pool must follow -> PATCH of the Deployment and the Service
             kube.patch(LLMD, NS, "llama", {"spec": {"engine": {"port": 8001, "extraArgs": ["--max-model-len=4096"]}}})
             wait_for(lambda: "--max-model-len=4096" in kube.get(DEPLOY, NS, "llama")["spec"]["template"]["spec"]

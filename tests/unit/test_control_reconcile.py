@@ -60,9 +60,18 @@ def test_rollout_in_progress():
     assert st.rollout_in_progress
 
 
-def test_metrics_url():
+def test_metrics_url_only_on_the_pods_own_ip():
     pod = {"metadata": {"annotations": {}}, "status": {"podIP": "10.0.0.7"}}
     assert R.metrics_url(pod, 8000) == "http://10.0.0.7:8000/metrics"
-    pod["metadata"]["annotations"]["kneecap.io/metrics-url"] = "http://twin:9/metrics"
-    assert R.metrics_url(pod, 8000) == "http://twin:9/metrics"
+    for url, ok in [("http://10.0.0.7:9100/metrics", True), ("https://10.0.0.7/m", True),
+                    ("http://169.254.169.254/latest/meta-data/", False), ("http://twin:9/metrics", False),
+                    ("http://10.0.0.8:8000/metrics", False), ("http://10.0.0.7@evil:80/", False),
+                    ("http://u@10.0.0.7:80/", False), ("file:///etc/passwd", False), ("http://10.0.0.7:x/", False)]:
+        pod["metadata"]["annotations"]["kneecap.io/metrics-url"] = url
+        assert R.metrics_url(pod, 8000) == (url if ok else "http://10.0.0.7:8000/metrics"), url
+    v6 = {"metadata": {"annotations": {"kneecap.io/metrics-url": "http://[fd00::7]:9/metrics"}},
+          "status": {"podIP": "fd00::7"}}
+    assert R.metrics_url(v6, 8000) == "http://[fd00::7]:9/metrics"
+    v6["metadata"]["annotations"] = {}
+    assert R.metrics_url(v6, 8000) == "http://[fd00::7]:8000/metrics"
     assert R.metrics_url({"metadata": {}, "status": {}}, 8000) is None

@@ -51,10 +51,14 @@ class EngineSettings:
     replicas: int = 1
 
 
+def pool_name(name: str, role: str) -> str:
+    """The pool's Deployment and Service name: the LLMDeployment's, suffixed by the role when disaggregated."""
+    return name if role == "server" else f"{name}-{role}"
+
+
 def pools(name: str, spec: LLMDeploymentSpec) -> list[Pool]:
-    if spec.disaggregated:
-        return [Pool("prefill", f"{name}-prefill"), Pool("decode", f"{name}-decode")]
-    return [Pool("server", name)]
+    roles = ("prefill", "decode") if spec.disaggregated else ("server",)
+    return [Pool(role, pool_name(name, role)) for role in roles]
 
 
 def pool_bounds(spec: LLMDeploymentSpec, role: str):

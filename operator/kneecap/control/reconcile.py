@@ -11,6 +11,8 @@ a decision; everything else in the pod template follows the spec.
 
 from __future__ import annotations
 
+import logging
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +21,8 @@ from kneecap.control.drift import in_sync
 from kneecap.control.informer import ApiReads
 from kneecap.control.kube import FIELD_MANAGER, KubeClient, deployments_path, services_path
 from kneecap.control.spec import LLMDeploymentSpec
+
+log = logging.getLogger("kneecap.reconcile")
 
 
 @dataclass(frozen=True)
@@ -226,9 +230,26 @@ async def ready_pods(reads: ApiReads, ns: str, name: str, role: str) -> list[dic
 
 
 def metrics_url(pod: dict, port: int) -> str | None:
-    """`kneecap.io/metrics-url` annotation, else http://<podIP>:<port>/metrics."""
+    """http://<podIP>:<port>/metrics, or the `kneecap.io/metrics-url` annotation when it points
+    at the pod itself (its host is the pod's IP; any port and path). An annotation naming any
+    other host is ignored (logged): a pod's annotations must not make the operator fetch
+    arbitrary URLs (cloud metadata endpoints, internal services)."""
+    ip = (pod.get("status") or {}).get("podIP")
     ann = (pod["metadata"].get("annotations") or {}).get(M.METRICS_URL_ANNOTATION)
     if ann:
-        return ann
-    ip = (pod.get("status") or {}).get("podIP")
-    return f"http://{ip}:{port}/metrics" if ip else None
+        if _points_at(ann, ip):
+            return ann
+        log.warning("pod %s/%s: %s=%r ignored: its host must be the pod's IP %s",
+                    pod["metadata"].get("namespace"), pod["metadata"].get("name"), M.METRICS_URL_ANNOTATION, ann, ip)
+    if not ip:
+        return None
+    return f"http://[{ip}]:{port}/metrics" if ":" in ip else f"http://{ip}:{port}/metrics"
+
+
+def _points_at(url: str, ip: str | None) -> bool:
+    try:
+        u = urllib.parse.urlsplit(url)
+        u.port  # noqa: B018 - raises on a malformed port
+    except ValueError:
+        return False
+    return bool(ip) and u.scheme in ("http", "https") and u.hostname == ip.lower() and not u.username
