@@ -7,6 +7,7 @@ point the operator at an emulated API) register the same handlers with different
 from __future__ import annotations
 
 import logging
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -22,6 +23,9 @@ from kneecap.control.spec import GROUP, PLURAL, VERSION, LLMDeploymentSpec, pars
 from kneecap.errors import InputError
 
 RESOURCE = (GROUP, VERSION, PLURAL)
+# a replica that dies without saying so is presumed dead this long after its last keep-alive
+# (kopf sends one every lifetime - 5..10 s); a clean exit hands over at once
+PEERING_LIFETIME_S = 30
 
 
 @dataclass
@@ -34,6 +38,18 @@ class OperatorConfig:
     scrape_timeout_s: float = 5.0
     now: Callable[[], float] = time.time
     scrape: L.ScrapeFn | None = None
+    # leader election (kopf peering; used when the operator runs with --peering): None picks
+    # oldest_first_priority(), so exactly one replica is active and a new one never preempts it
+    peering_priority: int | None = None
+    peering_lifetime_s: int = PEERING_LIFETIME_S
+
+
+def oldest_first_priority(now_s: float | None = None) -> int:
+    """A kopf peering priority that is higher the earlier this replica started (ms), with a
+    random tie-break: kopf pauses every operator, itself included, while another of the same
+    priority is alive, and the highest one alone runs."""
+    now_s = time.time() if now_s is None else now_s
+    return -int(now_s * 1000) * 1000 - random.randrange(1000)
 
 
 def _connection(config: OperatorConfig, logger, settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
@@ -82,6 +98,12 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
             prefix="kneecap.io", key="last-handled-configuration")
         settings.posting.level = logging.INFO
+        # one peering object for the whole install (ClusterKopfPeering, the chart makes it),
+        # whether the operator watches all namespaces or some
+        settings.peering.clusterwide = True
+        settings.peering.lifetime = config.peering_lifetime_s
+        settings.peering.priority = (config.peering_priority if config.peering_priority is not None
+                                     else oldest_first_priority())
         memo.kube = KubeClient.from_connection_info(_connection(config, logger, settings))
         # the ticks read Deployments, HPAs and pods from watch-backed caches (the spec handlers
         # read the API: they must see an HPA created just before a spec change)

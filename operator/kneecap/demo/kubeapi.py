@@ -58,6 +58,8 @@ CORE_RESOURCES: dict[str, tuple[str, bool, set[str]]] = {
     "apps/v1/deployments": ("Deployment", True, {"status", "scale"}),
     "apps/v1/replicasets": ("ReplicaSet", True, {"status", "scale"}),
     "coordination.k8s.io/v1/leases": ("Lease", True, set()),
+    "kopf.dev/v1/clusterkopfpeerings": ("ClusterKopfPeering", False, set()),  # kopf's leader election
+    "kopf.dev/v1/kopfpeerings": ("KopfPeering", True, set()),
     "autoscaling/v2/horizontalpodautoscalers": ("HorizontalPodAutoscaler", True, {"status"}),
 }
 LLMD = "kneecap.io/v1alpha1/llmdeployments"
