@@ -34,6 +34,7 @@ CHART = ROOT / "charts" / "kneecap"
 NS = "serving"
 DEPLOY = "apps/v1/deployments"
 CRDS = "apiextensions.k8s.io/v1/customresourcedefinitions"
+PEERINGS = "kopf.dev/v1/clusterkopfpeerings"
 
 
 @attrs.define(kw_only=True)
@@ -135,8 +136,11 @@ def operator_lifecycle(monkeypatch, scope: list[str]) -> set[tuple[str, str, str
         config = OperatorConfig(connection=kopf.ConnectionInfo(server=kube.url), tick_s=0.2)
         settings = kopf.OperatorSettings()
         settings.watching.server_timeout = 10
-        with KopfRunner(["run", "--standalone", *scope], registry=build_registry(config), settings=settings,
-                        timeout=60) as runner:
+        # as the chart runs it: leader election in the chart's ClusterKopfPeering
+        kube.create(PEERINGS, {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",
+                               "metadata": {"name": "kc-kneecap"}})
+        with KopfRunner(["run", "--peering", "kc-kneecap", *scope], registry=build_registry(config),
+                        settings=settings, timeout=60) as runner:
             kube.create(LLMD, llmd("llama"))
             wait_for(lambda: kube.get(DEPLOY, NS, "llama"), what="deployment")
             wait_for(lambda: kube.get("v1/services", NS, "llama"), what="service")
@@ -163,6 +167,11 @@ def operator_lifecycle(monkeypatch, scope: list[str]) -> set[tuple[str, str, str
         assert runner.exit_code == 0, runner.output
         calls = {a for a in (authorisation(*r) for r in kube.api.recorded) if a is not None}
     assert calls, "no API requests recorded"
+    # Not a request but an admission check: an ownerReference with blockOwnerDeletion to an
+    # LLMDeployment needs `update` on its finalizers subresource (OwnerReferencesPermissionEnforcement)
+    owned = {(ns, r) for g, r, v, ns in calls if r in ("deployments", "services") and v in ("create", "patch")}
+    assert owned, "the operator created no owned object"
+    calls |= {("kneecap.io", "llmdeployments/finalizers", "update", ns) for ns, _ in owned}
     return calls
 
 
