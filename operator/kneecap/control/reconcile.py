@@ -219,7 +219,7 @@ async def delete_owned(kube: KubeClient, owner: dict) -> list[str]:
 
 
 async def ready_pods(reads: ApiReads, ns: str, name: str, role: str) -> list[dict]:
-    """Running pods of a pool whose Ready condition is True and that have an IP."""
+    """Running, Ready pods of the pool's own Deployment (through its ReplicaSets: `ApiReads.pods`)."""
     out = []
     for p in await reads.pods(ns, name, role):
         st = p.get("status") or {}
