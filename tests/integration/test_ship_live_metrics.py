@@ -173,6 +173,10 @@ def test_chart_operator_command_logs_in_serves_probes_and_reconciles(kube, tmp_p
             wait_for(lambda: http_get(f"http://127.0.0.1:{liveness}/healthz")[0] == 200 or proc.poll() is not None,
                      15, "kopf liveness endpoint")
             assert proc.poll() is None, log_path.read_text()[-3000:]
+            # what the chart installs with it: the peering object its --peering names
+            (peering,) = [a.split("=", 1)[1] for a in args if a.startswith("--peering=")]
+            kube.create("kopf.dev/v1/clusterkopfpeerings", {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",
+                                                            "metadata": {"name": peering}})
             kube.create(LLMD, llmd("llama"))
             wait_for(lambda: kube.get("apps/v1/deployments", NS, "llama"), 15, "the pool's Deployment")
             code, text = http_get(f"http://127.0.0.1:{metrics}/metrics")
