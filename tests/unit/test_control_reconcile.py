@@ -75,3 +75,19 @@ def test_metrics_url_only_on_the_pods_own_ip():
     v6["metadata"]["annotations"] = {}
     assert R.metrics_url(v6, 8000) == "http://[fd00::7]:8000/metrics"
     assert R.metrics_url({"metadata": {}, "status": {}}, 8000) is None
+
+
+def test_pods_of_follows_controller_references_from_pod_to_replicaset_to_deployment():
+    from kneecap.control.informer import pods_of
+
+    def obj(name, uid, owner_uid=None, controller=True):
+        refs = [{"uid": owner_uid, "controller": controller}] if owner_uid else []
+        return {"metadata": {"name": name, "uid": uid, "ownerReferences": refs}}
+
+    dep = obj("m", "d1")
+    rs = [obj("m-new", "r1", "d1"), obj("m-old", "r0", "d1"), obj("other-rs", "r9", "d9"),
+          obj("adopted", "r5", "d1", controller=False)]
+    pods = [obj("a", "p1", "r1"), obj("b", "p2", "r0"), obj("fake", "p3"), obj("c", "p4", "r9"),
+            obj("d", "p5", "r5"), obj("e", "p6", "d1")]
+    assert [p["metadata"]["name"] for p in pods_of(dep, rs, pods)] == ["a", "b"]
+    assert pods_of(None, rs, pods) == []
