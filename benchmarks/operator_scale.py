@@ -33,7 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _paths import RESULTS, ROOT  # noqa: E402
 
 from kneecap.demo.clock import free_port  # noqa: E402
+from kneecap.control import manifests as M  # noqa: E402
+from kneecap.control.spec import parse_spec  # noqa: E402
 from kneecap.demo.kubeapi import LLMD, KubeAPIThread  # noqa: E402
+from kneecap.demo.kubelet import DEPLOY, add_owned_pod  # noqa: E402
 
 NS = "scale"
 CANNED = r'''
@@ -152,12 +155,15 @@ def main(argv=None) -> int:
             kubeconfig = kube.write_kubeconfig(tmp / "kubeconfig", NS, user="bench")
             t = time.monotonic()
             for i in range(args.resources):
-                kube.create(LLMD, llmd(i, args.interval))
+                owner = kube.create(LLMD, llmd(i, args.interval))
+                # the pool as a previous operator run left it: its Deployment, a ReplicaSet, the pods
+                spec = parse_spec(owner["spec"])
+                (pool,) = M.pools(owner["metadata"]["name"], spec)
+                deploy = kube.create(DEPLOY, M.deployment(owner, spec, pool, M.initial_settings(spec, pool.role)))
                 for j in range(args.pods):
                     port = ports[(i * args.pods + j) % len(ports)]
-                    kube.add_pod(NS, f"m{i:03d}-{j}", {"app.kubernetes.io/instance": f"m{i:03d}",
-                                                       "kneecap.io/role": "server"},
-                                 annotations={"kneecap.io/metrics-url": f"http://127.0.0.1:{port}/metrics"})
+                    add_owned_pod(kube, deploy, f"m{i:03d}-{j}",
+                                  annotations={"kneecap.io/metrics-url": f"http://127.0.0.1:{port}/metrics"})
             print(f"{args.resources} LLMDeployments, {args.resources * args.pods} pods in the API "
                   f"[{time.monotonic() - t:.0f}s]", flush=True)
             prof = ["-m", "cProfile", "-o", str(args.profile)] if args.profile else []

@@ -19,8 +19,10 @@ import aiohttp.web
 import attrs
 import pytest
 
+from kneecap.control import manifests as M
 from kneecap.control.informer import CachedReads, Informer, pod_essentials, pool_key
 from kneecap.control.kube import KubeClient, pods_path
+from kneecap.demo.kubelet import add_owned_pod
 from tests.support.kmock_api import LLMD, KubeAPI, KubeAPIThread
 from tests.support.operator_harness import DEPLOY, NS, llmd, operator, status, wait_for
 
@@ -38,7 +40,14 @@ async def eventually(fn, timeout_s: float = 5.0, what: str = "condition"):
 
 
 def pool_pod(kube, name: str, instance: str = "a", role: str = "server", **kw) -> dict:
-    return kube.add_pod(NS, name, {"app.kubernetes.io/instance": instance, "kneecap.io/role": role}, **kw)
+    """A ready pod of the pool's Deployment (made here when no operator made it), through a ReplicaSet."""
+    deploy = kube.get(DEPLOY, NS, M.pool_name(instance, role)) or kube.create(DEPLOY, {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": M.pool_name(instance, role), "namespace": NS, "labels": M.labels(instance, role)},
+        "spec": {"selector": {"matchLabels": M.selector(instance, role)},
+                 "template": {"metadata": {"labels": M.labels(instance, role)},
+                              "spec": {"containers": [{"name": "vllm", "image": "x"}]}}}})
+    return add_owned_pod(kube, deploy, name, **kw)
 
 
 @pytest.fixture()
@@ -196,7 +205,7 @@ def test_ticks_read_from_the_caches_and_see_a_new_hpa():
             t0 = time.monotonic()
             time.sleep(3.0)
             reads = [(m, p) for m, p, w, t in kube.api.recorded if t >= t0 and m == "GET" and not w
-                     and ("/deployments" in p or "/pods" in p or "/horizontalpodautoscalers" in p)]
+                     and any(k in p for k in ("/deployments", "/replicasets", "/pods", "/horizontalpodautoscalers"))]
             status_writes = [p for m, p, w, t in kube.api.recorded if t >= t0 and m == "PATCH" and p.endswith("/status")]
             kube.create(HPA, {"metadata": {"name": "llama-hpa", "namespace": NS},
                               "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
@@ -206,7 +215,8 @@ def test_ticks_read_from_the_caches_and_see_a_new_hpa():
         watches = {p for m, p, w, t in kube.api.recorded if w}
     assert runner.exit_code == 0, runner.output
     assert len(status_writes) >= 2  # ticks ran in the measured 3 s ...
-    assert reads == []  # ... and read no Deployment, pod or HPA from the API
+    assert reads == []  # ... and read no Deployment, ReplicaSet, pod or HPA from the API
     assert {f"/apis/apps/v1/namespaces/{NS}/deployments", f"/api/v1/namespaces/{NS}/pods",
+            f"/apis/apps/v1/namespaces/{NS}/replicasets",
             f"/apis/autoscaling/v2/namespaces/{NS}/horizontalpodautoscalers"} <= watches
     assert "only recommends" in st["server"]["message"]

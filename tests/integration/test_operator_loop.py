@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kneecap.control import status as St, vllm_args as V
+from kneecap.control import manifests as M, status as St, vllm_args as V
 from kneecap.control.handlers import OperatorConfig
 from kneecap.control.metrics import OperatorMetrics
+from kneecap.demo.kubelet import add_owned_pod
 from tests.support.kmock_api import LLMD, KubeAPIThread
 from tests.support.operator_harness import (
     DEPLOY, NS, SERVICE, condition, events, llmd, operator, status, wait_for,
@@ -56,9 +57,10 @@ def resource(name: str, mode: str, cooldown: str = "600s", **over) -> dict:
                 **over)
 
 
-def add_pod(kube, name: str, twin: Twin, role: str = "server") -> None:
-    kube.add_pod(NS, f"{name}-0", {"app.kubernetes.io/instance": name, "kneecap.io/role": role},
-                 annotations={"kneecap.io/metrics-url": twin.url + "/metrics"})
+def add_pod(kube, name: str, twin: Twin, role: str = "server", pod: str | None = None) -> None:
+    """A ready pod of the pool's Deployment (through its ReplicaSet) whose metrics are `twin`'s."""
+    add_owned_pod(kube, M.pool_name(name, role), pod or f"{name}-0", namespace=NS,
+                  annotations={"kneecap.io/metrics-url": twin.url + "/metrics"})
 
 
 def drive(twin: Twin):
@@ -272,8 +274,7 @@ def test_disaggregated_enforce_sets_decode_cap_and_sara_prefill_pool(kube, twin)
             wait_for(lambda: kube.get(DEPLOY, NS, "dis-prefill"), what="prefill pool")
             kube.patch(DEPLOY, NS, "dis-prefill", {"spec": {"replicas": 3}})  # over-provisioned by hand
             add_pod(kube, "dis", twin, role="decode")
-            add_pod(kube, "dis-p", prefill, role="prefill")
-            kube.patch("v1/pods", NS, "dis-p-0", {"metadata": {"labels": {"app.kubernetes.io/instance": "dis"}}})
+            add_pod(kube, "dis", prefill, role="prefill", pod="dis-p-0")
             st = wait_for(lambda: (lambda s: s if (s.get("allocation") or {}).get("prefillDecision") else None)(
                 status(kube, "dis")), timeout_s=60, what="a SARA allocation")
             wait_for(lambda: (status(kube, "dis").get("applied") or {}).get("time"), timeout_s=20, what="apply")

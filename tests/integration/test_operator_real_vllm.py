@@ -7,6 +7,7 @@ import time
 import pytest
 
 from kneecap.control.handlers import OperatorConfig
+from kneecap.demo.kubelet import add_owned_pod
 from tests.integration.conftest import BLOCK_SIZE, NUM_GPU_BLOCKS
 from tests.support.kmock_api import LLMD, KubeAPIThread
 from tests.support.operator_harness import DEPLOY, NS, condition, llmd, operator, status, wait_for
@@ -31,8 +32,8 @@ def test_loop_observes_a_real_vllm_pod(kube, vllm_server):
     try:
         with operator(kube, OperatorConfig(tick_s=0.1, scrape_timeout_s=10)) as runner:
             kube.create(LLMD, res)
-            kube.add_pod(NS, "real-0", {"app.kubernetes.io/instance": "real", "kneecap.io/role": "server"},
-                         annotations={"kneecap.io/metrics-url": vllm_server.base_url + "/metrics"})
+            add_owned_pod(kube, "real", "real-0", namespace=NS,
+                          annotations={"kneecap.io/metrics-url": vllm_server.base_url + "/metrics"})
             procs.append(load(vllm_server.base_url, rate=2, duration_s=4, input_mean=64, output_mean=32, seed=4))
             time.sleep(4)
             procs.append(load(vllm_server.base_url, rate=8, duration_s=5, input_mean=64, output_mean=32, seed=5))

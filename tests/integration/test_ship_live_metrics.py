@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kneecap.demo.kubelet import add_owned_pod
 from tests.support.kmock_api import LLMD, KubeAPIThread
 from tests.support.twins import Twin, free_port, load
 from tests.unit.test_ship_observability import PROMETHEUS_SYNTHETIC, alert_rules, dashboard, dashboard_queries, metric_names
@@ -134,8 +135,8 @@ def test_dashboard_and_alerts_query_what_a_live_operator_and_twin_serve(kube, tw
         with KopfRunner(["run", "--standalone", "--all-namespaces"], registry=build_registry(config),
                         settings=settings, timeout=60) as runner:
             kube.create(LLMD, llmd("llama"))
-            kube.add_pod(NS, "llama-0", {"app.kubernetes.io/instance": "llama", "kneecap.io/role": "server"},
-                         annotations={"kneecap.io/metrics-url": twin.url + "/metrics"})
+            add_owned_pod(kube, "llama", "llama-0", namespace=NS,
+                          annotations={"kneecap.io/metrics-url": twin.url + "/metrics"})
             loader = load(twin.url, rate=20, duration_s=8, seed=3)
 
             def operator_series():
@@ -172,6 +173,10 @@ def test_chart_operator_command_logs_in_serves_probes_and_reconciles(kube, tmp_p
             wait_for(lambda: http_get(f"http://127.0.0.1:{liveness}/healthz")[0] == 200 or proc.poll() is not None,
                      15, "kopf liveness endpoint")
             assert proc.poll() is None, log_path.read_text()[-3000:]
+            # what the chart installs with it: the peering object its --peering names
+            (peering,) = [a.split("=", 1)[1] for a in args if a.startswith("--peering=")]
+            kube.create("kopf.dev/v1/clusterkopfpeerings", {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",
+                                                            "metadata": {"name": peering}})
             kube.create(LLMD, llmd("llama"))
             wait_for(lambda: kube.get("apps/v1/deployments", NS, "llama"), 15, "the pool's Deployment")
             code, text = http_get(f"http://127.0.0.1:{metrics}/metrics")

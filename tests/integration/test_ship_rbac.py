@@ -25,6 +25,7 @@ import yaml
 from kopf.testing import KopfRunner
 
 from kneecap.control.handlers import OperatorConfig, build_registry
+from kneecap.demo.kubelet import add_owned_pod
 from tests.support import kmock_api
 from tests.support.kmock_api import LLMD, KubeAPI, KubeAPIThread
 
@@ -33,6 +34,7 @@ CHART = ROOT / "charts" / "kneecap"
 NS = "serving"
 DEPLOY = "apps/v1/deployments"
 CRDS = "apiextensions.k8s.io/v1/customresourcedefinitions"
+PEERINGS = "kopf.dev/v1/clusterkopfpeerings"
 
 
 @attrs.define(kw_only=True)
@@ -134,8 +136,11 @@ def operator_lifecycle(monkeypatch, scope: list[str]) -> set[tuple[str, str, str
         config = OperatorConfig(connection=kopf.ConnectionInfo(server=kube.url), tick_s=0.2)
         settings = kopf.OperatorSettings()
         settings.watching.server_timeout = 10
-        with KopfRunner(["run", "--standalone", *scope], registry=build_registry(config), settings=settings,
-                        timeout=60) as runner:
+        # as the chart runs it: leader election in the chart's ClusterKopfPeering
+        kube.create(PEERINGS, {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",
+                               "metadata": {"name": "kc-kneecap"}})
+        with KopfRunner(["run", "--peering", "kc-kneecap", *scope], registry=build_registry(config),
+                        settings=settings, timeout=60) as runner:
             kube.create(LLMD, llmd("llama"))
             wait_for(lambda: kube.get(DEPLOY, NS, "llama"), what="deployment")
             wait_for(lambda: kube.get("v1/services", NS, "llama"), what="service")
@@ -144,8 +149,7 @@ def operator_lifecycle(monkeypatch, scope: list[str]) -> set[tuple[str, str, str
             # a second tick: the first after a spec change reads the API, later ones the watch-backed caches
             wait_for(lambda: kube.get(LLMD, NS, "llama")["status"]["lastDecision"]["time"] != first["time"],
                      what="a second tick")
-            kube.add_pod(NS, "llama-0", {"app.kubernetes.io/instance": "llama", "kneecap.io/role": "server"},
-                         port=1)  # a ready pod nobody listens for: the tick lists and scrapes it
+            add_owned_pod(kube, "llama", "llama-0", namespace=NS, port=1)  # a ready pod nobody listens for: the tick lists and scrapes it
             # a spec change the pool must follow -> PATCH of the Deployment and the Service
             kube.patch(LLMD, NS, "llama", {"spec": {"engine": {"port": 8001, "extraArgs": ["--max-model-len=4096"]}}})
             wait_for(lambda: "--max-model-len=4096" in kube.get(DEPLOY, NS, "llama")["spec"]["template"]["spec"]
@@ -163,6 +167,11 @@ def operator_lifecycle(monkeypatch, scope: list[str]) -> set[tuple[str, str, str
         assert runner.exit_code == 0, runner.output
         calls = {a for a in (authorisation(*r) for r in kube.api.recorded) if a is not None}
     assert calls, "no API requests recorded"
+    # Not a request but an admission check: an ownerReference with blockOwnerDeletion to an
+    # LLMDeployment needs `update` on its finalizers subresource (OwnerReferencesPermissionEnforcement)
+    owned = {(ns, r) for g, r, v, ns in calls if r in ("deployments", "services") and v in ("create", "patch")}
+    assert owned, "the operator created no owned object"
+    calls |= {("kneecap.io", "llmdeployments/finalizers", "update", ns) for ns, _ in owned}
     return calls
 
 

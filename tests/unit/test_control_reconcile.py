@@ -17,14 +17,19 @@ def deploy(**meta):
     return d
 
 
-def test_is_subset_ignores_server_defaults():
-    want = {"spec": {"template": {"spec": {"containers": [{"name": "vllm", "image": "a", "args": ["x"]}]}}}}
-    have = {"spec": {"template": {"spec": {"containers": [{"name": "vllm", "image": "a", "args": ["x"],
-                                                           "imagePullPolicy": "IfNotPresent"}],
-                                           "dnsPolicy": "ClusterFirst"}}, "revisionHistoryLimit": 10}}
-    assert R.is_subset(want, have)
-    have["spec"]["template"]["spec"]["containers"][0]["args"] = ["x", "y"]
-    assert not R.is_subset(want, have)
+def test_owns_needs_kneecaps_label_and_an_owner_reference_to_this_uid():
+    ours = deploy()
+    assert R.owns(OWNER, ours)
+    other_uid = {"metadata": {"name": "m", "namespace": "ns", "uid": "u2"}}
+    assert not R.owns(other_uid, ours)  # an LLMDeployment of the same name, recreated
+    unlabelled = deploy(labels={"app": "payments"})
+    assert not R.owns(OWNER, unlabelled)
+    no_ref = deploy(ownerReferences=[])
+    assert not R.owns(OWNER, no_ref)
+    c = R._conflict(OWNER, "Deployment", unlabelled)
+    assert (c.kind, c.name) == ("Deployment", "m")
+    assert "ns/m" in c.message and "app.kubernetes.io/managed-by=kneecap" in c.message
+    assert "u1" in R._conflict(OWNER, "Deployment", no_ref).message
 
 
 def test_replicas_owner():
@@ -55,9 +60,34 @@ def test_rollout_in_progress():
     assert st.rollout_in_progress
 
 
-def test_metrics_url():
+def test_metrics_url_only_on_the_pods_own_ip():
     pod = {"metadata": {"annotations": {}}, "status": {"podIP": "10.0.0.7"}}
     assert R.metrics_url(pod, 8000) == "http://10.0.0.7:8000/metrics"
-    pod["metadata"]["annotations"]["kneecap.io/metrics-url"] = "http://twin:9/metrics"
-    assert R.metrics_url(pod, 8000) == "http://twin:9/metrics"
+    for url, ok in [("http://10.0.0.7:9100/metrics", True), ("https://10.0.0.7/m", True),
+                    ("http://169.254.169.254/latest/meta-data/", False), ("http://twin:9/metrics", False),
+                    ("http://10.0.0.8:8000/metrics", False), ("http://10.0.0.7@evil:80/", False),
+                    ("http://u@10.0.0.7:80/", False), ("file:///etc/passwd", False), ("http://10.0.0.7:x/", False)]:
+        pod["metadata"]["annotations"]["kneecap.io/metrics-url"] = url
+        assert R.metrics_url(pod, 8000) == (url if ok else "http://10.0.0.7:8000/metrics"), url
+    v6 = {"metadata": {"annotations": {"kneecap.io/metrics-url": "http://[fd00::7]:9/metrics"}},
+          "status": {"podIP": "fd00::7"}}
+    assert R.metrics_url(v6, 8000) == "http://[fd00::7]:9/metrics"
+    v6["metadata"]["annotations"] = {}
+    assert R.metrics_url(v6, 8000) == "http://[fd00::7]:8000/metrics"
     assert R.metrics_url({"metadata": {}, "status": {}}, 8000) is None
+
+
+def test_pods_of_follows_controller_references_from_pod_to_replicaset_to_deployment():
+    from kneecap.control.informer import pods_of
+
+    def obj(name, uid, owner_uid=None, controller=True):
+        refs = [{"uid": owner_uid, "controller": controller}] if owner_uid else []
+        return {"metadata": {"name": name, "uid": uid, "ownerReferences": refs}}
+
+    dep = obj("m", "d1")
+    rs = [obj("m-new", "r1", "d1"), obj("m-old", "r0", "d1"), obj("other-rs", "r9", "d9"),
+          obj("adopted", "r5", "d1", controller=False)]
+    pods = [obj("a", "p1", "r1"), obj("b", "p2", "r0"), obj("fake", "p3"), obj("c", "p4", "r9"),
+            obj("d", "p5", "r5"), obj("e", "p6", "d1")]
+    assert [p["metadata"]["name"] for p in pods_of(dep, rs, pods)] == ["a", "b"]
+    assert pods_of(None, rs, pods) == []

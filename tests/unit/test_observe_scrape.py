@@ -105,6 +105,25 @@ async def test_http_error_status(serve):
     assert ei.value.status == 503
 
 
+async def test_a_redirect_is_a_scrape_error_and_is_not_followed(serve):
+    hits = []
+
+    async def target(request):
+        hits.append(request.path)
+        return web.Response(text="vllm:x 1\n")
+
+    async def redirect(request):
+        raise web.HTTPFound("/elsewhere")
+
+    app = web.Application()
+    app.router.add_get("/metrics", redirect)
+    app.router.add_get("/elsewhere", target)
+    base = await serve(app)
+    with pytest.raises(ScrapeHTTPError, match="HTTP 302 \\(redirects are not followed\\)") as ei:
+        await scrape(base + "/metrics", timeout_s=5, max_bytes=1 << 20)
+    assert ei.value.status == 302 and hits == []
+
+
 async def test_connection_refused():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

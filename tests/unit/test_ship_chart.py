@@ -20,13 +20,15 @@ from tests.support.tools import tool
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kneecap"
 K8S_VERSION = "1.37.0"
-CRD_TYPED = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule")}
+CRD_TYPED = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos.com/v1", "PrometheusRule"),
+             ("kopf.dev/v1", "ClusterKopfPeering")}
 RUNBOOK_BASE = "https://github.com/kneecap/kneecap/blob/main/docs/operations.md"
 
 # Value sets the chart must render for: defaults, namespaced RBAC, everything on, everything off.
 VALUE_SETS = {
     "defaults": [],
     "namespaced": ["--set", "operator.watchNamespaces={serving,batch}"],
+    "standby": ["--set", "replicaCount=2"],
     "grafana-alerts": ["--set", "grafana.alerts.enabled=true", "--set", "alerts.runbookBaseUrl=https://docs.example/ops"],
     "bare": ["--set", "serviceMonitor.enabled=false", "--set", "vllmServiceMonitor.enabled=false",
              "--set", "prometheusRule.enabled=false", "--set", "grafana.dashboard.enabled=false",
@@ -114,7 +116,7 @@ def test_kubernetes_validate_rejects_an_unknown_field(tmp_path):
 def test_operator_deployment_is_restricted_and_probed():
     (dep,) = by_kind(helm_template(), "Deployment")
     pod = dep["spec"]["template"]["spec"]
-    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    assert dep["spec"]["replicas"] == 1 and "strategy" not in dep["spec"]  # RollingUpdate: peering hands over
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] != 0
     assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
@@ -153,20 +155,35 @@ def test_operator_args_are_what_kneecap_run_accepts():
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
         assert ns.liveness == ports["liveness"] and ns.metrics_port == ports["metrics"]
         assert ns.all_namespaces == (not args_set) and ns.namespace == (["serving", "batch"] if args_set else [])
-        assert ns.peering is None  # standalone: one replica, no kopf peering objects to grant
+        assert ns.peering == "kc-kneecap" and not ns.standalone  # leader election in the chart's peering object
     cmd_line = next(l for l in (ROOT / "Dockerfile").read_text().splitlines() if l.startswith("CMD "))
     image_args = json.loads(cmd_line[4:])
     assert image_args[0] == "run"
     run_cmd._check(parser.parse_args(image_args[1:]))
 
 
+def test_replicas_elect_one_leader_in_the_charts_peering_object():
+    docs = helm_template(*VALUE_SETS["standby"], include_crds=True)
+    (dep,) = by_kind(docs, "Deployment")
+    assert dep["spec"]["replicas"] == 2
+    (peering,) = by_kind(docs, "ClusterKopfPeering")
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert f"--peering={peering['metadata']['name']}" in c["args"]
+    assert {"name": "POD_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in c["env"]
+    crd = next(d for d in by_kind(docs, "CustomResourceDefinition") if d["spec"]["group"] == "kopf.dev")
+    assert (crd["spec"]["scope"], crd["spec"]["names"]["kind"]) == ("Cluster", "ClusterKopfPeering")
+    assert peering["apiVersion"] == f"kopf.dev/{crd['spec']['versions'][0]['name']}"
+
+
 def test_namespaced_mode_renders_roles_not_cluster_wide_grants():
     docs = helm_template(*VALUE_SETS["namespaced"])
     roles = by_kind(docs, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["batch", "serving"]
-    (cr,) = by_kind(docs, "ClusterRole")  # only kopf's cluster-scoped reads are left
+    (cr,) = by_kind(docs, "ClusterRole")  # only kopf's cluster-scoped reads and its peering are left
     assert cr["rules"] == [{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
                             "verbs": ["list", "watch"]},
+                           {"apiGroups": ["kopf.dev"], "resources": ["clusterkopfpeerings"],
+                            "verbs": ["list", "watch", "patch"]},
                            {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}]
     (dep,) = by_kind(docs, "Deployment")
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]

@@ -12,6 +12,11 @@ operator makes: tests/integration/test_ship_rbac.py records them against an emul
 - apiGroups: [kneecap.io]
   resources: [llmdeployments/status]
   verbs: [patch]
+# Owned objects carry an ownerReference with blockOwnerDeletion: where the
+# OwnerReferencesPermissionEnforcement admission plugin is on, that needs update on finalizers.
+- apiGroups: [kneecap.io]
+  resources: [llmdeployments/finalizers]
+  verbs: [update]
 # kopf posts an Event per handler outcome; the operator one per decision.
 - apiGroups: [""]
   resources: [events]
@@ -24,9 +29,13 @@ operator makes: tests/integration/test_ship_rbac.py records them against an emul
 - apiGroups: [""]
   resources: [services]
   verbs: [get, list, create, patch, delete]
-# Ready vLLM pods to scrape (pod IPs and the kneecap.io/metrics-url annotation), watched.
+# Ready vLLM pods to scrape (pod IPs and the kneecap.io/metrics-url annotation), watched; only
+# the pods of a pool's own ReplicaSets (pod -> ReplicaSet -> Deployment by ownerReference).
 - apiGroups: [""]
   resources: [pods]
+  verbs: [list, watch]
+- apiGroups: [apps]
+  resources: [replicasets]
   verbs: [list, watch]
 # An HPA that targets a pool owns its replicas; the operator then only recommends them.
 - apiGroups: [autoscaling]

@@ -20,9 +20,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="serve the operator's Prometheus metrics on this port")
     peering = parser.add_mutually_exclusive_group()
     peering.add_argument("--peering", metavar="NAME", default=None,
-                         help="kopf peering object for leader election among operator replicas")
-    peering.add_argument("--standalone", action="store_true", help="no peering (one replica only)")
-    parser.add_argument("--priority", type=int, default=0, help="peering priority of this replica")
+                         help="leader election among operator replicas through this ClusterKopfPeering "
+                              "object (the chart passes its own): one replica acts, the others wait")
+    peering.add_argument("--standalone", action="store_true", help="no peering (one replica only; the default)")
+    parser.add_argument("--priority", type=int, default=None,
+                        help="peering priority of this replica (default: the earliest-started replica leads)")
     parser.add_argument("--tick", type=float, default=10.0, metavar="SECONDS",
                         help="timer wake-up period: each resource acts every spec.control.interval, "
                              "to within half a tick (default 10)")
@@ -54,11 +56,10 @@ def run(args) -> int:
     metrics = OperatorMetrics()
     if args.metrics_port:
         metrics.serve(args.metrics_port)
-    registry = build_registry(OperatorConfig(metrics=metrics, tick_s=args.tick))
+    registry = build_registry(OperatorConfig(metrics=metrics, tick_s=args.tick, peering_priority=args.priority))
     kwargs: dict = {
         "registry": registry,
         "standalone": args.standalone or args.peering is None,
-        "priority": args.priority,
         "clusterwide": bool(args.all_namespaces),
         "namespaces": list(args.namespace),
         "liveness_endpoint": f"http://0.0.0.0:{args.liveness}/healthz" if args.liveness else None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -24,6 +25,9 @@ from kneecap.control.spec import GROUP, PLURAL, VERSION, LLMDeploymentSpec, chec
 from kneecap.errors import InputError
 
 RESOURCE = (GROUP, VERSION, PLURAL)
+# a replica that dies without saying so is presumed dead this long after its last keep-alive
+# (kopf sends one every lifetime - 5..10 s); a clean exit hands over at once
+PEERING_LIFETIME_S = 30
 
 
 @dataclass
@@ -37,6 +41,18 @@ class OperatorConfig:
     scrape_timeout_s: float = 5.0
     now: Callable[[], float] = time.time
     scrape: L.ScrapeFn | None = None
+    # leader election (kopf peering; used when the operator runs with --peering): None picks
+    # oldest_first_priority(), so exactly one replica is active and a new one never preempts it
+    peering_priority: int | None = None
+    peering_lifetime_s: int = PEERING_LIFETIME_S
+
+
+def oldest_first_priority(now_s: float | None = None) -> int:
+    """A kopf peering priority that is higher the earlier this replica started (ms), with a
+    random tie-break: kopf pauses every operator, itself included, while another of the same
+    priority is alive, and the highest one alone runs."""
+    now_s = time.time() if now_s is None else now_s
+    return -int(now_s * 1000) * 1000 - random.randrange(1000)
 
 
 async def _connection(config: OperatorConfig, *, fresh: bool) -> kopf.ConnectionInfo | Credentials:
@@ -96,6 +112,12 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         # Events; the handlers' explicit Events (kopf.event, kopf.warn) are posted as they are
         settings.posting.loggers = True
         settings.posting.level = logging.WARNING
+        # one peering object for the whole install (ClusterKopfPeering, the chart makes it),
+        # whether the operator watches all namespaces or some
+        settings.peering.clusterwide = True
+        settings.peering.lifetime = config.peering_lifetime_s
+        settings.peering.priority = (config.peering_priority if config.peering_priority is not None
+                                     else oldest_first_priority())
         creds = await _connection(config, fresh=False)
         memo.kube = (KubeClient.from_connection_info(creds) if isinstance(creds, kopf.ConnectionInfo)
                      else KubeClient(credentials=creds))
@@ -130,12 +152,17 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         now = config.now()
         gen = body["metadata"].get("generation")
         conds = (body.get("status") or {}).get("conditions")
-        ready = all(int((p.deployment.get("status") or {}).get("readyReplicas", 0)) >= 1 for p in result.pools)
+        ready = bool(result.pools) and not any(c.kind == "Deployment" for c in result.conflicts) and all(
+            int((p.deployment.get("status") or {}).get("readyReplicas", 0)) >= 1 for p in result.pools)
         conds = St.set_condition(conds, St.READY, ready, "PodsReady" if ready else "PodsNotReady",
-                                 ", ".join(f"{p.pool.name}: {'created' if p.created else 'patched' if p.patched else 'in sync'}"
-                                           for p in result.pools), gen, now)
+                                 ", ".join([f"{p.pool.name}: {'created' if p.created else 'patched' if p.patched else 'in sync'}"
+                                            for p in result.pools]
+                                           + [f"{c.name}: {c.kind} not owned" for c in result.conflicts]), gen, now)
+        conds = St.set_conflict(conds, result.conflicts, gen, now)
         patch.status.update({"observedGeneration": gen, "conditions": conds, "phase": St.phase_of(conds),
                              "invalidField": None, "ownership": P.ownership_status(result.pools)})
+        for c in result.conflicts:
+            kopf.warn(body, reason="Conflict", message=c.message)
         if result.changed:
             kopf.event(body, type="Normal", reason="Reconciled", message=f"{reason}: " + ", ".join(
                 [f"{p.pool.name} {'created' if p.created else 'patched'}" for p in result.pools

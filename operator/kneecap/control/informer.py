@@ -1,13 +1,16 @@
 """What the control loop reads of the cluster each tick, from watch-backed caches (informers).
 
-A tick needs each pool's Deployment, the namespace's HPAs and the pool's ready pods. Read from
-the API, that is three requests (and their JSON) per LLMDeployment and interval. An `Informer`
+A tick needs each pool's Deployment, the namespace's HPAs and the pool's ready pods. A pool's
+pods are the pods of its Deployment's ReplicaSets (pod -> ReplicaSet -> Deployment, each by
+its controller ownerReference), not whatever pod carries the pool's labels: anyone who can
+create a pod in the namespace could otherwise feed the control loop made-up metrics. Read from
+the API, that is four requests (and their JSON) per LLMDeployment and interval. An `Informer`
 lists a collection once and then follows its watch, as client-go's informers do, so a tick reads
 memory. Reads fall back to the API while an informer is not in sync (starting, relisting after
 an expired watch, or not allowed to watch), so a cached read is late by at most the watch
 latency, and an outage of the watch costs only the requests it saved.
 
-`ApiReads` and `CachedReads` answer the same three questions; the spec handlers use `ApiReads`
+`ApiReads` and `CachedReads` answer the same questions; the spec handlers use `ApiReads`
 (a spec change is rare and must see an HPA created a moment before it), the ticks `CachedReads`.
 Cached objects are shared: callers must not mutate them.
 """
@@ -19,8 +22,9 @@ import logging
 import time
 from typing import Callable, Hashable
 
-from kneecap.control.kube import ApiError, KubeClient, deployments_path, hpas_path, pods_path, selector_matches
-from kneecap.control.manifests import INSTANCE_LABEL, MANAGER, MANAGER_LABEL, ROLE_LABEL, pool_selector
+from kneecap.control.kube import (ApiError, KubeClient, deployments_path, hpas_path, pods_path, replicasets_path,
+                                  selector_matches)
+from kneecap.control.manifests import INSTANCE_LABEL, MANAGER, MANAGER_LABEL, ROLE_LABEL, pool_name, pool_selector
 
 log = logging.getLogger("kneecap.informer")
 
@@ -169,10 +173,25 @@ def pool_key(obj: dict) -> tuple[str | None, str | None]:
 
 
 def pod_essentials(pod: dict) -> dict:
-    """What the loop reads of a pod (labels, annotations, deletion, phase, conditions, IP); the
-    spec and managedFields are most of a real pod's size."""
+    """What the loop reads of a pod or ReplicaSet (labels, annotations, owners, deletion, phase,
+    conditions, IP); the spec and managedFields are most of a real pod's size."""
     meta = {k: v for k, v in (pod.get("metadata") or {}).items() if k != "managedFields"}
     return {"metadata": meta, "status": pod.get("status") or {}}
+
+
+def controller_uid(obj: dict) -> str | None:
+    """uid of the object's controller (the ownerReference with controller: true)."""
+    return next((r.get("uid") for r in (obj.get("metadata") or {}).get("ownerReferences") or []
+                 if r.get("controller")), None)
+
+
+def pods_of(deployment: dict | None, replicasets: list[dict], pods: list[dict]) -> list[dict]:
+    """The pods whose controller is a ReplicaSet whose controller is `deployment`."""
+    if deployment is None:
+        return []
+    uid = deployment["metadata"].get("uid")
+    rs_uids = {rs["metadata"].get("uid") for rs in replicasets if controller_uid(rs) == uid}
+    return [p for p in pods if controller_uid(p) in rs_uids]
 
 
 class ApiReads:
@@ -187,7 +206,15 @@ class ApiReads:
     async def hpas(self, ns: str) -> list[dict]:
         return await self.kube.list(hpas_path(ns))
 
+    async def replicasets(self, ns: str, instance: str, role: str) -> list[dict]:
+        return await self.kube.list(replicasets_path(ns), pool_selector(instance, role))
+
     async def pods(self, ns: str, instance: str, role: str) -> list[dict]:
+        """The pool's pods: labelled as the pool's and owned through its Deployment's ReplicaSets."""
+        return pods_of(await self.deployment(ns, pool_name(instance, role)),
+                       await self.replicasets(ns, instance, role), await self._labelled_pods(ns, instance, role))
+
+    async def _labelled_pods(self, ns: str, instance: str, role: str) -> list[dict]:
         return await self.kube.list(pods_path(ns), pool_selector(instance, role))
 
     async def close(self) -> None:
@@ -196,7 +223,7 @@ class ApiReads:
 
 class CachedReads(ApiReads):
     """The same reads from informers, one per namespace and kind, started on first use: the
-    owned Deployments (kneecap's label), pool pods (the role label) and HPAs. A read waits for
+    owned Deployments (kneecap's label), pool ReplicaSets and pods (the role label) and HPAs. A read waits for
     a new informer's first list up to `sync_timeout_s` once; a read from an informer not in
     sync goes to the API."""
 
@@ -212,6 +239,9 @@ class CachedReads(ApiReads):
             return Informer(self.kube, deployments_path(ns), f"{MANAGER_LABEL}={MANAGER}", **kw)
         if kind == "pods":
             return Informer(self.kube, pods_path(ns), ROLE_LABEL, index=pool_key, transform=pod_essentials, **kw)
+        if kind == "replicasets":
+            return Informer(self.kube, replicasets_path(ns), ROLE_LABEL, index=pool_key, transform=pod_essentials,
+                            **kw)
         return Informer(self.kube, hpas_path(ns), **kw)
 
     async def _synced(self, kind: str, ns: str) -> Informer | None:
@@ -235,9 +265,13 @@ class CachedReads(ApiReads):
         inf = await self._synced("hpas", ns)
         return inf.items() if inf is not None else await super().hpas(ns)
 
-    async def pods(self, ns: str, instance: str, role: str) -> list[dict]:
+    async def replicasets(self, ns: str, instance: str, role: str) -> list[dict]:
+        inf = await self._synced("replicasets", ns)
+        return inf.indexed((instance, role)) if inf is not None else await super().replicasets(ns, instance, role)
+
+    async def _labelled_pods(self, ns: str, instance: str, role: str) -> list[dict]:
         inf = await self._synced("pods", ns)
-        return inf.indexed((instance, role)) if inf is not None else await super().pods(ns, instance, role)
+        return inf.indexed((instance, role)) if inf is not None else await super()._labelled_pods(ns, instance, role)
 
     async def close(self) -> None:
         await asyncio.gather(*(inf.stop() for inf in self.informers.values()))

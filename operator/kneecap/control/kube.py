@@ -114,6 +114,10 @@ def services_path(ns: str, name: str | None = None) -> str:
     return resource_path("v1", "services", ns, name)
 
 
+def replicasets_path(ns: str) -> str:
+    return resource_path("apps/v1", "replicasets", ns)
+
+
 def pods_path(ns: str) -> str:
     return resource_path("v1", "pods", ns)
 

@@ -207,7 +207,7 @@ async def gather(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: Loo
     ring = P.parse_ring(status.get("observations") or [], P.primary_role(spec), mem.parsed_ring)
     return P.Gathered(ns, name, meta.get("generation"), windows, ring, tuple(changes), tuple(failures),
                       reconcile_failed=bool(failures), status_write_failure=mem.status_write_failure,
-                      conflicts=tuple(conflicts)), status
+                      conflicts=tuple(conflicts), full_pass=full and not failures), status
 
 
 # ---------------------------------------------------------------- apply

@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 
 from kneecap.control import vllm_args
+from kneecap.control.drift import without_empty
 from kneecap.control.spec import GROUP, KIND, VERSION, LLMDeploymentSpec
 
 MANAGER = "kneecap"
@@ -22,8 +23,14 @@ MAX_NUM_SEQS = "--max-num-seqs"
 GPU_MEMORY_UTILIZATION = "--gpu-memory-utilization"
 KV_CACHE_MEMORY_BYTES = "--kv-cache-memory-bytes"
 KV_TRANSFER_CONFIG = "--kv-transfer-config"
-# vLLM flags the operator owns; the rest of the argv belongs to the user (extraArgs).
-MANAGED_FLAGS = (MAX_NUM_SEQS, GPU_MEMORY_UTILIZATION, KV_CACHE_MEMORY_BYTES)
+# vLLM flags the operator owns (the control loop's knobs, where the pod listens, the pool's KV
+# role); the rest of the argv belongs to the user (extraArgs), which cannot override these.
+MANAGED_FLAGS = (MAX_NUM_SEQS, GPU_MEMORY_UTILIZATION, KV_CACHE_MEMORY_BYTES, "--port", "--host",
+                 KV_TRANSFER_CONFIG)
+# Pods run as this non-root user (the Pod Security "restricted" profile); vLLM images from
+# v0.8.2 run as any UID given a writable $HOME for their caches (HF, vLLM, Triton, Inductor).
+RUN_AS_USER = 1000
+HOME = "/home/vllm"
 
 
 @dataclass(frozen=True)
@@ -44,10 +51,14 @@ class EngineSettings:
     replicas: int = 1
 
 
+def pool_name(name: str, role: str) -> str:
+    """The pool's Deployment and Service name: the LLMDeployment's, suffixed by the role when disaggregated."""
+    return name if role == "server" else f"{name}-{role}"
+
+
 def pools(name: str, spec: LLMDeploymentSpec) -> list[Pool]:
-    if spec.disaggregated:
-        return [Pool("prefill", f"{name}-prefill"), Pool("decode", f"{name}-decode")]
-    return [Pool("server", name)]
+    roles = ("prefill", "decode") if spec.disaggregated else ("server",)
+    return [Pool(role, pool_name(name, role)) for role in roles]
 
 
 def pool_bounds(spec: LLMDeploymentSpec, role: str):
@@ -109,7 +120,8 @@ def kv_transfer_config(spec: LLMDeploymentSpec, role: str) -> str | None:
 
 
 def vllm_argv_tail(spec: LLMDeploymentSpec, role: str, settings: EngineSettings) -> list[str]:
-    """Arguments after `vllm serve`: the model, then canonical --flag=value, then extraArgs."""
+    """Arguments after `vllm serve`: the model, then canonical --flag=value, then extraArgs
+    without any spelling of a managed flag (the operator's values win)."""
     argv = [spec.model.name, f"--port={spec.engine.port}"]
     if spec.model.served_model_name:
         argv.append(f"--served-model-name={spec.model.served_model_name}")
@@ -122,8 +134,16 @@ def vllm_argv_tail(spec: LLMDeploymentSpec, role: str, settings: EngineSettings)
     kv = kv_transfer_config(spec, role)
     if kv is not None:
         argv.append(f"{KV_TRANSFER_CONFIG}={kv}")
-    argv.extend(spec.engine.extra_args)
+    argv.extend(user_args(spec.engine.extra_args))
     return argv
+
+
+def user_args(extra_args) -> list[str]:
+    """extraArgs without the managed flags (``--port 1``, ``--port=1``, ``--max_num_seqs=8``)."""
+    out = list(extra_args)
+    for flag in MANAGED_FLAGS:
+        out = vllm_args.remove_flag(out, flag)
+    return out
 
 
 def container(spec: LLMDeploymentSpec, role: str, settings: EngineSettings) -> dict:
@@ -136,18 +156,36 @@ def container(spec: LLMDeploymentSpec, role: str, settings: EngineSettings) -> d
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "readinessProbe": {"httpGet": {"path": "/health", "port": port}, "periodSeconds": 5},
     }
-    if spec.engine.env:
-        c["env"] = [dict(e) for e in spec.engine.env]
+    user_env = [dict(e) for e in spec.engine.env]
+    own = {e.get("name") for e in user_env}
+    c["env"] = [e for e in ({"name": "HOME", "value": HOME},) if e["name"] not in own] + user_env
+    c["volumeMounts"] = [{"name": "home", "mountPath": HOME}]
     if spec.engine.resources:
         c["resources"] = dict(spec.engine.resources)
+    # restricted Pod Security profile: no privilege escalation, no capabilities
+    c["securityContext"] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                            "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
     return c
+
+
+def pod_spec(spec: LLMDeploymentSpec, role: str, settings: EngineSettings) -> dict:
+    """The pool's pod: non-root with the runtime's default seccomp profile, no API token
+    (vLLM never calls the Kubernetes API), a writable $HOME for vLLM's caches."""
+    return {
+        "automountServiceAccountToken": False,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,
+                            "fsGroup": RUN_AS_USER, "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container(spec, role, settings)],
+        "volumes": [{"name": "home", "emptyDir": {}}],
+    }
 
 
 def deployment(owner: dict, spec: LLMDeploymentSpec, pool: Pool, settings: EngineSettings) -> dict:
     """apps/v1 Deployment for one pool."""
     name = owner["metadata"]["name"]
     lab = labels(name, pool.role)
-    return {
+    # no empty fields: the API server drops them, and drift checks compare what it stores
+    return without_empty({
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {
@@ -160,13 +198,11 @@ def deployment(owner: dict, spec: LLMDeploymentSpec, pool: Pool, settings: Engin
             "replicas": int(settings.replicas),
             "selector": {"matchLabels": selector(name, pool.role)},
             "template": {
-                # empty maps are dropped by the API server: leave them out so drift checks stay exact
-                "metadata": {"labels": lab, **({"annotations": dict(spec.engine.pod_annotations)}
-                                               if spec.engine.pod_annotations else {})},
-                "spec": {"containers": [container(spec, pool.role, settings)]},
+                "metadata": {"labels": lab, "annotations": dict(spec.engine.pod_annotations)},
+                "spec": pod_spec(spec, pool.role, settings),
             },
         },
-    }
+    })
 
 
 def service(owner: dict, spec: LLMDeploymentSpec, pool: Pool) -> dict:

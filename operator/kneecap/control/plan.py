@@ -71,6 +71,7 @@ class Gathered:
     reconcile_failed: bool = False  # reconcile stopped on one of api_failures
     status_write_failure: ApiFailure | None = None  # the previous tick's status write failed
     conflicts: tuple[R.Conflict, ...] = ()  # owned objects that are not kneecap's
+    full_pass: bool = False  # reconcile checked every owned object (Services too): no conflict means none
 
 
 @dataclass(frozen=True)
@@ -337,6 +338,8 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float) -> Pl
                                  for s in states)
     t.condition(St.READY, ready, "PodsReady" if ready else "PodsNotReady",
                 "every pool has a ready replica" if ready else "a pool has no ready replica")
+    if g.conflicts or g.full_pass:
+        t.conds = St.set_conflict(t.conds, g.conflicts, g.generation, now_s)
     t.out["ownership"] = ownership_status(states)
     _api_errors(t)
 

@@ -1,29 +1,54 @@
 """Level-triggered reconcile of the objects an LLMDeployment owns.
 
 Observe what is live, compare with what the spec asks for, and send only the difference:
-reconciling twice changes nothing. The values the control loop manages (--max-num-seqs, the
+reconciling twice changes nothing (compared semantically, as a real API server stores objects:
+`drift`). Only objects kneecap made are touched: a Deployment or Service of the same name
+without kneecap's label and an ownerReference to this LLMDeployment's uid is someone else's,
+and is reported as a `Conflict`, never patched, adopted or deleted. The values the control loop manages (--max-num-seqs, the
 memory flag, replicas) are read back from the live Deployment, so a spec reconcile never undoes
 a decision; everything else in the pod template follows the spec.
 """
 
 from __future__ import annotations
 
+import logging
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
 from kneecap.control import manifests as M
+from kneecap.control.drift import in_sync
 from kneecap.control.informer import ApiReads
 from kneecap.control.kube import FIELD_MANAGER, KubeClient, deployments_path, services_path
 from kneecap.control.spec import LLMDeploymentSpec
 
+log = logging.getLogger("kneecap.reconcile")
 
-def is_subset(want: Any, have: Any) -> bool:
-    """True when every field in `want` is present and equal in `have` (server defaults ignored)."""
-    if isinstance(want, dict):
-        return isinstance(have, dict) and all(k in have and is_subset(v, have[k]) for k, v in want.items())
-    if isinstance(want, list):
-        return isinstance(have, list) and len(want) == len(have) and all(map(is_subset, want, have))
-    return want == have
+
+@dataclass(frozen=True)
+class Conflict:
+    """An object kneecap would own that exists and belongs to someone else."""
+
+    kind: str  # "Deployment" | "Service"
+    name: str
+    message: str
+
+
+def owns(owner: dict, obj: dict) -> bool:
+    """kneecap made `obj` for `owner`: kneecap's managed-by label and an ownerReference to its uid."""
+    meta, uid = obj.get("metadata") or {}, owner["metadata"].get("uid")
+    return ((meta.get("labels") or {}).get(M.MANAGER_LABEL) == M.MANAGER
+            and any(r.get("uid") == uid for r in meta.get("ownerReferences") or []))
+
+
+def _conflict(owner: dict, kind: str, obj: dict) -> Conflict:
+    meta = obj["metadata"]
+    why = ("no ownerReference to uid " + str(owner["metadata"].get("uid"))
+           if (meta.get("labels") or {}).get(M.MANAGER_LABEL) == M.MANAGER else
+           f"no {M.MANAGER_LABEL}={M.MANAGER} label")
+    return Conflict(kind, meta["name"], f"{kind} {meta.get('namespace', owner['metadata']['namespace'])}/"
+                                        f"{meta['name']} exists and is not owned by this LLMDeployment "
+                                        f"({why}); kneecap changes nothing")
 
 
 @dataclass(frozen=True)
@@ -118,41 +143,12 @@ async def reconcile(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec, *, f
     result = ReconcileResult()
     hpas = await _hpas(reads, ns)
     for pool in M.pools(name, spec):
-        live = await reads.deployment(ns, pool.name)
-        start = M.initial_settings(spec, pool.role)
-        ownership = replicas_owner(spec, live, hpas)
-        if live is None:
-            desired = M.deployment(owner, spec, pool, start)
-            live, created = await kube.create(deployments_path(ns), desired)
-            state = PoolState(pool, live, M.live_settings(live, start), ownership, created=created)
-        else:
-            settings = M.live_settings(live, start)
-            bounds = M.pool_bounds(spec, pool.role)
-            if not ownership.external:
-                settings = M.EngineSettings(settings.max_num_seqs, settings.gpu_memory_utilization,
-                                            settings.kv_cache_memory_bytes, bounds.clamp(settings.replicas))
-            desired = M.deployment(owner, spec, pool, settings)
-            patched = False
-            want = {"metadata": {"labels": desired["metadata"]["labels"],
-                                 "ownerReferences": desired["metadata"]["ownerReferences"]},
-                    "spec": {"template": desired["spec"]["template"]}}
-            if not ownership.external:
-                want["spec"]["replicas"] = desired["spec"]["replicas"]
-            if not is_subset(want, live):
-                live = await kube.patch(deployments_path(ns, pool.name), want)
-                patched = True
-            state = PoolState(pool, live, M.live_settings(live, start), ownership, patched=patched)
+        state = await _reconcile_pool(kube, reads, owner, spec, pool, hpas, result)
+        if state is None:
+            continue  # the Deployment is someone else's: nothing is made for this pool
         result.pools.append(state)
-        if not full:
-            continue
-
-        svc = M.service(owner, spec, pool)
-        live_svc = await kube.get(services_path(ns, pool.name))
-        if live_svc is None:
-            await kube.create(services_path(ns), svc)
-        elif not is_subset({"metadata": {"labels": svc["metadata"]["labels"]}, "spec": svc["spec"]}, live_svc):
-            await kube.patch(services_path(ns, pool.name), {"metadata": {"labels": svc["metadata"]["labels"]},
-                                                            "spec": svc["spec"]})
+        if full:
+            await _reconcile_service(kube, owner, spec, pool, result)
 
     if not full:
         return result
@@ -165,13 +161,63 @@ async def reconcile(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec, *, f
     return result
 
 
+async def _reconcile_pool(kube: KubeClient, reads: ApiReads, owner: dict, spec: LLMDeploymentSpec,
+                          pool: M.Pool, hpas: list[dict], result: ReconcileResult) -> PoolState | None:
+    """Create or repair one pool's Deployment; None (and a Conflict) when it is not kneecap's."""
+    ns = owner["metadata"]["namespace"]
+    live = await reads.deployment(ns, pool.name)
+    start = M.initial_settings(spec, pool.role)
+    created = False
+    if live is None:
+        live, created = await kube.create(deployments_path(ns), M.deployment(owner, spec, pool, start))
+    if not owns(owner, live):  # (also one created by someone else a moment before ours: 409)
+        result.conflicts.append(_conflict(owner, "Deployment", live))
+        return None
+    ownership = replicas_owner(spec, live, hpas)
+    if created:
+        return PoolState(pool, live, M.live_settings(live, start), ownership, created=True)
+    settings = M.live_settings(live, start)
+    if not ownership.external:
+        bounds = M.pool_bounds(spec, pool.role)
+        settings = M.EngineSettings(settings.max_num_seqs, settings.gpu_memory_utilization,
+                                    settings.kv_cache_memory_bytes, bounds.clamp(settings.replicas))
+    desired = M.deployment(owner, spec, pool, settings)
+    # labels, the owner reference and the pod template (replicas unless an HPA or a person owns
+    # them); other metadata (the control loop's kneecap.io/applied annotation) is left as it is
+    want = {"metadata": {"labels": desired["metadata"]["labels"],
+                         "ownerReferences": desired["metadata"]["ownerReferences"]},
+            "spec": {"template": desired["spec"]["template"]}}
+    if not ownership.external:
+        want["spec"]["replicas"] = desired["spec"]["replicas"]
+    patched = not in_sync(want, live)
+    if patched:
+        live = await kube.patch(deployments_path(ns, pool.name), want)
+    return PoolState(pool, live, M.live_settings(live, start), ownership, patched=patched)
+
+
+async def _reconcile_service(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec, pool: M.Pool,
+                             result: ReconcileResult) -> None:
+    """Create or repair one pool's Service; a Conflict when it is not kneecap's."""
+    ns = owner["metadata"]["namespace"]
+    svc = M.service(owner, spec, pool)
+    live = await kube.get(services_path(ns, pool.name))
+    created = False
+    if live is None:
+        live, created = await kube.create(services_path(ns), svc)
+    if not owns(owner, live):
+        result.conflicts.append(_conflict(owner, "Service", live))
+        return
+    want = {"metadata": {"labels": svc["metadata"]["labels"]}, "spec": svc["spec"]}
+    if not created and not in_sync(want, live):
+        await kube.patch(services_path(ns, pool.name), want)
+
+
 async def _owned(kube: KubeClient, owner: dict) -> list[tuple]:
     """(path function, object) of the Deployments and Services kneecap made for `owner`
     (its labels and an ownerReference to its uid), read from the API."""
-    ns, name, uid = owner["metadata"]["namespace"], owner["metadata"]["name"], owner["metadata"].get("uid")
+    ns, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
     return [(path_fn, obj) for path_fn in (deployments_path, services_path)
-            for obj in await kube.list(path_fn(ns), M.owned_selector(name))
-            if any(r.get("uid") == uid for r in obj["metadata"].get("ownerReferences") or [])]
+            for obj in await kube.list(path_fn(ns), M.owned_selector(name)) if owns(owner, obj)]
 
 
 async def delete_owned(kube: KubeClient, owner: dict) -> list[str]:
@@ -182,7 +228,7 @@ async def delete_owned(kube: KubeClient, owner: dict) -> list[str]:
 
 
 async def ready_pods(reads: ApiReads, ns: str, name: str, role: str) -> list[dict]:
-    """Running pods of a pool whose Ready condition is True and that have an IP."""
+    """Running, Ready pods of the pool's own Deployment (through its ReplicaSets: `ApiReads.pods`)."""
     out = []
     for p in await reads.pods(ns, name, role):
         st = p.get("status") or {}
@@ -193,9 +239,26 @@ async def ready_pods(reads: ApiReads, ns: str, name: str, role: str) -> list[dic
 
 
 def metrics_url(pod: dict, port: int) -> str | None:
-    """`kneecap.io/metrics-url` annotation, else http://<podIP>:<port>/metrics."""
+    """http://<podIP>:<port>/metrics, or the `kneecap.io/metrics-url` annotation when it points
+    at the pod itself (its host is the pod's IP; any port and path). An annotation naming any
+    other host is ignored (logged): a pod's annotations must not make the operator fetch
+    arbitrary URLs (cloud metadata endpoints, internal services)."""
+    ip = (pod.get("status") or {}).get("podIP")
     ann = (pod["metadata"].get("annotations") or {}).get(M.METRICS_URL_ANNOTATION)
     if ann:
-        return ann
-    ip = (pod.get("status") or {}).get("podIP")
-    return f"http://{ip}:{port}/metrics" if ip else None
+        if _points_at(ann, ip):
+            return ann
+        log.warning("pod %s/%s: %s=%r ignored: its host must be the pod's IP %s",
+                    pod["metadata"].get("namespace"), pod["metadata"].get("name"), M.METRICS_URL_ANNOTATION, ann, ip)
+    if not ip:
+        return None
+    return f"http://[{ip}]:{port}/metrics" if ":" in ip else f"http://{ip}:{port}/metrics"
+
+
+def _points_at(url: str, ip: str | None) -> bool:
+    try:
+        u = urllib.parse.urlsplit(url)
+        u.port  # noqa: B018 - raises on a malformed port
+    except ValueError:
+        return False
+    return bool(ip) and u.scheme in ("http", "https") and u.hostname == ip.lower() and not u.username

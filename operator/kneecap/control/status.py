@@ -18,8 +18,9 @@ READY = "Ready"
 CALIBRATED = "Calibrated"
 SLO_MET = "SLOMet"
 DEGRADED = "Degraded"
+CONFLICT = "Conflict"  # an object kneecap would own exists and is someone else's
 API_ERROR = "ApiError"  # an API write of the operator failed (status True until writes succeed again)
-CONDITION_TYPES = (READY, CALIBRATED, SLO_MET, DEGRADED, API_ERROR)
+CONDITION_TYPES = (READY, CALIBRATED, SLO_MET, DEGRADED, CONFLICT, API_ERROR)
 
 
 def iso(t_s: float) -> str:
@@ -59,6 +60,13 @@ def set_condition(conditions: list[dict] | None, type_: str, status: bool | str 
     out.append(new)
     order = {t: i for i, t in enumerate(CONDITION_TYPES)}
     return sorted(out, key=lambda c: order.get(c["type"], len(order)))
+
+
+def set_conflict(conditions: list[dict] | None, conflicts, generation: int | None, now_s: float) -> list[dict]:
+    """The Conflict condition from reconcile's conflicts (objects that exist and are not kneecap's)."""
+    return set_condition(conditions, CONFLICT, bool(conflicts), "NotOwned" if conflicts else "NoConflict",
+                         "; ".join(c.message for c in conflicts) or "every object kneecap manages is its own",
+                         generation, now_s)
 
 
 def rounded(values: dict[str, Any], digits: int = 6) -> dict[str, Any]:
@@ -125,9 +133,11 @@ def condition_true(conditions: Iterable[dict] | None, type_: str) -> bool:
 
 
 def phase_of(conditions: list[dict] | None, invalid: bool = False) -> str:
-    """One word for `kubectl get`: Invalid, Degraded, Calibrating, Running, Pending."""
+    """One word for `kubectl get`: Invalid, Conflict, Degraded, Calibrating, Running, Pending."""
     if invalid:
         return "Invalid"
+    if condition_true(conditions, CONFLICT):
+        return "Conflict"
     if condition_true(conditions, DEGRADED):
         return "Degraded"
     if not condition_true(conditions, READY):

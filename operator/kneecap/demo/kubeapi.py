@@ -79,7 +79,10 @@ CORE_RESOURCES: dict[str, tuple[str, bool, set[str]]] = {
     "v1/services": ("Service", True, {"status"}),
     "v1/events": ("Event", True, set()),
     "apps/v1/deployments": ("Deployment", True, {"status", "scale"}),
+    "apps/v1/replicasets": ("ReplicaSet", True, {"status", "scale"}),
     "coordination.k8s.io/v1/leases": ("Lease", True, set()),
+    "kopf.dev/v1/clusterkopfpeerings": ("ClusterKopfPeering", False, set()),  # kopf's leader election
+    "kopf.dev/v1/kopfpeerings": ("KopfPeering", True, set()),
     "autoscaling/v2/horizontalpodautoscalers": ("HorizontalPodAutoscaler", True, {"status"}),
 }
 LLMD = "kneecap.io/v1alpha1/llmdeployments"

@@ -7,7 +7,9 @@ and GPU and the demo's time scale. A changed pod template (new ``--max-num-seqs`
 is rolled out like a Deployment's default RollingUpdate with one replica: the new pod starts,
 becomes Ready, joins the Service, then the old pod leaves it, drains its in-flight requests and
 stops. Each such replacement counts as one restart. Pods are written into the emulated API
-(Ready, with the ``kneecap.io/metrics-url`` annotation) so the operator finds and scrapes them,
+(Ready, with the ``kneecap.io/metrics-url`` annotation) owned by a ReplicaSet of the
+Deployment, as the Deployment controller makes them (`add_owned_pod`), so the operator finds
+and scrapes them,
 and the Deployment's status says how far the rollout is (the API is run without kmock's
 instant rollouts), so the operator's rollout guard holds while a pod restarts.
 """
@@ -19,6 +21,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -30,14 +33,64 @@ from kneecap.demo.clock import free_port
 from kneecap.demo.kubeapi import LLMD, KubeAPIThread
 
 DEPLOY = "apps/v1/deployments"
+REPLICASETS = "apps/v1/replicasets"
 PODS = "v1/pods"
 STRIP_FLAGS = ("--port", "--host")
+HASH_LABEL = "pod-template-hash"
 
 
 def template_hash(deploy: dict) -> str:
     """Short hash of the pod template (what Kubernetes' pod-template-hash stands for)."""
     text = json.dumps(deploy["spec"]["template"], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def _controller_ref(obj: dict, kind: str) -> dict:
+    meta = obj["metadata"]
+    return {"apiVersion": obj.get("apiVersion", "apps/v1"), "kind": kind, "name": meta["name"], "uid": meta["uid"],
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def replicaset_of(kube: KubeAPIThread, deploy: dict) -> dict:
+    """The Deployment's ReplicaSet for its current pod template, created as the Deployment
+    controller does (``<deployment>-<pod-template-hash>``, controlled by the Deployment)."""
+    meta, h = deploy["metadata"], template_hash(deploy)
+    name, ns = f"{meta['name']}-{h}", meta["namespace"]
+    rs = kube.get(REPLICASETS, ns, name)
+    if rs is not None:
+        return rs
+    labels = {**(deploy["spec"]["template"]["metadata"].get("labels") or {}), HASH_LABEL: h}
+    return kube.create(REPLICASETS, {
+        "apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": name, "namespace": ns, "labels": labels,
+                     "ownerReferences": [_controller_ref(deploy, "Deployment")]},
+        "spec": {"replicas": int(deploy["spec"].get("replicas", 1)),
+                 "selector": {"matchLabels": {**deploy["spec"]["selector"]["matchLabels"], HASH_LABEL: h}},
+                 "template": {**deploy["spec"]["template"],
+                              "metadata": {**deploy["spec"]["template"]["metadata"], "labels": labels}}}})
+
+
+def add_owned_pod(kube: KubeAPIThread, deploy: dict | str, name: str, ip: str = "127.0.0.1", port: int = 8000,
+                  annotations: dict | None = None, ready: bool = True, namespace: str | None = None,
+                  timeout_s: float = 15.0) -> dict:
+    """A running pod of a Deployment's current ReplicaSet, as a kubelet reports it. `deploy`: the
+    Deployment, or its name in `namespace` (waited for up to `timeout_s`: the operator makes it)."""
+    if isinstance(deploy, str):
+        deadline = time.monotonic() + timeout_s
+        while (found := kube.get(DEPLOY, namespace, deploy)) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no Deployment {namespace}/{deploy} after {timeout_s} s")
+            time.sleep(0.05)
+        deploy = found
+    rs = replicaset_of(kube, deploy)
+    return kube.create(PODS, {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": rs["metadata"]["namespace"], "labels": rs["metadata"]["labels"],
+                     "annotations": annotations or {}, "ownerReferences": [_controller_ref(rs, "ReplicaSet")]},
+        "spec": {"containers": [{"name": M.CONTAINER, "image": "x", "ports": [{"containerPort": port}]}]},
+        "status": {"phase": "Running", "podIP": ip,
+                   "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    })
 
 
 def twin_argv(container: dict, arch: str, gpu: str, port: int, time_scale: float) -> list[str]:
@@ -191,8 +244,7 @@ class Kubelet:
             await self._stop_proc(pod)
             self.pods.pop(pod_name, None)
             return None
-        labels = dict(d["spec"]["template"]["metadata"].get("labels") or {})
-        await asyncio.to_thread(self.kube.add_pod, self.namespace, pod_name, labels, "127.0.0.1", port,
+        await asyncio.to_thread(add_owned_pod, self.kube, d, pod_name, "127.0.0.1", port,
                                 {M.METRICS_URL_ANNOTATION: pod.url + "/metrics", "kneecap.io/template-hash": tmpl})
         pod.ready = pod.in_api = True
         self.events.append({"event": "ready", "deployment": name, "pod": pod_name, "template": tmpl,

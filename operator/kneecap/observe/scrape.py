@@ -59,7 +59,7 @@ class ScrapeHTTPError(ScrapeError):
 
     def __init__(self, url: str, status: int):
         self.status = status
-        super().__init__(url, f"HTTP {status}")
+        super().__init__(url, f"HTTP {status}" + (" (redirects are not followed)" if 300 <= status < 400 else ""))
 
 
 class ScrapeConnectionError(ScrapeError):
@@ -452,8 +452,9 @@ async def scrape(
 ) -> Snapshot:
     """GET ``url`` (a vLLM ``/metrics`` endpoint) and parse it.
 
-    Raises a :class:`ScrapeError` subclass on timeout, connection failure, non-200 status, a
-    body over ``max_bytes``, or a body cut short by the server (Content-Length not met).
+    Raises a :class:`ScrapeError` subclass on timeout, connection failure, non-200 status (a
+    redirect included: it is not followed), a body over ``max_bytes``, or a body cut short by
+    the server (Content-Length not met).
     ``keep``: parse only these names (see :func:`parse_metrics`).
     """
     if timeout_s <= 0:
@@ -464,7 +465,8 @@ async def scrape(
     sess = aiohttp.ClientSession() if own else session
     try:
         timeout = aiohttp.ClientTimeout(total=timeout_s)
-        async with sess.get(url, timeout=timeout, headers={"Accept": "text/plain"}) as resp:
+        # redirects are not followed: a target could send the operator anywhere
+        async with sess.get(url, timeout=timeout, headers={"Accept": "text/plain"}, allow_redirects=False) as resp:
             if resp.status != 200:
                 raise ScrapeHTTPError(url, resp.status)
             if resp.content_length is not None and resp.content_length > max_bytes:
