@@ -24,7 +24,7 @@ def test_canonical_quantity_is_what_apimachinery_stores(written, stored):
 def test_parse_quantity_values_and_errors():
     assert parse_quantity("500m") == Decimal("0.5")
     assert parse_quantity("1Gi") == 1024**3
-    with pytest.raises(ValueError, match="not a quantity: '1 GB'"):
+    with pytest.raises(ValueError, match="expected a quantity like 1, 500m, 2Gi, got '1 GB'"):
         parse_quantity("1 GB")
     with pytest.raises(ValueError):
         canonical_quantity(True)

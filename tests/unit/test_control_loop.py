@@ -1,4 +1,4 @@
-"""The tick's I/O half: on real vLLM pages (shared/fixtures/vllm-metrics) each pod's scrapes are
+"""The tick's I/O half: on real vLLM pages (tests/fixtures/vllm-metrics) each pod's scrapes are
 kept to one window, whatever another pod does, and a broken page closes its window as
 MetricsUnusable, naming why; on the emulated API a status write that fails is reported and
 merged into the next one."""
@@ -13,16 +13,18 @@ from kneecap.control.kube import KubeClient, resource_path
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.control.spec import GROUP, PLURAL, VERSION
 from kneecap.observe.scrape import ScrapeHTTPError, parse_metrics
+from tests.support.data import read_capture
 from tests.support.faulty_api import FaultyAPI
 from tests.support.kmock_api import LLMD, KubeAPIThread
+from tests.support.operator_harness import MINIMAL_SPEC
 from tests.unit.test_control_plan import SPEC, live_pool
 
 GOOD = ("http://10.0.0.1:8000/metrics", "http://10.0.0.2:8000/metrics")
 BAD = "http://10.0.0.3:8000/metrics"
 
 
-def page(shared_dir) -> str:
-    return (shared_dir / "fixtures" / "vllm-metrics" / "vllm-0.32-cpu-20req.txt").read_text()
+def page() -> str:
+    return read_capture("vllm-0.32-cpu-20req.txt")
 
 
 def context(pages: dict[str, str | None], clock: list[float]) -> L.LoopContext:
@@ -34,8 +36,8 @@ def context(pages: dict[str, str | None], clock: list[float]) -> L.LoopContext:
     return L.LoopContext(kube=None, metrics=OperatorMetrics(), event=lambda *a: None, scrape=scrape)
 
 
-def test_one_pod_failing_for_1000_ticks_keeps_the_others_scrapes_to_one_window(shared_dir):
-    text = page(shared_dir)
+def test_one_pod_failing_for_1000_ticks_keeps_the_others_scrapes_to_one_window():
+    text = page()
     clock = [1000.0]
     ctx = context({GOOD[0]: text, GOOD[1]: text, BAD: None}, clock)
     mem, state = L.LoopMemory(), live_pool()
@@ -54,8 +56,8 @@ def test_one_pod_failing_for_1000_ticks_keeps_the_others_scrapes_to_one_window(s
     assert all(len(mem.snapshots["server"][u]) == 1 for u in GOOD)  # the next window opens
 
 
-def test_a_garbage_page_closes_its_window_as_unusable_naming_what(shared_dir):
-    text = page(shared_dir)
+def test_a_garbage_page_closes_its_window_as_unusable_naming_what():
+    text = page()
     clock = [1000.0]
     pages = {GOOD[0]: text}
     ctx = context(pages, clock)
@@ -77,7 +79,7 @@ def test_a_status_write_that_fails_is_merged_into_the_next_and_reported():
     with KubeAPIThread(api_class=FaultyAPI) as kube:
         kube.add_namespace("serving")
         kube.create(LLMD, {"apiVersion": "kneecap.io/v1alpha1", "kind": "LLMDeployment",
-                           "metadata": {"name": "llm", "namespace": "serving"}, "spec": {}})
+                           "metadata": {"name": "llm", "namespace": "serving"}, "spec": MINIMAL_SPEC})
         path = resource_path(f"{GROUP}/{VERSION}", PLURAL, "serving", "llm")
 
         async def two_ticks():

@@ -1,6 +1,6 @@
 """The tick's decision as a table: what was gathered + status + spec + time → status, Events,
 metric updates and patches (kneecap.control.plan). Observations are real H100 operating points
-(shared/data/real-h100/profiles.csv, Llama-2-7B), the live objects what manifests.py builds."""
+(data/real-h100/profiles.csv, Llama-2-7B), the live objects what manifests.py builds."""
 
 from __future__ import annotations
 

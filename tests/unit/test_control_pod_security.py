@@ -4,6 +4,7 @@ no API token; the rendered Deployments are valid for the current Kubernetes (kub
 from __future__ import annotations
 
 import copy
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import yaml
 
 from kneecap.control import manifests as M
 from kneecap.control.spec import parse_spec
+from kneecap.errors import InputError
 from tests.support.pod_security import restricted_violations
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,17 +67,24 @@ def test_the_checker_catches_each_relaxation():
 
 
 def test_user_env_overrides_home_and_extra_args_cannot_override_managed_flags():
+    """parse_spec rejects managed flags in extraArgs (the CRD's rule); the builder drops them as
+    well (defence in depth: a spec parsed elsewhere still cannot override a managed flag)."""
     doc = yaml.safe_load(EXAMPLES[0].read_text())
     doc["spec"]["engine"]["env"] = [{"name": "HOME", "value": "/data"}, {"name": "HF_HOME", "value": "/data/hf"}]
-    doc["spec"]["engine"]["extraArgs"] = ["--max-model-len=8192", "--max-num-seqs", "4", "--port=9999",
-                                          "--max_num_seqs=2", "--host=0.0.0.0", "--gpu-memory-utilization=0.99",
-                                          "--kv-transfer-config={}", "--enforce-eager"]
-    (d,) = [M.deployment({**doc, "metadata": {**doc["metadata"], "uid": "u"}}, parse_spec(doc["spec"]), pool,
-                         M.initial_settings(parse_spec(doc["spec"]), pool.role))
-            for pool in M.pools(doc["metadata"]["name"], parse_spec(doc["spec"]))]
+    hostile = ("--max-model-len=8192", "--max-num-seqs", "4", "--port=9999", "--max_num_seqs=2", "--host=0.0.0.0",
+               "--gpu-memory-utilization=0.99", "--kv-transfer-config={}", "--enforce-eager")
+    doc["spec"]["engine"]["extraArgs"] = list(hostile)
+    with pytest.raises(InputError) as exc:
+        parse_spec(doc["spec"])
+    assert exc.value.field == "spec.engine.extraArgs[1]"
+    doc["spec"]["engine"]["extraArgs"] = []
+    spec = parse_spec(doc["spec"])
+    spec = dataclasses.replace(spec, engine=dataclasses.replace(spec.engine, extra_args=hostile))
+    (d,) = [M.deployment({**doc, "metadata": {**doc["metadata"], "uid": "u"}}, spec, pool,
+                         M.initial_settings(spec, pool.role))
+            for pool in M.pools(doc["metadata"]["name"], spec)]
     (c,) = d["spec"]["template"]["spec"]["containers"]
     assert [e["name"] for e in c["env"]] == ["HOME", "HF_HOME"] and c["env"][0]["value"] == "/data"
-    spec = parse_spec(doc["spec"])
     assert c["args"] == [spec.model.name, f"--port={spec.engine.port}", f"--max-num-seqs={spec.engine.max_num_seqs}",
                          f"--gpu-memory-utilization={spec.engine.gpu_memory_utilization:g}",
                          "--max-model-len=8192", "--enforce-eager"]
