@@ -41,6 +41,7 @@ from kneecap.model.arch import ModelArch
 from kneecap.model.hardware import GPU
 from kneecap.observe.scrape import ScrapeConnectionError, parse_metrics
 from kneecap.sim.kubeapi_memory import MemoryKube
+from kneecap.sim.metrics import TwinMetrics
 from kneecap.sim.kubelet_virtual import (DeploymentController, Kubelet, KubeletConfig, PodRuntime,
                                          ReplicaSetController)
 
@@ -72,6 +73,39 @@ class Requests:
         self.attempts = np.zeros(n, dtype=np.int32)
 
 
+class BufferedHistogram:
+    """Stands in for a prometheus_client histogram child that sees one observation per token:
+    ``observe`` appends, ``flush`` adds them in bulk (same buckets: the first bound ≥ the value,
+    as ``Histogram.observe`` does) before the page is rendered."""
+
+    def __init__(self, child):
+        self.child = child
+        self.values: list[float] = []
+        self.observe = self.values.append
+
+    def flush(self) -> None:
+        if not self.values:
+            return
+        v = np.asarray(self.values)
+        idx = np.searchsorted(np.asarray(self.child._upper_bounds), v, side="left")
+        for i, c in zip(*np.unique(idx, return_counts=True)):
+            self.child._buckets[int(i)].inc(int(c))
+        self.child._sum.inc(math.fsum(self.values))
+        self.values.clear()
+
+
+def buffered_metrics(metrics: TwinMetrics) -> TwinMetrics:
+    """The twin's metrics with the inter-token-latency histogram buffered (see BufferedHistogram)."""
+    metrics.h_itl = BufferedHistogram(metrics.h_itl)
+    return metrics
+
+
+def render_metrics(metrics: TwinMetrics, engine) -> str:
+    if isinstance(metrics.h_itl, BufferedHistogram):
+        metrics.h_itl.flush()
+    return metrics.render(engine).decode()
+
+
 class OperatorDriver:
     """The operator's reconcile-on-create and control ticks for one LLMDeployment, in virtual time."""
 
@@ -97,7 +131,7 @@ class OperatorDriver:
         rt = self.cluster.kubelet.by_ip.get(host)
         if rt is None or not rt.ready or rt.metrics is None:
             raise ScrapeConnectionError(url, "connection refused (pod not serving)")
-        text = rt.metrics.render(rt.engine).decode()
+        text = render_metrics(rt.metrics, rt.engine)
         return parse_metrics(text, url=url, t_s=self.cluster.now(), keep=L.WINDOW_FAMILIES)
 
     def created(self) -> None:

@@ -320,7 +320,9 @@ class Kubelet:
         rt.engine = Engine(rt.config)
         rt.engine.now_s = t_s
         if self.with_metrics:
-            rt.metrics = TwinMetrics(self.served_name, rt.config)
+            from kneecap.sim.cluster import buffered_metrics
+
+            rt.metrics = buffered_metrics(TwinMetrics(self.served_name, rt.config))
         self.api.patch_now(pod_path(self.ns, rt.name) + "/status", {"status": {"conditions": [
             {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}]}})
         self.stats.events.append({"t_s": round(t_s, 3), "event": "ready", "pod": rt.name,

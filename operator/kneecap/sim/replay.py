@@ -152,7 +152,7 @@ def _sampler(cluster: VirtualCluster, out: list[Sample]):
 def run_policy(trace: Trace, cfg: ReplayConfig, policy: str, *, static: tuple[int, float, int] | None = None) -> Run:
     """Replay ``trace`` under one policy. ``static``: (cap, memory, replicas) for defaults/oracle."""
     decide.GAUSS_RUNS.clear()  # the operator's λ* reuse cache must not carry over between runs
-    wall0 = time.perf_counter()
+    wall0 = time.process_time()
     samples: list[Sample] = []
     if policy == "kneecap":
         cluster = _cluster(cfg, with_metrics=True)
@@ -197,7 +197,7 @@ def run_policy(trace: Trace, cfg: ReplayConfig, policy: str, *, static: tuple[in
         decisions, events = hpa.scales, []
     else:
         decisions, events = [], []
-    return Run(policy, rq, samples, cluster, time.perf_counter() - wall0, decisions, settings, events)
+    return Run(policy, rq, samples, cluster, time.process_time() - wall0, decisions, settings, events)
 
 
 # ------------------------------------------------------------------ scores
