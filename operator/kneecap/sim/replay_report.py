@@ -57,7 +57,16 @@ def plot(report: dict, series: dict[str, dict], path: Path, title: str = "") -> 
 
     fig, axes = plt.subplots(6, 1, figsize=(10, 13), sharex=True)
     first = next(iter(series.values()))
-    axes[0].step(first["window_start_s"], first["rate_rps"], where="post", color="0.3")
+
+    def windows(s: dict, key: str, scale: float = 1.0):  # the last window drawn to its end too
+        x = list(s["window_start_s"])
+        y = [float("nan") if v is None else scale * v for v in s[key]]
+        if x:
+            x.append(x[-1] + (x[1] - x[0] if len(x) > 1 else report["config"]["window_s"]))
+            y.append(y[-1])
+        return x, y
+
+    axes[0].step(*windows(first, "rate_rps"), where="post", color="0.3")
     axes[0].set_ylabel("arrivals req/s")
     q = report["config"]["quantile"]
     for name, s in series.items():
@@ -65,10 +74,8 @@ def plot(report: dict, series: dict[str, dict], path: Path, title: str = "") -> 
         axes[2].step(s["t_s"], [float("nan") if v is None else v for v in s["max_num_seqs"]], where="post", label=name)
         axes[3].step(s["t_s"], [float("nan") if v is None else v for v in s["memory_fraction"]], where="post",
                      label=name)
-        axes[4].step(s["window_start_s"], [float("nan") if v is None else v for v in s["ttft_q_s"]], where="post",
-                     label=name)
-        axes[5].step(s["window_start_s"], [float("nan") if v is None else 1e3 * v for v in s["tpot_q_s"]],
-                     where="post", label=name)
+        axes[4].step(*windows(s, "ttft_q_s"), where="post", label=name)
+        axes[5].step(*windows(s, "tpot_q_s", 1e3), where="post", label=name)
     cfg = report["config"]
     axes[4].axhline(cfg["slo_ttft_s"], color="k", ls=":", lw=1)
     axes[5].axhline(1e3 * cfg["slo_tpot_s"], color="k", ls=":", lw=1)
