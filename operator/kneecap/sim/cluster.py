@@ -194,6 +194,9 @@ class VirtualCluster:
         self.memory_s = 0.0  # ∫ Σ reserved memory fraction dt
         self.engine_steps = 0
         self.resolved = 0  # requests done, lost or rejected
+        self.in_flight = 0  # sent by the clients and not resolved
+        self.max_in_flight: int | None = None
+        self.held: deque[int] = deque()  # requests the clients hold back (max_in_flight reached)
 
     def now(self) -> float:
         return EPOCH_S + self.t_s
@@ -281,6 +284,19 @@ class VirtualCluster:
         self.requests.state[i] = state
         self.requests.finish_s[i] = t
         self.resolved += 1
+        self.in_flight -= 1
+        if self.held:  # a client slot freed: the next held request is sent now
+            j = self.held.popleft()
+            self.requests.arrival_s[j] = t
+            self._send(j, t)
+
+    def _send(self, i: int, t: float) -> None:
+        """A client sends request ``i`` (held back while ``max_in_flight`` are in flight)."""
+        if self.max_in_flight is not None and self.in_flight >= self.max_in_flight:
+            self.held.append(i)
+            return
+        self.in_flight += 1
+        self._route(i, t)
 
     def _route(self, i: int, t: float) -> None:
         pods = self.ready_pods()
@@ -333,10 +349,13 @@ class VirtualCluster:
 
     # ------------------------------------------------------------ the run
     def run(self, arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np.ndarray,
-            drain_limit_s: float = 600.0) -> Requests:
+            drain_limit_s: float = 600.0, max_in_flight: int | None = None) -> Requests:
         """Serve every request; returns what the clients saw. Stops when every request is done,
-        lost or rejected, or ``drain_limit_s`` after the last arrival (what is left is lost)."""
-        self.requests = rq = Requests(np.asarray(arrival_s, float), np.maximum(np.asarray(input_tokens), 1),
+        lost or rejected, or ``drain_limit_s`` after the last arrival (what is left is lost).
+        ``max_in_flight``: the clients keep at most this many requests in flight and send a held
+        one when another ends (its ``arrival_s`` becomes the time it was sent)."""
+        self.max_in_flight = max_in_flight
+        self.requests = rq = Requests(np.array(arrival_s, dtype=float), np.maximum(np.asarray(input_tokens), 1),
                                       np.maximum(np.asarray(output_tokens), 1))
         n, i = rq.arrival_s.size, 0
         end = (float(rq.arrival_s[-1]) if n else 0.0) + drain_limit_s
@@ -351,7 +370,7 @@ class VirtualCluster:
                 break
             self._advance(t)
             if t_arr <= t_tim:
-                self._route(i, t)
+                self._send(i, t)
                 i += 1
             else:
                 _, _, fn = heapq.heappop(self._timers)
