@@ -67,9 +67,10 @@ def config_from_args(args):
         raise InputError("--arch", f"required: no catalog model found in --model {args.model!r}")
     for name in ("load_gib_s", "startup_s", "grace_s"):
         v = getattr(args, name)
-        if not (v == v and v >= 0) or (name == "load_gib_s" and v <= 0):
-            raise InputError("--" + name.replace("_", "-"), f"expected a {'positive' if name == 'load_gib_s' else 'non-negative'} "
-                                                           f"number, got {v}")
+        positive = name == "load_gib_s"
+        if not (v == v and v >= 0 and v != float("inf")) or (positive and v <= 0):
+            raise InputError("--" + name.replace("_", "-"),
+                             f"expected a {'positive' if positive else 'non-negative'} finite number, got {v}")
     return ReplayConfig(
         model=args.model, architecture=arch, gpu=args.gpu, slo_ttft_s=args.slo_ttft_s, slo_tpot_s=args.slo_tpot_s,
         quantile=args.quantile, min_replicas=args.min_replicas, max_replicas=args.max_replicas,

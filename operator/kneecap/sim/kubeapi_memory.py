@@ -26,21 +26,9 @@ import uuid
 from typing import Any, Callable
 
 from kneecap.control.kube import ApiError, selector_matches
+from kneecap.demo.kubeapi import merge_patch  # RFC 7386, shared with the emulated HTTP API
 
 Key = tuple[str, str, str, str]  # (group/version, plural, namespace, name)
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch: objects merge key by key, ``null`` removes, anything else replaces."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = dict(target) if isinstance(target, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = merge_patch(out.get(k), v)
-    return out
 
 
 def parse_path(path: str) -> tuple[str, str, str | None, str | None, str | None]:

@@ -99,7 +99,8 @@ class DeploymentController:
         api, ns = self.api, self.ns
         desired = int(d["spec"].get("replicas", 1))
         h = template_hash(d["spec"]["template"])
-        rss = [r for r in api.list_now(replicasets_path(self.ns), copy_items=False) if _owned_by(r, d["metadata"]["uid"])]
+        rss = [r for r in api.list_now(replicasets_path(self.ns), copy_items=False)
+               if _owned_by(r, d["metadata"]["uid"])]
         new = next((r for r in rss if r["metadata"]["labels"].get(HASH_LABEL) == h), None)
         old = [r for r in rss if r is not new]
         if new is None:

@@ -26,7 +26,6 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from kneecap.control import manifests as M
-from kneecap.control.gauss_reuse import GaussRuns  # noqa: F401 (type of decide.GAUSS_RUNS)
 from kneecap.control import decide
 from kneecap.control.kube import deployments_path
 from kneecap.control.spec import parse_spec
@@ -435,4 +434,5 @@ def _trace_json(trace: Trace) -> dict:
 
     return {"source": Path(trace.source).name, "requests": len(trace), "span_s": _r(trace.span_s, 3),
             "mean_rate_rps": _r(len(trace) / max(trace.span_s, 1e-9), 4),
-            "input_tokens_mean": _r(trace.input_tokens.mean(), 2), "output_tokens_mean": _r(trace.output_tokens.mean(), 2)}
+            "input_tokens_mean": _r(trace.input_tokens.mean(), 2),
+            "output_tokens_mean": _r(trace.output_tokens.mean(), 2)}
