@@ -69,7 +69,8 @@ def _replay_json(args: list[str]) -> str:
 
 def test_replay_is_byte_identical_across_runs_and_processes(tmp_path):
     p = _trace(tmp_path, 12.0, 90.0)
-    args = [str(p), "--policy", "kneecap", "--policy", "defaults+hpa", "--max-replicas", "3", "--seed", "7"]
+    args = [str(p), "--policy", "kneecap", "--policy", "defaults+hpa", "--max-replicas", "3", "--start-replicas", "2",
+            "--seed", "7"]
     a = _replay_json(args)
     b = _replay_json(args)
     assert a == b

@@ -35,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="time compression: arrivals come this many times faster (default 1)")
     parser.add_argument("--min-replicas", type=int, default=d.min_replicas)
     parser.add_argument("--max-replicas", type=int, default=d.max_replicas)
+    parser.add_argument("--start-replicas", type=int, default=None,
+                        help="the pool kneecap and the HPA start from (default: the defaults' peak-sized pool)")
     parser.add_argument("--cost-per-gpu-hour", type=float, default=d.cost_per_gpu_hour)
     parser.add_argument("--seed", type=int, default=d.seed, help="router tie-breaks")
     parser.add_argument("--policy", action="append", choices=POLICIES, default=None,
@@ -74,6 +76,7 @@ def config_from_args(args):
     return ReplayConfig(
         model=args.model, architecture=arch, gpu=args.gpu, slo_ttft_s=args.slo_ttft_s, slo_tpot_s=args.slo_tpot_s,
         quantile=args.quantile, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+        start_replicas=args.start_replicas,
         cost_per_gpu_hour=args.cost_per_gpu_hour, seed=args.seed, interval_s=args.interval, cooldown_s=args.cooldown,
         hpa=HPASpec(metric=args.hpa_metric, target=args.hpa_target),
         kubelet=KubeletConfig(load_gib_s=args.load_gib_s, startup_s=args.startup_s,

@@ -67,10 +67,13 @@ def desired_replicas(spec: HPASpec, current: int, ready_values: list[float], unr
 class HorizontalPodAutoscaler:
     """Scales one Deployment through the API (module docstring)."""
 
-    def __init__(self, spec: HPASpec, api: MemoryKube, namespace: str, deployment: str):
+    def __init__(self, spec: HPASpec, api: MemoryKube, namespace: str, deployment: str,
+                 steady_at: tuple[float, int] | None = None):
+        """``steady_at``: (time, replicas) an HPA that has been running recommended up to then
+        (a scale-down waits a whole window after it); None: a new HPA, with no history."""
         spec.check()
         self.spec, self.api, self.ns, self.deployment = spec, api, namespace, deployment
-        self.recommendations: list[tuple[float, int]] = []
+        self.recommendations: list[tuple[float, int]] = [steady_at] if steady_at else []
         self.scales: list[dict] = []
 
     def sync(self, t_s: float, pods) -> int | None:

@@ -2,12 +2,14 @@
 
 Policies (all on the same arrivals, the same twin engines and the same kubelet):
 
-* ``kneecap``: an LLMDeployment in enforce mode; the real operator sets the BCA cap, the
-  memory that holds it and the GAUSS replica count (colocated);
+* ``kneecap``: an LLMDeployment in enforce mode adopting the pool that runs now (the
+  defaults on ``start_replicas`` pods); the real operator sets the BCA cap, the memory that
+  holds it and the GAUSS replica count (colocated);
 * ``defaults``: vLLM's start-up defaults (max_num_seqs 256, gpu_memory_utilization 0.9) on a
   fixed pool sized for the peak: the fewest replicas at which the defaults meet the SLO over
   the whole trace (found by replaying it, as a load test at the peak would);
-* ``defaults+hpa``: the defaults under a HorizontalPodAutoscaler (:mod:`kneecap.sim.hpa`);
+* ``defaults+hpa``: the defaults under a HorizontalPodAutoscaler (:mod:`kneecap.sim.hpa`)
+  added to the same starting pool;
 * ``oracle``: the best single static (max_num_seqs, memory, replicas) in hindsight, from a
   sweep of the same trace: the most good requests per GPU-hour among the configurations that
   meet the SLO over the trace.
@@ -56,6 +58,7 @@ class ReplayConfig:
     quantile: float = 0.95
     min_replicas: int = 1
     max_replicas: int = 8
+    start_replicas: int | None = None  # the pool kneecap and the HPA start from (None: the defaults' peak-sized pool)
     cost_per_gpu_hour: float = 2.5
     seed: int = 0
     interval_s: float = 15.0  # the operator's control interval (and window)
@@ -78,6 +81,9 @@ class ReplayConfig:
             raise InputError("cost-per-gpu-hour", f"expected a non-negative number, got {self.cost_per_gpu_hour!r}")
         if not 1 <= self.min_replicas <= self.max_replicas:
             raise InputError("min-replicas", f"expected 1 ≤ min ≤ max, got {self.min_replicas} and {self.max_replicas}")
+        if self.start_replicas is not None and not self.min_replicas <= self.start_replicas <= self.max_replicas:
+            raise InputError("start-replicas", f"expected within [{self.min_replicas}, {self.max_replicas}], "
+                                               f"got {self.start_replicas}")
         if self.kubelet.interrupted not in ("lost", "retried"):
             raise InputError("interrupted", f"expected lost or retried, got {self.kubelet.interrupted!r}")
         self.hpa.check()
@@ -148,13 +154,19 @@ def _sampler(cluster: VirtualCluster, out: list[Sample]):
     return sample
 
 
-def run_policy(trace: Trace, cfg: ReplayConfig, policy: str, *, static: tuple[int, float, int] | None = None) -> Run:
-    """Replay ``trace`` under one policy. ``static``: (cap, memory, replicas) for defaults/oracle."""
+def run_policy(trace: Trace, cfg: ReplayConfig, policy: str, *, static: tuple[int, float, int] | None = None,
+               start_replicas: int | None = None) -> Run:
+    """Replay ``trace`` under one policy. ``static``: (cap, memory, replicas) for defaults/oracle;
+    ``start_replicas``: the defaults' pool kneecap and the HPA start from (default: the minimum)."""
+    start = start_replicas or cfg.start_replicas or cfg.min_replicas
     decide.GAUSS_RUNS.clear()  # the operator's λ* reuse cache must not carry over between runs
     wall0 = time.process_time()
     samples: list[Sample] = []
     if policy == "kneecap":
         cluster = _cluster(cfg, with_metrics=True)
+        # the team's Deployment runs (same name and template); the LLMDeployment adopts it
+        cluster.create(deployments_path(cluster.namespace),
+                       static_deployment(cfg, cluster, DEFAULT_CAP, DEFAULT_MEMORY, start))
         cluster.create(llmd_path(cluster.namespace), {"apiVersion": "kneecap.io/v1alpha1", "kind": "LLMDeployment",
                                                       "metadata": {"name": NAME}, "spec": llmd_spec(cfg)})
         op = OperatorDriver(cluster, NAME)
@@ -165,10 +177,9 @@ def run_policy(trace: Trace, cfg: ReplayConfig, policy: str, *, static: tuple[in
             op.tick(t)
             cluster.settle()
         cluster.every(cfg.interval_s, control)
-        settings = {"max_num_seqs": DEFAULT_CAP, "gpu_memory_utilization": DEFAULT_MEMORY,
-                    "replicas": max(cfg.min_replicas, 1)}
+        settings = {"max_num_seqs": DEFAULT_CAP, "gpu_memory_utilization": DEFAULT_MEMORY, "replicas": start}
     else:
-        cap, mem, replicas = static if static is not None else (DEFAULT_CAP, DEFAULT_MEMORY, cfg.min_replicas)
+        cap, mem, replicas = static if static is not None else (DEFAULT_CAP, DEFAULT_MEMORY, start)
         cluster = _cluster(cfg, with_metrics=False)
         cluster.create(deployments_path(cluster.namespace), static_deployment(cfg, cluster, cap, mem, replicas))
         cluster.prewarm()
@@ -177,7 +188,7 @@ def run_policy(trace: Trace, cfg: ReplayConfig, policy: str, *, static: tuple[in
         if policy == "defaults+hpa":
             hpa = HorizontalPodAutoscaler(replace(cfg.hpa, min_replicas=cfg.min_replicas,
                                                   max_replicas=cfg.max_replicas),
-                                          cluster.api, cluster.namespace, NAME)
+                                          cluster.api, cluster.namespace, NAME, steady_at=(0.0, replicas))
 
             def autoscale(t: float) -> None:
                 if hpa.sync(t, list(cluster.kubelet.pods.values())) is not None:
@@ -402,16 +413,18 @@ def replay(trace: Trace, cfg: ReplayConfig, policies=POLICIES) -> dict:
     sweep = Sweep()
     out: dict = {"config": _config_json(cfg), "trace": _trace_json(trace), "policies": {}}
     runs: dict[str, Run] = {}
-    peak = None
-    if "defaults" in policies or "oracle" in policies:
+    peak = cfg.start_replicas
+    if peak is None or "defaults" in policies or "oracle" in policies:
         peak = peak_sized_replicas(trace, cfg, sweep)
+    start = cfg.start_replicas or peak
+    out["start_replicas"] = start
     for p in policies:
         if p == "kneecap":
-            runs[p] = run_policy(trace, cfg, "kneecap")
+            runs[p] = run_policy(trace, cfg, "kneecap", start_replicas=start)
         elif p == "defaults":
             runs[p] = sweep.run(trace, cfg, DEFAULT_CAP, DEFAULT_MEMORY, peak)
         elif p == "defaults+hpa":
-            runs[p] = run_policy(trace, cfg, "defaults+hpa")
+            runs[p] = run_policy(trace, cfg, "defaults+hpa", start_replicas=start)
         else:
             cap, mem, r = oracle(trace, cfg, sweep, peak)
             runs[p] = sweep.run(trace, cfg, cap, mem, r)
