@@ -140,3 +140,27 @@ def test_default_rolling_update_keeps_serving_and_drains():
     assert (rq.state == DONE).all()
     assert [caps for t, caps in watch if t == 49.0] == [[64]]
     assert cl.gpu_s > 50.0 + 0.9 * k.load_delay_s(ARCH)  # the surge pod held a GPU while loading
+
+
+def test_buffered_itl_histogram_renders_the_same_buckets_as_observing_each_token():
+    from kneecap.observe.scrape import parse_metrics
+    from kneecap.sim.engine import Engine, engine_config
+    from kneecap.sim.kubelet_virtual import buffered_metrics, render_metrics
+    from kneecap.sim.metrics import TwinMetrics
+
+    cfg = engine_config(ARCH, GPU, max_num_seqs=32)
+    pages = []
+    for buffered in (False, True):
+        eng, m = Engine(cfg), TwinMetrics("m", cfg)
+        if buffered:
+            m = buffered_metrics(m)
+        for i in range(120):
+            eng.add_request(100 + i, 20 + i % 17, arrival_s=0.03 * i)
+        while eng.has_work():
+            m.on_step(eng.step())
+        pages.append(parse_metrics(render_metrics(m, eng), t_s=0.0))
+    name = "vllm:inter_token_latency_seconds"
+    plain, buf = pages
+    assert dict(plain.get(name + "_bucket")) == dict(buf.get(name + "_bucket"))
+    assert plain.value(name + "_count") == buf.value(name + "_count") > 1000
+    assert buf.value(name + "_sum") == pytest.approx(plain.value(name + "_sum"), rel=1e-12)

@@ -41,9 +41,8 @@ from kneecap.model.arch import ModelArch
 from kneecap.model.hardware import GPU
 from kneecap.observe.scrape import ScrapeConnectionError, parse_metrics
 from kneecap.sim.kubeapi_memory import MemoryKube
-from kneecap.sim.metrics import TwinMetrics
 from kneecap.sim.kubelet_virtual import (DeploymentController, Kubelet, KubeletConfig, PodRuntime,
-                                         ReplicaSetController)
+                                         ReplicaSetController, render_metrics)
 
 EPOCH_S = 1_700_000_000.0  # what the virtual clock's 0 reads as (epoch seconds, 2023-11-14T22:13:20Z)
 PENDING, DONE, LOST, REJECTED = 0, 1, 2, 3
@@ -71,39 +70,6 @@ class Requests:
         self.finish_s = np.full(n, np.nan)
         self.state = np.zeros(n, dtype=np.int8)
         self.attempts = np.zeros(n, dtype=np.int32)
-
-
-class BufferedHistogram:
-    """Stands in for a prometheus_client histogram child that sees one observation per token:
-    ``observe`` appends, ``flush`` adds them in bulk (same buckets: the first bound ≥ the value,
-    as ``Histogram.observe`` does) before the page is rendered."""
-
-    def __init__(self, child):
-        self.child = child
-        self.values: list[float] = []
-        self.observe = self.values.append
-
-    def flush(self) -> None:
-        if not self.values:
-            return
-        v = np.asarray(self.values)
-        idx = np.searchsorted(np.asarray(self.child._upper_bounds), v, side="left")
-        for i, c in zip(*np.unique(idx, return_counts=True)):
-            self.child._buckets[int(i)].inc(int(c))
-        self.child._sum.inc(math.fsum(self.values))
-        self.values.clear()
-
-
-def buffered_metrics(metrics: TwinMetrics) -> TwinMetrics:
-    """The twin's metrics with the inter-token-latency histogram buffered (see BufferedHistogram)."""
-    metrics.h_itl = BufferedHistogram(metrics.h_itl)
-    return metrics
-
-
-def render_metrics(metrics: TwinMetrics, engine) -> str:
-    if isinstance(metrics.h_itl, BufferedHistogram):
-        metrics.h_itl.flush()
-    return metrics.render(engine).decode()
 
 
 class OperatorDriver:

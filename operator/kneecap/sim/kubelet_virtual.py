@@ -25,12 +25,14 @@ import json
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from kneecap.control import manifests as M
 from kneecap.control import vllm_args
 from kneecap.control.kube import deployments_path, pods_path, resource_path
+from kneecap.errors import InputError
 from kneecap.model.arch import GIB, ModelArch
 from kneecap.model.hardware import GPU
-from kneecap.errors import InputError
 from kneecap.model.memory import memory_split
 from kneecap.sim.engine import Engine, EngineConfig, engine_config
 from kneecap.sim.kubeapi_memory import MemoryKube
@@ -181,6 +183,40 @@ class ReplicaSetController:
                     self.api.delete_now(pod_path(self.ns, p["metadata"]["name"]))
 
 
+class BufferedHistogram:
+    """Stands in for a prometheus_client histogram child that sees one observation per token:
+    ``observe`` appends, ``flush`` adds them in bulk (same buckets: the first bound ≥ the value,
+    as ``Histogram.observe`` does) before the page is rendered."""
+
+    def __init__(self, child):
+        self.child = child
+        self.values: list[float] = []
+        self.observe = self.values.append
+
+    def flush(self) -> None:
+        if not self.values:
+            return
+        v = np.asarray(self.values)
+        idx = np.searchsorted(np.asarray(self.child._upper_bounds), v, side="left")
+        for i, c in zip(*np.unique(idx, return_counts=True)):
+            self.child._buckets[int(i)].inc(int(c))
+        self.child._sum.inc(math.fsum(self.values))
+        self.values.clear()
+
+
+def buffered_metrics(metrics: TwinMetrics) -> TwinMetrics:
+    """The twin's metrics with the inter-token-latency histogram buffered (see BufferedHistogram)."""
+    metrics.h_itl = BufferedHistogram(metrics.h_itl)
+    return metrics
+
+
+def render_metrics(metrics: TwinMetrics, engine) -> str:
+    if isinstance(metrics.h_itl, BufferedHistogram):
+        metrics.h_itl.flush()
+    return metrics.render(engine).decode()
+
+
+
 @dataclass(frozen=True)
 class KubeletConfig:
     """How pods start and stop. A pod loads ``weights / load_gib_s`` plus ``startup_s`` (CUDA
@@ -321,8 +357,6 @@ class Kubelet:
         rt.engine = Engine(rt.config)
         rt.engine.now_s = t_s
         if self.with_metrics:
-            from kneecap.sim.cluster import buffered_metrics
-
             rt.metrics = buffered_metrics(TwinMetrics(self.served_name, rt.config))
         self.api.patch_now(pod_path(self.ns, rt.name) + "/status", {"status": {"conditions": [
             {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}]}})
