@@ -52,6 +52,16 @@ def llmd_path(ns: str, name: str | None = None) -> str:
     return resource_path(f"{GROUP}/{VERSION}", PLURAL, ns, name)
 
 
+@dataclass(frozen=True)
+class MissBudget:
+    """Stop a run once more than ``max_misses`` requests missed the TTFT (or the TPOT) target:
+    its SLO quantile can no longer be met (a sweep needs no more of it)."""
+
+    ttft_s: float
+    tpot_s: float
+    max_misses: int
+
+
 @dataclass
 class Requests:
     """What the clients saw, one entry per trace request (times in run seconds, NaN: never)."""
@@ -163,6 +173,9 @@ class VirtualCluster:
         self.in_flight = 0  # sent by the clients and not resolved
         self.max_in_flight: int | None = None
         self.held: deque[int] = deque()  # requests the clients hold back (max_in_flight reached)
+        self.budget: MissBudget | None = None
+        self.misses_ttft = self.misses_tpot = 0
+        self.aborted = False  # stopped early: the miss budget ran out
 
     def now(self) -> float:
         return EPOCH_S + self.t_s
@@ -247,9 +260,19 @@ class VirtualCluster:
 
     # ------------------------------------------------------------ requests
     def _resolve(self, i: int, state: int, t: float) -> None:
-        self.requests.state[i] = state
-        self.requests.finish_s[i] = t
+        rq = self.requests
+        rq.state[i] = state
+        rq.finish_s[i] = t
         self.resolved += 1
+        if self.budget is not None:
+            if state != DONE:
+                self.misses_ttft += 1
+                self.misses_tpot += 1
+            else:
+                first = rq.first_token_s[i]
+                self.misses_ttft += first - rq.arrival_s[i] > self.budget.ttft_s
+                out = rq.output_tokens[i]
+                self.misses_tpot += out > 1 and (t - first) / (out - 1) > self.budget.tpot_s
         self.in_flight -= 1
         if self.held:  # a client slot freed: the next held request is sent now
             j = self.held.popleft()
@@ -315,12 +338,14 @@ class VirtualCluster:
 
     # ------------------------------------------------------------ the run
     def run(self, arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np.ndarray,
-            drain_limit_s: float = 600.0, max_in_flight: int | None = None) -> Requests:
+            drain_limit_s: float = 600.0, max_in_flight: int | None = None,
+            budget: MissBudget | None = None) -> Requests:
         """Serve every request; returns what the clients saw. Stops when every request is done,
         lost or rejected, or ``drain_limit_s`` after the last arrival (what is left is lost).
         ``max_in_flight``: the clients keep at most this many requests in flight and send a held
-        one when another ends (its ``arrival_s`` becomes the time it was sent)."""
-        self.max_in_flight = max_in_flight
+        one when another ends (its ``arrival_s`` becomes the time it was sent). ``budget``: stop
+        early (``aborted``) once the SLO quantile cannot be met any more."""
+        self.max_in_flight, self.budget = max_in_flight, budget
         self.requests = rq = Requests(np.array(arrival_s, dtype=float), np.maximum(np.asarray(input_tokens), 1),
                                       np.maximum(np.asarray(output_tokens), 1))
         n, i = rq.arrival_s.size, 0
@@ -330,6 +355,9 @@ class VirtualCluster:
             t_tim = self._timers[0][0] if self._timers else math.inf
             t = min(t_arr, t_tim)
             if i >= n and self.resolved >= n:
+                break
+            if budget is not None and max(self.misses_ttft, self.misses_tpot) > budget.max_misses:
+                self.aborted = True
                 break
             if t > end:
                 self._advance(end)

@@ -35,7 +35,8 @@ from kneecap.errors import InputError
 from kneecap.model import memory
 from kneecap.model.arch import get_arch
 from kneecap.model.hardware import get_gpu
-from kneecap.sim.cluster import DONE, LOST, REJECTED, OperatorDriver, Requests, VirtualCluster, llmd_path
+from kneecap.sim.cluster import (DONE, LOST, REJECTED, MissBudget, OperatorDriver, Requests, VirtualCluster,
+                                 llmd_path)
 from kneecap.sim.hpa import HorizontalPodAutoscaler, HPASpec
 from kneecap.sim.kubelet_virtual import KubeletConfig
 from kneecap.sim.trace import Trace
@@ -155,7 +156,7 @@ def _sampler(cluster: VirtualCluster, out: list[Sample]):
 
 
 def run_policy(trace: Trace, cfg: ReplayConfig, policy: str, *, static: tuple[int, float, int] | None = None,
-               start_replicas: int | None = None) -> Run:
+               start_replicas: int | None = None, budget: MissBudget | None = None) -> Run:
     """Replay ``trace`` under one policy. ``static``: (cap, memory, replicas) for defaults/oracle;
     ``start_replicas``: the defaults' pool kneecap and the HPA start from (default: the minimum)."""
     start = start_replicas or cfg.start_replicas or cfg.min_replicas
@@ -196,7 +197,7 @@ def run_policy(trace: Trace, cfg: ReplayConfig, policy: str, *, static: tuple[in
             cluster.every(cfg.hpa.sync_s, autoscale)
     cluster.every(cfg.sample_s, _sampler(cluster, samples), start_s=0.0)
     try:
-        rq = cluster.run(trace.arrival_s, trace.input_tokens, trace.output_tokens, cfg.drain_limit_s)
+        rq = cluster.run(trace.arrival_s, trace.input_tokens, trace.output_tokens, cfg.drain_limit_s, budget=budget)
     finally:
         if op is not None:
             op.close()
@@ -348,19 +349,30 @@ def memory_for_cap(cfg: ReplayConfig, trace: Trace, cap: int) -> float:
 
 @dataclass
 class Sweep:
-    points: list[dict] = field(default_factory=list)  # one per static run: settings and scores
-    runs: dict = field(default_factory=dict)  # (cap, memory, replicas) -> Run
+    """Static runs of one trace, each kept for reuse. A sweep run stops as soon as its SLO
+    quantile can no longer be met (``aborted``); a policy's own result is always a whole run."""
 
-    def run(self, trace: Trace, cfg: ReplayConfig, cap: int, mem: float, replicas: int) -> Run:
+    points: dict = field(default_factory=dict)  # (cap, memory, replicas) -> settings and scores
+    runs: dict = field(default_factory=dict)  # (cap, memory, replicas) -> Run
+    simulated_s: float = 0.0  # of every run made, stopped early or not
+    cpu_s: float = 0.0
+
+    def run(self, trace: Trace, cfg: ReplayConfig, cap: int, mem: float, replicas: int, full: bool = False) -> Run:
         key = (cap, round(mem, 4), replicas)
-        if key not in self.runs:
-            r = run_policy(trace, cfg, "static", static=(cap, mem, replicas))
-            self.runs[key] = r
+        r = self.runs.get(key)
+        if r is None or (full and r.cluster.aborted):
+            n = len(trace)
+            budget = None if full else MissBudget(cfg.slo_ttft_s, cfg.slo_tpot_s, n - math.ceil(cfg.quantile * n))
+            r = self.runs[key] = run_policy(trace, cfg, "static", static=(cap, mem, replicas), budget=budget)
+            self.simulated_s += r.cluster.t_s
+            self.cpu_s += r.wall_s
             s = score(cfg, r, max(trace.span_s, 1e-9))
-            self.points.append({"max_num_seqs": cap, "gpu_memory_utilization": round(mem, 4), "replicas": replicas,
-                                "slo_met": s["slo_met_over_trace"], "good_per_gpu_hour": s["good_per_gpu_hour"],
-                                "slo_attainment_requests": s["slo_attainment_requests"]})
-        return self.runs[key]
+            whole = not r.cluster.aborted
+            self.points[key] = {"max_num_seqs": cap, "gpu_memory_utilization": round(mem, 4), "replicas": replicas,
+                                "slo_met": s["slo_met_over_trace"], "stopped_early": not whole,
+                                "good_per_gpu_hour": s["good_per_gpu_hour"] if whole else None,
+                                "slo_attainment_requests": s["slo_attainment_requests"] if whole else None}
+        return r
 
     def smallest_feasible(self, trace: Trace, cfg: ReplayConfig, cap: int, mem: float, start: int) -> int | None:
         """Fewest replicas ≥ ``start`` meeting the SLO (feasibility taken as monotone in replicas)."""
@@ -395,9 +407,8 @@ def oracle(trace: Trace, cfg: ReplayConfig, sweep: Sweep, peak: int) -> tuple[in
                 best = (g, (cap, mem, r))
             limit = min(limit, r)
             break
-    if best is None:
-        top = max(sweep.points, key=lambda p: (p["slo_attainment_requests"] or 0, -p["replicas"]))
-        return top["max_num_seqs"], top["gpu_memory_utilization"], top["replicas"]
+    if best is None:  # nothing meets the SLO: the most replicas at the defaults
+        return DEFAULT_CAP, DEFAULT_MEMORY, cfg.max_replicas
     return best[1]
 
 
@@ -422,20 +433,21 @@ def replay(trace: Trace, cfg: ReplayConfig, policies=POLICIES) -> dict:
         if p == "kneecap":
             runs[p] = run_policy(trace, cfg, "kneecap", start_replicas=start)
         elif p == "defaults":
-            runs[p] = sweep.run(trace, cfg, DEFAULT_CAP, DEFAULT_MEMORY, peak)
+            runs[p] = sweep.run(trace, cfg, DEFAULT_CAP, DEFAULT_MEMORY, peak, full=True)
         elif p == "defaults+hpa":
             runs[p] = run_policy(trace, cfg, "defaults+hpa", start_replicas=start)
         else:
             cap, mem, r = oracle(trace, cfg, sweep, peak)
-            runs[p] = sweep.run(trace, cfg, cap, mem, r)
+            runs[p] = sweep.run(trace, cfg, cap, mem, r, full=True)
     for p, r in runs.items():
         s = score(cfg, r, span)
         s["policy"] = p
         out["policies"][p] = s
     if sweep.points:
-        out["sweep"] = sweep.points
-    out["simulated_s"] = _r(sum(r.cluster.t_s for r in [*runs.values(), *sweep.runs.values()]), 3)
-    return {"report": out, "runs": runs, "wall_s": sum(r.wall_s for r in [*runs.values(), *sweep.runs.values()])}
+        out["sweep"] = list(sweep.points.values())
+    own = [r for p, r in runs.items() if p in ("kneecap", "defaults+hpa")]  # the rest are sweep runs
+    out["simulated_s"] = _r(sweep.simulated_s + sum(r.cluster.t_s for r in own), 3)
+    return {"report": out, "runs": runs, "wall_s": sweep.cpu_s + sum(r.wall_s for r in own)}
 
 
 def _config_json(cfg: ReplayConfig) -> dict:
