@@ -164,3 +164,19 @@ def test_buffered_itl_histogram_renders_the_same_buckets_as_observing_each_token
     assert dict(plain.get(name + "_bucket")) == dict(buf.get(name + "_bucket"))
     assert plain.value(name + "_count") == buf.value(name + "_count") > 1000
     assert buf.value(name + "_sum") == pytest.approx(plain.value(name + "_sum"), rel=1e-12)
+
+
+def test_a_run_stops_once_its_slo_quantile_cannot_be_met():
+    from kneecap.sim.cluster import MissBudget
+
+    arrival, inp, out = np.arange(4000) * 0.01, np.full(4000, 2000), np.full(4000, 300)  # 100 req/s on one pod
+    whole = _cluster(KubeletConfig()).run(arrival, inp, out, drain_limit_s=60)
+    cl = _cluster(KubeletConfig())
+    budget = MissBudget(ttft_s=1.0, tpot_s=0.05, max_misses=200)
+    cut = cl.run(arrival, inp, out, drain_limit_s=60, budget=budget)
+    assert cl.aborted and cl.t_s < arrival[-1]
+    ttft = whole.first_token_s - whole.arrival_s
+    assert np.sum(~(ttft <= 1.0)) > 200  # the whole run misses far more than the budget allows
+    assert max(cl.misses_ttft, cl.misses_tpot) == 201
+    done = cut.state == DONE  # what finished before the stop is what the whole run did
+    np.testing.assert_array_equal(cut.finish_s[done], whole.finish_s[done])
