@@ -99,3 +99,14 @@ def test_replay_cli_bad_input_names_the_field(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["replay", str(p), "--policy", "magic"])
     assert e.value.code == 2
+
+
+@pytest.mark.parametrize("flags, field", [(["--seed", "-1"], "seed"), (["--interval", "0"], "interval"),
+                                          (["--quantile", "1.5"], "quantile"), (["--cooldown", "-5"], "cooldown"),
+                                          (["--start-replicas", "9"], "start-replicas"),
+                                          (["--gpu", "tpu-v9"], "spec.accelerator.type"),
+                                          (["--hpa-target", "0"], "hpa.target")])
+def test_replay_options_are_checked_before_any_run(tmp_path, capsys, flags, field):
+    p = _trace(tmp_path, 5.0, 10.0)
+    assert cli.main(["replay", str(p), *flags, "--json"]) == 2
+    assert json.loads(capsys.readouterr().err.splitlines()[0])["field"] == field

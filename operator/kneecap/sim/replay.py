@@ -72,10 +72,15 @@ class ReplayConfig:
     drain_limit_s: float = 600.0
 
     def check(self) -> None:
-        for name in ("slo_ttft_s", "slo_tpot_s", "interval_s", "window_s", "sample_s", "drain_limit_s"):
+        for name, flag in (("slo_ttft_s", "slo-ttft-s"), ("slo_tpot_s", "slo-tpot-s"), ("interval_s", "interval"),
+                           ("window_s", "window_s"), ("sample_s", "sample_s"), ("drain_limit_s", "drain_limit_s")):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                raise InputError(name.replace("_", "-"), f"expected a positive number, got {v!r}")
+                raise InputError(flag, f"expected a positive number, got {v!r}")
+        if not (isinstance(self.cooldown_s, (int, float)) and math.isfinite(self.cooldown_s) and self.cooldown_s >= 0):
+            raise InputError("cooldown", f"expected a non-negative number, got {self.cooldown_s!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise InputError("seed", f"expected a non-negative integer, got {self.seed!r}")
         if not 0 < self.quantile < 1:
             raise InputError("quantile", f"expected a fraction in (0, 1), got {self.quantile!r}")
         if not (isinstance(self.cost_per_gpu_hour, (int, float)) and self.cost_per_gpu_hour >= 0):
