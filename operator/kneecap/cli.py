@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "observe": "observe",
     "twin": "twin",
     "load": "load",
+    "replay": "replay",
 }
 
 EXIT_BAD_INPUT = 2

@@ -5,6 +5,12 @@
 * :mod:`kneecap.sim.metrics` — vLLM 0.32's Prometheus metrics
 * :mod:`kneecap.sim.server` — the OpenAI-compatible HTTP server (``kneecap twin``)
 * :mod:`kneecap.sim.loadgen` — open-loop load (``kneecap load``, ``run_load``)
+* :mod:`kneecap.sim.cluster` — a whole cluster in virtual time: in-memory API
+  (:mod:`~kneecap.sim.kubeapi_memory`), controllers and kubelet (:mod:`~kneecap.sim.kubelet_virtual`),
+  router, the real operator; :mod:`~kneecap.sim.hpa` an HPA on it
+* :mod:`kneecap.sim.trace` — request traces; :mod:`kneecap.sim.replay` — policies replayed on a trace
+  (``kneecap replay``, :mod:`~kneecap.sim.replay_report`); :mod:`kneecap.sim.demo_virtual` — the demo's
+  closed loop in virtual time
 """
 
 from kneecap.sim.engine import Engine, EngineConfig, SimRequest, StepResult, engine_config

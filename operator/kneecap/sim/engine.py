@@ -263,11 +263,18 @@ class Engine:
 
     def _schedule_running(self, budget: int, preempted: list) -> tuple[list, int]:
         scheduled = []
+        running, bs = self.running, self.config.block_size
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            n = min(req.to_compute, budget)
-            if not self._grow(req, n, preempted):
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = req.prompt_tokens + req.output_tokens - req.num_computed  # to_compute, inlined (hot loop)
+            if n > budget:
+                n = budget
+            need = -(-(req.num_computed + n) // bs) - req.num_blocks
+            if need <= self.free_blocks:  # the common case of _grow: no preemption
+                self.free_blocks -= need
+                req.num_blocks += need
+            elif not self._grow(req, n, preempted):
                 break
             scheduled.append((req, n))
             budget -= n

@@ -1,0 +1,204 @@
+"""An in-memory Kubernetes API with the methods of :class:`kneecap.control.kube.KubeClient`.
+
+For virtual-time runs (:mod:`kneecap.sim.cluster`): no sockets, no threads, no wall clock.
+What it keeps of the real API server's behaviour:
+
+* objects addressed by the same REST paths the client builds (``/api/v1/namespaces/ns/pods``,
+  ``/apis/apps/v1/namespaces/ns/deployments/name[/status]``);
+* ``metadata.uid`` (deterministic), ``resourceVersion`` (one counter for the whole store, bumped
+  on every change and never on a no-op), ``generation`` (bumped when anything but status or
+  metadata changes), ``creationTimestamp`` from the virtual clock;
+* JSON merge patch (RFC 7386); the status subresource: a write to ``.../status`` changes only
+  ``status``, a write to the object ignores ``status`` (``subresources.status`` of Deployments
+  and of the LLMDeployment CRD);
+* create of an existing name: HTTP 409 (the client's ``create`` then returns the live object);
+* equality-based label selectors on lists;
+* deletion garbage-collects dependents through ``ownerReferences`` (background cascade).
+
+Reads return deep copies, so a caller's mutation never reaches the store.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+import uuid
+from typing import Any, Callable
+
+from kneecap.control.kube import ApiError, selector_matches
+from kneecap.demo.kubeapi import merge_patch  # RFC 7386, shared with the emulated HTTP API
+
+Key = tuple[str, str, str, str]  # (group/version, plural, namespace, name)
+
+
+def parse_path(path: str) -> tuple[str, str, str | None, str | None, str | None]:
+    """(group/version, plural, namespace, name, subresource) of a REST path."""
+    parts = [p for p in path.split("?", 1)[0].split("/") if p]
+    if parts[:1] == ["api"] and len(parts) >= 2:
+        gv, rest = parts[1], parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) >= 3:
+        gv, rest = f"{parts[1]}/{parts[2]}", parts[3:]
+    else:
+        raise ApiError(404, {"message": f"no such path {path}"}, path)
+    ns = None
+    if len(rest) >= 2 and rest[0] == "namespaces":
+        ns, rest = rest[1], rest[2:]
+    if not rest or len(rest) > 3:
+        raise ApiError(404, {"message": f"no such path {path}"}, path)
+    plural, name, sub = rest[0], rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else None
+    return gv, plural, ns, name, sub
+
+
+class MemoryKube:
+    """The store and the API verbs (module docstring). ``now_s``: the virtual clock (epoch seconds)."""
+
+    def __init__(self, now_s: Callable[[], float]):
+        self.now_s = now_s
+        self.objects: dict[Key, dict] = {}
+        self._rv = 0
+        self._uids = 0
+        self.writes = 0  # successful writes (create, patch, delete)
+
+    # ------------------------------------------------------------ helpers
+    def _bump(self) -> str:
+        self._rv += 1
+        return str(self._rv)
+
+    def _key(self, path: str) -> tuple[Key, str | None]:
+        gv, plural, ns, name, sub = parse_path(path)
+        if name is None:
+            raise ApiError(405, {"message": "a collection path needs a name here"}, path)
+        return (gv, plural, ns or "", name), sub
+
+    def _iso(self) -> str:
+        return _dt.datetime.fromtimestamp(self.now_s(), _dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    # ------------------------------------------------------------ synchronous verbs (in-process callers)
+    def get_now(self, path: str) -> dict | None:
+        key, _ = self._key(path)
+        obj = self.objects.get(key)
+        return copy.deepcopy(obj) if obj is not None else None
+
+    def peek(self, path: str) -> dict | None:
+        """The stored object itself (no copy): for in-process controllers that only read."""
+        key, _ = self._key(path)
+        return self.objects.get(key)
+
+    def list_now(self, path: str, label_selector: str | None = None, *, copy_items: bool = True) -> list[dict]:
+        gv, plural, ns, name, _ = parse_path(path)
+        if name is not None:
+            raise ApiError(405, {"message": "a list path has no name"}, path)
+        out = [o for (g, p, n, _), o in sorted(self.objects.items(), key=lambda kv: kv[0])
+               if g == gv and p == plural and (ns is None or n == ns)
+               and selector_matches(label_selector, o["metadata"].get("labels"))]
+        return [copy.deepcopy(o) for o in out] if copy_items else out
+
+    def create_now(self, path: str, obj: dict) -> dict:
+        gv, plural, ns, name, _ = parse_path(path)
+        if name is not None:
+            raise ApiError(405, {"message": "POST to a named path"}, path)
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        if not meta.get("name"):
+            if not meta.get("generateName"):
+                raise ApiError(422, {"message": "metadata.name: Required value"}, f"POST {path}")
+            self._uids += 1
+            meta["name"] = f"{meta['generateName']}{self._uids:05x}"
+        key = (gv, plural, ns or "", meta["name"])
+        if key in self.objects:
+            raise ApiError(409, {"message": f"{plural} \"{meta['name']}\" already exists", "reason": "AlreadyExists"},
+                           f"POST {path}")
+        self._uids += 1
+        if ns is not None:
+            meta["namespace"] = ns
+        meta["uid"] = str(uuid.UUID(int=self._uids))
+        meta["generation"] = 1
+        meta["creationTimestamp"] = self._iso()
+        meta["resourceVersion"] = self._bump()
+        self.objects[key] = obj
+        self.writes += 1
+        return copy.deepcopy(obj)
+
+    def patch_now(self, path: str, patch: dict) -> dict:
+        key, sub = self._key(path)
+        live = self.objects.get(key)
+        if live is None:
+            raise ApiError(404, {"message": f"{key[1]} \"{key[3]}\" not found", "reason": "NotFound"}, f"PATCH {path}")
+        if not isinstance(patch, dict):
+            raise ApiError(422, {"message": "a merge patch must be a JSON object"}, f"PATCH {path}")
+        if sub == "status":
+            new = dict(live)
+            new["status"] = merge_patch(live.get("status"), patch.get("status"))
+            if new["status"] is None:
+                new.pop("status")
+        elif sub is None:
+            body = {k: v for k, v in patch.items() if k != "status"}
+            meta_patch = {k: v for k, v in (body.get("metadata") or {}).items()
+                          if k not in ("uid", "resourceVersion", "generation", "creationTimestamp", "name",
+                                       "namespace")}
+            if "metadata" in body:
+                body["metadata"] = meta_patch
+            new = merge_patch(live, body)
+            if "status" in live:
+                new["status"] = live["status"]
+            if {k: v for k, v in new.items() if k not in ("metadata", "status")} != \
+                    {k: v for k, v in live.items() if k not in ("metadata", "status")}:
+                new["metadata"]["generation"] = int(live["metadata"].get("generation", 1)) + 1
+        else:
+            raise ApiError(404, {"message": f"no subresource {sub}"}, f"PATCH {path}")
+        if new != live:
+            new["metadata"]["resourceVersion"] = self._bump()
+            self.objects[key] = new
+            self.writes += 1
+        return copy.deepcopy(new)
+
+    def delete_now(self, path: str) -> bool:
+        key, _ = self._key(path)
+        obj = self.objects.pop(key, None)
+        if obj is None:
+            return False
+        self._bump()
+        self.writes += 1
+        self._collect(obj["metadata"]["uid"])
+        return True
+
+    def _collect(self, owner_uid: str) -> None:
+        """Garbage-collect the dependents of a deleted owner (and theirs)."""
+        for key, o in list(self.objects.items()):
+            if key in self.objects and any(r.get("uid") == owner_uid
+                                           for r in o["metadata"].get("ownerReferences") or []):
+                del self.objects[key]
+                self._bump()
+                self._collect(o["metadata"]["uid"])
+
+    # ------------------------------------------------------------ KubeClient's methods
+    async def get(self, path: str) -> dict | None:
+        return self.get_now(path)
+
+    async def list(self, path: str, label_selector: str | None = None) -> list[dict]:
+        return self.list_now(path, label_selector)
+
+    async def list_versioned(self, path: str, label_selector: str | None = None) -> tuple[list[dict], str | None]:
+        return self.list_now(path, label_selector), str(self._rv)
+
+    async def create(self, path: str, obj: dict) -> tuple[dict, bool]:
+        try:
+            return self.create_now(path, obj), True
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            return self.get_now(f"{path}/{obj['metadata']['name']}"), False
+
+    async def patch(self, path: str, patch: Any, content_type: str = "application/merge-patch+json") -> dict:
+        if content_type != "application/merge-patch+json":
+            raise ApiError(415, {"message": f"only merge patches are supported, got {content_type}"}, f"PATCH {path}")
+        return self.patch_now(path, patch)
+
+    async def patch_status(self, path: str, status: dict) -> None:
+        self.patch_now(path + "/status", {"status": status})
+
+    async def delete(self, path: str) -> bool:
+        return self.delete_now(path)
+
+    async def close(self) -> None:
+        pass

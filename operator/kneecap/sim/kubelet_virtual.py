@@ -1,0 +1,371 @@
+"""The cluster side of a virtual-time run: Deployment and ReplicaSet controllers and a kubelet.
+
+Each runs as a level-triggered ``sync(now_s)`` over the in-memory API
+(:mod:`kneecap.sim.kubeapi_memory`), the way the real controllers reconcile:
+
+* Deployment controller: one ReplicaSet per pod template (``<deployment>-<pod-template-hash>``,
+  a controller ownerReference to the Deployment, the ``pod-template-hash`` label), a
+  RollingUpdate bounded by ``maxSurge``/``maxUnavailable`` (Kubernetes' defaults 25%/25%,
+  surge rounded up, unavailable down), and the Deployment's status (observedGeneration,
+  replicas, updatedReplicas, readyReplicas, availableReplicas, unavailableReplicas);
+* ReplicaSet controller: creates or deletes pods (controller ownerReference to the ReplicaSet,
+  the template's labels) to match ``spec.replicas``, deleting not-ready pods first;
+* kubelet: gives each new pod a unique ``status.podIP`` and loads the model: the pod is Running
+  but not Ready for ``weights / load bandwidth + start-up`` seconds, then its engine
+  (:class:`kneecap.sim.engine.Engine`, configured from the container's vLLM flags) serves and
+  the pod turns Ready. A deleted pod leaves the Service at once, finishes what it runs for at
+  most ``termination_grace_s`` and then its remaining requests are lost or retried
+  (``interrupted``), as configured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kneecap.control import manifests as M
+from kneecap.control import vllm_args
+from kneecap.control.kube import deployments_path, pods_path, resource_path
+from kneecap.errors import InputError
+from kneecap.model.arch import GIB, ModelArch
+from kneecap.model.hardware import GPU
+from kneecap.model.memory import memory_split
+from kneecap.sim.engine import Engine, EngineConfig, engine_config
+from kneecap.sim.kubeapi_memory import MemoryKube
+from kneecap.sim.metrics import TwinMetrics
+
+HASH_LABEL = "pod-template-hash"
+
+
+def replicasets_path(ns: str, name: str | None = None) -> str:
+    return resource_path("apps/v1", "replicasets", ns, name)
+
+
+def pod_path(ns: str, name: str) -> str:
+    return resource_path("v1", "pods", ns, name)
+
+
+def template_hash(template: dict) -> str:
+    """A stable hash of a pod template (what the pod-template-hash label stands for)."""
+    return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def _controller_ref(obj: dict) -> dict:
+    meta = obj["metadata"]
+    return {"apiVersion": obj.get("apiVersion", ""), "kind": obj.get("kind", ""), "name": meta["name"],
+            "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
+def _owned_by(obj: dict, uid: str) -> bool:
+    return any(r.get("uid") == uid and r.get("controller") for r in obj["metadata"].get("ownerReferences") or [])
+
+
+def is_ready(pod: dict) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
+def _surge_unavailable(deploy: dict, desired: int) -> tuple[int, int]:
+    """maxSurge (rounded up) and maxUnavailable (rounded down) of a RollingUpdate; both 0 reads as 1 unavailable."""
+    ru = ((deploy["spec"].get("strategy") or {}).get("rollingUpdate") or {})
+
+    def value(v, default: str, up: bool) -> int:
+        v = default if v is None else v
+        if isinstance(v, str) and v.endswith("%"):
+            x = desired * float(v[:-1]) / 100.0
+            return int(math.ceil(x) if up else math.floor(x))
+        return int(v)
+
+    surge, unavailable = value(ru.get("maxSurge"), "25%", True), value(ru.get("maxUnavailable"), "25%", False)
+    if surge == 0 and unavailable == 0:
+        unavailable = 1
+    return surge, unavailable
+
+
+class DeploymentController:
+    """Deployments → ReplicaSets, with rolling updates (module docstring)."""
+
+    def __init__(self, api: MemoryKube, namespace: str):
+        self.api, self.ns = api, namespace
+
+    def sync(self) -> None:
+        pods = self.api.list_now(pods_path(self.ns), copy_items=False)
+        for d in self.api.list_now(deployments_path(self.ns), copy_items=False):
+            self._sync_one(d, pods)
+
+    def _sync_one(self, d: dict, pods: list[dict]) -> None:
+        api, ns = self.api, self.ns
+        desired = int(d["spec"].get("replicas", 1))
+        h = template_hash(d["spec"]["template"])
+        rss = [r for r in api.list_now(replicasets_path(self.ns), copy_items=False)
+               if _owned_by(r, d["metadata"]["uid"])]
+        new = next((r for r in rss if r["metadata"]["labels"].get(HASH_LABEL) == h), None)
+        old = [r for r in rss if r is not new]
+        if new is None:
+            tmpl = json.loads(json.dumps(d["spec"]["template"]))
+            tmpl.setdefault("metadata", {}).setdefault("labels", {})[HASH_LABEL] = h
+            sel = dict(d["spec"]["selector"]["matchLabels"], **{HASH_LABEL: h})
+            start = desired if not old else 0
+            api.create_now(replicasets_path(ns), {
+                "apiVersion": "apps/v1", "kind": "ReplicaSet",
+                "metadata": {"name": f"{d['metadata']['name']}-{h}", "labels": tmpl["metadata"]["labels"],
+                             "ownerReferences": [_controller_ref(d)]},
+                "spec": {"replicas": start, "selector": {"matchLabels": sel}, "template": tmpl}})
+            new = api.peek(replicasets_path(ns, f"{d['metadata']['name']}-{h}"))
+
+        def rs_pods(rs):
+            return [p for p in pods if _owned_by(p, rs["metadata"]["uid"])]
+
+        def scale(rs, n):
+            if int(rs["spec"]["replicas"]) != n:
+                api.patch_now(replicasets_path(ns, rs["metadata"]["name"]), {"spec": {"replicas": int(n)}})
+
+        if not old:
+            scale(new, desired)
+        else:
+            surge, unavailable = _surge_unavailable(d, desired)
+            old_total = sum(int(r["spec"]["replicas"]) for r in old)
+            # scale the new ReplicaSet up within desired + maxSurge pods in all
+            scale(new, max(int(new["spec"]["replicas"]), min(desired, desired + surge - old_total)))
+            new = api.peek(replicasets_path(ns, new["metadata"]["name"]))
+            # scale old ones down while at least desired − maxUnavailable pods stay available
+            available = sum(is_ready(p) for r in [new, *old] for p in rs_pods(r))
+            room = available - (desired - unavailable)
+            for r in old:
+                n = int(r["spec"]["replicas"])
+                unready = sum(not is_ready(p) for p in rs_pods(r))
+                cut = min(n, unready + max(room, 0))  # unready pods go first, at no cost
+                room -= max(cut - unready, 0)
+                scale(r, n - cut)
+        all_pods = [p for r in [new, *old] for p in rs_pods(r)]
+        new_pods = rs_pods(new)
+        ready = sum(is_ready(p) for p in all_pods)
+        st = {"observedGeneration": d["metadata"].get("generation", 1), "replicas": len(all_pods),
+              "updatedReplicas": len(new_pods), "readyReplicas": ready, "availableReplicas": ready,
+              "unavailableReplicas": max(desired - ready, 0)}
+        if (d.get("status") or {}) != st:
+            api.patch_now(deployments_path(ns, d["metadata"]["name"]) + "/status", {"status": st})
+
+
+class ReplicaSetController:
+    """ReplicaSets → Pods (module docstring). Pod names are deterministic."""
+
+    def __init__(self, api: MemoryKube, namespace: str):
+        self.api, self.ns = api, namespace
+        self._seq = 0
+
+    def sync(self) -> None:
+        pods = self.api.list_now(pods_path(self.ns), copy_items=False)
+        for rs in self.api.list_now(replicasets_path(self.ns), copy_items=False):
+            mine = [p for p in pods if _owned_by(p, rs["metadata"]["uid"])]
+            want = int(rs["spec"]["replicas"])
+            for _ in range(want - len(mine)):
+                self._seq += 1
+                tmpl = rs["spec"]["template"]
+                self.api.create_now(pods_path(self.ns), {
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": f"{rs['metadata']['name']}-{self._seq:05d}",
+                                 "labels": dict(tmpl["metadata"].get("labels") or {}),
+                                 "annotations": dict(tmpl["metadata"].get("annotations") or {}),
+                                 "ownerReferences": [_controller_ref(rs)]},
+                    "spec": json.loads(json.dumps(tmpl["spec"])),
+                    "status": {"phase": "Pending"}})
+            if len(mine) > want:
+                # not-ready first, then the newest (the ReplicaSet controller's ranking, simplified)
+                order = sorted(mine, key=lambda p: (is_ready(p), p["metadata"]["name"]))
+                order = [p for p in order if not is_ready(p)] + sorted(
+                    [p for p in order if is_ready(p)], key=lambda p: p["metadata"]["name"], reverse=True)
+                for p in order[:len(mine) - want]:
+                    self.api.delete_now(pod_path(self.ns, p["metadata"]["name"]))
+
+
+class BufferedHistogram:
+    """Stands in for a prometheus_client histogram child that sees one observation per token:
+    ``observe`` appends, ``flush`` adds them in bulk (same buckets: the first bound ≥ the value,
+    as ``Histogram.observe`` does) before the page is rendered."""
+
+    def __init__(self, child):
+        self.child = child
+        self.values: list[float] = []
+        self.observe = self.values.append
+
+    def flush(self) -> None:
+        if not self.values:
+            return
+        v = np.asarray(self.values)
+        idx = np.searchsorted(np.asarray(self.child._upper_bounds), v, side="left")
+        for i, c in zip(*np.unique(idx, return_counts=True)):
+            self.child._buckets[int(i)].inc(int(c))
+        self.child._sum.inc(math.fsum(self.values))
+        self.values.clear()
+
+
+def buffered_metrics(metrics: TwinMetrics) -> TwinMetrics:
+    """The twin's metrics with the inter-token-latency histogram buffered (see BufferedHistogram)."""
+    metrics.h_itl = BufferedHistogram(metrics.h_itl)
+    return metrics
+
+
+def render_metrics(metrics: TwinMetrics, engine) -> str:
+    if isinstance(metrics.h_itl, BufferedHistogram):
+        metrics.h_itl.flush()
+    return metrics.render(engine).decode()
+
+
+
+@dataclass(frozen=True)
+class KubeletConfig:
+    """How pods start and stop. A pod loads ``weights / load_gib_s`` plus ``startup_s`` (CUDA
+    graphs, warm-up) before it is Ready; a deleted pod runs at most ``termination_grace_s`` more
+    before its unfinished requests are ``interrupted``: "lost" (the client gets an error) or
+    "retried" (sent again through the router, the client's clock still running)."""
+
+    load_gib_s: float = 2.0
+    startup_s: float = 30.0
+    termination_grace_s: float = 30.0
+    interrupted: str = "lost"  # "lost" | "retried"
+
+    def load_delay_s(self, arch: ModelArch) -> float:
+        return arch.weight_bytes / GIB / self.load_gib_s + self.startup_s
+
+
+@dataclass(eq=False)
+class PodRuntime:
+    """One pod on a node: loading, serving or terminating."""
+
+    name: str
+    ip: str
+    owner_rs: str
+    ready_at_s: float
+    engine: Engine | None = None
+    metrics: TwinMetrics | None = None
+    config: EngineConfig | None = None
+    memory_fraction: float = 0.0  # GPU memory the engine reserves (gpu_memory_utilization or its equivalent)
+    failed: str | None = None  # why vLLM would not start with these flags
+    terminating_since_s: float | None = None
+    restart: bool = False  # deleted because its Deployment rolled out a new template
+    deleted_in_api: bool = False
+    scheduled: bool = False  # its Ready event is on the clock
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None and self.terminating_since_s is None
+
+
+@dataclass
+class KubeletStats:
+    pods_started: int = 0
+    restarts: int = 0  # pods replaced by a rollout of a new template
+    interrupted_restart: int = 0  # requests cut by a restart
+    interrupted_scale_down: int = 0  # requests cut by a scale-down or another deletion
+    events: list = field(default_factory=list)
+
+
+class Kubelet:
+    """Runs the pods of one namespace (module docstring). ``served_name``: the model name of the metrics."""
+
+    def __init__(self, api: MemoryKube, namespace: str, arch: ModelArch, gpu: GPU, config: KubeletConfig,
+                 *, with_metrics: bool, served_name: str):
+        self.api, self.ns, self.arch, self.gpu, self.config = api, namespace, arch, gpu, config
+        self.with_metrics, self.served_name = with_metrics, served_name
+        self.pods: dict[str, PodRuntime] = {}
+        self.by_ip: dict[str, PodRuntime] = {}
+        self.stats = KubeletStats()
+        self._ips = 0
+        self._configs: dict[tuple, EngineConfig] = {}
+
+    def sync(self, now_s: float, t_s: float) -> list[PodRuntime]:
+        """Start new pods, retire deleted ones. ``now_s``: epoch (API), ``t_s``: run time. Returns the
+        pods that started terminating (the caller drains them)."""
+        live = {p["metadata"]["name"]: p for p in self.api.list_now(pods_path(self.ns), copy_items=False)}
+        for name, pod in live.items():
+            if name not in self.pods:
+                self._start(pod, t_s)
+        gone = []
+        for name, rt in list(self.pods.items()):
+            if name not in live and not rt.deleted_in_api:
+                rt.deleted_in_api = True
+                rt.terminating_since_s = t_s
+                rt.restart = self._rolled_out(rt.owner_rs)
+                if rt.restart:
+                    self.stats.restarts += 1
+                self.stats.events.append({"t_s": round(t_s, 3), "event": "restart" if rt.restart else "stop",
+                                          "pod": name})
+                gone.append(rt)
+        return gone
+
+    def _rolled_out(self, rs_name: str) -> bool:
+        """True when the ReplicaSet's template is no longer its Deployment's (a rollout replaces its pods)."""
+        rs = self.api.peek(replicasets_path(self.ns, rs_name))
+        if rs is None:
+            return False
+        owner = next((r["name"] for r in rs["metadata"].get("ownerReferences") or [] if r.get("controller")), None)
+        d = self.api.peek(deployments_path(self.ns, owner)) if owner else None
+        return d is not None and template_hash(d["spec"]["template"]) != rs["metadata"]["labels"].get(HASH_LABEL)
+
+    def _engine_config(self, pod: dict):
+        """The engine a pod's vLLM flags describe (cached per distinct flags)."""
+        cs = pod["spec"]["containers"]
+        c = next((x for x in cs if x.get("name") == M.CONTAINER), cs[0])
+        key = tuple(vllm_args.container_flag(c, f) for f in (M.MAX_NUM_SEQS, M.GPU_MEMORY_UTILIZATION,
+                                                             M.KV_CACHE_MEMORY_BYTES, "--max-num-batched-tokens",
+                                                             "--max-model-len"))
+        cfg = self._configs.get(key)
+        if cfg is None:
+            num = lambda v, f: f(v) if v is not None else None  # noqa: E731
+            cfg = engine_config(self.arch, self.gpu, max_num_seqs=num(key[0], int),
+                                gpu_memory_utilization=num(key[1], float) or 0.9,
+                                kv_cache_memory_bytes=num(key[2], int), max_num_batched_tokens=num(key[3], int),
+                                max_model_len=num(key[4], int))
+            self._configs[key] = cfg
+        if key[2] is not None:  # the kvCacheMemoryBytes knob: weights + reserve + KV, of the whole GPU
+            split = memory_split(self.arch, self.gpu, 0.9, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+            fraction = (split.weights_bytes + split.reserve_bytes + cfg.kv_cache_memory_bytes) / split.total_bytes
+        else:
+            fraction = cfg.gpu_memory_utilization
+        return cfg, fraction
+
+    def _start(self, pod: dict, t_s: float) -> None:
+        self._ips += 1
+        n = self._ips
+        ip = f"10.{(n >> 16) & 255}.{(n >> 8) & 255}.{n & 255}"
+        owner = next((r["name"] for r in pod["metadata"].get("ownerReferences") or [] if r.get("controller")), "")
+        rt = PodRuntime(pod["metadata"]["name"], ip, owner, t_s + self.config.load_delay_s(self.arch))
+        try:
+            rt.config, rt.memory_fraction = self._engine_config(pod)
+        except InputError as exc:  # vLLM would exit at start-up: the pod never turns Ready
+            rt.failed = str(exc)
+            rt.ready_at_s = math.inf
+        self.pods[rt.name] = rt
+        self.by_ip[ip] = rt
+        self.stats.pods_started += 1
+        self.api.patch_now(pod_path(self.ns, rt.name) + "/status", {"status": {
+            "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+            "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}]}})
+        self.stats.events.append({"t_s": round(t_s, 3), "event": "failed" if rt.failed else "start", "pod": rt.name,
+                                  **({"error": rt.failed} if rt.failed else {})})
+
+    def make_ready(self, rt: PodRuntime, t_s: float, prewarmed: bool = False) -> bool:
+        """The model is loaded: the engine serves and the pod turns Ready."""
+        if (rt.engine is not None or rt.failed or rt.terminating_since_s is not None
+                or self.api.peek(pod_path(self.ns, rt.name)) is None):
+            return False
+        rt.engine = Engine(rt.config)
+        rt.engine.now_s = t_s
+        if self.with_metrics:
+            rt.metrics = buffered_metrics(TwinMetrics(self.served_name, rt.config))
+        self.api.patch_now(pod_path(self.ns, rt.name) + "/status", {"status": {"conditions": [
+            {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}]}})
+        self.stats.events.append({"t_s": round(t_s, 3), "event": "ready", "pod": rt.name,
+                                  "max_num_seqs": rt.config.max_num_seqs,
+                                  "gpu_memory_utilization": round(rt.memory_fraction, 4),
+                                  **({"prewarmed": True} if prewarmed else {})})
+        return True
+
+    def remove(self, rt: PodRuntime) -> None:
+        self.pods.pop(rt.name, None)
+        self.by_ip.pop(rt.ip, None)

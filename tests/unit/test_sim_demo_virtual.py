@@ -1,0 +1,48 @@
+"""`kneecap demo`'s closed loop in virtual time: the load-independent version of the demo's
+expectations (the operator moves the cap down from 256 with one restart), checked against
+the in-memory API's objects, and identical on a second run."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import pytest
+
+from kneecap.control import vllm_args as V
+from kneecap.control.manifests import vllm_container
+from kneecap.demo.harness import DemoConfig
+from kneecap.demo.report import template_changes
+from kneecap.sim.demo_virtual import run_demo_virtual
+
+CFG = DemoConfig(duration_s=160.0, interval_s=10.0, cooldown_s=30.0, warmup_intervals=2)
+
+
+def flags(deploy: dict) -> tuple[int, float]:
+    c = vllm_container(deploy)
+    return int(V.container_flag(c, "--max-num-seqs")), float(V.container_flag(c, "--gpu-memory-utilization"))
+
+
+@pytest.fixture(scope="module")
+def run():
+    return run_demo_virtual(CFG)
+
+
+def test_cap_moves_down_from_256_with_one_restart(run):
+    s = run.summary
+    assert flags(run.deployment_history[0]) == (256, 0.9)
+    assert (s["converged_max_num_seqs"], s["converged_gpu_memory_utilization"]) == flags(run.deployment)
+    assert s["converged_max_num_seqs"] < 256 and s["converged_gpu_memory_utilization"] < 0.9
+    assert s["deployment_changes"] == template_changes(run.deployment_history) == 1
+    assert s["restarts"] == run.kubelet_restarts == 1
+    assert run.llmd["status"]["applied"]["maxNumSeqs"] == s["converged_max_num_seqs"]
+    ready = [e for e in run.kubelet_events if e["event"] == "ready"]
+    assert ready[-1]["max_num_seqs"] == s["converged_max_num_seqs"]  # the new pod runs the applied cap
+    assert len(run.rows) == CFG.duration_s // CFG.interval_s
+    assert any(r.decision == "Applied" for r in run.rows)
+    assert s["throughput_converged_tok_s"] > 0 and s["phase"] == "Running"
+
+
+def test_a_second_run_gives_the_same_rows(run):
+    again = run_demo_virtual(CFG)
+    assert [asdict(r) for r in again.rows] == [asdict(r) for r in run.rows]
+    assert again.kubelet_events == run.kubelet_events

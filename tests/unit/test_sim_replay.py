@@ -1,0 +1,112 @@
+"""Replays in virtual time: the real operator closes the loop on twin pods, deterministically."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kneecap import cli
+from kneecap.control import manifests as M
+from kneecap.control import vllm_args
+from kneecap.control.kube import deployments_path
+from kneecap.sim.cluster import llmd_path
+from kneecap.sim.replay import NAME, ReplayConfig, run_policy, score
+from kneecap.sim.trace import read_trace
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _trace(tmp_path, rate_rps: float, duration_s: float, seed: int = 3) -> Path:
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(1 / rate_rps, int(rate_rps * duration_s)))
+    inp = np.maximum(rng.lognormal(np.log(900), 0.5, t.size).astype(int), 1)
+    out = np.maximum(rng.lognormal(np.log(180), 0.5, t.size).astype(int), 1)
+    p = tmp_path / "trace.csv"
+    p.write_text("arrival_s,input_tokens,output_tokens\n" + "".join(f"{a:.6f},{i},{o}\n" for a, i, o in zip(t, inp, out)))
+    return p
+
+
+def test_operator_moves_the_cap_down_from_256_with_one_restart(tmp_path):
+    """One replica under steady load: the operator, on the virtual clock, fits SLIM on windows
+    it scraped from the twin, applies a BCA cap below vLLM's 256 with the memory that holds it;
+    the kubelet replaces the pod once and the new pod serves with the new flags."""
+    trace = read_trace(_trace(tmp_path, 20.0, 150.0))
+    cfg = ReplayConfig(min_replicas=1, max_replicas=1, interval_s=15.0, cooldown_s=300.0)
+    run = run_policy(trace, cfg, "kneecap")
+    api, ns = run.cluster.api, run.cluster.namespace
+    applied = [d for d in run.decisions if d["applied"]]
+    assert applied, run.operator_events
+    first = applied[0]["target"]
+    assert first["maxNumSeqs"] < 256 and first["gpuMemoryUtilization"] < 0.9
+    deploy = api.peek(deployments_path(ns, NAME))
+    live = int(vllm_args.container_flag(M.vllm_container(deploy), M.MAX_NUM_SEQS))
+    assert live == applied[-1]["target"]["maxNumSeqs"] < 256
+    assert run.cluster.kubelet.stats.restarts <= 1
+    (pod,) = run.cluster.ready_pods()
+    assert pod.config.max_num_seqs == live  # the pod serving at the end runs the applied cap
+    status = api.peek(llmd_path(ns, NAME))["status"]
+    assert status["applied"]["restart"] is True and status["applied"]["maxNumSeqs"] == live
+    assert any(c["type"] == "Calibrated" and c["status"] == "True" for c in status["conditions"])
+    s = score(cfg, run, trace.span_s)
+    assert s["restarts"] <= 1 and s["mean_memory_released_gib"] > 0
+    assert s["completed"] + s["lost"] == s["requests"]
+
+
+def _replay_json(args: list[str]) -> str:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert cli.main(["replay", *args, "--json"]) == 0
+    return buf.getvalue()
+
+
+def test_replay_is_byte_identical_across_runs_and_processes(tmp_path):
+    p = _trace(tmp_path, 12.0, 90.0)
+    args = [str(p), "--policy", "kneecap", "--policy", "defaults+hpa", "--max-replicas", "3", "--start-replicas", "2",
+            "--seed", "7"]
+    a = _replay_json(args)
+    b = _replay_json(args)
+    assert a == b
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "operator"), PYTHONHASHSEED="12345")
+    c = subprocess.run([sys.executable, "-m", "kneecap", "replay", *args, "--json"], capture_output=True, text=True,
+                       env=env, check=True).stdout
+    assert c == a
+    report = json.loads(a)
+    assert set(report["policies"]) == {"kneecap", "defaults+hpa"}
+    for s in report["policies"].values():
+        assert s["requests"] == 1080 and s["completed"] + s["lost"] + s["rejected"] == 1080
+        assert s["gpu_hours"] > 0
+
+
+def test_replay_cli_bad_input_names_the_field(tmp_path, capsys):
+    p = _trace(tmp_path, 5.0, 10.0)
+    assert cli.main(["replay", str(p), "--compress", "0"]) == 2
+    assert "compress" in capsys.readouterr().err
+    assert cli.main(["replay", str(p), "--min-replicas", "3", "--max-replicas", "2"]) == 2
+    assert "min-replicas" in capsys.readouterr().err
+    bad = tmp_path / "bad.csv"
+    bad.write_text("arrival_s,input_tokens,output_tokens\n0,1,x\n")
+    assert cli.main(["replay", str(bad), "--json"]) == 2
+    err = capsys.readouterr().err
+    assert json.loads(err.splitlines()[0])["field"] == f"{bad}:2 column output_tokens"
+    with pytest.raises(SystemExit) as e:
+        cli.main(["replay", str(p), "--policy", "magic"])
+    assert e.value.code == 2
+
+
+@pytest.mark.parametrize("flags, field", [(["--seed", "-1"], "seed"), (["--interval", "0"], "interval"),
+                                          (["--quantile", "1.5"], "quantile"), (["--cooldown", "-5"], "cooldown"),
+                                          (["--start-replicas", "9"], "start-replicas"),
+                                          (["--gpu", "tpu-v9"], "spec.accelerator.type"),
+                                          (["--hpa-target", "0"], "hpa.target")])
+def test_replay_options_are_checked_before_any_run(tmp_path, capsys, flags, field):
+    p = _trace(tmp_path, 5.0, 10.0)
+    assert cli.main(["replay", str(p), *flags, "--json"]) == 2
+    assert json.loads(capsys.readouterr().err.splitlines()[0])["field"] == field
