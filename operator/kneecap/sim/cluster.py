@@ -31,7 +31,7 @@ from typing import Callable
 
 import numpy as np
 
-from kneecap.control import loop as L, reconcile as R, status as St
+from kneecap.control import loop as L, plan as P, reconcile as R, status as St
 from kneecap.control.informer import ApiReads
 from kneecap.control.kube import resource_path
 from kneecap.control.metrics import OperatorMetrics
@@ -120,7 +120,7 @@ class OperatorDriver:
                                  self.cluster.now())
         api.patch_now(llmd_path(ns, self.name) + "/status", {"status": {
             "observedGeneration": body["metadata"]["generation"], "conditions": conds, "phase": St.phase_of(conds),
-            "ownership": L.ownership_status(result.pools)}})
+            "ownership": P.ownership_status(result.pools)}})
 
     def tick(self, t_s: float) -> None:
         api, ns = self.cluster.api, self.cluster.namespace
@@ -141,7 +141,7 @@ class OperatorDriver:
         ctx = L.LoopContext(kube=api, metrics=self.metrics, event=self._event, now=self.cluster.now,
                             scrape=self.scrape, reads=ApiReads(api))
         status = self._run(L.tick(ctx, body, self.mem.spec, self.mem))
-        api.patch_now(path + "/status", {"status": status})
+        self._run(L.write_status(ctx, path, status, self.mem))
         d = status.get("lastDecision") or {}
         self.decisions.append({"t_s": round(t_s, 3), "reason": d.get("reason"), "action": d.get("action"),
                                "target": d.get("target"), "applied": d.get("reason") == "Applied"})

@@ -2,7 +2,7 @@
 
 Policies (all on the same arrivals, the same twin engines and the same kubelet):
 
-* ``kneecap``: an LLMDeployment in enforce mode adopting the pool that runs now (the
+* ``kneecap``: an LLMDeployment in enforce mode whose pool starts as the one that runs now (the
   defaults on ``start_replicas`` pods); the real operator sets the BCA cap, the memory that
   holds it and the GAUSS replica count (colocated);
 * ``defaults``: vLLM's start-up defaults (max_num_seqs 256, gpu_memory_utilization 0.9) on a
@@ -170,11 +170,14 @@ def run_policy(trace: Trace, cfg: ReplayConfig, policy: str, *, static: tuple[in
     samples: list[Sample] = []
     if policy == "kneecap":
         cluster = _cluster(cfg, with_metrics=True)
-        # the team's Deployment runs (same name and template); the LLMDeployment adopts it
+        # the pool runs the defaults on `start` pods, as the LLMDeployment's own Deployment (kneecap
+        # changes only what it made: it does not take over a Deployment it does not own)
+        owner = cluster.create(llmd_path(cluster.namespace), {"apiVersion": "kneecap.io/v1alpha1",
+                                                              "kind": "LLMDeployment", "metadata": {"name": NAME},
+                                                              "spec": llmd_spec(cfg)})
         cluster.create(deployments_path(cluster.namespace),
-                       static_deployment(cfg, cluster, DEFAULT_CAP, DEFAULT_MEMORY, start))
-        cluster.create(llmd_path(cluster.namespace), {"apiVersion": "kneecap.io/v1alpha1", "kind": "LLMDeployment",
-                                                      "metadata": {"name": NAME}, "spec": llmd_spec(cfg)})
+                       M.deployment(owner, parse_spec(owner["spec"]), M.Pool("server", NAME),
+                                    M.EngineSettings(DEFAULT_CAP, DEFAULT_MEMORY, None, start)))
         op = OperatorDriver(cluster, NAME)
         op.created()
         cluster.prewarm()
