@@ -272,7 +272,11 @@ def test_disaggregated_enforce_sets_decode_cap_and_sara_prefill_pool(kube, twin)
                                        topology={"mode": "disaggregated", "prefill": {"min": 1, "max": 4},
                                                  "decode": {"min": 1, "max": 4}, "kvTransfer": {}}))
             wait_for(lambda: kube.get(DEPLOY, NS, "dis-prefill"), what="prefill pool")
-            kube.patch(DEPLOY, NS, "dis-prefill", {"spec": {"replicas": 3}})  # over-provisioned by hand
+            # over-provisioned by an earlier decision of kneecap's (its field manager): a scale by
+            # another manager would make that manager the owner of replicas, which kneecap then leaves alone
+            code, _ = kube.request("PATCH", kube.path(DEPLOY, NS, "dis-prefill") + "?fieldManager=kneecap",
+                                   {"spec": {"replicas": 3}})
+            assert code == 200
             add_pod(kube, "dis", twin, role="decode")
             add_pod(kube, "dis", prefill, role="prefill", pod="dis-p-0")
             st = wait_for(lambda: (lambda s: s if (s.get("allocation") or {}).get("prefillDecision") else None)(
