@@ -173,7 +173,7 @@ def _stats(s: gauss.LatencyStats | None) -> dict:
 def _to_json(r: gauss.GaussResult, mode: str, seed: int, coef) -> dict:
     out = {
         "feasible": True, "mode": mode, "rate_rps": r.rate_rps, "servers": r.servers, "quantile": r.quantile,
-        "ttft_s": _stats(r.ttft), "tbt_s": _stats(r.tbt), "wait_s": _stats(r.wait), "service_s": _stats(r.service),
+        "ttft_s": _stats(r.ttft), "tbt_s": _stats(r.tbt), "e2e_s": _stats(r.e2e), "wait_s": _stats(r.wait), "service_s": _stats(r.service),
         "service_rate_rps": r.service_rate_rps, "utilisation": r.utilisation,
         "stable_rate_rps": r.stable_rate_rps, "stable_binding": r.stable_binding,
         "sustainable_rate_rps": r.sustainable_rate_rps, "sustainable_binding": r.sustainable_binding,

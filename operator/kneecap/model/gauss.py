@@ -619,6 +619,7 @@ class GaussResult:
     samples: int
     replications: int
     sweep: tuple[SweepPoint, ...] = ()
+    e2e: LatencyStats | None = None  # TTFT + (OL − 1)·TBT per request (GAUSS §3.7); None in raw-queue mode
     ttft_sample_s: np.ndarray = field(default=None, repr=False, compare=False)  # subsample for plots
     tbt_sample_s: np.ndarray | None = field(default=None, repr=False, compare=False)
 
@@ -878,8 +879,11 @@ def _finish(draws, coef, moments, rate, servers, replications, chains, warm, slo
     wait_stats = latency_stats(_groups(W, replications))
     service_stats = latency_stats(_groups(S, replications))
     tbt_stats = None
+    e2e_stats = None
     if tbt is not None and np.any(tbt >= 0):
         tbt_stats = latency_stats(_groups(tbt, replications, tbt >= 0))
+        out = draws.out[:, draws.out.shape[1] - ttft.shape[1]:]
+        e2e_stats = latency_stats(_groups(ttft + (out - 1.0) * np.maximum(tbt, 0.0), replications))  # GAUSS §3.7
     sd = _search_draws(draws, search_samples, servers, warm)
     lam_star, binding, note = _sustainable(sd, coef, moments, servers, warm, stable_rps, stable_stage,
                                            slo_ttft_s, slo_tbt_s, quantile)
@@ -896,7 +900,7 @@ def _finish(draws, coef, moments, rate, servers, replications, chains, warm, slo
         service_rate_rps=servers / mean_s, utilisation=rho, stable_rate_rps=stable_rps, stable_binding=stable_stage,
         sustainable_rate_rps=lam_star, sustainable_binding=binding, sustainable_note=note,
         decode_batch=None if op is None else op.decode_batch, quantile=quantile, samples=int(ttft.size),
-        replications=replications, sweep=sweep, ttft_sample_s=ttft.ravel()[sub], tbt_sample_s=tbt_sub)
+        replications=replications, sweep=sweep, e2e=e2e_stats, ttft_sample_s=ttft.ravel()[sub], tbt_sample_s=tbt_sub)
 
 
 def simulate(
