@@ -61,6 +61,7 @@ SERVER_ARGS = ["--max-num-seqs", str(MAX_NUM_SEQS), "--max-model-len", str(MAX_M
 WORKLOADS = {"light": (128.0, 0.5, 64.0, 0.5), "heavy": (128.0, 1.5, 64.0, 1.5)}
 FRACTIONS = (0.3, 0.6, 0.85)
 QS = (0.5, 0.95, 0.99)
+MODELS = ("gauss", "gauss_paper", "twin", "gauss_anchored", "twin_anchored")
 QNAMES = ("p50", "p95", "p99")
 METRICS = ("ttft", "tpot", "e2e")
 CAL_BATCHES = (1, 4, 12, 24)
@@ -151,7 +152,9 @@ def gauss_predict(coef: gauss.ServiceCoefficients, name: str, rate_rps: float, s
                            replications=4)
     except gauss.Infeasible as exc:
         return {"infeasible": str(exc)}
-    return {m: {q: getattr(s, q) for q in QNAMES} for m, s in (("ttft", r.ttft), ("tpot", r.tbt), ("e2e", r.e2e))}
+    out = {m: {q: getattr(s, q) for q in QNAMES} for m, s in (("ttft", r.ttft), ("tpot", r.tbt), ("e2e", r.e2e))}
+    out["tpot_mean_s"] = r.tbt.mean
+    return out
 
 
 def cpu_step_cost(coef: gauss.ServiceCoefficients, arch):
@@ -217,7 +220,7 @@ async def measure(session, url: str, model: str, name: str, rate_rps: float, dur
     tpot = [(r.e2e_s - r.ttft_s) / (r.completion_tokens - 1) for r in ok if r.completion_tokens > 1]
     client = {m: dict(zip(QNAMES, map(float, np.quantile(v, QS))))
               for m, v in (("ttft", [r.ttft_s for r in ok]), ("tpot", tpot), ("e2e", [r.e2e_s for r in ok]))}
-    return {"sent": rep.sent, "completed": rep.completed, "failed": rep.failed, "errors": rep.errors,
+    return {"sent": rep.sent, "client_tpot_mean_s": float(np.mean(tpot)), "completed": rep.completed, "failed": rep.failed, "errors": rep.errors,
             "elapsed_s": rep.elapsed_s, "achieved_rate_rps": rep.achieved_rate_rps,
             "loadavg_1m": [load0[0], load1[0]], "client": client,
             "server": _server_quantiles(d) if isinstance(d, WindowDeltas) else None,
@@ -264,12 +267,12 @@ def summarise(points: list[dict]) -> list[dict]:
                 meas = [p["measured"]["client"][m][q] for p in ps]
                 srv = [p["measured"]["server"][m][q] for p in ps if p["measured"]["server"] and p["measured"]["server"][m]]
                 mean = float(np.mean(meas))
-                row = {"workload": wl, "fraction": fr, "rate_rps": ps[0]["rate_rps"], "metric": m, "quantile": q,
+                row = {"workload": wl, "fraction": fr, "rate_rps": float(np.mean([p["rate_rps"] for p in ps])), "metric": m, "quantile": q,
                        "measured_s": mean, "runs": len(ps), "requests": [p["measured"]["completed"] for p in ps],
                        "spread_rel": (max(meas) - min(meas)) / mean if len(meas) > 1 else None,
                        "server_s": float(np.mean(srv)) if srv else None,
                        "loadavg_1m": [round(p["measured"]["loadavg_1m"][1], 2) for p in ps]}
-                for model in ("gauss", "gauss_paper", "twin"):
+                for model in MODELS:
                     preds = [p["predicted"][model][m][q] for p in ps
                              if model in p["predicted"] and "infeasible" not in p["predicted"][model]]
                     errs = [rel_err(p["predicted"][model][m][q], p["measured"]["client"][m][q]) for p in ps
@@ -294,24 +297,28 @@ def markdown(meta: dict, rows: list[dict], goals: dict) -> str:
         "",
         f"Machine: {meta['machine']}. Engine: vLLM {meta['vllm']} CPU build, random Llama "
         f"(hidden {MODEL_SHAPE['HIDDEN']}, {MODEL_SHAPE['LAYERS']} layers), `{' '.join(SERVER_ARGS)}`. "
-        f"Load: Poisson, {meta['duration_s']} s of arrivals per point, {meta['reps']} repetitions; "
+        f"Load: Poisson, about {meta['requests_target']} requests per point, {meta['reps']} repetitions; "
         f"wall time {meta['wall_s']:.0f} s. Workloads (log-normal, mean/CV): "
         + "; ".join(f"{k} in {v[0]:.0f}/{v[1]} out {v[2]:.0f}/{v[3]}" for k, v in WORKLOADS.items()) + ".",
         "",
         "Times in ms, client-side (what `kneecap load` measures); `server` is the vLLM histogram "
         "quantile (bucket interpolation). Error = predicted/measured − 1 (mean over repetitions); "
         "spread = (max − min)/mean of the measured quantile over repetitions (measurement noise). "
-        "`gauss` is GAUSS with prompt packing, `gauss-paper` the one-prompt-per-step prefill slot.",
+        "`gauss` is GAUSS with prompt packing, `gauss-paper` the one-prompt-per-step prefill slot; "
+        "`anch.` columns rescale the point's calibration so the predicted mean TPOT equals the measured "
+        "one (the CPU share the engine got during the point). Load is a fraction of the sustainable rate "
+        "GAUSS gives from the calibration taken right before the point.",
         "",
-        "| workload | load | rate req/s | metric | q | measured | spread | server | gauss | err | gauss-paper | err | twin | err | requests | load avg |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| workload | load | rate req/s | metric | q | measured | spread | server | gauss | err | gauss-paper err | twin | err | gauss anch. err | twin anch. err | requests | load avg 1m |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         lines.append(
             f"| {r['workload']} | {r['fraction']:.0%} | {r['rate_rps']:.2f} | {r['metric']} | {r['quantile']} | "
             f"{_ms(r['measured_s'])} | {_pct(r['spread_rel']).lstrip('+')} | {_ms(r['server_s'])} | "
-            f"{_ms(r['gauss_s'])} | {_pct(r['gauss_err'])} | {_ms(r['gauss_paper_s'])} | {_pct(r['gauss_paper_err'])} | "
-            f"{_ms(r['twin_s'])} | {_pct(r['twin_err'])} | {'/'.join(map(str, r['requests']))} | "
+            f"{_ms(r['gauss_s'])} | {_pct(r['gauss_err'])} | {_pct(r['gauss_paper_err'])} | "
+            f"{_ms(r['twin_s'])} | {_pct(r['twin_err'])} | {_pct(r['gauss_anchored_err'])} | {_pct(r['twin_anchored_err'])} | "
+            f"{'/'.join(map(str, r['requests']))} | "
             f"{'/'.join(map(str, r['loadavg_1m']))} |")
     lines += ["", "## Goals (loads below 85%: p95 TTFT and TPOT within 10%, p99 within 15%)", ""]
     for k, v in goals.items():
@@ -321,7 +328,7 @@ def markdown(meta: dict, rows: list[dict], goals: dict) -> str:
 
 def check_goals(rows: list[dict]) -> dict:
     out = {}
-    for model in ("gauss", "gauss_paper", "twin"):
+    for model in MODELS:
         misses, worst = [], 0.0
         for r in rows:
             if r["fraction"] >= 0.85 or r["metric"] == "e2e" or r["quantile"] == "p50":
@@ -356,58 +363,70 @@ async def run(args) -> dict:
             url = server.base_url
             model = await loadgen.discover_model(session, url)
             await _burst(session, url, model, 64, 16, 8, 0)  # warm-up
-            cal0 = await calibrate(session, url, model, seed=1)
-            stable = {}
-            for wl in WORKLOADS:
-                moments = gauss.workload_moments(cal0.coef, *gauss.sample_workload(workload_of(wl), 200_000,
-                                                                                   np.random.default_rng(3)))
-                stable[wl] = gauss.stability_limit_rps(cal0.coef, moments)[0]
-            print("stable rates (GAUSS, first calibration):", {k: round(v, 3) for k, v in stable.items()}, flush=True)
             fractions = FRACTIONS if not args.quick else FRACTIONS[:2]
             for rep in range(args.reps):
                 order = fractions if rep % 2 == 0 else fractions[::-1]
                 for fr in order:
                     for wl in (WORKLOADS if rep % 2 == 0 else list(WORKLOADS)[::-1]):
-                        rate = fr * stable[wl]
-                        duration = args.requests / rate
-                        seed = seed_that_fits(rate, duration, wl, 100 * rep + int(fr * 100) + (0 if wl == "light" else 7))
-                        cal = await calibrate(session, url, model, seed=10_000 + len(points) * 50)
-                        meas = await measure(session, url, model, wl, rate, duration, seed)
-                        pred = {"gauss": gauss_predict(cal.coef, wl, rate, args.samples),
-                                "twin": twin_predict(cal.coef, arch, meas["arrivals_s"], meas["prompts"], meas["outputs"])}
-                        paper = packing_off(cal.coef)
-                        if paper is not None:
-                            pred["gauss_paper"] = gauss_predict(paper, wl, rate, args.samples)
-                        for k in ("arrivals_s", "prompts", "outputs"):
-                            meas.pop(k)
-                        p = {"rep": rep, "workload": wl, "fraction": fr, "rate_rps": rate, "duration_s": duration,
-                             "seed": seed, "calibration": asdict(cal), "measured": meas, "predicted": pred}
-                        points.append(p)
-                        c, g = meas["client"], pred["gauss"]
-                        print(f"rep {rep} {wl:5s} {fr:.0%} {rate:.2f}/s n={meas['completed']} load {meas['loadavg_1m'][1]:.2f} "
-                              f"TTFT p95 {c['ttft']['p95']*1e3:.0f} ms (gauss {g.get('ttft', {}).get('p95', float('nan'))*1e3:.0f}, "
-                              f"twin {pred['twin']['ttft']['p95']*1e3:.0f})  TPOT p95 {c['tpot']['p95']*1e3:.1f} ms "
-                              f"(gauss {g.get('tpot', {}).get('p95', float('nan'))*1e3:.1f}, twin {pred['twin']['tpot']['p95']*1e3:.1f})",
-                              flush=True)
+                        points.append(await run_point(session, url, model, arch, wl, fr, rep, len(points), args))
     finally:
         server.stop()
     import platform
 
     vllm_version = next((ln.split("(v")[1].split(")")[0] for ln in server.log_tail(10**6).splitlines()
                          if "V1 LLM engine (v" in ln), "?")
-    meta = {"machine": f"{platform.machine()} {os.cpu_count()} CPUs (shared), {platform.processor() or ''}".strip(),
-            "vllm": vllm_version, "reps": args.reps, "requests_target": args.requests, "duration_s": "≈" + str(args.requests) + "/rate",
-            "stable_rate_rps": stable, "wall_s": time.monotonic() - t_start, "quick": args.quick}
+    meta = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs shared with other jobs", "vllm": vllm_version,
+            "reps": args.reps, "requests_target": args.requests, "wall_s": time.monotonic() - t_start,
+            "quick": args.quick}
     return {"meta": meta, "points": points}
 
 
-def packing_off(coef):
-    """The same coefficients with GAUSS's paper prefill slot (one prompt per step), or None
-    when the model has no such switch."""
+def stable_rate(coef: gauss.ServiceCoefficients, name: str) -> float:
+    """GAUSS's sustainable rate (§3.5, both stages stable) for the workload under ``coef``."""
+    moments = gauss.workload_moments(coef, *gauss.sample_workload(workload_of(name), 200_000, np.random.default_rng(3)))
+    return gauss.stability_limit_rps(coef, moments)[0]
+
+
+def scaled(coef: gauss.ServiceCoefficients, factor: float) -> gauss.ServiceCoefficients:
+    """Every time coefficient × ``factor``: the same engine on a CPU share ``1/factor`` as fast."""
+    from dataclasses import fields, replace
+
+    return replace(coef, **{f.name: getattr(coef, f.name) * factor for f in fields(coef)
+                            if f.name not in ("chunk_tokens", "prefill_packing")})
+
+
+async def run_point(session, url, model, arch, wl: str, fr: float, rep: int, index: int, args) -> dict:
+    """Calibrate, load at ``fr`` of the sustainable rate that calibration gives, predict."""
+    cal = await calibrate(session, url, model, seed=10_000 + index * 50)
+    rate = fr * stable_rate(cal.coef, wl)
+    duration = args.requests / rate
+    seed = seed_that_fits(rate, duration, wl, 1000 * rep + int(fr * 100) + (0 if wl == "light" else 7))
+    meas = await measure(session, url, model, wl, rate, duration, seed)
+    trace_ = tuple(meas.pop(k) for k in ("arrivals_s", "prompts", "outputs"))
+    pred = {"gauss": gauss_predict(cal.coef, wl, rate, args.samples),
+            "gauss_paper": gauss_predict(packing_off(cal.coef), wl, rate, args.samples),
+            "twin": twin_predict(cal.coef, arch, *trace_)}
+    # anchored: the calibration rescaled so that GAUSS's mean TPOT is the window's (the CPU share
+    # the engine had during the point, which a shared machine moves between calibration and load)
+    anchor = None
+    if "infeasible" not in pred["gauss"]:
+        anchor = meas["client_tpot_mean_s"] / pred["gauss"]["tpot_mean_s"]
+        pred["gauss_anchored"] = gauss_predict(scaled(cal.coef, anchor), wl, rate, args.samples)
+        pred["twin_anchored"] = twin_predict(scaled(cal.coef, anchor), arch, *trace_)
+    c, g, t = meas["client"], pred["gauss"], pred["twin"]
+    f = lambda d, m, q: d.get(m, {}).get(q, float("nan")) * 1e3  # noqa: E731
+    print(f"rep {rep} {wl:5s} {fr:.0%} {rate:.2f}/s n={meas['completed']} load {meas['loadavg_1m'][1]:.2f} "
+          f"anchor {anchor if anchor is None else round(anchor, 2)}  TTFT p95 {f(c, 'ttft', 'p95'):.0f} ms "
+          f"(gauss {f(g, 'ttft', 'p95'):.0f}, twin {f(t, 'ttft', 'p95'):.0f})  TPOT p95 {f(c, 'tpot', 'p95'):.1f} ms "
+          f"(gauss {f(g, 'tpot', 'p95'):.1f}, twin {f(t, 'tpot', 'p95'):.1f})", flush=True)
+    return {"rep": rep, "workload": wl, "fraction": fr, "rate_rps": rate, "duration_s": duration, "seed": seed,
+            "anchor": anchor, "calibration": asdict(cal), "measured": meas, "predicted": pred}
+
+
+def packing_off(coef: gauss.ServiceCoefficients) -> gauss.ServiceCoefficients:
+    """The same coefficients with GAUSS's paper prefill slot (one prompt per step)."""
     from dataclasses import replace
 
-    if not hasattr(coef, "prefill_packing"):
-        return None
     return replace(coef, prefill_packing=False)
 
 

@@ -227,11 +227,15 @@ class ServiceCoefficients:
     decode_s_per_resident_token: float = 0.0  # s, multiplies C (0 in the GAUSS form)
     chunk_tokens: int = 2048  # Δ: vLLM max_num_batched_tokens
     request_overhead_s: float = 0.0
+    prefill_packing: bool = True  # prompts waiting together share one step (vLLM); False: GAUSS's one per step
 
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "chunk_tokens":
+            if f.name == "prefill_packing":
+                if not isinstance(value, (bool, np.bool_)):
+                    raise InputError("prefill_packing", f"expected true or false, got {value!r}")
+            elif f.name == "chunk_tokens":
                 if not isinstance(value, (int, np.integer)) or value < 1:
                     raise InputError("chunk_tokens", f"expected a positive integer, got {value!r}")
             else:
@@ -688,6 +692,9 @@ def _evaluate(draws: _Draws, coef: ServiceCoefficients | None, moments: Workload
         compute, n = ((draws.prefill_s, draws.chunks) if draws.prefill_s is not None
                       else prefill_compute_s(coef, draws.inp, draws.cached))
         S = compute + n * op.decode_step_s  # GAUSS §3.4: chunk steps carry the decode batch
+        if coef.prefill_packing and servers == 1:
+            S = _packed_service(S, compute, n, op.decode_step_s, inter, draws.inp - draws.cached,
+                                coef.chunk_tokens - op.decode_batch)
         overhead = coef.request_overhead_s
     W_all = queue_waits(S, inter, servers)
     W = W_all[:, warm:]
@@ -701,6 +708,26 @@ def _evaluate(draws: _Draws, coef: ServiceCoefficients | None, moments: Workload
                                   draws.z_batch[:, warm:], draws.z_chunk[:, warm:])
         tbt = np.where(draws.out[:, warm:] >= 2.0, tbt, -1.0)  # one output token: no TBT
     return ttft, tbt, W, S[:, warm:], op
+
+
+def _packed_service(full_s, compute_s, chunks, step_s, inter, uncached, budget_tokens, passes: int = 2):
+    """Prefill-slot service with vLLM's prompt packing (GAUSS §3.4 amended): a step admits every
+    waiting prompt that fits its token budget, so a request that arrived before its predecessor
+    started (A_i < W_{i−1}) and fits beside it (s_{i−1} + s_i ≤ Δ − B̄) shares that step and
+    pays its compute and later chunk steps only, S_i = S_c,i + (n_i − 1)·d̄, instead of
+    S_c,i + n_i·d̄. Who waited depends on S: fixed-point passes of the Lindley recurrence (§3.6)
+    starting from the unpacked service. The predecessor's first token is taken at the end of its
+    own compute, not the shared step's (it is early by the follower's compute)."""
+    fits = np.zeros(full_s.shape, dtype=bool)
+    fits[:, 1:] = uncached[:, 1:] + uncached[:, :-1] <= budget_tokens
+    packed_s = compute_s + (chunks - 1.0) * step_s
+    S = full_s
+    for _ in range(passes):
+        W = lindley_waits(S, inter)
+        shared = np.zeros_like(fits)
+        shared[:, 1:] = fits[:, 1:] & (inter[:, 1:] < W[:, :-1])
+        S = np.where(shared, packed_s, full_s)
+    return S
 
 
 def _step_mean_s(d, chunk_s, busy_fraction):
