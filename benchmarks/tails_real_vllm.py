@@ -110,8 +110,14 @@ async def calibrate(session, url: str, model: str, seed: int) -> Calibration:
     il, ol = CAL_DECODE
     dec = []
     for b in CAL_BATCHES:
-        recs = await _burst(session, url, model, il, ol, b, seed + b)
-        tpot = [(r.e2e_s - r.ttft_s) / (r.completion_tokens - 1) for r in recs if r.ok and r.completion_tokens > 1]
+        for attempt in range(3):  # a request lost to a starved machine: send the batch again
+            recs = await _burst(session, url, model, il, ol, b, seed + b + 100 * attempt)
+            tpot = [(r.e2e_s - r.ttft_s) / (r.completion_tokens - 1) for r in recs
+                    if r.ok and r.ttft_s is not None and r.completion_tokens > 1]
+            if len(tpot) == b:
+                break
+        else:
+            raise RuntimeError(f"calibration batch {b}: {[r.error for r in recs if not r.ok]}")
         dec.append((b, b * (il + ol / 2.0), float(np.median(tpot))))
     fit = gauss.fit_decode_coefficients(*(np.array(c) for c in zip(*dec)))
     pre = []
@@ -119,7 +125,10 @@ async def calibrate(session, url: str, model: str, seed: int) -> Calibration:
         ttfts = []
         for j in range(3):
             (r,) = await _burst(session, url, model, n, 1, 1, seed + 1000 + 10 * k + j)
-            ttfts.append(r.ttft_s)
+            if r.ok and r.ttft_s is not None:
+                ttfts.append(r.ttft_s)
+        if not ttfts:
+            raise RuntimeError(f"calibration prompt {n}: no answer ({r.error})")
         pre.append((n, float(np.median(ttfts))))
     # TTFT(IL) at idle = t_fixed + p + a·IL + b·IL² (one chunk: A = IL; GAUSS §3.2 with the
     # empty decode batch costing p, §3.4); relative non-negative least squares
@@ -408,9 +417,8 @@ async def run_point(session, url, model, arch, wl: str, fr: float, rep: int, ind
             "twin": twin_predict(cal.coef, arch, *trace_)}
     # anchored: the calibration rescaled so that GAUSS's mean TPOT is the window's (the CPU share
     # the engine had during the point, which a shared machine moves between calibration and load)
-    anchor = None
-    if "infeasible" not in pred["gauss"]:
-        anchor = meas["client_tpot_mean_s"] / pred["gauss"]["tpot_mean_s"]
+    anchor = anchor_factor(cal.coef, wl, rate, meas["client_tpot_mean_s"])
+    if anchor is not None:
         pred["gauss_anchored"] = gauss_predict(scaled(cal.coef, anchor), wl, rate, args.samples)
         pred["twin_anchored"] = twin_predict(scaled(cal.coef, anchor), arch, *trace_)
     c, g, t = meas["client"], pred["gauss"], pred["twin"]
@@ -421,6 +429,28 @@ async def run_point(session, url, model, arch, wl: str, fr: float, rep: int, ind
           f"(gauss {f(g, 'tpot', 'p95'):.1f}, twin {f(t, 'tpot', 'p95'):.1f})", flush=True)
     return {"rep": rep, "workload": wl, "fraction": fr, "rate_rps": rate, "duration_s": duration, "seed": seed,
             "anchor": anchor, "calibration": asdict(cal), "measured": meas, "predicted": pred}
+
+
+def anchor_factor(coef, name: str, rate_rps: float, tpot_mean_s: float, samples: int = 40_000) -> float | None:
+    """The factor k (geometric bisection) at which GAUSS's mean TPOT under ``scaled(coef, k)``
+    equals the measured one; None when no stable k reaches it (the window ran past what any
+    uniform slow-down of the calibration sustains)."""
+    def mean_tpot(k):
+        pred = gauss_predict(scaled(coef, k), name, rate_rps, samples)
+        return math.inf if "infeasible" in pred else pred["tpot_mean_s"]
+
+    lo, hi = 0.1, 1.0
+    while mean_tpot(hi) < tpot_mean_s:
+        lo, hi = hi, hi * 2.0
+        if hi > 64:
+            return None
+    for _ in range(14):
+        mid = math.sqrt(lo * hi)
+        if mean_tpot(mid) < tpot_mean_s:
+            lo = mid
+        else:
+            hi = mid
+    return lo if math.isfinite(mean_tpot(lo)) else None
 
 
 def packing_off(coef: gauss.ServiceCoefficients) -> gauss.ServiceCoefficients:
