@@ -431,7 +431,7 @@ async def run_point(session, url, model, arch, wl: str, fr: float, rep: int, ind
             "anchor": anchor, "calibration": asdict(cal), "measured": meas, "predicted": pred}
 
 
-def anchor_factor(coef, name: str, rate_rps: float, tpot_mean_s: float, samples: int = 40_000) -> float | None:
+def anchor_factor(coef, name: str, rate_rps: float, tpot_mean_s: float, samples: int = 20_000) -> float | None:
     """The factor k (geometric bisection) at which GAUSS's mean TPOT under ``scaled(coef, k)``
     equals the measured one; None when no stable k reaches it (the window ran past what any
     uniform slow-down of the calibration sustains)."""
@@ -444,7 +444,7 @@ def anchor_factor(coef, name: str, rate_rps: float, tpot_mean_s: float, samples:
         lo, hi = hi, hi * 2.0
         if hi > 64:
             return None
-    for _ in range(14):
+    for _ in range(10):  # factor within 2^(1/1024)·(hi/lo): well under the measurement spread
         mid = math.sqrt(lo * hi)
         if mean_tpot(mid) < tpot_mean_s:
             lo = mid

@@ -23,12 +23,17 @@ Model (paper §3, our reading where the summary is loose):
   d(B_i, C_i) plus the chunk cost of the steps that carry a chunk (§3.4).
 
 TBT on one server is read off the simulated path (:func:`_tbt_sample_path`): over each
-request's decode window, the prefill slot's busy fraction and the time-average decode batch,
-so bursts inflate the TBT of every request decoding through them. On k servers (no per-server
-path from Kiefer–Wolfowitz) a mean-field approximation is used: batch 1 + Poisson(B̄) fixed
-over the request's life and a Binomial(K, f) share of chunk steps (both by normal
-approximation). Both use the mean chunk cost ℓ̄ (no chunk-size variance) and resident context
-own + c̄ per other sequence. Checked against the engine twin in tests/unit/test_gauss_twin.py.
+request's decode window, the prefill slot's busy time, the steps it spans and the time-average
+decode batch, so bursts and long prompts inflate the TBT of every request decoding through
+them. On k servers (no per-server path from Kiefer–Wolfowitz) a mean-field approximation is
+used: batch 1 + Poisson(B̄) fixed over the request's life and a Binomial(K, f) share of chunk
+steps of the mean cost ℓ̄ (both by normal approximation). Both use resident context own + c̄
+per other sequence. Checked against the engine twin in tests/unit/test_gauss_twin.py.
+
+Amendments to the paper, checked against a real vLLM (benchmarks/tails_real_vllm.py): on one
+server, prompts waiting together share a step (vLLM packs them under the token budget;
+:func:`_packed_service`), and a request that finds the prefill slot free waits for the residual
+of the engine step in flight before its prompt runs.
 """
 
 from __future__ import annotations
@@ -644,13 +649,15 @@ class _Draws:
     raw_service_s: np.ndarray | None  # raw-queue mode: service times
     prefill_s: np.ndarray | None = None  # prefill compute per request (independent of λ)
     chunks: np.ndarray | None = None
+    u_residual: np.ndarray | None = None  # U(0, 1): where in the engine's current step a request arrives
 
 
 def _draw_llm(workload, chains, steps, burst_cv, rng) -> _Draws:
     shape = (chains, steps)
     inter = unit_interarrivals(shape, rng, burst_cv)
     inp, cached, out = (a.reshape(shape) for a in sample_workload(workload, chains * steps, rng))
-    return _Draws(inter, inp, cached, out, rng.standard_normal(shape), rng.standard_normal(shape), None)
+    return _Draws(inter, inp, cached, out, rng.standard_normal(shape), rng.standard_normal(shape), None,
+                  u_residual=rng.random(shape))
 
 
 def _with_prefill(draws: _Draws, coef: ServiceCoefficients) -> _Draws:
@@ -692,17 +699,24 @@ def _evaluate(draws: _Draws, coef: ServiceCoefficients | None, moments: Workload
         compute, n = ((draws.prefill_s, draws.chunks) if draws.prefill_s is not None
                       else prefill_compute_s(coef, draws.inp, draws.cached))
         S = compute + n * op.decode_step_s  # GAUSS §3.4: chunk steps carry the decode batch
+        slot_steps = n
         if coef.prefill_packing and servers == 1:
-            S = _packed_service(S, compute, n, op.decode_step_s, inter, draws.inp - draws.cached,
-                                coef.chunk_tokens - op.decode_batch)
+            S, slot_steps = _packed_service(S, compute, n, op.decode_step_s, inter, draws.inp - draws.cached,
+                                            coef.chunk_tokens - op.decode_batch)
         overhead = coef.request_overhead_s
     W_all = queue_waits(S, inter, servers)
     W = W_all[:, warm:]
     ttft = W + S[:, warm:] + overhead  # GAUSS §3.7
+    if coef is not None and draws.u_residual is not None:
+        # a request that finds the prefill slot free still waits for the engine's step in flight:
+        # residual life of a step of length d̄ (Kleinrock, Queueing Systems I, eq. 5.12; U(0, d̄)
+        # for a fixed length), the engine being busy with probability 1 − e^{−B̄} (PASTA)
+        busy = -math.expm1(-op.decode_batch)
+        ttft = ttft + np.where(W == 0.0, draws.u_residual[:, warm:] * op.decode_step_s * busy, 0.0)
     tbt = None
     if coef is not None and want_tbt:
         if servers == 1:
-            tbt = _tbt_sample_path(coef, moments, op, inter, W_all, S, draws.inp, draws.out)[:, warm:]
+            tbt = _tbt_sample_path(coef, moments, op, inter, W_all, S, slot_steps, draws.inp, draws.out)[:, warm:]
         else:
             tbt = _tbt_mean_field(coef, moments, op, draws.inp[:, warm:], draws.out[:, warm:],
                                   draws.z_batch[:, warm:], draws.z_chunk[:, warm:])
@@ -717,23 +731,17 @@ def _packed_service(full_s, compute_s, chunks, step_s, inter, uncached, budget_t
     pays its compute and later chunk steps only, S_i = S_c,i + (n_i − 1)·d̄, instead of
     S_c,i + n_i·d̄. Who waited depends on S: fixed-point passes of the Lindley recurrence (§3.6)
     starting from the unpacked service. The predecessor's first token is taken at the end of its
-    own compute, not the shared step's (it is early by the follower's compute)."""
+    own compute, not the shared step's (it is early by the follower's compute). Returns (S, engine
+    steps each service spans: n_i, or n_i − 1 when shared)."""
     fits = np.zeros(full_s.shape, dtype=bool)
     fits[:, 1:] = uncached[:, 1:] + uncached[:, :-1] <= budget_tokens
     packed_s = compute_s + (chunks - 1.0) * step_s
-    S = full_s
+    S, shared = full_s, np.zeros_like(fits)
     for _ in range(passes):
         W = lindley_waits(S, inter)
-        shared = np.zeros_like(fits)
         shared[:, 1:] = fits[:, 1:] & (inter[:, 1:] < W[:, :-1])
         S = np.where(shared, packed_s, full_s)
-    return S
-
-
-def _step_mean_s(d, chunk_s, busy_fraction):
-    """Mean step time of a decode window in which the prefill slot is busy a fraction φ of the
-    time: chunk steps last ℓ̄ + d, plain steps d (GAUSS §3.4), so 1/τ = φ/(ℓ̄ + d) + (1 − φ)/d."""
-    return 1.0 / (busy_fraction / (chunk_s + d) + (1.0 - busy_fraction) / d)
+    return S, chunks - shared
 
 
 def _tbt_mean_field(coef, moments, op, inp, out, z_batch, z_chunk):
@@ -762,14 +770,17 @@ def _occupancy_integral(starts, ends):
     return integral
 
 
-def _tbt_sample_path(coef, moments, op, inter, W, S, inp, out):
+def _tbt_sample_path(coef, moments, op, inter, W, S, slot_steps, inp, out):
     """Per-request TBT from the simulated path of one server (vectorised per chain).
 
     Request i decodes over [D_i, D_i + K_i·τ_i] (D_i = arrival + W + S its first token,
-    K_i = OL_i − 1 steps). Over that window we read off the path the prefill slot's busy
-    fraction φ_i (FCFS service intervals are disjoint and ordered: cumulative busy time by
-    searchsorted) and the time-average decode batch B_i (occupancy integral of all decode
-    windows, its own included), then τ_i = mean step time with d(B_i, own + (B_i − 1)·c̄).
+    K_i = OL_i − 1 steps). Over that window we read off the path the prefill slot's busy time
+    β_i and the engine steps it spans, k_i (FCFS service intervals are disjoint and ordered:
+    cumulative busy time and steps by interpolation; service j spans ``slot_steps[j]`` steps),
+    and the time-average decode batch B_i (occupancy integral of all decode windows, its own
+    included); the rest of the window runs plain decode steps d(B_i, own + (B_i − 1)·c̄), so
+    τ_i = span/(k_i + (span − β_i)/d) (GAUSS §3.4 with each chunk's own cost: a long prompt's
+    step stalls every request decoding through it once, not in ℓ̄-sized pieces).
     Two passes: windows first sized with the mean-field τ̄, then with each τ_i. Bursts thus
     inflate the TBT of every request decoding through them (correlated, unlike a binomial).
     Other requests' windows use the mean-field τ̄.
@@ -787,8 +798,12 @@ def _tbt_sample_path(coef, moments, op, inter, W, S, inp, out):
         cum = np.concatenate(([0.0], np.cumsum(S[row])))
         level = np.empty_like(knots)
         level[0::2], level[1::2] = cum[:-1], cum[1:]
+        cum_steps = np.concatenate(([0.0], np.cumsum(slot_steps[row])))
+        step_level = np.empty_like(knots)
+        step_level[0::2], step_level[1::2] = cum_steps[:-1], cum_steps[1:]
         win_end_all = np.sort(first + steps[row] * op.mean_step_s)
         busy_first = np.interp(first, knots, level)
+        steps_first = np.interp(first, knots, step_level)
         occupancy = _occupancy_integral(first, win_end_all)
         occ_first = occupancy(first)
         tau = np.full(first.shape, op.mean_step_s)
@@ -798,12 +813,14 @@ def _tbt_sample_path(coef, moments, op, inter, W, S, inp, out):
             order = np.argsort(end)  # sorted queries make the binary searches cache-friendly
             busy_end = np.empty_like(end)
             busy_end[order] = np.interp(end[order], knots, level)
+            steps_end = np.empty_like(end)
+            steps_end[order] = np.interp(end[order], knots, step_level)
             occ_end = np.empty_like(end)
             occ_end[order] = occupancy(end[order])
-            phi = np.clip((busy_end - busy_first) / span, 0.0, 1.0)
+            busy = np.clip(busy_end - busy_first, 0.0, span)
             batch = np.maximum((occ_end - occ_first) / span, 1.0)
             d = decode_step_s(coef, batch, own_ctx[row] + (batch - 1.0) * moments.context_tokens)
-            tau = _step_mean_s(d, op.mean_chunk_s, phi)
+            tau = span / np.maximum(steps_end - steps_first + (span - busy) / d, 1e-12)
         tbt[row] = tau
     return tbt
 
@@ -895,7 +912,8 @@ def _search_draws(draws: _Draws, search_samples: int, servers: int, warm: int):
     sl = (slice(None), slice(0, keep))
     cut = lambda a: None if a is None else a[sl]  # noqa: E731
     return _Draws(cut(draws.unit_inter), cut(draws.inp), cut(draws.cached), cut(draws.out), cut(draws.z_batch),
-                  cut(draws.z_chunk), cut(draws.raw_service_s), cut(draws.prefill_s), cut(draws.chunks))
+                  cut(draws.z_chunk), cut(draws.raw_service_s), cut(draws.prefill_s), cut(draws.chunks),
+                  cut(draws.u_residual))
 
 
 def _finish(draws, coef, moments, rate, servers, replications, chains, warm, slo_ttft_s, slo_tbt_s,
