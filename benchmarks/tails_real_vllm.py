@@ -5,10 +5,11 @@ random-weight Llama built like the tests' tiny one but wider (hidden 512, 4 laye
 steps of 6–20 ms, so batching, chunked prefill and prompt packing show). Per point:
 
 1. calibrate as a user would on a GPU, right before the point: a short profiling sweep of
-   closed decode batches (B requests sent at once, TPOT at each B) fitted to GAUSS's
-   d(B, C) (§3.3, ``gauss.fit_decode_coefficients``) and single prompts of several lengths
-   (TTFT at concurrency 1) fitted to the prefill cost (§3.2) plus a fixed per-request
-   overhead (SLIM t_fixed: HTTP, tokenisation, detokenisation);
+   closed decode batches (B requests sent at once, at two context lengths; the server's mean
+   TPOT over each burst, read with the observe code) fitted to GAUSS's d(B, C) (§3.3,
+   ``gauss.fit_decode_coefficients``) and single prompts of several lengths (the server's
+   mean TTFT) fitted to the prefill cost (§3.2) plus a fixed per-request overhead (SLIM
+   t_fixed: tokenisation, scheduling, detokenisation);
 2. send open-loop Poisson load with ``kneecap.sim.loadgen`` (what ``kneecap load`` runs) at a
    fraction of the sustainable rate GAUSS predicts from the first calibration, and measure
    TTFT, TPOT (per request, (E2E − TTFT)/(tokens − 1)) and E2E p50/p95/p99 client-side and from
@@ -64,8 +65,10 @@ QS = (0.5, 0.95, 0.99)
 MODELS = ("gauss", "gauss_paper", "twin", "gauss_anchored", "twin_anchored")
 QNAMES = ("p50", "p95", "p99")
 METRICS = ("ttft", "tpot", "e2e")
-CAL_BATCHES = (1, 4, 12, 24)
-CAL_DECODE = (48, 40)  # (prompt, output) tokens of the decode sweep
+# decode sweep: (batch, prompt tokens) with 40 output tokens each; two contexts so the batch and
+# context terms of d(B, C) separate
+CAL_DECODE = ((1, 48), (4, 48), (12, 48), (24, 48), (4, 600), (12, 600))
+CAL_OUTPUT = 40
 CAL_PROMPTS = (16, 256, 768, 1536)
 
 
@@ -105,31 +108,38 @@ class Calibration:
     prefill_points: list  # (prompt tokens, TTFT s)
 
 
+async def _window(session, url: str, send) -> WindowDeltas:
+    """What the server's histograms saw while ``send()`` ran (the observe code's window)."""
+    before = await scrape(url + "/metrics", timeout_s=30, max_bytes=8 << 20, session=session)
+    recs = await send()
+    bad = [r.error for r in recs if not r.ok]
+    if bad:
+        raise RuntimeError(f"calibration requests failed: {bad[:3]}")
+    await asyncio.sleep(0.3)  # the engine publishes the last request's stats
+    d = window_deltas(before, await scrape(url + "/metrics", timeout_s=30, max_bytes=8 << 20, session=session))
+    if not isinstance(d, WindowDeltas):
+        raise RuntimeError(f"calibration window: {d}")
+    return d
+
+
 async def calibrate(session, url: str, model: str, seed: int) -> Calibration:
-    """Decode sweep → d(B, C) (GAUSS §3.3); prompt sweep → prefill cost (§3.2) + t_fixed."""
-    il, ol = CAL_DECODE
+    """Decode sweep → d(B, C) (GAUSS §3.3); prompt sweep → prefill cost (§3.2) + t_fixed.
+
+    Step times are the server's (its per-request TPOT and TTFT histograms over each burst's
+    window, read by the observe code): on a starved machine the client reads tokens in bursts,
+    so its own timings say more about its scheduling than about the engine's steps."""
+    ol = CAL_OUTPUT
     dec = []
-    for b in CAL_BATCHES:
-        for attempt in range(3):  # a request lost to a starved machine: send the batch again
-            recs = await _burst(session, url, model, il, ol, b, seed + b + 100 * attempt)
-            tpot = [(r.e2e_s - r.ttft_s) / (r.completion_tokens - 1) for r in recs
-                    if r.ok and r.ttft_s is not None and r.completion_tokens > 1]
-            if len(tpot) == b:
-                break
-        else:
-            raise RuntimeError(f"calibration batch {b}: {[r.error for r in recs if not r.ok]}")
-        dec.append((b, b * (il + ol / 2.0), float(np.median(tpot))))
-    fit = gauss.fit_decode_coefficients(*(np.array(c) for c in zip(*dec)))
+    for b, il in CAL_DECODE:
+        d = await _window(session, url, lambda: _burst(session, url, model, il, ol, b, seed + b + il))
+        dec.append((b, b * (il + ol / 2.0), d.histograms["tpot"].mean()))
+    fit = gauss.fit_decode_coefficients(*(np.array(c) for c in zip(*dec)), per_seq_context=False)
     pre = []
     for k, n in enumerate(CAL_PROMPTS):
-        ttfts = []
-        for j in range(3):
-            (r,) = await _burst(session, url, model, n, 1, 1, seed + 1000 + 10 * k + j)
-            if r.ok and r.ttft_s is not None:
-                ttfts.append(r.ttft_s)
-        if not ttfts:
-            raise RuntimeError(f"calibration prompt {n}: no answer ({r.error})")
-        pre.append((n, float(np.median(ttfts))))
+        async def one_by_one(n=n, k=k):
+            return [(await _burst(session, url, model, n, 1, 1, seed + 1000 + 10 * k + j))[0] for j in range(3)]
+        d = await _window(session, url, one_by_one)
+        pre.append((n, d.histograms["ttft"].mean()))
     # TTFT(IL) at idle = t_fixed + p + a·IL + b·IL² (one chunk: A = IL; GAUSS §3.2 with the
     # empty decode batch costing p, §3.4); relative non-negative least squares
     from scipy.optimize import nnls
@@ -168,16 +178,19 @@ def gauss_predict(coef: gauss.ServiceCoefficients, name: str, rate_rps: float, s
 
 def cpu_step_cost(coef: gauss.ServiceCoefficients, arch):
     """The twin's hardware description for this CPU, from the calibration: a 'GPU' whose peak
-    FLOP/s gives the fitted prefill cost per token (2·N FLOPs per token, roofline.py) and whose
-    bandwidth gives the fitted KV-read cost per resident token; step and per-sequence overheads
-    are the fitted p and r (less the per-token compute a decode token already pays)."""
+    FLOP/s gives the fitted prefill cost per token (2·N FLOPs per token, roofline.py), whose
+    KV-read efficiency gives the fitted cost per resident token s, and whose weight streaming is
+    free (it is in the fitted step cost); step and per-sequence overheads are the fitted p and r
+    (less the per-token compute a decode token already pays)."""
     from kneecap.model.hardware import GPU
     from kneecap.sim.roofline import StepCostParams
 
     peak = 2.0 * arch.params / coef.prefill_s_per_token
-    bw = arch.kv_bytes_per_token / max(coef.decode_s_per_resident_token, 1e-15)
+    bw = 1e15  # weight streaming is inside the fitted step cost p; KV reads cost s per token:
+    kv_eff = min(1.0, arch.kv_bytes_per_token / (coef.decode_s_per_resident_token * bw)) \
+        if coef.decode_s_per_resident_token > 0 else 1.0
     hw = GPU("cpu-calibrated", "this CPU (calibrated)", peak, bw, 1024.0, 0.0)
-    cost = StepCostParams(bw_efficiency=1.0, attn_bw_efficiency=1.0, compute_efficiency=1.0,
+    cost = StepCostParams(bw_efficiency=1.0, attn_bw_efficiency=kv_eff, compute_efficiency=1.0,
                           step_overhead_s=coef.decode_step_s,
                           per_seq_overhead_s=max(coef.decode_s_per_seq - coef.prefill_s_per_token, 0.0),
                           eager_layer_overhead_s=0.0)
@@ -460,7 +473,14 @@ def packing_off(coef: gauss.ServiceCoefficients) -> gauss.ServiceCoefficients:
     return replace(coef, prefill_packing=False)
 
 
+def _stop_on_term(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds through run()'s finally: the vLLM server stops too
+
+
 def main(argv=None) -> int:
+    import signal
+
+    signal.signal(signal.SIGTERM, _stop_on_term)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="two loads, one repetition, fewer requests")
     ap.add_argument("--reps", type=int, default=2, help="repetitions of every point")

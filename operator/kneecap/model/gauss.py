@@ -358,10 +358,11 @@ class DecodeFit:
                        decode_s_per_seq=self.decode_s_per_seq, decode_s_per_resident_token=self.decode_s_per_resident_token)
 
 
-def fit_decode_coefficients(batch, resident_tokens, step_s) -> DecodeFit:
+def fit_decode_coefficients(batch, resident_tokens, step_s, per_seq_context: bool = True) -> DecodeFit:
     """Fit d(B, C) = p + q·C/B + r·B + s·C (GAUSS §3.3) to observed inter-token latencies at
     batch B with resident context C (e.g. vLLM ITL against num_requests_running): non-negative
-    least squares on the relative error (each row divided by its observation)."""
+    least squares on the relative error (each row divided by its observation).
+    ``per_seq_context=False`` fixes q = 0 (SLIM's form, eqs 9–11; what a roofline twin has)."""
     from scipy.optimize import nnls
 
     b = np.asarray(batch, dtype=np.float64).ravel()
@@ -372,7 +373,7 @@ def fit_decode_coefficients(batch, resident_tokens, step_s) -> DecodeFit:
     if np.any(~np.isfinite(b) | (b <= 0)) or np.any(~np.isfinite(c) | (c < 0)) or np.any(~np.isfinite(y) | (y <= 0)):
         raise InputError("step_s", "expected positive batch, context ≥ 0 and positive step times, all finite")
     b = np.maximum(b, 1.0)  # as decode_step_s: a mean batch below 1 still decodes one sequence
-    design = np.column_stack([np.ones_like(b), c / b, b, c])
+    design = np.column_stack([np.ones_like(b), c / b if per_seq_context else np.zeros_like(b), b, c])
     scale = design.max(axis=0)
     scale[scale == 0] = 1.0
     x, _ = nnls((design / scale) / y[:, None], np.ones_like(y))
@@ -699,14 +700,16 @@ def _evaluate(draws: _Draws, coef: ServiceCoefficients | None, moments: Workload
         compute, n = ((draws.prefill_s, draws.chunks) if draws.prefill_s is not None
                       else prefill_compute_s(coef, draws.inp, draws.cached))
         S = compute + n * op.decode_step_s  # GAUSS §3.4: chunk steps carry the decode batch
-        slot_steps = n
+        slot_steps, lag = n, np.zeros_like(S)
         if coef.prefill_packing and servers == 1:
-            S, slot_steps = _packed_service(S, compute, n, op.decode_step_s, inter, draws.inp - draws.cached,
-                                            coef.chunk_tokens - op.decode_batch)
+            S, slot_steps, lag = _packed_service(S, compute, n, op.decode_step_s, inter,
+                                                 draws.inp - draws.cached, coef.chunk_tokens - op.decode_batch)
         overhead = coef.request_overhead_s
     W_all = queue_waits(S, inter, servers)
     W = W_all[:, warm:]
     ttft = W + S[:, warm:] + overhead  # GAUSS §3.7
+    if coef is not None:
+        ttft = ttft + lag[:, warm:]
     if coef is not None and draws.u_residual is not None:
         # a request that finds the prefill slot free still waits for the engine's step in flight:
         # residual life of a step of length d̄ (Kleinrock, Queueing Systems I, eq. 5.12; U(0, d̄)
@@ -716,7 +719,8 @@ def _evaluate(draws: _Draws, coef: ServiceCoefficients | None, moments: Workload
     tbt = None
     if coef is not None and want_tbt:
         if servers == 1:
-            tbt = _tbt_sample_path(coef, moments, op, inter, W_all, S, slot_steps, draws.inp, draws.out)[:, warm:]
+            tbt = _tbt_sample_path(coef, moments, op, inter, W_all, S, slot_steps, lag, draws.inp,
+                                   draws.out)[:, warm:]
         else:
             tbt = _tbt_mean_field(coef, moments, op, draws.inp[:, warm:], draws.out[:, warm:],
                                   draws.z_batch[:, warm:], draws.z_chunk[:, warm:])
@@ -730,9 +734,9 @@ def _packed_service(full_s, compute_s, chunks, step_s, inter, uncached, budget_t
     started (A_i < W_{i−1}) and fits beside it (s_{i−1} + s_i ≤ Δ − B̄) shares that step and
     pays its compute and later chunk steps only, S_i = S_c,i + (n_i − 1)·d̄, instead of
     S_c,i + n_i·d̄. Who waited depends on S: fixed-point passes of the Lindley recurrence (§3.6)
-    starting from the unpacked service. The predecessor's first token is taken at the end of its
-    own compute, not the shared step's (it is early by the follower's compute). Returns (S, engine
-    steps each service spans: n_i, or n_i − 1 when shared)."""
+    starting from the unpacked service. Returns (S, engine steps each service spans: n_i, or
+    n_i − 1 when shared, and the lag from the end of each service to the end of the step it
+    shares, when its first token comes)."""
     fits = np.zeros(full_s.shape, dtype=bool)
     fits[:, 1:] = uncached[:, 1:] + uncached[:, :-1] <= budget_tokens
     packed_s = compute_s + (chunks - 1.0) * step_s
@@ -741,7 +745,14 @@ def _packed_service(full_s, compute_s, chunks, step_s, inter, uncached, budget_t
         W = lindley_waits(S, inter)
         shared[:, 1:] = fits[:, 1:] & (inter[:, 1:] < W[:, :-1])
         S = np.where(shared, packed_s, full_s)
-    return S, chunks - shared
+    # every member of a shared step gets its first token when the step ends: at the last
+    # member's service end (FCFS ends are nondecreasing)
+    end = np.cumsum(inter, axis=1) + lindley_waits(S, inter) + S
+    n = end.shape[1]
+    last = np.ones_like(shared)
+    last[:, :-1] = ~shared[:, 1:]  # i closes its step unless i + 1 joins it
+    step_end = np.minimum.accumulate(np.where(last, np.arange(n), n - 1)[:, ::-1], axis=1)[:, ::-1]
+    return S, chunks - shared, np.take_along_axis(end, step_end, axis=1) - end
 
 
 def _tbt_mean_field(coef, moments, op, inp, out, z_batch, z_chunk):
@@ -770,10 +781,10 @@ def _occupancy_integral(starts, ends):
     return integral
 
 
-def _tbt_sample_path(coef, moments, op, inter, W, S, slot_steps, inp, out):
+def _tbt_sample_path(coef, moments, op, inter, W, S, slot_steps, lag, inp, out, passes: int = 3):
     """Per-request TBT from the simulated path of one server (vectorised per chain).
 
-    Request i decodes over [D_i, D_i + K_i·τ_i] (D_i = arrival + W + S its first token,
+    Request i decodes over [D_i, D_i + K_i·τ_i] (D_i = arrival + W + S + lag its first token,
     K_i = OL_i − 1 steps). Over that window we read off the path the prefill slot's busy time
     β_i and the engine steps it spans, k_i (FCFS service intervals are disjoint and ordered:
     cumulative busy time and steps by interpolation; service j spans ``slot_steps[j]`` steps),
@@ -781,9 +792,10 @@ def _tbt_sample_path(coef, moments, op, inter, W, S, slot_steps, inp, out):
     included); the rest of the window runs plain decode steps d(B_i, own + (B_i − 1)·c̄), so
     τ_i = span/(k_i + (span − β_i)/d) (GAUSS §3.4 with each chunk's own cost: a long prompt's
     step stalls every request decoding through it once, not in ℓ̄-sized pieces).
-    Two passes: windows first sized with the mean-field τ̄, then with each τ_i. Bursts thus
-    inflate the TBT of every request decoding through them (correlated, unlike a binomial).
-    Other requests' windows use the mean-field τ̄.
+    Fixed-point passes: windows first sized with the mean-field τ̄, then each with its τ_i, the
+    batch recomputed from all of them, so a burst that slows steps lengthens the windows that
+    make the burst (as in the engine). Bursts thus inflate the TBT of every request decoding
+    through them (correlated, unlike a binomial).
     """
     own_ctx = inp + (out + 1.0) / 2.0
     steps = np.maximum(out - 1.0, 1.0)
@@ -791,24 +803,24 @@ def _tbt_sample_path(coef, moments, op, inter, W, S, slot_steps, inp, out):
     for row in range(S.shape[0]):
         arrival = np.cumsum(inter[row])
         start = arrival + W[row]  # service starts: nondecreasing for one FCFS server
-        first = start + S[row]  # first tokens: nondecreasing too (next start ≥ this end)
+        ends = start + S[row]  # service ends: nondecreasing too (next start ≥ this end)
         # cumulative busy time of the slot, piecewise linear with knots at starts and ends
-        knots = np.empty(2 * first.size)
-        knots[0::2], knots[1::2] = start, first
+        knots = np.empty(2 * ends.size)
+        knots[0::2], knots[1::2] = start, ends
+        first = ends + lag[row]  # first tokens (a shared step ends with its last member)
         cum = np.concatenate(([0.0], np.cumsum(S[row])))
         level = np.empty_like(knots)
         level[0::2], level[1::2] = cum[:-1], cum[1:]
         cum_steps = np.concatenate(([0.0], np.cumsum(slot_steps[row])))
         step_level = np.empty_like(knots)
         step_level[0::2], step_level[1::2] = cum_steps[:-1], cum_steps[1:]
-        win_end_all = np.sort(first + steps[row] * op.mean_step_s)
         busy_first = np.interp(first, knots, level)
         steps_first = np.interp(first, knots, step_level)
-        occupancy = _occupancy_integral(first, win_end_all)
-        occ_first = occupancy(first)
         tau = np.full(first.shape, op.mean_step_s)
-        for _ in range(2):
+        for _ in range(passes):
             end = first + steps[row] * tau
+            occupancy = _occupancy_integral(first, np.sort(end))  # every window at its current τ
+            occ_first = occupancy(first)
             span = end - first
             order = np.argsort(end)  # sorted queries make the binary searches cache-friendly
             busy_end = np.empty_like(end)
