@@ -46,6 +46,8 @@ def add_arguments(p) -> None:
     for name, text in _COEF_FLAGS.items():
         g.add_argument("--" + name.replace("_", "-"), type=float, metavar="S", help=text)
     g.add_argument("--chunk-tokens", type=int, default=2048, help="prefill chunk Δ (vLLM max_num_batched_tokens)")
+    g.add_argument("--no-prefill-packing", dest="prefill_packing", action="store_false",
+                   help="GAUSS's paper prefill slot: one prompt per step (default: waiting prompts share a step, as vLLM)")
     w = p.add_argument_group("workload")
     w.add_argument("--rate", type=float, required=True, help="arrival rate, requests/s")
     w.add_argument("--input-mean", type=float, help="mean prompt tokens")
@@ -105,11 +107,12 @@ def _coefficients(args):
             raise InputError("gpu", "a catalog GPU key is required (--gpu)")
         coef = gauss.coefficients_for(get_arch(model), get_gpu(gpu_key), params, form=form,
                                       chunk_tokens=args.chunk_tokens)
-        return (replace(coef, **explicit) if explicit else coef), source
+        return replace(coef, **explicit, prefill_packing=args.prefill_packing), source
     if not explicit:
         raise InputError("model", "engine mode needs --model/--gpu (optionally --calibration CALIB.json) or explicit "
                          "coefficients (--prefill-s-per-token, --decode-step-s, …); or use --service-mean for a raw queue")
-    coef = gauss.ServiceCoefficients(**{"prefill_s_per_token": 0.0, **explicit}, chunk_tokens=args.chunk_tokens)
+    coef = gauss.ServiceCoefficients(**{"prefill_s_per_token": 0.0, **explicit}, chunk_tokens=args.chunk_tokens,
+                                     prefill_packing=args.prefill_packing)
     return coef, "explicit coefficients"
 
 
