@@ -533,6 +533,7 @@ def _stop_on_term(signum, frame):
 
 
 def main(argv=None) -> int:
+    import platform
     import signal
 
     signal.signal(signal.SIGTERM, _stop_on_term)
@@ -542,6 +543,8 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=600, help="expected requests per point")
     ap.add_argument("--samples", type=int, default=100_000, help="GAUSS samples per prediction")
     ap.add_argument("--out", default=str(RESULTS / "tails_real_vllm"), help="results path without suffix")
+    ap.add_argument("--from-partial", metavar="VLLM_VERSION",
+                    help="write the tables from the points an interrupted run saved (.partial.json)")
     ap.add_argument("--twin-check-only", action="store_true",
                     help="recompute the noise-free GAUSS-vs-twin section of existing results")
     args = ap.parse_args(argv)
@@ -549,6 +552,13 @@ def main(argv=None) -> int:
         args.reps, args.requests = 1, min(args.requests, 200)
     if args.twin_check_only:
         result = json.loads(Path(args.out + ".json").read_text())
+    elif args.from_partial:
+        points = json.loads(Path(args.out + ".partial.json").read_text())
+        rows = summarise(points)
+        meta = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs shared with other jobs",
+                "vllm": args.from_partial, "reps": max(p["rep"] for p in points) + 1, "requests_target": args.requests,
+                "wall_s": float("nan"), "quick": False, "partial": True}
+        result = {"meta": meta, "points": points, "rows": rows, "goals": check_goals(rows)}
     else:
         result = asyncio.run(run(args))
         rows = summarise(result["points"])
