@@ -23,6 +23,9 @@ Points alternate (workloads interleaved, rates in a different order each repetit
 drifts of a shared machine spread over all of them; the load average is recorded per point.
 
     PYTHONPATH=operator .venv/bin/python benchmarks/tails_real_vllm.py [--quick] [--reps N]
+
+The full run (2 repetitions × 6 points × ~300 requests) took 20 min here; ``--quick`` runs
+the 30% and 60% points once with ~200 requests.
 """
 
 from __future__ import annotations
@@ -540,7 +543,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="two loads, one repetition, fewer requests")
     ap.add_argument("--reps", type=int, default=2, help="repetitions of every point")
-    ap.add_argument("--requests", type=int, default=600, help="expected requests per point")
+    ap.add_argument("--requests", type=int, default=300, help="expected requests per point (p99 from ~3 above it)")
     ap.add_argument("--samples", type=int, default=100_000, help="GAUSS samples per prediction")
     ap.add_argument("--out", default=str(RESULTS / "tails_real_vllm"), help="results path without suffix")
     ap.add_argument("--from-partial", metavar="VLLM_VERSION",
