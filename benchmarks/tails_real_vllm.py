@@ -545,7 +545,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=2, help="repetitions of every point")
     ap.add_argument("--requests", type=int, default=300, help="expected requests per point (p99 from ~3 above it)")
     ap.add_argument("--samples", type=int, default=100_000, help="GAUSS samples per prediction")
-    ap.add_argument("--out", default=str(RESULTS / "tails_real_vllm"), help="results path without suffix")
+    ap.add_argument("--out", help="results path without suffix (default benchmarks/results/tails_real_vllm, "
+                                  "or tails_real_vllm_quick with --quick)")
     ap.add_argument("--from-partial", metavar="VLLM_VERSION",
                     help="write the tables from the points an interrupted run saved (.partial.json)")
     ap.add_argument("--twin-check-only", action="store_true",
@@ -553,6 +554,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.reps, args.requests = 1, min(args.requests, 200)
+    args.out = args.out or str(RESULTS / ("tails_real_vllm_quick" if args.quick else "tails_real_vllm"))
     if args.twin_check_only:
         result = json.loads(Path(args.out + ".json").read_text())
     elif args.from_partial:
