@@ -126,3 +126,19 @@ def test_vllm_histogram_workload(capsys):
     code, _, err = run_json(capsys, ["--rate", "1", *ENGINE[:10], "--input-histogram", "128:10,512",
                                      "--output-mean", "100"])
     assert code == 2 and json.loads(err.splitlines()[0])["field"] == "input_histogram"
+
+
+def test_e2e_quantiles_and_prefill_packing_switch(capsys):
+    """E2E = TTFT + (OL − 1)·TBT per request: its quantiles lie above TTFT's; the paper's slot
+    (--no-prefill-packing) is reported in the coefficients and, near saturation, is slower."""
+    argv = ["--rate", "12", *ENGINE[:-4], "--input-mean", "100", "--output-mean", "40", "--samples", "100000",
+            "--sweep-points", "0"]
+    code, packed, _ = run_json(capsys, argv)
+    assert code == 0 and packed["coefficients"]["prefill_packing"] is True
+    for q in ("p50", "p95", "p99"):
+        assert packed["e2e_s"][q] > packed["ttft_s"][q]
+    assert packed["e2e_s"]["mean"] == pytest.approx(
+        packed["ttft_s"]["mean"] + 39 * packed["tbt_s"]["mean"], rel=0.25)  # lengths vary (CV 1)
+    code, paper, _ = run_json(capsys, [*argv, "--no-prefill-packing"])
+    assert code == 0 and paper["coefficients"]["prefill_packing"] is False
+    assert paper["ttft_s"]["p99"] > packed["ttft_s"]["p99"]

@@ -46,6 +46,8 @@ def add_arguments(p) -> None:
     for name, text in _COEF_FLAGS.items():
         g.add_argument("--" + name.replace("_", "-"), type=float, metavar="S", help=text)
     g.add_argument("--chunk-tokens", type=int, default=2048, help="prefill chunk Δ (vLLM max_num_batched_tokens)")
+    g.add_argument("--no-prefill-packing", dest="prefill_packing", action="store_false",
+                   help="GAUSS's paper prefill slot: one prompt per step (default: waiting prompts share a step, as vLLM)")
     w = p.add_argument_group("workload")
     w.add_argument("--rate", type=float, required=True, help="arrival rate, requests/s")
     w.add_argument("--input-mean", type=float, help="mean prompt tokens")
@@ -105,11 +107,12 @@ def _coefficients(args):
             raise InputError("gpu", "a catalog GPU key is required (--gpu)")
         coef = gauss.coefficients_for(get_arch(model), get_gpu(gpu_key), params, form=form,
                                       chunk_tokens=args.chunk_tokens)
-        return (replace(coef, **explicit) if explicit else coef), source
+        return replace(coef, **explicit, prefill_packing=args.prefill_packing), source
     if not explicit:
         raise InputError("model", "engine mode needs --model/--gpu (optionally --calibration CALIB.json) or explicit "
                          "coefficients (--prefill-s-per-token, --decode-step-s, …); or use --service-mean for a raw queue")
-    coef = gauss.ServiceCoefficients(**{"prefill_s_per_token": 0.0, **explicit}, chunk_tokens=args.chunk_tokens)
+    coef = gauss.ServiceCoefficients(**{"prefill_s_per_token": 0.0, **explicit}, chunk_tokens=args.chunk_tokens,
+                                     prefill_packing=args.prefill_packing)
     return coef, "explicit coefficients"
 
 
@@ -173,7 +176,7 @@ def _stats(s: gauss.LatencyStats | None) -> dict:
 def _to_json(r: gauss.GaussResult, mode: str, seed: int, coef) -> dict:
     out = {
         "feasible": True, "mode": mode, "rate_rps": r.rate_rps, "servers": r.servers, "quantile": r.quantile,
-        "ttft_s": _stats(r.ttft), "tbt_s": _stats(r.tbt), "wait_s": _stats(r.wait), "service_s": _stats(r.service),
+        "ttft_s": _stats(r.ttft), "tbt_s": _stats(r.tbt), "e2e_s": _stats(r.e2e), "wait_s": _stats(r.wait), "service_s": _stats(r.service),
         "service_rate_rps": r.service_rate_rps, "utilisation": r.utilisation,
         "stable_rate_rps": r.stable_rate_rps, "stable_binding": r.stable_binding,
         "sustainable_rate_rps": r.sustainable_rate_rps, "sustainable_binding": r.sustainable_binding,

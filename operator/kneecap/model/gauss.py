@@ -23,12 +23,17 @@ Model (paper §3, our reading where the summary is loose):
   d(B_i, C_i) plus the chunk cost of the steps that carry a chunk (§3.4).
 
 TBT on one server is read off the simulated path (:func:`_tbt_sample_path`): over each
-request's decode window, the prefill slot's busy fraction and the time-average decode batch,
-so bursts inflate the TBT of every request decoding through them. On k servers (no per-server
-path from Kiefer–Wolfowitz) a mean-field approximation is used: batch 1 + Poisson(B̄) fixed
-over the request's life and a Binomial(K, f) share of chunk steps (both by normal
-approximation). Both use the mean chunk cost ℓ̄ (no chunk-size variance) and resident context
-own + c̄ per other sequence. Checked against the engine twin in tests/unit/test_gauss_twin.py.
+request's decode window, the prefill slot's busy time, the steps it spans and the time-average
+decode batch, so bursts and long prompts inflate the TBT of every request decoding through
+them. On k servers (no per-server path from Kiefer–Wolfowitz) a mean-field approximation is
+used: batch 1 + Poisson(B̄) fixed over the request's life and a Binomial(K, f) share of chunk
+steps of the mean cost ℓ̄ (both by normal approximation). Both use resident context own + c̄
+per other sequence. Checked against the engine twin in tests/unit/test_gauss_twin.py.
+
+Amendments to the paper, checked against a real vLLM (benchmarks/tails_real_vllm.py): on one
+server, prompts waiting together share a step (vLLM packs them under the token budget;
+:func:`_packed_service`), and a request that finds the prefill slot free waits for the residual
+of the engine step in flight before its prompt runs.
 """
 
 from __future__ import annotations
@@ -227,11 +232,15 @@ class ServiceCoefficients:
     decode_s_per_resident_token: float = 0.0  # s, multiplies C (0 in the GAUSS form)
     chunk_tokens: int = 2048  # Δ: vLLM max_num_batched_tokens
     request_overhead_s: float = 0.0
+    prefill_packing: bool = True  # prompts waiting together share one step (vLLM); False: GAUSS's one per step
 
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "chunk_tokens":
+            if f.name == "prefill_packing":
+                if not isinstance(value, (bool, np.bool_)):
+                    raise InputError("prefill_packing", f"expected true or false, got {value!r}")
+            elif f.name == "chunk_tokens":
                 if not isinstance(value, (int, np.integer)) or value < 1:
                     raise InputError("chunk_tokens", f"expected a positive integer, got {value!r}")
             else:
@@ -349,10 +358,11 @@ class DecodeFit:
                        decode_s_per_seq=self.decode_s_per_seq, decode_s_per_resident_token=self.decode_s_per_resident_token)
 
 
-def fit_decode_coefficients(batch, resident_tokens, step_s) -> DecodeFit:
+def fit_decode_coefficients(batch, resident_tokens, step_s, per_seq_context: bool = True) -> DecodeFit:
     """Fit d(B, C) = p + q·C/B + r·B + s·C (GAUSS §3.3) to observed inter-token latencies at
     batch B with resident context C (e.g. vLLM ITL against num_requests_running): non-negative
-    least squares on the relative error (each row divided by its observation)."""
+    least squares on the relative error (each row divided by its observation).
+    ``per_seq_context=False`` fixes q = 0 (SLIM's form, eqs 9–11; what a roofline twin has)."""
     from scipy.optimize import nnls
 
     b = np.asarray(batch, dtype=np.float64).ravel()
@@ -363,7 +373,7 @@ def fit_decode_coefficients(batch, resident_tokens, step_s) -> DecodeFit:
     if np.any(~np.isfinite(b) | (b <= 0)) or np.any(~np.isfinite(c) | (c < 0)) or np.any(~np.isfinite(y) | (y <= 0)):
         raise InputError("step_s", "expected positive batch, context ≥ 0 and positive step times, all finite")
     b = np.maximum(b, 1.0)  # as decode_step_s: a mean batch below 1 still decodes one sequence
-    design = np.column_stack([np.ones_like(b), c / b, b, c])
+    design = np.column_stack([np.ones_like(b), c / b if per_seq_context else np.zeros_like(b), b, c])
     scale = design.max(axis=0)
     scale[scale == 0] = 1.0
     x, _ = nnls((design / scale) / y[:, None], np.ones_like(y))
@@ -619,6 +629,7 @@ class GaussResult:
     samples: int
     replications: int
     sweep: tuple[SweepPoint, ...] = ()
+    e2e: LatencyStats | None = None  # TTFT + (OL − 1)·TBT per request (GAUSS §3.7); None in raw-queue mode
     ttft_sample_s: np.ndarray = field(default=None, repr=False, compare=False)  # subsample for plots
     tbt_sample_s: np.ndarray | None = field(default=None, repr=False, compare=False)
 
@@ -639,13 +650,15 @@ class _Draws:
     raw_service_s: np.ndarray | None  # raw-queue mode: service times
     prefill_s: np.ndarray | None = None  # prefill compute per request (independent of λ)
     chunks: np.ndarray | None = None
+    u_residual: np.ndarray | None = None  # U(0, 1): where in the engine's current step a request arrives
 
 
 def _draw_llm(workload, chains, steps, burst_cv, rng) -> _Draws:
     shape = (chains, steps)
     inter = unit_interarrivals(shape, rng, burst_cv)
     inp, cached, out = (a.reshape(shape) for a in sample_workload(workload, chains * steps, rng))
-    return _Draws(inter, inp, cached, out, rng.standard_normal(shape), rng.standard_normal(shape), None)
+    return _Draws(inter, inp, cached, out, rng.standard_normal(shape), rng.standard_normal(shape), None,
+                  u_residual=rng.random(shape))
 
 
 def _with_prefill(draws: _Draws, coef: ServiceCoefficients) -> _Draws:
@@ -687,14 +700,27 @@ def _evaluate(draws: _Draws, coef: ServiceCoefficients | None, moments: Workload
         compute, n = ((draws.prefill_s, draws.chunks) if draws.prefill_s is not None
                       else prefill_compute_s(coef, draws.inp, draws.cached))
         S = compute + n * op.decode_step_s  # GAUSS §3.4: chunk steps carry the decode batch
+        slot_steps, lag = n, np.zeros_like(S)
+        if coef.prefill_packing and servers == 1:
+            S, slot_steps, lag = _packed_service(S, compute, n, op.decode_step_s, inter,
+                                                 draws.inp - draws.cached, coef.chunk_tokens - op.decode_batch)
         overhead = coef.request_overhead_s
     W_all = queue_waits(S, inter, servers)
     W = W_all[:, warm:]
     ttft = W + S[:, warm:] + overhead  # GAUSS §3.7
+    if coef is not None:
+        ttft = ttft + lag[:, warm:]
+    if coef is not None and draws.u_residual is not None:
+        # a request that finds the prefill slot free still waits for the engine's step in flight:
+        # residual life of a step of length d̄ (Kleinrock, Queueing Systems I, eq. 5.12; U(0, d̄)
+        # for a fixed length), the engine being busy with probability 1 − e^{−B̄} (PASTA)
+        busy = -math.expm1(-op.decode_batch)
+        ttft = ttft + np.where(W == 0.0, draws.u_residual[:, warm:] * op.decode_step_s * busy, 0.0)
     tbt = None
     if coef is not None and want_tbt:
         if servers == 1:
-            tbt = _tbt_sample_path(coef, moments, op, inter, W_all, S, draws.inp, draws.out)[:, warm:]
+            tbt = _tbt_sample_path(coef, moments, op, inter, W_all, S, slot_steps, lag, draws.inp,
+                                   draws.out)[:, warm:]
         else:
             tbt = _tbt_mean_field(coef, moments, op, draws.inp[:, warm:], draws.out[:, warm:],
                                   draws.z_batch[:, warm:], draws.z_chunk[:, warm:])
@@ -702,10 +728,31 @@ def _evaluate(draws: _Draws, coef: ServiceCoefficients | None, moments: Workload
     return ttft, tbt, W, S[:, warm:], op
 
 
-def _step_mean_s(d, chunk_s, busy_fraction):
-    """Mean step time of a decode window in which the prefill slot is busy a fraction φ of the
-    time: chunk steps last ℓ̄ + d, plain steps d (GAUSS §3.4), so 1/τ = φ/(ℓ̄ + d) + (1 − φ)/d."""
-    return 1.0 / (busy_fraction / (chunk_s + d) + (1.0 - busy_fraction) / d)
+def _packed_service(full_s, compute_s, chunks, step_s, inter, uncached, budget_tokens, passes: int = 2):
+    """Prefill-slot service with vLLM's prompt packing (GAUSS §3.4 amended): a step admits every
+    waiting prompt that fits its token budget, so a request that arrived before its predecessor
+    started (A_i < W_{i−1}) and fits beside it (s_{i−1} + s_i ≤ Δ − B̄) shares that step and
+    pays its compute and later chunk steps only, S_i = S_c,i + (n_i − 1)·d̄, instead of
+    S_c,i + n_i·d̄. Who waited depends on S: fixed-point passes of the Lindley recurrence (§3.6)
+    starting from the unpacked service. Returns (S, engine steps each service spans: n_i, or
+    n_i − 1 when shared, and the lag from the end of each service to the end of the step it
+    shares, when its first token comes)."""
+    fits = np.zeros(full_s.shape, dtype=bool)
+    fits[:, 1:] = uncached[:, 1:] + uncached[:, :-1] <= budget_tokens
+    packed_s = compute_s + (chunks - 1.0) * step_s
+    S, shared = full_s, np.zeros_like(fits)
+    for _ in range(passes):
+        W = lindley_waits(S, inter)
+        shared[:, 1:] = fits[:, 1:] & (inter[:, 1:] < W[:, :-1])
+        S = np.where(shared, packed_s, full_s)
+    # every member of a shared step gets its first token when the step ends: at the last
+    # member's service end (FCFS ends are nondecreasing)
+    end = np.cumsum(inter, axis=1) + lindley_waits(S, inter) + S
+    n = end.shape[1]
+    last = np.ones_like(shared)
+    last[:, :-1] = ~shared[:, 1:]  # i closes its step unless i + 1 joins it
+    step_end = np.minimum.accumulate(np.where(last, np.arange(n), n - 1)[:, ::-1], axis=1)[:, ::-1]
+    return S, chunks - shared, np.take_along_axis(end, step_end, axis=1) - end
 
 
 def _tbt_mean_field(coef, moments, op, inp, out, z_batch, z_chunk):
@@ -734,17 +781,21 @@ def _occupancy_integral(starts, ends):
     return integral
 
 
-def _tbt_sample_path(coef, moments, op, inter, W, S, inp, out):
+def _tbt_sample_path(coef, moments, op, inter, W, S, slot_steps, lag, inp, out, passes: int = 3):
     """Per-request TBT from the simulated path of one server (vectorised per chain).
 
-    Request i decodes over [D_i, D_i + K_i·τ_i] (D_i = arrival + W + S its first token,
-    K_i = OL_i − 1 steps). Over that window we read off the path the prefill slot's busy
-    fraction φ_i (FCFS service intervals are disjoint and ordered: cumulative busy time by
-    searchsorted) and the time-average decode batch B_i (occupancy integral of all decode
-    windows, its own included), then τ_i = mean step time with d(B_i, own + (B_i − 1)·c̄).
-    Two passes: windows first sized with the mean-field τ̄, then with each τ_i. Bursts thus
-    inflate the TBT of every request decoding through them (correlated, unlike a binomial).
-    Other requests' windows use the mean-field τ̄.
+    Request i decodes over [D_i, D_i + K_i·τ_i] (D_i = arrival + W + S + lag its first token,
+    K_i = OL_i − 1 steps). Over that window we read off the path the prefill slot's busy time
+    β_i and the engine steps it spans, k_i (FCFS service intervals are disjoint and ordered:
+    cumulative busy time and steps by interpolation; service j spans ``slot_steps[j]`` steps),
+    and the time-average decode batch B_i (occupancy integral of all decode windows, its own
+    included); the rest of the window runs plain decode steps d(B_i, own + (B_i − 1)·c̄), so
+    τ_i = span/(k_i + (span − β_i)/d) (GAUSS §3.4 with each chunk's own cost: a long prompt's
+    step stalls every request decoding through it once, not in ℓ̄-sized pieces).
+    Fixed-point passes: windows first sized with the mean-field τ̄, then each with its τ_i, the
+    batch recomputed from all of them, so a burst that slows steps lengthens the windows that
+    make the burst (as in the engine). Bursts thus inflate the TBT of every request decoding
+    through them (correlated, unlike a binomial).
     """
     own_ctx = inp + (out + 1.0) / 2.0
     steps = np.maximum(out - 1.0, 1.0)
@@ -752,30 +803,36 @@ def _tbt_sample_path(coef, moments, op, inter, W, S, inp, out):
     for row in range(S.shape[0]):
         arrival = np.cumsum(inter[row])
         start = arrival + W[row]  # service starts: nondecreasing for one FCFS server
-        first = start + S[row]  # first tokens: nondecreasing too (next start ≥ this end)
+        ends = start + S[row]  # service ends: nondecreasing too (next start ≥ this end)
         # cumulative busy time of the slot, piecewise linear with knots at starts and ends
-        knots = np.empty(2 * first.size)
-        knots[0::2], knots[1::2] = start, first
+        knots = np.empty(2 * ends.size)
+        knots[0::2], knots[1::2] = start, ends
+        first = ends + lag[row]  # first tokens (a shared step ends with its last member)
         cum = np.concatenate(([0.0], np.cumsum(S[row])))
         level = np.empty_like(knots)
         level[0::2], level[1::2] = cum[:-1], cum[1:]
-        win_end_all = np.sort(first + steps[row] * op.mean_step_s)
+        cum_steps = np.concatenate(([0.0], np.cumsum(slot_steps[row])))
+        step_level = np.empty_like(knots)
+        step_level[0::2], step_level[1::2] = cum_steps[:-1], cum_steps[1:]
         busy_first = np.interp(first, knots, level)
-        occupancy = _occupancy_integral(first, win_end_all)
-        occ_first = occupancy(first)
+        steps_first = np.interp(first, knots, step_level)
         tau = np.full(first.shape, op.mean_step_s)
-        for _ in range(2):
+        for _ in range(passes):
             end = first + steps[row] * tau
+            occupancy = _occupancy_integral(first, np.sort(end))  # every window at its current τ
+            occ_first = occupancy(first)
             span = end - first
             order = np.argsort(end)  # sorted queries make the binary searches cache-friendly
             busy_end = np.empty_like(end)
             busy_end[order] = np.interp(end[order], knots, level)
+            steps_end = np.empty_like(end)
+            steps_end[order] = np.interp(end[order], knots, step_level)
             occ_end = np.empty_like(end)
             occ_end[order] = occupancy(end[order])
-            phi = np.clip((busy_end - busy_first) / span, 0.0, 1.0)
+            busy = np.clip(busy_end - busy_first, 0.0, span)
             batch = np.maximum((occ_end - occ_first) / span, 1.0)
             d = decode_step_s(coef, batch, own_ctx[row] + (batch - 1.0) * moments.context_tokens)
-            tau = _step_mean_s(d, op.mean_chunk_s, phi)
+            tau = span / np.maximum(steps_end - steps_first + (span - busy) / d, 1e-12)
         tbt[row] = tau
     return tbt
 
@@ -867,7 +924,8 @@ def _search_draws(draws: _Draws, search_samples: int, servers: int, warm: int):
     sl = (slice(None), slice(0, keep))
     cut = lambda a: None if a is None else a[sl]  # noqa: E731
     return _Draws(cut(draws.unit_inter), cut(draws.inp), cut(draws.cached), cut(draws.out), cut(draws.z_batch),
-                  cut(draws.z_chunk), cut(draws.raw_service_s), cut(draws.prefill_s), cut(draws.chunks))
+                  cut(draws.z_chunk), cut(draws.raw_service_s), cut(draws.prefill_s), cut(draws.chunks),
+                  cut(draws.u_residual))
 
 
 def _finish(draws, coef, moments, rate, servers, replications, chains, warm, slo_ttft_s, slo_tbt_s,
@@ -878,8 +936,11 @@ def _finish(draws, coef, moments, rate, servers, replications, chains, warm, slo
     wait_stats = latency_stats(_groups(W, replications))
     service_stats = latency_stats(_groups(S, replications))
     tbt_stats = None
+    e2e_stats = None
     if tbt is not None and np.any(tbt >= 0):
         tbt_stats = latency_stats(_groups(tbt, replications, tbt >= 0))
+        out = draws.out[:, draws.out.shape[1] - ttft.shape[1]:]
+        e2e_stats = latency_stats(_groups(ttft + (out - 1.0) * np.maximum(tbt, 0.0), replications))  # GAUSS §3.7
     sd = _search_draws(draws, search_samples, servers, warm)
     lam_star, binding, note = _sustainable(sd, coef, moments, servers, warm, stable_rps, stable_stage,
                                            slo_ttft_s, slo_tbt_s, quantile)
@@ -896,7 +957,7 @@ def _finish(draws, coef, moments, rate, servers, replications, chains, warm, slo
         service_rate_rps=servers / mean_s, utilisation=rho, stable_rate_rps=stable_rps, stable_binding=stable_stage,
         sustainable_rate_rps=lam_star, sustainable_binding=binding, sustainable_note=note,
         decode_batch=None if op is None else op.decode_batch, quantile=quantile, samples=int(ttft.size),
-        replications=replications, sweep=sweep, ttft_sample_s=ttft.ravel()[sub], tbt_sample_s=tbt_sub)
+        replications=replications, sweep=sweep, e2e=e2e_stats, ttft_sample_s=ttft.ravel()[sub], tbt_sample_s=tbt_sub)
 
 
 def simulate(

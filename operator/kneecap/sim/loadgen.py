@@ -7,7 +7,8 @@ and CV (σ² = ln(1 + CV²), μ = ln(mean) − σ²/2; CV 0 gives the mean exact
 whole tokens. Each request asks for exactly its sampled output (``max_tokens``, ``ignore_eos``)
 and, by default, sends its prompt as random token ids in [16, 256) (so every server counts the
 same prompt length and prefix caching finds nothing to share). TTFT is measured on the stream
-(first chunk with text), E2E at its end.
+at the first chunk carrying a choice (the first token: its text can be empty, a byte-level token
+that ends inside a UTF-8 character), E2E at its end.
 
 ``time_scale`` X is for the twin run X times faster than real time: rate, duration and every
 reported latency are then in simulated seconds (arrivals are sent X times faster; measured
@@ -160,11 +161,10 @@ async def _one(session, url, model, prompt_len, max_tokens, t0, token_ids, timeo
                 obj = json.loads(payload)
                 if obj.get("usage"):
                     usage = obj["usage"]
-                for choice in obj.get("choices") or []:
-                    if choice.get("text"):
-                        chunks += 1
-                        if ttft is None:
-                            ttft = time.perf_counter() - sent
+                for _ in obj.get("choices") or []:
+                    chunks += 1
+                    if ttft is None:
+                        ttft = time.perf_counter() - sent
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
         return RequestRecord(prompt_len, max_tokens, sent - t0, False, error=f"{type(exc).__name__}: {exc}"[:200])
     e2e = time.perf_counter() - sent
