@@ -3,10 +3,10 @@
 What a cluster would do for the demo, on one machine: for every Deployment labelled
 ``app.kubernetes.io/managed-by=kneecap`` it keeps ``spec.replicas`` twin processes whose
 argv is the vLLM container's args (the twin takes vLLM's flags) plus the owner's model shape
-and GPU and the demo's time scale. A changed pod template (new ``--max-num-seqs``, memory flag)
-is rolled out like a Deployment's default RollingUpdate with one replica: the new pod starts,
-becomes Ready, joins the Service, then the old pod leaves it, drains its in-flight requests and
-stops. Each such replacement counts as one restart. Pods are written into the emulated API
+and GPU, the demo's time scale and the demo's clock to start on. A changed pod template (new
+``--max-num-seqs``, memory flag) is rolled out like a Deployment's default RollingUpdate with
+one replica: the new pod starts, becomes Ready, joins the Service, then the old pod leaves it,
+drains its in-flight requests and stops. Each such replacement counts as one restart. Pods are written into the emulated API
 (Ready, with the ``kneecap.io/metrics-url`` annotation) so the operator finds and scrapes them,
 and the Deployment's status says how far the rollout is (the API is run without kmock's
 instant rollouts), so the operator's rollout guard holds while a pod restarts.
@@ -40,8 +40,10 @@ def template_hash(deploy: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
-def twin_argv(container: dict, arch: str, gpu: str, port: int, time_scale: float) -> list[str]:
-    """`kneecap twin` argv from a vLLM container: its args without --port/--host, plus the twin's."""
+def twin_argv(container: dict, arch: str, gpu: str, port: int, time_scale: float,
+              sim_clock_anchor: str | None = None) -> list[str]:
+    """`kneecap twin` argv from a vLLM container: its args without --port/--host, plus the twin's
+    (and the clock it starts on, when given)."""
     args, skip = [], False
     for tok in container.get("args") or []:
         if skip:
@@ -53,7 +55,8 @@ def twin_argv(container: dict, arch: str, gpu: str, port: int, time_scale: float
             continue
         args.append(tok)
     return [*args, "--host", "127.0.0.1", "--port", str(port), "--arch", arch, "--gpu", gpu,
-            "--time-scale", f"{time_scale:g}"]
+            "--time-scale", f"{time_scale:g}",
+            *(["--sim-clock-anchor", sim_clock_anchor] if sim_clock_anchor else [])]
 
 
 @dataclass
@@ -86,6 +89,7 @@ class Kubelet:
     poll_s: float = 0.2
     start_timeout_s: float = 60.0
     log_dir: Path | None = None
+    clock: Callable | None = None  # a kneecap.demo.clock.TwinClock: each twin starts on it
     pods: dict[str, PodProc] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)  # deployment -> pods replaced
     started: dict[str, int] = field(default_factory=dict)  # deployment -> twin processes started
@@ -174,7 +178,8 @@ class Kubelet:
         self._seq += 1
         pod_name = f"{name}-{tmpl[:6]}-{self._seq}"
         port = free_port()
-        argv = twin_argv(M.vllm_container(d), arch, gpu, port, self.time_scale)
+        argv = twin_argv(M.vllm_container(d), arch, gpu, port, self.time_scale,
+                         self.clock.anchor() if self.clock is not None else None)
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])  # the source tree, for an uninstalled checkout
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

@@ -38,9 +38,9 @@ import aiohttp
 import numpy as np
 
 from kneecap.errors import InputError
+from kneecap.sim.server import SIM_TIME_HEADER
 
 PROMPT_TOKEN_IDS = (16, 256)  # ids every tiny test vocabulary has
-SIM_TIME_HEADER = "X-Kneecap-Sim-Time"
 SIM_CLOCK_POLL_S = 0.05
 LATE_WARN_S = 0.1  # a send this late (in the server's seconds) at p99 means the client fell behind
 
