@@ -7,6 +7,10 @@ Service-like router, drives the router with Poisson load (kneecap.sim.loadgen.ru
 records one `IntervalRow` per control decision, read back from the LLMDeployment's status and
 the Deployment's args. Time is simulated: the twins and the operator's clock run
 `time_scale` times faster than the wall clock, so every duration here is simulated seconds.
+On a busy machine the twins fall behind; the demo then follows their clock (`TwinClock`:
+the operator's `now`, the scrape stamps, the load's pacing and the rows all read the twins'
+time), so rates stay right and the run takes longer; it warns once (`on_warning`) and the
+summary gives the ratio of twin time to `time_scale` × wall time.
 
 The load has two phases: a light warm-up (`warmup_intervals` at `warmup_rate_fraction` of the
 rate), so SLIM sees more than one batch level (DESIGN §4.3), then the full rate, capped at
@@ -29,18 +33,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import aiohttp
+
 from kneecap.control import vllm_args as V
 from kneecap.control.manifests import GPU_MEMORY_UTILIZATION, MAX_NUM_SEQS, vllm_container
 from kneecap.control.metrics import OperatorMetrics
-from kneecap.demo.clock import SimClock, scaled_scrape
+from kneecap.demo.clock import TwinClock, twin_time_scrape
+from kneecap.sim.server import SIM_TIME_HEADER
 from kneecap.demo.kubeapi import LLMD, KubeAPIThread
 from kneecap.demo.kubelet import DEPLOY, Kubelet
+from kneecap.demo.report import BEHIND_RATIO
 from kneecap.demo.router import Router
 from kneecap.errors import InputError
 
 NS = "demo"
 NAME = "opt"
 GIB = 1024**3
+TWIN_POLL_S = 0.1  # wall seconds between reads of each twin's clock
 
 
 @dataclass(frozen=True)
@@ -209,11 +218,14 @@ class DemoResult:
     load: dict  # the steady phase's `kneecap load --json` report ({"stopped": True} if cut at the end)
     wall_s: float
     operator_metrics: str
+    twin_time_ratio: float  # twin seconds per time_scale × wall second while the load ran (1: on time)
+    twin_behind_s: float  # simulated seconds the twins lost against time_scale × the wall clock
     summary: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"config": asdict(self.config), "summary": self.summary, "rows": [asdict(r) for r in self.rows],
-                "kubelet_events": self.kubelet_events, "load": self.load, "wall_s": self.wall_s}
+                "kubelet_events": self.kubelet_events, "load": self.load, "wall_s": self.wall_s,
+                "twin_time_ratio": self.twin_time_ratio, "twin_behind_s": self.twin_behind_s}
 
 
 def _flags(deploy: dict) -> tuple[int, float]:
@@ -247,40 +259,96 @@ def _load_argv(cfg: DemoConfig, url: str, rate_rps: float, duration_s: float, se
             "--input-mean", f"{cfg.input_mean:g}", "--input-cv", f"{cfg.input_cv:g}",
             "--output-mean", f"{cfg.output_mean:g}", "--output-cv", f"{cfg.output_cv:g}", "--seed", str(seed),
             "--max-concurrency", str(cfg.max_concurrency), "--model", cfg.model, "--timeout", "3600",
-            "--time-scale", f"{cfg.time_scale:g}", "--json"]
+            "--time-scale", f"{cfg.time_scale:g}", "--sim-clock", "--json"]
 
 
-async def _load(cfg: DemoConfig, url: str) -> dict:
+async def _until(clock: TwinClock, t_s: float) -> None:
+    """Wait until the demo's clock reads `t_s`."""
+    while (ahead := t_s - clock()) > 0:
+        await asyncio.sleep(min(ahead / clock.scale, TWIN_POLL_S))
+
+
+async def _load(cfg: DemoConfig, url: str, clock: TwinClock, t0: float) -> dict:
     """Warm-up then steady Poisson load, each a `kneecap load` process (its own CPU, not the
-    operator's); both stop when the run's duration is over. Returns the steady phase's report,
-    or {"stopped": True} when it was still busy at the end (requests left in flight)."""
+    operator's) paced on the demo's clock through the router; both stop when the run's duration
+    is over on that clock. Returns the steady phase's report, or {"stopped": True} when it was
+    still busy at the end (requests left in flight)."""
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     spawn = lambda argv: asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,  # noqa: E731
                                                         stderr=asyncio.subprocess.DEVNULL, env=env)
     procs = [await spawn(_load_argv(cfg, url, cfg.rate_rps * cfg.warmup_rate_fraction, cfg.warmup_s, cfg.seed))]
-    await asyncio.sleep(cfg.warmup_s / cfg.time_scale)
-    procs.append(await spawn(_load_argv(cfg, url, cfg.rate_rps, cfg.duration_s - cfg.warmup_s, cfg.seed + 1)))
+    end = None
     try:
-        out, _ = await asyncio.wait_for(procs[1].communicate(), (cfg.duration_s - cfg.warmup_s) / cfg.time_scale)
-        return json.loads(out.decode() or "{}")
-    except asyncio.TimeoutError:
+        await _until(clock, t0 + cfg.warmup_s)
+        procs.append(await spawn(_load_argv(cfg, url, cfg.rate_rps, cfg.duration_s - cfg.warmup_s, cfg.seed + 1)))
+        steady = asyncio.create_task(procs[1].communicate())
+        end = asyncio.create_task(_until(clock, t0 + cfg.duration_s))
+        await asyncio.wait({steady, end}, return_when=asyncio.FIRST_COMPLETED)
+        if steady.done():
+            return json.loads(steady.result()[0].decode() or "{}")
         return {"stopped": True}
     finally:
+        if end is not None:
+            end.cancel()
         for p in procs:
             if p.returncode is None:
                 p.terminate()
                 await p.wait()
 
 
-async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: SimClock,
-                on_row: Callable[[IntervalRow], None], log_dir: Path | None):
-    router = await Router().start()
+async def _follow_twins(clock: TwinClock, router: Router, stop: asyncio.Event) -> None:
+    """Read each serving twin's clock (the `X-Kneecap-Sim-Time` header of its /health) into the
+    demo's clock, every TWIN_POLL_S wall seconds, until `stop`."""
+    async with aiohttp.ClientSession() as session:
+        while not stop.is_set():
+            urls = list(router.endpoints)
+            clock.keep_only(urls)
+            for url in urls:
+                try:
+                    async with session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                        sim = r.headers.get(SIM_TIME_HEADER)
+                    if sim is not None:
+                        clock.heard(url, float(sim), time.time())
+                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                    pass  # a twin going away; the kubelet decides what that means
+            try:
+                await asyncio.wait_for(stop.wait(), TWIN_POLL_S)
+            except asyncio.TimeoutError:
+                pass
+
+
+class _LagWatch:
+    """Twin time against time_scale × wall time since the load started; warns once."""
+
+    def __init__(self, cfg: DemoConfig, clock: TwinClock, on_warning: Callable[[str], None]):
+        self.cfg, self.clock, self.on_warning = cfg, clock, on_warning
+        self.wall0, self.sim0 = time.time(), clock()
+        self.warned = False
+
+    def ratio_behind(self) -> tuple[float, float]:
+        sim = self.clock() - self.sim0
+        full = (time.time() - self.wall0) * self.cfg.time_scale
+        return (sim / full if full > 0 else 1.0), max(full - sim, 0.0)
+
+    def check(self) -> None:
+        ratio, behind = self.ratio_behind()
+        if not self.warned and ratio < BEHIND_RATIO and behind >= self.cfg.interval_s:
+            self.warned = True
+            self.on_warning(f"WARNING: the twins fell behind the wall clock (running at {ratio:.2f} of "
+                            f"{self.cfg.time_scale:g}x, {behind:.0f} simulated s lost): the machine is busy; "
+                            "the demo follows the twins' clock, so rates stay right and the run takes longer")
+
+
+async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: TwinClock,
+                on_row: Callable[[IntervalRow], None], on_warning: Callable[[str], None], log_dir: Path | None):
+    router = await Router(clock=clock).start()
     kubelet = Kubelet(kube, NS, cfg.time_scale, on_endpoints=lambda _d, urls: router.set_endpoints(urls),
-                      drain=router.drain, log_dir=log_dir)
+                      drain=router.drain, log_dir=log_dir, clock=clock)
     stop = asyncio.Event()
     kubelet_task = asyncio.create_task(kubelet.run(stop))
+    follow_task = asyncio.create_task(_follow_twins(clock, router, stop))
     rows: list[IntervalRow] = []
     try:
         kube_create = asyncio.to_thread(kube.create, LLMD, llmdeployment(cfg))
@@ -294,9 +362,11 @@ async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: SimClock,
                 raise RuntimeError(f"no pod became ready: {kubelet.events}")
             await asyncio.sleep(0.1)
         t0 = clock()
-        load_task = asyncio.create_task(_load(cfg, router.url))
+        lag = _LagWatch(cfg, clock, on_warning)
+        load_task = asyncio.create_task(_load(cfg, router.url, clock, t0))
         last = None
         while not load_task.done():
+            lag.check()
             st_obj, dep = await asyncio.gather(asyncio.to_thread(kube.get, LLMD, NS, NAME),
                                                asyncio.to_thread(kube.get, DEPLOY, NS, NAME))
             st = (st_obj or {}).get("status") or {}
@@ -310,15 +380,18 @@ async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: SimClock,
                 on_row(row)
             await asyncio.sleep(min(0.25, cfg.interval_s / cfg.time_scale / 4))
         report = load_task.result()
+        ratio, behind = lag.ratio_behind()
     finally:
         stop.set()
         await kubelet_task
+        await follow_task
         await router.stop()
-    return rows, report, kubelet
+    return rows, report, kubelet, ratio, behind
 
 
 def run_demo(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = lambda row: None,
-             log_dir: Path | None = None, quiet_operator: bool = True) -> DemoResult:
+             log_dir: Path | None = None, quiet_operator: bool = True,
+             on_warning: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> DemoResult:
     """Run the whole loop once (module docstring) and return what it recorded."""
     cfg.check()
     if quiet_operator:
@@ -326,12 +399,12 @@ def run_demo(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = lambda row
         for name in ("aiohttp", "kneecap"):
             logging.getLogger(name).setLevel(logging.WARNING)
     wall0 = time.monotonic()
-    clock = SimClock(cfg.time_scale)
+    clock = TwinClock(cfg.time_scale)
     with KubeAPIThread(instant_rollouts=False) as kube:
         kube.add_namespace(NS)
-        op = OperatorThread(kube.url, NS, clock=clock, tick_s=cfg.tick_s, scrape=scaled_scrape(clock)).start()
+        op = OperatorThread(kube.url, NS, clock=clock, tick_s=cfg.tick_s, scrape=twin_time_scrape(clock)).start()
         try:
-            rows, report, kubelet = asyncio.run(_main(cfg, kube, clock, on_row, log_dir))
+            rows, report, kubelet, ratio, behind = asyncio.run(_main(cfg, kube, clock, on_row, on_warning, log_dir))
         finally:
             op.stop()
         llmd_obj = kube.get(LLMD, NS, NAME)
@@ -340,7 +413,7 @@ def run_demo(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = lambda row
     load = {k: v for k, v in report.items() if k != "records"}
     res = DemoResult(cfg, rows, llmd_obj, deploy, history, sum(kubelet.restarts.values()),
                      sum(kubelet.started.values()), copy.deepcopy(kubelet.events), load,
-                     time.monotonic() - wall0, op.metrics.exposition().decode())
+                     time.monotonic() - wall0, op.metrics.exposition().decode(), ratio, behind)
     from kneecap.demo.report import summarize
 
     res.summary = summarize(res)
