@@ -5,10 +5,11 @@ events, ``stream_options.include_usage``), ``GET /v1/models``, ``/health``, ``/v
 ``/metrics`` (vLLM names, see :mod:`kneecap.sim.metrics`).
 
 Time: one driver task steps the engine and sleeps until the twin's clock reaches each step's
-end. The clock runs ``time_scale`` times faster than the wall clock, but never ahead of a busy
-engine: when the CPU cannot keep up (a step takes longer to compute than it models) the clock
-waits for the engine, so the twin runs slower than asked yet stays self-consistent: arrivals,
-latencies and counters are all on its clock. Every latency the twin reports is in simulated
+end; a step that starts late runs at once, so the engine catches up. The clock runs
+``time_scale`` times faster than the wall clock, but never more than ``CATCH_UP_WALL_S`` (wall
+seconds, × time_scale) ahead of a busy engine: when the CPU cannot keep up (steps take longer
+to compute than they model) the clock waits for the engine, so the twin runs slower than asked
+yet stays self-consistent: arrivals, latencies and counters are all on its clock. Every latency the twin reports is in simulated
 seconds. The clock is exported: the gauge ``kneecap_twin_sim_time_seconds`` on /metrics (read
 in the same render as the counters, so Δcounter/Δgauge is a rate on the twin's clock),
 ``kneecap_twin_behind_seconds`` (what it has lost against ``time_scale`` × the wall clock), and
@@ -36,6 +37,7 @@ from kneecap.sim.engine import Engine, EngineConfig, SimRequest
 from kneecap.sim.metrics import VLLM_VERSION, TwinMetrics
 
 SIM_TIME_HEADER = "X-Kneecap-Sim-Time"
+CATCH_UP_WALL_S = 0.02  # how far a busy engine may trail its clock (timer jitter) before the clock waits
 
 DEFAULT_MAX_TOKENS = 16  # vLLM's default for /v1/completions
 WORDS = ("the", "knee", "of", "a", "curve", "is", "where", "batching", "stops", "paying", "off", "and",
@@ -95,13 +97,14 @@ class TwinServer:
     # ------------------------------------------------------------------ time
     def sim_now(self) -> float:
         """Simulated seconds since start: time_scale × the wall clock since the last anchor, held
-        at the engine's time while it has work it has not caught up with (module docstring)."""
+        CATCH_UP_WALL_S × time_scale past a busy engine that trails it (module docstring)."""
         wall = asyncio.get_running_loop().time()
         sim = self._anchor_sim_s + (wall - self._anchor_wall_s) * self.time_scale
         engine = self.engine
-        if (engine.running or engine.waiting) and engine.now_s < sim:
-            self._anchor_sim_s, self._anchor_wall_s = engine.now_s, wall
-            return engine.now_s
+        held = engine.now_s + CATCH_UP_WALL_S * self.time_scale
+        if (engine.running or engine.waiting) and held < sim:
+            self._anchor_sim_s, self._anchor_wall_s = held, wall
+            return held
         return sim
 
     def sim_time_s(self) -> float:
