@@ -87,11 +87,14 @@ class TwinClock:
 
 def twin_time_scrape(clock: TwinClock, timeout_s: float = 2.0):
     """A scrape stamped with the twin's own clock (`kneecap_twin_sim_time_seconds` of the same
-    body); the demo's clock when a body lacks it."""
+    body), which the demo's clock also hears; the demo's clock when a body lacks it."""
     async def _scrape(url: str):
         snap = await scrape(url, timeout_s=timeout_s)
         sim = next(iter((snap.get(SIM_TIME_GAUGE) or {}).values()), None)
-        return dataclasses.replace(snap, t_s=clock() if sim is None else sim)
+        if sim is None:
+            return dataclasses.replace(snap, t_s=clock())
+        clock.heard(url.removesuffix("/metrics"), sim, time.time())
+        return dataclasses.replace(snap, t_s=sim)
     return _scrape
 
 
