@@ -139,10 +139,12 @@ async def test_sim_clock_paces_on_the_twins_header(tmp_path):
         async with session.get(srv.make_url("/health")) as r:
             before = float(r.headers[SIM_TIME_HEADER])
         report = await run_schedule(str(srv.make_url("/")), arrivals, np.full(8, 20), np.full(8, 4),
-                                    time_scale=20.0, sim_clock=True, session=session)
+                                    time_scale=20.0, sim_clock=True, stream=False, session=session)
         async with session.get(srv.make_url("/health")) as r:
             after = float(r.headers[SIM_TIME_HEADER])
     assert report.clock == "sim" and report.completed == 8
+    # one JSON response per request: usage counted, no client-side TTFT
+    assert report.completion_tokens_total == 32 and report.prompt_tokens_total == 160 and not report.ttft_s
     stamps = np.array([s for _, _, s in seen])
     # each request reached the twin no earlier on its clock than scheduled (relative to the first),
     # give or take one clock poll's extrapolation

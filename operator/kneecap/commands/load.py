@@ -37,6 +37,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--sim-clock", action="store_true",
                         help="pace on the server's simulated clock (a kneecap twin's or the demo router's "
                              "X-Kneecap-Sim-Time header), not the wall clock")
+    parser.add_argument("--no-stream", dest="stream", action="store_false",
+                        help="one response per request instead of a token stream (no client-side TTFT; far "
+                             "less CPU for client and server)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -77,7 +80,7 @@ def run(args) -> int:
     kwargs = _schedule_kwargs(args)
     common = dict(seed=args.seed, max_concurrency=args.max_concurrency, model=args.model,
                   token_ids=not args.text_prompts, timeout_s=args.timeout, time_scale=args.time_scale,
-                  sim_clock=args.sim_clock)
+                  sim_clock=args.sim_clock, stream=args.stream)
     try:
         report = asyncio.run((run_schedule if args.trace else run_load)(args.url, **kwargs, **common))
     except OSError as exc:

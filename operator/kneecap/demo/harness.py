@@ -259,7 +259,7 @@ def _load_argv(cfg: DemoConfig, url: str, rate_rps: float, duration_s: float, se
             "--input-mean", f"{cfg.input_mean:g}", "--input-cv", f"{cfg.input_cv:g}",
             "--output-mean", f"{cfg.output_mean:g}", "--output-cv", f"{cfg.output_cv:g}", "--seed", str(seed),
             "--max-concurrency", str(cfg.max_concurrency), "--model", cfg.model, "--timeout", "3600",
-            "--time-scale", f"{cfg.time_scale:g}", "--sim-clock", "--json"]
+            "--time-scale", f"{cfg.time_scale:g}", "--sim-clock", "--no-stream", "--json"]
 
 
 async def _until(clock: TwinClock, t_s: float) -> None:

@@ -157,13 +157,15 @@ async def discover_model(session: aiohttp.ClientSession, url: str) -> str:
         raise InputError("model", f"{base}/models lists no model; pass the model name") from None
 
 
-async def _one(session, url, model, prompt_len, max_tokens, t0, token_ids, timeout_s, seed) -> RequestRecord:
+async def _one(session, url, model, prompt_len, max_tokens, t0, token_ids, timeout_s, seed,
+               stream: bool = True) -> RequestRecord:
     if token_ids:
         prompt = np.random.default_rng(seed).integers(*PROMPT_TOKEN_IDS, prompt_len).tolist()
     else:
         prompt = " ".join(["hello"] * prompt_len)
     body = {"model": model, "prompt": prompt, "max_tokens": int(max_tokens), "min_tokens": int(max_tokens),
-            "ignore_eos": True, "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}
+            "ignore_eos": True, "temperature": 0.0, "stream": stream,
+            **({"stream_options": {"include_usage": True}} if stream else {})}
     sent = time.perf_counter()
     ttft = None
     chunks = 0
@@ -173,7 +175,12 @@ async def _one(session, url, model, prompt_len, max_tokens, t0, token_ids, timeo
             if resp.status != 200:
                 text = (await resp.text())[:200]
                 return RequestRecord(prompt_len, max_tokens, sent - t0, False, error=f"HTTP {resp.status}: {text}")
-            async for raw in resp.content:
+            if not stream:
+                usage = (await resp.json()).get("usage")
+            while stream:
+                raw = await resp.content.readline()
+                if not raw:
+                    break
                 line = raw.strip()
                 if not line.startswith(b"data:"):
                     continue
@@ -283,10 +290,11 @@ async def run_schedule(url: str, arrivals_s, prompts, outputs, *, seed: int = 0,
                        offered_rate_rps: float | None = None, duration_s: float | None = None,
                        max_concurrency: int | None = None, model: str | None = None, token_ids: bool = True,
                        timeout_s: float = 600.0, time_scale: float = 1.0, sim_clock: bool = False,
-                       session: aiohttp.ClientSession | None = None) -> LoadReport:
+                       stream: bool = True, session: aiohttp.ClientSession | None = None) -> LoadReport:
     """Send request i at ``arrivals_s[i]`` (seconds from the start, ascending, in the server's
     seconds) with ``prompts[i]`` prompt and ``outputs[i]`` output tokens; wait for every answer
-    and report. Latencies are wall seconds × ``time_scale``."""
+    and report. Latencies are wall seconds × ``time_scale``; ``stream=False`` asks for one
+    response per request (no TTFT on the client, a fraction of the CPU on both sides)."""
     if max_concurrency is not None and max_concurrency < 1:
         raise InputError("max_concurrency", f"expected a positive integer, got {max_concurrency!r}")
     if not (time_scale > 0 and math.isfinite(time_scale)):
@@ -318,7 +326,7 @@ async def run_schedule(url: str, arrivals_s, prompts, outputs, *, seed: int = 0,
 
         async def send(i: int, sent_s: float) -> RequestRecord:
             args = (session, endpoint, model, int(prompts[i]), int(outputs[i]), wall0, token_ids, timeout_s,
-                    [seed, i])
+                    [seed, i], stream)
             if sem is None:
                 return _scaled(await _one(*args), time_scale, sent_s)
             async with sem:
