@@ -115,11 +115,11 @@ async def test_trace_replay_sends_each_request_in_order_with_its_lengths(tmp_pat
     p = tmp_path / "t.csv"
     p.write_text("arrival_s,input_tokens,output_tokens\n" + "".join(
         f"{0.5 * i},{10 + 7 * i},{3 + (5 * i) % 11}\n" for i in range(12)))
-    trace = compress(read_trace(p), 2.0)
-    twin, seen = _recording_twin("--time-scale", "20")
+    trace = compress(read_trace(p), 2.0)  # a request every 0.25 s: far apart next to a send's cost
+    twin, seen = _recording_twin()
     async with TestServer(twin.app()) as srv, ClientSession() as session:
         report = await run_schedule(str(srv.make_url("/")), trace.arrival_s, trace.input_tokens,
-                                    trace.output_tokens, time_scale=20.0, session=session)
+                                    trace.output_tokens, session=session)
     assert [(a, b) for a, b, _ in seen] == list(zip(trace.input_tokens.tolist(), trace.output_tokens.tolist()))
     assert [s for _, _, s in seen] == sorted(s for _, _, s in seen)  # the twin got them in trace order
     assert report.sent == report.completed == 12 and report.failed == 0
@@ -150,6 +150,21 @@ async def test_sim_clock_paces_on_the_twins_header(tmp_path):
     # give or take one clock poll's extrapolation
     assert np.all(stamps - stamps[0] >= arrivals - SIM_CLOCK_POLL_S * 20.0)
     assert twin.sim_origin_s + stamps[0] >= before and after - before >= report.elapsed_s >= arrivals[-1]
+
+
+async def test_start_at_waits_for_the_servers_clock():
+    twin, seen = _recording_twin("--time-scale", "20")
+    async with TestServer(twin.app()) as srv, ClientSession() as session:
+        async with session.get(srv.make_url("/health")) as r:
+            start = float(r.headers[SIM_TIME_HEADER]) + 10.0
+        report = await run_schedule(str(srv.make_url("/")), [0.0, 1.0], [5, 5], [2, 2], time_scale=20.0,
+                                    sim_clock=True, start_at_s=start, session=session)
+    assert report.completed == 2
+    assert twin.sim_origin_s + seen[0][2] >= start - SIM_CLOCK_POLL_S * 20.0
+    assert twin.sim_origin_s + seen[1][2] >= start + 1.0 - SIM_CLOCK_POLL_S * 20.0
+    with pytest.raises(InputError) as exc:
+        await run_schedule("http://127.0.0.1:9", [0.0], [1], [1], start_at_s=5.0)
+    assert exc.value.field == "start_at"
 
 
 async def test_sim_clock_needs_the_header():

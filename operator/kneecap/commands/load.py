@@ -37,6 +37,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--sim-clock", action="store_true",
                         help="pace on the server's simulated clock (a kneecap twin's or the demo router's "
                              "X-Kneecap-Sim-Time header), not the wall clock")
+    parser.add_argument("--start-at", type=float, metavar="SIM_S",
+                        help="with --sim-clock: start the schedule when the server's clock reads SIM_S")
     parser.add_argument("--no-stream", dest="stream", action="store_false",
                         help="one response per request instead of a token stream (no client-side TTFT; far "
                              "less CPU for client and server)")
@@ -80,7 +82,7 @@ def run(args) -> int:
     kwargs = _schedule_kwargs(args)
     common = dict(seed=args.seed, max_concurrency=args.max_concurrency, model=args.model,
                   token_ids=not args.text_prompts, timeout_s=args.timeout, time_scale=args.time_scale,
-                  sim_clock=args.sim_clock, stream=args.stream)
+                  sim_clock=args.sim_clock, stream=args.stream, start_at_s=args.start_at)
     try:
         report = asyncio.run((run_schedule if args.trace else run_load)(args.url, **kwargs, **common))
     except OSError as exc:

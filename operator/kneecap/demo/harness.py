@@ -254,8 +254,10 @@ def _row(t_s: float, st: dict, deploy: dict, restarts: int, phase: str) -> Inter
 
 # ------------------------------------------------------------------ the run
 
-def _load_argv(cfg: DemoConfig, url: str, rate_rps: float, duration_s: float, seed: int) -> list[str]:
+def _load_argv(cfg: DemoConfig, url: str, rate_rps: float, duration_s: float, seed: int,
+               start_at_s: float) -> list[str]:
     return [sys.executable, "-m", "kneecap", "load", url, "--rate", f"{rate_rps:g}", "--duration", f"{duration_s:g}",
+            "--start-at", repr(start_at_s),
             "--input-mean", f"{cfg.input_mean:g}", "--input-cv", f"{cfg.input_cv:g}",
             "--output-mean", f"{cfg.output_mean:g}", "--output-cv", f"{cfg.output_cv:g}", "--seed", str(seed),
             "--max-concurrency", str(cfg.max_concurrency), "--model", cfg.model, "--timeout", "3600",
@@ -270,19 +272,19 @@ async def _until(clock: TwinClock, t_s: float) -> None:
 
 async def _load(cfg: DemoConfig, url: str, clock: TwinClock, t0: float) -> dict:
     """Warm-up then steady Poisson load, each a `kneecap load` process (its own CPU, not the
-    operator's) paced on the demo's clock through the router; both stop when the run's duration
-    is over on that clock. Returns the steady phase's report, or {"stopped": True} when it was
+    operator's) paced on the demo's clock through the router, both started now, each sending
+    from its phase's start on that clock; both stop when the run's duration is over on it. Returns the steady phase's report, or {"stopped": True} when it was
     still busy at the end (requests left in flight)."""
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     spawn = lambda argv: asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,  # noqa: E731
                                                         stderr=asyncio.subprocess.DEVNULL, env=env)
-    procs = [await spawn(_load_argv(cfg, url, cfg.rate_rps * cfg.warmup_rate_fraction, cfg.warmup_s, cfg.seed))]
-    end = None
+    procs = [await spawn(_load_argv(cfg, url, cfg.rate_rps * cfg.warmup_rate_fraction, cfg.warmup_s, cfg.seed, t0)),
+             await spawn(_load_argv(cfg, url, cfg.rate_rps, cfg.duration_s - cfg.warmup_s, cfg.seed + 1,
+                                    t0 + cfg.warmup_s))]
+    steady = end = None
     try:
-        await _until(clock, t0 + cfg.warmup_s)
-        procs.append(await spawn(_load_argv(cfg, url, cfg.rate_rps, cfg.duration_s - cfg.warmup_s, cfg.seed + 1)))
         steady = asyncio.create_task(procs[1].communicate())
         end = asyncio.create_task(_until(clock, t0 + cfg.duration_s))
         await asyncio.wait({steady, end}, return_when=asyncio.FIRST_COMPLETED)
@@ -290,8 +292,9 @@ async def _load(cfg: DemoConfig, url: str, clock: TwinClock, t0: float) -> dict:
             return json.loads(steady.result()[0].decode() or "{}")
         return {"stopped": True}
     finally:
-        if end is not None:
-            end.cancel()
+        for task in (steady, end):
+            if task is not None:
+                task.cancel()
         for p in procs:
             if p.returncode is None:
                 p.terminate()

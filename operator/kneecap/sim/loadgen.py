@@ -290,13 +290,19 @@ async def run_schedule(url: str, arrivals_s, prompts, outputs, *, seed: int = 0,
                        offered_rate_rps: float | None = None, duration_s: float | None = None,
                        max_concurrency: int | None = None, model: str | None = None, token_ids: bool = True,
                        timeout_s: float = 600.0, time_scale: float = 1.0, sim_clock: bool = False,
-                       stream: bool = True, session: aiohttp.ClientSession | None = None) -> LoadReport:
+                       stream: bool = True, start_at_s: float | None = None,
+                       session: aiohttp.ClientSession | None = None) -> LoadReport:
     """Send request i at ``arrivals_s[i]`` (seconds from the start, ascending, in the server's
     seconds) with ``prompts[i]`` prompt and ``outputs[i]`` output tokens; wait for every answer
     and report. Latencies are wall seconds × ``time_scale``; ``stream=False`` asks for one
-    response per request (no TTFT on the client, a fraction of the CPU on both sides)."""
+    response per request (no TTFT on the client, a fraction of the CPU on both sides).
+    ``start_at_s`` (with ``sim_clock``): the schedule starts when the server's clock reads it
+    (default: when the first reading comes), so a process started early sends on time."""
     if max_concurrency is not None and max_concurrency < 1:
         raise InputError("max_concurrency", f"expected a positive integer, got {max_concurrency!r}")
+    if start_at_s is not None and not (sim_clock and math.isfinite(start_at_s)):
+        raise InputError("start_at", "a start time is a reading of the server's clock: give a finite one, "
+                                     "with sim_clock")
     if not (time_scale > 0 and math.isfinite(time_scale)):
         raise InputError("time_scale", f"expected a positive number, got {time_scale!r}")
     arrivals = np.asarray(arrivals_s, dtype=float)
@@ -320,7 +326,7 @@ async def run_schedule(url: str, arrivals_s, prompts, outputs, *, seed: int = 0,
             model = await discover_model(session, url)
         clock = await ServerClock(session, url, time_scale).start() if sim_clock else WallClock(time_scale)
         sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-        start_s = clock()
+        start_s = clock() if start_at_s is None else start_at_s
         wall0 = time.perf_counter()
         lateness = np.zeros(n)
 
