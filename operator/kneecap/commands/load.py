@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 
 from kneecap.errors import InputError
 
@@ -76,13 +77,18 @@ def _schedule_kwargs(args) -> dict:
                 outputs=trace.output_tokens[keep], duration_s=args.duration)
 
 
+def _started(now_s: float, start_s: float) -> None:
+    """One stderr line once the clock is read (the demo waits for it before its clock runs)."""
+    print(f"kneecap load: clock at {now_s:.3f}, schedule from {start_s:.3f}", file=sys.stderr, flush=True)
+
+
 def run(args) -> int:
     from kneecap.sim.loadgen import run_load, run_schedule
 
     kwargs = _schedule_kwargs(args)
     common = dict(seed=args.seed, max_concurrency=args.max_concurrency, model=args.model,
                   token_ids=not args.text_prompts, timeout_s=args.timeout, time_scale=args.time_scale,
-                  sim_clock=args.sim_clock, stream=args.stream, start_at_s=args.start_at)
+                  sim_clock=args.sim_clock, stream=args.stream, start_at_s=args.start_at, on_start=_started)
     try:
         report = asyncio.run((run_schedule if args.trace else run_load)(args.url, **kwargs, **common))
     except OSError as exc:

@@ -56,17 +56,25 @@ class TwinClock:
         self._lock = threading.Lock()
         self._read = (self.t0, self.t0)  # (wall, sim) of the last reading
         self._twins: dict[str, tuple[float, float]] = {}  # twin -> (wall, sim) when last heard
+        self.held = False
 
     def __call__(self) -> float:
         with self._lock:
             wall = time.time()
             last_wall, last_sim = self._read
-            sim = last_sim + (wall - last_wall) * self.scale
+            sim = last_sim + (0.0 if self.held else (wall - last_wall) * self.scale)
             for heard_wall, heard_sim in self._twins.values():
                 sim = min(sim, heard_sim + (wall - heard_wall) * self.scale)
             sim = max(sim, last_sim)
             self._read = (wall, sim)
             return sim
+
+    def hold(self, held: bool = True) -> None:
+        """Stop (or restart) the clock where it reads now: while the demo waits for its load
+        processes to start, no simulated time passes for the operator or the load."""
+        self()
+        with self._lock:
+            self.held = held
 
     def heard(self, twin: str, sim_s: float, wall_s: float) -> None:
         """Twin `twin`'s clock read `sim_s` at unix time `wall_s` (at the latest)."""

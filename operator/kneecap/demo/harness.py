@@ -50,6 +50,7 @@ NS = "demo"
 NAME = "opt"
 GIB = 1024**3
 TWIN_POLL_S = 0.1  # wall seconds between reads of each twin's clock
+LOAD_START_S = 300.0  # wall seconds a load process may take to start (a busy machine is slow)
 
 
 @dataclass(frozen=True)
@@ -270,21 +271,36 @@ async def _until(clock: TwinClock, t_s: float) -> None:
         await asyncio.sleep(min(ahead / clock.scale, TWIN_POLL_S))
 
 
-async def _load(cfg: DemoConfig, url: str, clock: TwinClock, t0: float) -> dict:
+async def _load(cfg: DemoConfig, url: str, clock: TwinClock, t0: float, started: asyncio.Event) -> dict:
     """Warm-up then steady Poisson load, each a `kneecap load` process (its own CPU, not the
     operator's) paced on the demo's clock through the router, both started now, each sending
-    from its phase's start on that clock; both stop when the run's duration is over on it. Returns the steady phase's report, or {"stopped": True} when it was
+    from its phase's start on that clock; both stop when the run's duration is over on it. The
+    clock holds until both processes have read it (`started` is set then): on a busy machine a
+    process takes seconds to start, which must not eat the warm-up. Returns the steady phase's report, or {"stopped": True} when it was
     still busy at the end (requests left in flight)."""
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     spawn = lambda argv: asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,  # noqa: E731
-                                                        stderr=asyncio.subprocess.DEVNULL, env=env)
-    procs = [await spawn(_load_argv(cfg, url, cfg.rate_rps * cfg.warmup_rate_fraction, cfg.warmup_s, cfg.seed, t0)),
-             await spawn(_load_argv(cfg, url, cfg.rate_rps, cfg.duration_s - cfg.warmup_s, cfg.seed + 1,
-                                    t0 + cfg.warmup_s))]
+                                                        stderr=asyncio.subprocess.PIPE, env=env)
+    clock.hold()
+    procs = []
     steady = end = None
     try:
+        procs = [await spawn(_load_argv(cfg, url, cfg.rate_rps * cfg.warmup_rate_fraction, cfg.warmup_s, cfg.seed,
+                                        t0)),
+                 await spawn(_load_argv(cfg, url, cfg.rate_rps, cfg.duration_s - cfg.warmup_s, cfg.seed + 1,
+                                        t0 + cfg.warmup_s))]
+        try:
+            lines = await asyncio.wait_for(asyncio.gather(*(p.stderr.readline() for p in procs)), LOAD_START_S)
+        except asyncio.TimeoutError:
+            raise RuntimeError(f"the load processes did not start within {LOAD_START_S:g} s") from None
+        for line, p in zip(lines, procs):
+            if not line.startswith(b"kneecap load:"):
+                rest = await p.stderr.read() if p.returncode is not None else b""
+                raise RuntimeError(f"a load process failed to start: {(line + rest).decode()[-2000:]}")
+        clock.hold(False)
+        started.set()
         steady = asyncio.create_task(procs[1].communicate())
         end = asyncio.create_task(_until(clock, t0 + cfg.duration_s))
         await asyncio.wait({steady, end}, return_when=asyncio.FIRST_COMPLETED)
@@ -292,6 +308,7 @@ async def _load(cfg: DemoConfig, url: str, clock: TwinClock, t0: float) -> dict:
             return json.loads(steady.result()[0].decode() or "{}")
         return {"stopped": True}
     finally:
+        clock.hold(False)
         for task in (steady, end):
             if task is not None:
                 task.cancel()
@@ -365,11 +382,15 @@ async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: TwinClock,
                 raise RuntimeError(f"no pod became ready: {kubelet.events}")
             await asyncio.sleep(0.1)
         t0 = clock()
-        lag = _LagWatch(cfg, clock, on_warning)
-        load_task = asyncio.create_task(_load(cfg, router.url, clock, t0))
+        started = asyncio.Event()
+        lag = None
+        load_task = asyncio.create_task(_load(cfg, router.url, clock, t0, started))
         last = None
         while not load_task.done():
-            lag.check()
+            if lag is None and started.is_set():
+                lag = _LagWatch(cfg, clock, on_warning)
+            if lag is not None:
+                lag.check()
             st_obj, dep = await asyncio.gather(asyncio.to_thread(kube.get, LLMD, NS, NAME),
                                                asyncio.to_thread(kube.get, DEPLOY, NS, NAME))
             st = (st_obj or {}).get("status") or {}
@@ -383,7 +404,7 @@ async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: TwinClock,
                 on_row(row)
             await asyncio.sleep(min(0.25, cfg.interval_s / cfg.time_scale / 4))
         report = load_task.result()
-        ratio, behind = lag.ratio_behind()
+        ratio, behind = lag.ratio_behind() if lag is not None else (1.0, 0.0)
     finally:
         stop.set()
         await kubelet_task

@@ -33,6 +33,7 @@ import json
 import math
 import time
 from dataclasses import asdict, dataclass, field, replace
+from typing import Callable
 
 import aiohttp
 import numpy as np
@@ -291,13 +292,15 @@ async def run_schedule(url: str, arrivals_s, prompts, outputs, *, seed: int = 0,
                        max_concurrency: int | None = None, model: str | None = None, token_ids: bool = True,
                        timeout_s: float = 600.0, time_scale: float = 1.0, sim_clock: bool = False,
                        stream: bool = True, start_at_s: float | None = None,
+                       on_start: Callable[[float, float], None] | None = None,
                        session: aiohttp.ClientSession | None = None) -> LoadReport:
     """Send request i at ``arrivals_s[i]`` (seconds from the start, ascending, in the server's
     seconds) with ``prompts[i]`` prompt and ``outputs[i]`` output tokens; wait for every answer
     and report. Latencies are wall seconds × ``time_scale``; ``stream=False`` asks for one
     response per request (no TTFT on the client, a fraction of the CPU on both sides).
     ``start_at_s`` (with ``sim_clock``): the schedule starts when the server's clock reads it
-    (default: when the first reading comes), so a process started early sends on time."""
+    (default: when the first reading comes), so a process started early sends on time.
+    ``on_start(now_s, start_s)`` is called once the clock has been read, before the first send."""
     if max_concurrency is not None and max_concurrency < 1:
         raise InputError("max_concurrency", f"expected a positive integer, got {max_concurrency!r}")
     if start_at_s is not None and not (sim_clock and math.isfinite(start_at_s)):
@@ -327,6 +330,8 @@ async def run_schedule(url: str, arrivals_s, prompts, outputs, *, seed: int = 0,
         clock = await ServerClock(session, url, time_scale).start() if sim_clock else WallClock(time_scale)
         sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         start_s = clock() if start_at_s is None else start_at_s
+        if on_start is not None:
+            on_start(clock(), start_s)
         wall0 = time.perf_counter()
         lateness = np.zeros(n)
 
