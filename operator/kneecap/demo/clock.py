@@ -47,11 +47,13 @@ SIM_TIME_GAUGE = "kneecap_twin_sim_time_seconds"
 
 class TwinClock:
     """`scale` × the wall clock from the moment it is made, held back to the slowest twin it
-    heard from (each reading extrapolated at `scale`); never runs backwards. Thread-safe (the
-    operator reads it from its own thread)."""
+    heard from (each reading extrapolated at `scale` for at most `lead_wall_s`, so a reader
+    starved of fresh readings waits rather than runs ahead of a twin that lags); never runs
+    backwards. Thread-safe (the operator reads it from its own thread)."""
 
-    def __init__(self, scale: float):
+    def __init__(self, scale: float, lead_wall_s: float = 0.2):
         self.scale = scale
+        self.lead_wall_s = lead_wall_s
         self.t0 = time.time()
         self._lock = threading.Lock()
         self._read = (self.t0, self.t0)  # (wall, sim) of the last reading
@@ -64,7 +66,7 @@ class TwinClock:
             last_wall, last_sim = self._read
             sim = last_sim + (0.0 if self.held else (wall - last_wall) * self.scale)
             for heard_wall, heard_sim in self._twins.values():
-                sim = min(sim, heard_sim + (wall - heard_wall) * self.scale)
+                sim = min(sim, heard_sim + min(wall - heard_wall, self.lead_wall_s) * self.scale)
             sim = max(sim, last_sim)
             self._read = (wall, sim)
             return sim

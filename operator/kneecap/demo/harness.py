@@ -327,7 +327,7 @@ async def _follow_twins(clock: TwinClock, router: Router, stop: asyncio.Event) -
             clock.keep_only(urls)
             for url in urls:
                 try:
-                    async with session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                    async with session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=10)) as r:
                         sim = r.headers.get(SIM_TIME_HEADER)
                     if sim is not None:
                         clock.heard(url, float(sim), time.time())
@@ -423,7 +423,7 @@ def run_demo(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = lambda row
         for name in ("aiohttp", "kneecap"):
             logging.getLogger(name).setLevel(logging.WARNING)
     wall0 = time.monotonic()
-    clock = TwinClock(cfg.time_scale)
+    clock = TwinClock(cfg.time_scale, lead_wall_s=2 * TWIN_POLL_S)
     with KubeAPIThread(instant_rollouts=False) as kube:
         kube.add_namespace(NS)
         op = OperatorThread(kube.url, NS, clock=clock, tick_s=cfg.tick_s, scrape=twin_time_scrape(clock)).start()
