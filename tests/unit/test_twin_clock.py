@@ -101,3 +101,16 @@ async def test_demo_scrape_is_stamped_with_the_twins_clock():
         snap = await twin_time_scrape(clock)(str(srv.make_url("/metrics")))
     assert snap.t_s == next(iter(snap.get(SIM_TIME_GAUGE).values()))
     assert snap.t_s == pytest.approx(5000 + (time.time() - 1000) * 10, abs=30)
+
+
+def test_demo_clock_holds_while_held():
+    clock = TwinClock(1000.0)
+    clock.hold()
+    clock.hold()  # two process starts at once
+    a = clock()
+    time.sleep(0.05)
+    clock.release()
+    assert clock() == a  # still held once
+    clock.release()
+    time.sleep(0.05)
+    assert clock() > a + 10.0 and clock.held_wall_s >= 0.05

@@ -58,25 +58,34 @@ class TwinClock:
         self._lock = threading.Lock()
         self._read = (self.t0, self.t0)  # (wall, sim) of the last reading
         self._twins: dict[str, tuple[float, float]] = {}  # twin -> (wall, sim) when last heard
-        self.held = False
+        self._holds = 0  # hold() calls not yet released
+        self.held_wall_s = 0.0  # wall seconds spent held
 
     def __call__(self) -> float:
         with self._lock:
             wall = time.time()
             last_wall, last_sim = self._read
-            sim = last_sim + (0.0 if self.held else (wall - last_wall) * self.scale)
+            if self._holds:
+                self.held_wall_s += wall - last_wall
+            sim = last_sim + (0.0 if self._holds else (wall - last_wall) * self.scale)
             for heard_wall, heard_sim in self._twins.values():
                 sim = min(sim, heard_sim + min(wall - heard_wall, self.lead_wall_s) * self.scale)
             sim = max(sim, last_sim)
             self._read = (wall, sim)
             return sim
 
-    def hold(self, held: bool = True) -> None:
-        """Stop (or restart) the clock where it reads now: while the demo waits for its load
-        processes to start, no simulated time passes for the operator or the load."""
+    def hold(self) -> None:
+        """Stop the clock where it reads now until as many `release()`: while a process of the
+        demo's starts (a pod's twin, a load generator), which takes the machine's time, not the
+        product's, no simulated time passes for the operator or the load."""
         self()
         with self._lock:
-            self.held = held
+            self._holds += 1
+
+    def release(self) -> None:
+        self()
+        with self._lock:
+            self._holds = max(self._holds - 1, 0)
 
     def heard(self, twin: str, sim_s: float, wall_s: float) -> None:
         """Twin `twin`'s clock read `sim_s` at unix time `wall_s` (at the latest)."""

@@ -284,6 +284,7 @@ async def _load(cfg: DemoConfig, url: str, clock: TwinClock, t0: float, started:
     spawn = lambda argv: asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,  # noqa: E731
                                                         stderr=asyncio.subprocess.PIPE, env=env)
     clock.hold()
+    held = True
     procs = []
     steady = end = None
     try:
@@ -299,7 +300,8 @@ async def _load(cfg: DemoConfig, url: str, clock: TwinClock, t0: float, started:
             if not line.startswith(b"kneecap load:"):
                 rest = await p.stderr.read() if p.returncode is not None else b""
                 raise RuntimeError(f"a load process failed to start: {(line + rest).decode()[-2000:]}")
-        clock.hold(False)
+        clock.release()
+        held = False
         started.set()
         steady = asyncio.create_task(procs[1].communicate())
         end = asyncio.create_task(_until(clock, t0 + cfg.duration_s))
@@ -308,7 +310,8 @@ async def _load(cfg: DemoConfig, url: str, clock: TwinClock, t0: float, started:
             return json.loads(steady.result()[0].decode() or "{}")
         return {"stopped": True}
     finally:
-        clock.hold(False)
+        if held:
+            clock.release()
         for task in (steady, end):
             if task is not None:
                 task.cancel()
@@ -340,16 +343,18 @@ async def _follow_twins(clock: TwinClock, router: Router, stop: asyncio.Event) -
 
 
 class _LagWatch:
-    """Twin time against time_scale × wall time since the load started; warns once."""
+    """Twin time against time_scale × wall time since the load started (less the time the clock
+    was held for process starts); warns once."""
 
     def __init__(self, cfg: DemoConfig, clock: TwinClock, on_warning: Callable[[str], None]):
         self.cfg, self.clock, self.on_warning = cfg, clock, on_warning
-        self.wall0, self.sim0 = time.time(), clock()
+        self.sim0 = clock()
+        self.wall0, self.held0 = time.time(), clock.held_wall_s
         self.warned = False
 
     def ratio_behind(self) -> tuple[float, float]:
         sim = self.clock() - self.sim0
-        full = (time.time() - self.wall0) * self.cfg.time_scale
+        full = (time.time() - self.wall0 - (self.clock.held_wall_s - self.held0)) * self.cfg.time_scale
         return (sim / full if full > 0 else 1.0), max(full - sim, 0.0)
 
     def check(self) -> None:

@@ -89,7 +89,7 @@ class Kubelet:
     poll_s: float = 0.2
     start_timeout_s: float = 60.0
     log_dir: Path | None = None
-    clock: Callable | None = None  # a kneecap.demo.clock.TwinClock: each twin starts on it
+    clock: Callable | None = None  # a kneecap.demo.clock.TwinClock: twins start on it; it holds while they do
     pods: dict[str, PodProc] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)  # deployment -> pods replaced
     started: dict[str, int] = field(default_factory=dict)  # deployment -> twin processes started
@@ -184,14 +184,21 @@ class Kubelet:
         root = str(Path(__file__).resolve().parents[2])  # the source tree, for an uninstalled checkout
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         err = open(self.log_dir / f"{pod_name}.log", "wb") if self.log_dir else asyncio.subprocess.DEVNULL
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "kneecap", "twin", *argv,
-                                                    stdout=asyncio.subprocess.DEVNULL, stderr=err, env=env)
-        if self.log_dir:
-            err.close()
-        pod = PodProc(pod_name, name, tmpl, port, proc, argv)
-        self.pods[pod_name] = pod
-        self.started[name] = self.started.get(name, 0) + 1
-        if not await self._wait_ready(pod):
+        if self.clock is not None:
+            self.clock.hold()  # the process start is this machine's time, not the pod's
+        try:
+            proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "kneecap", "twin", *argv,
+                                                        stdout=asyncio.subprocess.DEVNULL, stderr=err, env=env)
+            if self.log_dir:
+                err.close()
+            pod = PodProc(pod_name, name, tmpl, port, proc, argv)
+            self.pods[pod_name] = pod
+            self.started[name] = self.started.get(name, 0) + 1
+            ready = await self._wait_ready(pod)
+        finally:
+            if self.clock is not None:
+                self.clock.release()
+        if not ready:
             self.events.append({"event": "failed", "deployment": name, "pod": pod_name, "rc": proc.returncode})
             await self._stop_proc(pod)
             self.pods.pop(pod_name, None)
