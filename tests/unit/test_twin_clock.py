@@ -78,20 +78,23 @@ def test_anchor_flag_is_checked():
         assert exc.value.field == "sim_clock_anchor"
 
 
-def test_demo_clock_follows_the_slowest_twin_and_never_runs_back():
-    clock = TwinClock(4.0)
-    t = clock()
-    clock.heard("a", t - 100.0, time.time())  # a twin 100 simulated seconds behind
-    held = clock()
-    assert t <= held < t + 1.0  # held, not sent back
-    later = clock()
-    assert held <= later < t + 1.0
-    clock.heard("b", t - 200.0, time.time())
-    clock.keep_only(["a"])  # b stopped serving: a bounds the clock again
-    assert later <= clock() < t + 1.0
-    clock.keep_only([])
-    free = clock()
-    assert later <= free < t + 1.0  # no twin left: it runs on from where it was, no jump
+def test_demo_clock_follows_the_pace_of_the_slowest_twin_and_never_runs_back():
+    clock = TwinClock(1000.0, lead_wall_s=0.01)  # a reading counts for 0.01 wall s = 10 simulated s
+    clock.heard("a", 500.0, time.time())  # followed from here, whatever its own origin
+    c0 = clock()
+    time.sleep(0.05)
+    c1 = clock()
+    assert c0 <= c1 <= c0 + 10.0 + 1e-6  # 50 simulated s of wall time, but a's reading vouches for 10
+    clock.heard("a", 501.0, time.time())  # a advanced 1 s: the clock waits for it (never back)
+    assert c1 <= clock() <= c0 + 11.0 + 1e-6
+    clock.heard("b", 10.0, time.time())
+    clock.keep_only(["b"])  # a stopped serving: b sets the pace
+    time.sleep(0.05)
+    c2 = clock()
+    assert c2 <= c0 + 21.0 + 1e-6
+    clock.keep_only([])  # no twin left: it runs on from where it was, at its scale, no jump
+    time.sleep(0.05)
+    assert clock() >= c2 + 40.0
 
 
 async def test_demo_scrape_is_stamped_with_the_twins_clock():

@@ -46,10 +46,12 @@ SIM_TIME_GAUGE = "kneecap_twin_sim_time_seconds"
 
 
 class TwinClock:
-    """`scale` × the wall clock from the moment it is made, held back to the slowest twin it
-    heard from (each reading extrapolated at `scale` for at most `lead_wall_s`, so a reader
-    starved of fresh readings waits rather than runs ahead of a twin that lags); never runs
-    backwards. Thread-safe (the operator reads it from its own thread)."""
+    """`scale` × the wall clock from the moment it is made, held back to the pace of the slowest
+    twin it hears from. Each twin's clock is followed from where this clock stood when it was
+    first heard (a twin may be ahead: it kept running while this clock was held), each reading
+    extrapolated at `scale` for at most `lead_wall_s`, so a reader starved of fresh readings
+    waits rather than runs ahead of a twin that lags. Never runs backwards. Thread-safe (the
+    operator reads it from its own thread)."""
 
     def __init__(self, scale: float, lead_wall_s: float = 0.2):
         self.scale = scale
@@ -57,20 +59,24 @@ class TwinClock:
         self.t0 = time.time()
         self._lock = threading.Lock()
         self._read = (self.t0, self.t0)  # (wall, sim) of the last reading
-        self._twins: dict[str, tuple[float, float]] = {}  # twin -> (wall, sim) when last heard
+        self._twins: dict[str, tuple[float, float]] = {}  # twin -> (wall, sim on this clock) when last heard
+        self._offsets: dict[str, float] = {}  # twin -> this clock − the twin's, fixed when first heard
         self._holds = 0  # hold() calls not yet released
         self.held_wall_s = 0.0  # wall seconds spent held
+
+    def _now(self, wall: float) -> float:
+        last_wall, last_sim = self._read
+        sim = last_sim + (0.0 if self._holds else (wall - last_wall) * self.scale)
+        for heard_wall, heard_sim in self._twins.values():
+            sim = min(sim, heard_sim + min(wall - heard_wall, self.lead_wall_s) * self.scale)
+        return max(sim, last_sim)
 
     def __call__(self) -> float:
         with self._lock:
             wall = time.time()
-            last_wall, last_sim = self._read
             if self._holds:
-                self.held_wall_s += wall - last_wall
-            sim = last_sim + (0.0 if self._holds else (wall - last_wall) * self.scale)
-            for heard_wall, heard_sim in self._twins.values():
-                sim = min(sim, heard_sim + min(wall - heard_wall, self.lead_wall_s) * self.scale)
-            sim = max(sim, last_sim)
+                self.held_wall_s += wall - self._read[0]
+            sim = self._now(wall)
             self._read = (wall, sim)
             return sim
 
@@ -86,17 +92,25 @@ class TwinClock:
         self()
         with self._lock:
             self._holds = max(self._holds - 1, 0)
+            if not self._holds:  # the twins ran on meanwhile: follow them from here
+                self._twins.clear()
+                self._offsets.clear()
 
     def heard(self, twin: str, sim_s: float, wall_s: float) -> None:
         """Twin `twin`'s clock read `sim_s` at unix time `wall_s` (at the latest)."""
         with self._lock:
-            self._twins[twin] = (wall_s, sim_s)
+            if self._holds:
+                return
+            if twin not in self._offsets:
+                self._offsets[twin] = self._now(time.time()) - sim_s
+            self._twins[twin] = (wall_s, sim_s + self._offsets[twin])
 
     def keep_only(self, twins) -> None:
         """Forget the twins that no longer serve."""
         with self._lock:
             for gone in set(self._twins) - set(twins):
                 del self._twins[gone]
+                self._offsets.pop(gone, None)
 
     def anchor(self) -> str:
         """`kneecap twin --sim-clock-anchor` for a twin that starts on this clock now."""
