@@ -86,6 +86,7 @@ class TwinServer:
         self.metrics = TwinMetrics(self.names[0], config)
         self.created = int(time.time())
         self._streams: dict[SimRequest, asyncio.Queue] = {}
+        self._token_streams: set[SimRequest] = set()  # streaming requests: each token is sent on
         self._wake: asyncio.Event | None = None
         self._driver: asyncio.Task | None = None
         self._wall0 = 0.0
@@ -138,9 +139,8 @@ class TwinServer:
             await asyncio.sleep(max(delay, 0.0))
             self.metrics.on_step(result)
             for req, _first, _itl in result.tokens:
-                q = self._streams.get(req)
-                if q is not None:
-                    q.put_nowait(("token", req.output_tokens))
+                if req in self._token_streams:
+                    self._streams[req].put_nowait(("token", req.output_tokens))
             for req in result.finished:
                 q = self._streams.get(req)
                 if q is not None:
@@ -232,6 +232,8 @@ class TwinServer:
         self._streams[req] = queue
         self._wake.set()
         stream = bool(body.get("stream", False))
+        if stream:
+            self._token_streams.add(req)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
         name = model or self.names[0]
         try:
@@ -245,6 +247,7 @@ class TwinServer:
             raise
         finally:
             self._streams.pop(req, None)
+            self._token_streams.discard(req)
 
     def _usage(self, req: SimRequest) -> dict:
         return {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + req.output_tokens,
