@@ -8,9 +8,10 @@ records one `IntervalRow` per control decision, read back from the LLMDeployment
 the Deployment's args. Time is simulated: the twins and the operator's clock run
 `time_scale` times faster than the wall clock, so every duration here is simulated seconds.
 On a busy machine the twins fall behind; the demo then follows their clock (`TwinClock`:
-the operator's `now`, the scrape stamps, the load's pacing and the rows all read the twins'
-time), so rates stay right and the run takes longer; it warns once (`on_warning`) and the
-summary gives the ratio of twin time to `time_scale` × wall time.
+the operator's `now`, the load's pacing and the rows go at the slowest twin's pace, scrapes
+carry the twin's own time, and the clock holds while a twin or load process starts), so rates
+stay right and the run takes longer; it warns once (`on_warning`) and the summary gives the
+ratio of twin time to `time_scale` × wall time.
 
 The load has two phases: a light warm-up (`warmup_intervals` at `warmup_rate_fraction` of the
 rate), so SLIM sees more than one batch level (DESIGN §4.3), then the full rate, capped at
