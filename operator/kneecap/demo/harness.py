@@ -39,6 +39,7 @@ import aiohttp
 from kneecap.control import vllm_args as V
 from kneecap.control.manifests import GPU_MEMORY_UTILIZATION, MAX_NUM_SEQS, vllm_container
 from kneecap.control.metrics import OperatorMetrics
+from kneecap.control.status import parse_iso
 from kneecap.demo.clock import TwinClock, twin_time_scrape
 from kneecap.sim.server import SIM_TIME_HEADER
 from kneecap.demo.kubeapi import LLMD, KubeAPIThread
@@ -189,7 +190,7 @@ class OperatorThread:
 class IntervalRow:
     """One control decision as the status and the Deployment showed it."""
 
-    t_s: float  # simulated seconds since the demo started
+    t_s: float  # simulated seconds since the load started, when the operator decided
     obs_t_end_s: float | None  # end of the observation window behind the numbers (repeats when none closed)
     max_num_seqs: int  # live in the Deployment's args
     gpu_memory_utilization: float
@@ -403,7 +404,8 @@ async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: TwinClock,
             stamp = (st.get("lastDecision") or {}).get("time"), len(st.get("observations") or [])
             if st.get("lastDecision") and dep and stamp != last:
                 last = stamp
-                t = clock() - t0
+                decided = parse_iso(stamp[0])  # the operator's clock when it decided (this loop may notice late)
+                t = max((decided if decided is not None else clock()) - t0, 0.0)
                 phase = "warmup" if t < cfg.warmup_s else "steady"
                 row = _row(t, st, dep, sum(kubelet.restarts.values()), phase)
                 rows.append(row)
