@@ -41,12 +41,12 @@ from kneecap.control.manifests import GPU_MEMORY_UTILIZATION, MAX_NUM_SEQS, vllm
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.control.status import parse_iso
 from kneecap.demo.clock import TwinClock, twin_time_scrape
-from kneecap.sim.server import SIM_TIME_HEADER
 from kneecap.demo.kubeapi import LLMD, KubeAPIThread
 from kneecap.demo.kubelet import DEPLOY, Kubelet
 from kneecap.demo.report import BEHIND_RATIO
 from kneecap.demo.router import Router
 from kneecap.errors import InputError
+from kneecap.sim.server import SIM_TIME_HEADER
 
 NS = "demo"
 NAME = "opt"
@@ -278,8 +278,8 @@ async def _load(cfg: DemoConfig, url: str, clock: TwinClock, t0: float, started:
     operator's) paced on the demo's clock through the router, both started now, each sending
     from its phase's start on that clock; both stop when the run's duration is over on it. The
     clock holds until both processes have read it (`started` is set then): on a busy machine a
-    process takes seconds to start, which must not eat the warm-up. Returns the steady phase's report, or {"stopped": True} when it was
-    still busy at the end (requests left in flight)."""
+    process takes seconds to start, which must not eat the warm-up. Returns the steady phase's
+    report, or {"stopped": True} when it was still busy at the end (requests left in flight)."""
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
