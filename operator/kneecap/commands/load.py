@@ -19,7 +19,8 @@ def add_arguments(parser) -> None:
                                                          "requests of the first DURATION (compressed) seconds")
     parser.add_argument("--trace", help="replay this trace (Azure TIMESTAMP,ContextTokens,GeneratedTokens or "
                                         "CSV arrival_s,input_tokens,output_tokens): each request at its "
-                                        "arrival with its prompt and output lengths")
+                                        "arrival with its prompt and output lengths (--input-*, --output-*, "
+                                        "--burst-cv do not apply)")
     parser.add_argument("--compress", type=float, default=1.0,
                         help="with --trace: play it X times faster (arrival times / X)")
     parser.add_argument("--input-mean", type=float, default=128.0, help="mean prompt length, tokens")
