@@ -37,7 +37,7 @@ async def test_a_twin_that_cannot_keep_up_holds_its_clock_to_its_engine():
     n = 10
     async with TestServer(twin.app()) as srv, ClientSession() as session:
         wall0 = time.monotonic()
-        report = await run_schedule(str(srv.make_url("/")), np.zeros(n), np.full(n, 10), np.full(n, 300),
+        report = await run_schedule(str(srv.make_url("/")), np.zeros(n), np.full(n, 10), np.full(n, 900),
                                     time_scale=scale, session=session)
         wall_s = time.monotonic() - wall0
         async with session.get(srv.make_url("/metrics")) as r:
@@ -46,9 +46,9 @@ async def test_a_twin_that_cannot_keep_up_holds_its_clock_to_its_engine():
     assert report.completed == n
     clock_s = _gauge(text, SIM_TIME_GAUGE) - twin.sim_origin_s
     behind_s = _gauge(text, "kneecap_twin_behind_seconds")
-    # 3,000 decode steps of one sequence at a time: the clock reached the engine's time, far short
+    # 9,000 decode steps of one sequence at a time: the clock reached the engine's time, far short
     # of 10⁵ × the wall time they took (only CATCH_UP_WALL_S of it may run ahead of the engine)
-    assert wall_s > 20 * CATCH_UP_WALL_S
+    assert wall_s > 5 * CATCH_UP_WALL_S
     assert twin.engine.busy_s <= twin.engine.now_s <= clock_s < 0.5 * wall_s * scale
     assert behind_s > 0.5 * wall_s * scale - clock_s
     # on its own clock the twin served every request: no latency is longer than the time it ran
