@@ -1,7 +1,10 @@
 """`kneecap demo`'s harness end to end: a short run, its summary checked against the API's objects.
 
 The run is real: the emulated API, the operator (kopf, enforce mode), `kneecap twin` pods run
-by the kubelet shim, `kneecap load` through the router. Simulated time runs 5× the wall clock.
+by the kubelet shim, `kneecap load` through the router. Simulated time runs 5× the wall clock
+when the CPU keeps up; on a busy machine the twins' clocks fall behind and the whole demo
+follows them, so what is asserted here does not depend on how busy the machine is (only the
+wall time does).
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ def flags(deploy: dict) -> tuple[int, float]:
 
 def test_short_demo_summary_matches_the_api_objects(tmp_path):
     cfg = DemoConfig(duration_s=160.0, time_scale=5.0, interval_s=10.0, cooldown_s=30.0, warmup_intervals=2)
-    lines = []
-    res = run_demo(cfg, on_row=lambda r: lines.append(row_line(r)), log_dir=tmp_path)
+    lines, warnings = [], []
+    res = run_demo(cfg, on_row=lambda r: lines.append(row_line(r)), log_dir=tmp_path, on_warning=warnings.append)
     s = res.summary
+    print(summary_text(s))
     # the summary's converged settings are the Deployment's args at the end
     assert (s["converged_max_num_seqs"], s["converged_gpu_memory_utilization"]) == flags(res.deployment)
     assert (s["start_max_num_seqs"], s["start_gpu_memory_utilization"]) == (256, 0.9)
@@ -50,6 +54,13 @@ def test_short_demo_summary_matches_the_api_objects(tmp_path):
     assert len(lines) == len(res.rows) >= 8
     assert any(r.decision == "Applied" for r in res.rows)
     assert any(r.throughput_tok_s and r.throughput_tok_s > 500 for r in res.rows)
+    # rates are on the twins' clock: at full load the H100 twin at cap 256 serves ~18k tok/s (60 req/s
+    # of 400 tokens offered); rates on a wall clock the twin lagged behind read far lower
+    assert max(r.throughput_tok_s or 0 for r in res.rows if r.phase == "steady") > 12_000
+    # the demo says whether the twins kept up: one warning line during the run and the summary's last line
+    assert 0 < s["twin_time_ratio"] <= 1.05 and s["twin_behind_s"] >= 0
+    assert s["twins_fell_behind"] == (s["twin_time_ratio"] < 0.95) == ("twins fell behind" in summary_text(s))
+    assert len(warnings) <= 1 and (not warnings or "fell behind" in warnings[0])
     assert s["throughput_converged_tok_s"] is None or s["throughput_converged_tok_s"] > 0
     assert "GiB released" in summary_text(s)
     json.dumps(res.to_json())

@@ -84,7 +84,8 @@ def run(args) -> int:
           f"at {cfg.time_scale:g}x (about {cfg.duration_s / cfg.time_scale:.0f}s wall); pods start at "
           f"max_num_seqs={cfg.max_num_seqs}, gpu_memory_utilization={cfg.gpu_memory_utilization:g}",
           file=live, flush=True)
-    res = run_demo(cfg, on_row=lambda r: print(row_line(r), file=live, flush=True), log_dir=out / "logs")
+    res = run_demo(cfg, on_row=lambda r: print(row_line(r), file=live, flush=True), log_dir=out / "logs",
+                   on_warning=lambda line: print(line, file=live, flush=True))
     png = plot(res, out / "trajectory.png")
     (out / "run.json").write_text(json.dumps(res.to_json(), indent=1, default=str))
     if args.json:

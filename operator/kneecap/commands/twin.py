@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import signal
 import sys
 import types
@@ -96,6 +97,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", default="h100-80gb", help="twin: catalog GPU (default h100-80gb)")
     parser.add_argument("--time-scale", type=float, default=1.0, help="twin: run X times faster than real time")
     parser.add_argument("--seed", type=int, default=0, help="twin: seed for generated text")
+    parser.add_argument("--sim-clock-anchor", metavar="WALL:SIM",
+                        help="twin: put the simulated clock (kneecap_twin_sim_time_seconds, X-Kneecap-Sim-Time) on "
+                             "the clock that read SIM seconds at unix time WALL and runs --time-scale times faster "
+                             "(default: unix time at start)")
 
     def parse_known_args(self, args=None, namespace=None):  # tolerate vLLM flags we do not model
         argv = list(sys.argv[1:] if args is None else args)
@@ -139,7 +144,20 @@ def build_server(args):
                         num_gpu_blocks_override=args.num_gpu_blocks_override,
                         enable_chunked_prefill=args.enable_chunked_prefill)
     return TwinServer(cfg, args.served_model_name or [model], time_scale=args.time_scale, seed=args.seed,
-                      root_model=model)
+                      root_model=model, sim_clock_anchor=parse_anchor(args.sim_clock_anchor))
+
+
+def parse_anchor(text: str | None) -> tuple[float, float] | None:
+    """``WALL:SIM`` (two finite numbers of seconds) as a pair; None for None."""
+    if text is None:
+        return None
+    try:
+        wall_s, sim_s = (float(x) for x in text.split(":"))
+    except ValueError:
+        raise InputError("sim_clock_anchor", f"expected WALL:SIM (two numbers of seconds), got {text!r}") from None
+    if not (math.isfinite(wall_s) and math.isfinite(sim_s)):
+        raise InputError("sim_clock_anchor", f"expected finite seconds, got {text!r}")
+    return wall_s, sim_s
 
 
 def run(args) -> int:

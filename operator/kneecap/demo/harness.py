@@ -7,6 +7,11 @@ Service-like router, drives the router with Poisson load (kneecap.sim.loadgen.ru
 records one `IntervalRow` per control decision, read back from the LLMDeployment's status and
 the Deployment's args. Time is simulated: the twins and the operator's clock run
 `time_scale` times faster than the wall clock, so every duration here is simulated seconds.
+On a busy machine the twins fall behind; the demo then follows their clock (`TwinClock`:
+the operator's `now`, the load's pacing and the rows go at the slowest twin's pace, scrapes
+carry the twin's own time, and the clock holds while a twin or load process starts), so rates
+stay right and the run takes longer; it warns once (`on_warning`) and the summary gives the
+ratio of twin time to `time_scale` × wall time.
 
 The load has two phases: a light warm-up (`warmup_intervals` at `warmup_rate_fraction` of the
 rate), so SLIM sees more than one batch level (DESIGN §4.3), then the full rate, capped at
@@ -29,18 +34,25 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import aiohttp
+
 from kneecap.control import vllm_args as V
 from kneecap.control.manifests import GPU_MEMORY_UTILIZATION, MAX_NUM_SEQS, vllm_container
 from kneecap.control.metrics import OperatorMetrics
-from kneecap.demo.clock import SimClock, scaled_scrape
+from kneecap.control.status import parse_iso
+from kneecap.demo.clock import TwinClock, twin_time_scrape
 # the emulated API (kmock, the `demo` extra) is imported where a run starts: DemoConfig and
 # `kneecap demo --help` work without it
+from kneecap.demo.report import BEHIND_RATIO
 from kneecap.demo.router import Router
 from kneecap.errors import InputError
+from kneecap.sim.server import SIM_TIME_HEADER
 
 NS = "demo"
 NAME = "opt"
 GIB = 1024**3
+TWIN_POLL_S = 0.1  # wall seconds between reads of each twin's clock
+LOAD_START_S = 300.0  # wall seconds a load process may take to start (a busy machine is slow)
 
 
 @dataclass(frozen=True)
@@ -178,7 +190,7 @@ class OperatorThread:
 class IntervalRow:
     """One control decision as the status and the Deployment showed it."""
 
-    t_s: float  # simulated seconds since the demo started
+    t_s: float  # simulated seconds since the load started, when the operator decided
     obs_t_end_s: float | None  # end of the observation window behind the numbers (repeats when none closed)
     max_num_seqs: int  # live in the Deployment's args
     gpu_memory_utilization: float
@@ -209,11 +221,14 @@ class DemoResult:
     load: dict  # the steady phase's `kneecap load --json` report ({"stopped": True} if cut at the end)
     wall_s: float
     operator_metrics: str
+    twin_time_ratio: float  # twin seconds per time_scale × wall second while the load ran (1: on time)
+    twin_behind_s: float  # simulated seconds the twins lost against time_scale × the wall clock
     summary: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"config": asdict(self.config), "summary": self.summary, "rows": [asdict(r) for r in self.rows],
-                "kubelet_events": self.kubelet_events, "load": self.load, "wall_s": self.wall_s}
+                "kubelet_events": self.kubelet_events, "load": self.load, "wall_s": self.wall_s,
+                "twin_time_ratio": self.twin_time_ratio, "twin_behind_s": self.twin_behind_s}
 
 
 def _flags(deploy: dict) -> tuple[int, float]:
@@ -242,48 +257,128 @@ def _row(t_s: float, st: dict, deploy: dict, restarts: int, phase: str) -> Inter
 
 # ------------------------------------------------------------------ the run
 
-def _load_argv(cfg: DemoConfig, url: str, rate_rps: float, duration_s: float, seed: int) -> list[str]:
+def _load_argv(cfg: DemoConfig, url: str, rate_rps: float, duration_s: float, seed: int,
+               start_at_s: float) -> list[str]:
     return [sys.executable, "-m", "kneecap", "load", url, "--rate", f"{rate_rps:g}", "--duration", f"{duration_s:g}",
+            "--start-at", repr(start_at_s),
             "--input-mean", f"{cfg.input_mean:g}", "--input-cv", f"{cfg.input_cv:g}",
             "--output-mean", f"{cfg.output_mean:g}", "--output-cv", f"{cfg.output_cv:g}", "--seed", str(seed),
             "--max-concurrency", str(cfg.max_concurrency), "--model", cfg.model, "--timeout", "3600",
-            "--time-scale", f"{cfg.time_scale:g}", "--json"]
+            "--time-scale", f"{cfg.time_scale:g}", "--sim-clock", "--no-stream", "--json"]
 
 
-async def _load(cfg: DemoConfig, url: str) -> dict:
+async def _until(clock: TwinClock, t_s: float) -> None:
+    """Wait until the demo's clock reads `t_s`."""
+    while (ahead := t_s - clock()) > 0:
+        await asyncio.sleep(min(ahead / clock.scale, TWIN_POLL_S))
+
+
+async def _load(cfg: DemoConfig, url: str, clock: TwinClock, t0: float, started: asyncio.Event) -> dict:
     """Warm-up then steady Poisson load, each a `kneecap load` process (its own CPU, not the
-    operator's); both stop when the run's duration is over. Returns the steady phase's report,
-    or {"stopped": True} when it was still busy at the end (requests left in flight)."""
+    operator's) paced on the demo's clock through the router, both started now, each sending
+    from its phase's start on that clock; both stop when the run's duration is over on it. The
+    clock holds until both processes have read it (`started` is set then): on a busy machine a
+    process takes seconds to start, which must not eat the warm-up. Returns the steady phase's
+    report, or {"stopped": True} when it was still busy at the end (requests left in flight)."""
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     spawn = lambda argv: asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,  # noqa: E731
-                                                        stderr=asyncio.subprocess.DEVNULL, env=env)
-    procs = [await spawn(_load_argv(cfg, url, cfg.rate_rps * cfg.warmup_rate_fraction, cfg.warmup_s, cfg.seed))]
-    await asyncio.sleep(cfg.warmup_s / cfg.time_scale)
-    procs.append(await spawn(_load_argv(cfg, url, cfg.rate_rps, cfg.duration_s - cfg.warmup_s, cfg.seed + 1)))
+                                                        stderr=asyncio.subprocess.PIPE, env=env)
+    clock.hold()
+    held = True
+    procs = []
+    steady = end = None
     try:
-        out, _ = await asyncio.wait_for(procs[1].communicate(), (cfg.duration_s - cfg.warmup_s) / cfg.time_scale)
-        return json.loads(out.decode() or "{}")
-    except asyncio.TimeoutError:
+        procs = [await spawn(_load_argv(cfg, url, cfg.rate_rps * cfg.warmup_rate_fraction, cfg.warmup_s, cfg.seed,
+                                        t0)),
+                 await spawn(_load_argv(cfg, url, cfg.rate_rps, cfg.duration_s - cfg.warmup_s, cfg.seed + 1,
+                                        t0 + cfg.warmup_s))]
+        try:
+            lines = await asyncio.wait_for(asyncio.gather(*(p.stderr.readline() for p in procs)), LOAD_START_S)
+        except asyncio.TimeoutError:
+            raise RuntimeError(f"the load processes did not start within {LOAD_START_S:g} s") from None
+        for line, p in zip(lines, procs):
+            if not line.startswith(b"kneecap load:"):
+                rest = await p.stderr.read() if p.returncode is not None else b""
+                raise RuntimeError(f"a load process failed to start: {(line + rest).decode()[-2000:]}")
+        clock.release()
+        held = False
+        started.set()
+        steady = asyncio.create_task(procs[1].communicate())
+        end = asyncio.create_task(_until(clock, t0 + cfg.duration_s))
+        await asyncio.wait({steady, end}, return_when=asyncio.FIRST_COMPLETED)
+        if steady.done():
+            return json.loads(steady.result()[0].decode() or "{}")
         return {"stopped": True}
     finally:
+        if held:
+            clock.release()
+        for task in (steady, end):
+            if task is not None:
+                task.cancel()
         for p in procs:
             if p.returncode is None:
                 p.terminate()
                 await p.wait()
 
 
-async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: SimClock,
-                on_row: Callable[[IntervalRow], None], log_dir: Path | None):
+async def _follow_twins(clock: TwinClock, router: Router, stop: asyncio.Event) -> None:
+    """Read each serving twin's clock (the `X-Kneecap-Sim-Time` header of its /health) into the
+    demo's clock, every TWIN_POLL_S wall seconds, until `stop`."""
+    async with aiohttp.ClientSession() as session:
+        while not stop.is_set():
+            urls = list(router.endpoints)
+            clock.keep_only(urls)
+            for url in urls:
+                try:
+                    async with session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=10)) as r:
+                        sim = r.headers.get(SIM_TIME_HEADER)
+                    if sim is not None:
+                        clock.heard(url, float(sim), time.time())
+                except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+                    pass  # a twin going away; the kubelet decides what that means
+            try:
+                await asyncio.wait_for(stop.wait(), TWIN_POLL_S)
+            except asyncio.TimeoutError:
+                pass
+
+
+class _LagWatch:
+    """Twin time against time_scale × wall time since the load started (less the time the clock
+    was held for process starts); warns once."""
+
+    def __init__(self, cfg: DemoConfig, clock: TwinClock, on_warning: Callable[[str], None]):
+        self.cfg, self.clock, self.on_warning = cfg, clock, on_warning
+        self.sim0 = clock()
+        self.wall0, self.held0 = time.time(), clock.held_wall_s
+        self.warned = False
+
+    def ratio_behind(self) -> tuple[float, float]:
+        sim = self.clock() - self.sim0
+        full = (time.time() - self.wall0 - (self.clock.held_wall_s - self.held0)) * self.cfg.time_scale
+        return (sim / full if full > 0 else 1.0), max(full - sim, 0.0)
+
+    def check(self) -> None:
+        ratio, behind = self.ratio_behind()
+        if not self.warned and ratio < BEHIND_RATIO and behind >= self.cfg.interval_s:
+            self.warned = True
+            self.on_warning(f"WARNING: the twins fell behind the wall clock (running at {ratio:.2f} of "
+                            f"{self.cfg.time_scale:g}x, {behind:.0f} simulated s lost): the machine is busy; "
+                            "the demo follows the twins' clock, so rates stay right and the run takes longer")
+
+
+async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: TwinClock,
+                on_row: Callable[[IntervalRow], None], on_warning: Callable[[str], None], log_dir: Path | None):
     from kneecap.demo.kubeapi import LLMD
     from kneecap.demo.kubelet import DEPLOY, Kubelet
 
-    router = await Router().start()
+    router = await Router(clock=clock).start()
     kubelet = Kubelet(kube, NS, cfg.time_scale, on_endpoints=lambda _d, urls: router.set_endpoints(urls),
-                      drain=router.drain, log_dir=log_dir)
+                      drain=router.drain, log_dir=log_dir, clock=clock)
     stop = asyncio.Event()
     kubelet_task = asyncio.create_task(kubelet.run(stop))
+    follow_task = asyncio.create_task(_follow_twins(clock, router, stop))
     rows: list[IntervalRow] = []
     try:
         kube_create = asyncio.to_thread(kube.create, LLMD, llmdeployment(cfg))
@@ -297,31 +392,41 @@ async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: SimClock,
                 raise RuntimeError(f"no pod became ready: {kubelet.events}")
             await asyncio.sleep(0.1)
         t0 = clock()
-        load_task = asyncio.create_task(_load(cfg, router.url))
+        started = asyncio.Event()
+        lag = None
+        load_task = asyncio.create_task(_load(cfg, router.url, clock, t0, started))
         last = None
         while not load_task.done():
+            if lag is None and started.is_set():
+                lag = _LagWatch(cfg, clock, on_warning)
+            if lag is not None:
+                lag.check()
             st_obj, dep = await asyncio.gather(asyncio.to_thread(kube.get, LLMD, NS, NAME),
                                                asyncio.to_thread(kube.get, DEPLOY, NS, NAME))
             st = (st_obj or {}).get("status") or {}
             stamp = (st.get("lastDecision") or {}).get("time"), len(st.get("observations") or [])
             if st.get("lastDecision") and dep and stamp != last:
                 last = stamp
-                t = clock() - t0
+                decided = parse_iso(stamp[0])  # the operator's clock when it decided (this loop may notice late)
+                t = max((decided if decided is not None else clock()) - t0, 0.0)
                 phase = "warmup" if t < cfg.warmup_s else "steady"
                 row = _row(t, st, dep, sum(kubelet.restarts.values()), phase)
                 rows.append(row)
                 on_row(row)
             await asyncio.sleep(min(0.25, cfg.interval_s / cfg.time_scale / 4))
         report = load_task.result()
+        ratio, behind = lag.ratio_behind() if lag is not None else (1.0, 0.0)
     finally:
         stop.set()
         await kubelet_task
+        await follow_task
         await router.stop()
-    return rows, report, kubelet
+    return rows, report, kubelet, ratio, behind
 
 
 def run_demo(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = lambda row: None,
-             log_dir: Path | None = None, quiet_operator: bool = True) -> DemoResult:
+             log_dir: Path | None = None, quiet_operator: bool = True,
+             on_warning: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> DemoResult:
     """Run the whole loop once (module docstring) and return what it recorded."""
     cfg.check()
     if quiet_operator:
@@ -332,12 +437,12 @@ def run_demo(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = lambda row
     from kneecap.demo.kubelet import DEPLOY
 
     wall0 = time.monotonic()
-    clock = SimClock(cfg.time_scale)
+    clock = TwinClock(cfg.time_scale, lead_wall_s=2 * TWIN_POLL_S)
     with KubeAPIThread(instant_rollouts=False) as kube:
         kube.add_namespace(NS)
-        op = OperatorThread(kube.url, NS, clock=clock, tick_s=cfg.tick_s, scrape=scaled_scrape(clock)).start()
+        op = OperatorThread(kube.url, NS, clock=clock, tick_s=cfg.tick_s, scrape=twin_time_scrape(clock)).start()
         try:
-            rows, report, kubelet = asyncio.run(_main(cfg, kube, clock, on_row, log_dir))
+            rows, report, kubelet, ratio, behind = asyncio.run(_main(cfg, kube, clock, on_row, on_warning, log_dir))
         finally:
             op.stop()
         llmd_obj = kube.get(LLMD, NS, NAME)
@@ -346,7 +451,7 @@ def run_demo(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = lambda row
     load = {k: v for k, v in report.items() if k != "records"}
     res = DemoResult(cfg, rows, llmd_obj, deploy, history, sum(kubelet.restarts.values()),
                      sum(kubelet.started.values()), copy.deepcopy(kubelet.events), load,
-                     time.monotonic() - wall0, op.metrics.exposition().decode())
+                     time.monotonic() - wall0, op.metrics.exposition().decode(), ratio, behind)
     from kneecap.demo.report import summarize
 
     res.summary = summarize(res)

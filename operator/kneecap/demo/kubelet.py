@@ -3,13 +3,13 @@
 What a cluster would do for the demo, on one machine: for every Deployment labelled
 ``app.kubernetes.io/managed-by=kneecap`` it keeps ``spec.replicas`` twin processes whose
 argv is the vLLM container's args (the twin takes vLLM's flags) plus the owner's model shape
-and GPU and the demo's time scale. A changed pod template (new ``--max-num-seqs``, memory flag)
-is rolled out like a Deployment's default RollingUpdate with one replica: the new pod starts,
-becomes Ready, joins the Service, then the old pod leaves it, drains its in-flight requests and
-stops. Each such replacement counts as one restart. Pods are written into the emulated API
-(Ready, with the ``kneecap.io/metrics-url`` annotation) owned by a ReplicaSet of the
-Deployment, as the Deployment controller makes them (`add_owned_pod`), so the operator finds
-and scrapes them,
+and GPU, the demo's time scale and the demo's clock to start on. A changed pod template (new
+``--max-num-seqs``, memory flag) is rolled out like a Deployment's default RollingUpdate with
+one replica: the new pod starts, becomes Ready, joins the Service, then the old pod leaves it,
+drains its in-flight requests and stops. Each such replacement counts as one restart. Pods are
+written into the emulated API (Ready, with the ``kneecap.io/metrics-url`` annotation) owned by a
+ReplicaSet of the Deployment, as the Deployment controller makes them (`add_owned_pod`), so the
+operator finds and scrapes them,
 and the Deployment's status says how far the rollout is (the API is run without kmock's
 instant rollouts), so the operator's rollout guard holds while a pod restarts.
 """
@@ -93,8 +93,10 @@ def add_owned_pod(kube: KubeAPIThread, deploy: dict | str, name: str, ip: str = 
     })
 
 
-def twin_argv(container: dict, arch: str, gpu: str, port: int, time_scale: float) -> list[str]:
-    """`kneecap twin` argv from a vLLM container: its args without --port/--host, plus the twin's."""
+def twin_argv(container: dict, arch: str, gpu: str, port: int, time_scale: float,
+              sim_clock_anchor: str | None = None) -> list[str]:
+    """`kneecap twin` argv from a vLLM container: its args without --port/--host, plus the twin's
+    (and the clock it starts on, when given)."""
     args, skip = [], False
     for tok in container.get("args") or []:
         if skip:
@@ -106,7 +108,8 @@ def twin_argv(container: dict, arch: str, gpu: str, port: int, time_scale: float
             continue
         args.append(tok)
     return [*args, "--host", "127.0.0.1", "--port", str(port), "--arch", arch, "--gpu", gpu,
-            "--time-scale", f"{time_scale:g}"]
+            "--time-scale", f"{time_scale:g}",
+            *(["--sim-clock-anchor", sim_clock_anchor] if sim_clock_anchor else [])]
 
 
 @dataclass
@@ -139,6 +142,7 @@ class Kubelet:
     poll_s: float = 0.2
     start_timeout_s: float = 60.0
     log_dir: Path | None = None
+    clock: Callable | None = None  # a kneecap.demo.clock.TwinClock: twins start on it; it holds while they do
     pods: dict[str, PodProc] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)  # deployment -> pods replaced
     started: dict[str, int] = field(default_factory=dict)  # deployment -> twin processes started
@@ -227,19 +231,27 @@ class Kubelet:
         self._seq += 1
         pod_name = f"{name}-{tmpl[:6]}-{self._seq}"
         port = free_port()
-        argv = twin_argv(M.vllm_container(d), arch, gpu, port, self.time_scale)
+        argv = twin_argv(M.vllm_container(d), arch, gpu, port, self.time_scale,
+                         self.clock.anchor() if self.clock is not None else None)
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])  # the source tree, for an uninstalled checkout
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         err = open(self.log_dir / f"{pod_name}.log", "wb") if self.log_dir else asyncio.subprocess.DEVNULL
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "kneecap", "twin", *argv,
-                                                    stdout=asyncio.subprocess.DEVNULL, stderr=err, env=env)
-        if self.log_dir:
-            err.close()
-        pod = PodProc(pod_name, name, tmpl, port, proc, argv)
-        self.pods[pod_name] = pod
-        self.started[name] = self.started.get(name, 0) + 1
-        if not await self._wait_ready(pod):
+        if self.clock is not None:
+            self.clock.hold()  # the process start is this machine's time, not the pod's
+        try:
+            proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "kneecap", "twin", *argv,
+                                                        stdout=asyncio.subprocess.DEVNULL, stderr=err, env=env)
+            if self.log_dir:
+                err.close()
+            pod = PodProc(pod_name, name, tmpl, port, proc, argv)
+            self.pods[pod_name] = pod
+            self.started[name] = self.started.get(name, 0) + 1
+            ready = await self._wait_ready(pod)
+        finally:
+            if self.clock is not None:
+                self.clock.release()
+        if not ready:
             self.events.append({"event": "failed", "deployment": name, "pod": pod_name, "rc": proc.returncode})
             await self._stop_proc(pod)
             self.pods.pop(pod_name, None)

@@ -13,6 +13,8 @@ import numpy as np
 
 from kneecap.model.hardware import get_gpu
 
+BEHIND_RATIO = 0.95  # twin seconds per time_scale × wall second below which the twins fell behind
+
 GIB = 1024**3
 
 
@@ -82,6 +84,9 @@ def summarize(res) -> dict:
         "load_completed": res.load.get("completed"), "load_failed": res.load.get("failed"),
         "load_stopped_at_end": bool(res.load.get("stopped")),
         "wall_s": round(res.wall_s, 1),
+        "time_scale": cfg.time_scale,
+        "twin_time_ratio": round(res.twin_time_ratio, 3), "twin_behind_s": round(res.twin_behind_s, 1),
+        "twins_fell_behind": res.twin_time_ratio < BEHIND_RATIO,
     }
 
 
@@ -113,7 +118,17 @@ def summary_text(s: dict) -> str:
         f"  SLO          {_f(att and att * 100, '.0f')}% of {s['slo_intervals']} intervals after convergence met"
         f" (TPOT {_f(s['slo_tpot_s'], 'g')}s, ITL p95 {_f(s['itl_p95_converged_s'] and s['itl_p95_converged_s'] * 1e3, '.1f')} ms)",
         f"  restarts     {s['restarts']} pod restart(s)",
+        twin_time_line(s),
     ])
+
+
+def twin_time_line(s: dict) -> str:
+    """Whether the twins kept up with the asked time scale (their clock is the demo's clock)."""
+    ratio, scale = s["twin_time_ratio"], s["time_scale"]
+    if s["twins_fell_behind"]:
+        return (f"  twins fell behind: lag ratio {ratio:.2f} (ran at {ratio * scale:.2g}x of the asked {scale:g}x, "
+                f"{s['twin_behind_s']:.0f} simulated s lost); every time and rate here is on the twins' clock")
+    return f"  twin clock   kept up (ratio {ratio:.2f} of {scale:g}x)"
 
 
 def plot(res, path: Path) -> Path:

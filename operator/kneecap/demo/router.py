@@ -4,6 +4,8 @@ Requests go to a Ready endpoint; while none is Ready (a pod is starting) they wa
 clients of a Service retry until an endpoint appears. A retiring endpoint gets no new requests
 and `drain(url)` waits until its in-flight requests have finished (graceful termination).
 Responses stream through unchanged, so `run_load` measures TTFT and E2E through the router.
+Given the demo's clock, the router answers `GET /health` itself with it in the
+`X-Kneecap-Sim-Time` header (what `kneecap load --sim-clock` paces on).
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import aiohttp
 from aiohttp import web
 
 from kneecap.demo.clock import free_port
+from kneecap.sim.server import SIM_TIME_HEADER
 
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "host"}
 
 
 class Router:
-    def __init__(self, wait_for_endpoint_s: float = 120.0, drain_timeout_s: float = 60.0):
+    def __init__(self, wait_for_endpoint_s: float = 120.0, drain_timeout_s: float = 60.0, clock=None):
+        self.clock = clock
         self.endpoints: list[str] = []
         self.inflight: dict[str, int] = {}
         self.forwarded = 0
@@ -81,10 +85,15 @@ class Router:
         finally:
             self.inflight[url] -= 1
 
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(headers={SIM_TIME_HEADER: repr(self.clock())})
+
     async def start(self, port: int | None = None) -> "Router":
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                               timeout=aiohttp.ClientTimeout(total=None))
         app = web.Application(client_max_size=64 * 1024 * 1024)
+        if self.clock is not None:
+            app.router.add_get("/health", self._health)
         app.router.add_route("*", "/{tail:.*}", self._proxy)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()

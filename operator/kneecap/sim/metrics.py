@@ -137,6 +137,14 @@ class TwinMetrics:
         self.h_prefill_kv = hist("vllm:request_prefill_kv_computed_tokens",
                                  "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
                                  tok_buckets)
+        # the twin's own: its simulated clock (kneecap.sim.server), not a vLLM metric
+        self.sim_time = Gauge("kneecap_twin_sim_time_seconds",
+                              "The twin's simulated clock, seconds (unix time at start + simulated seconds since, or "
+                              "the clock given by --sim-clock-anchor); it falls behind time_scale x the wall clock "
+                              "when the CPU cannot keep up.", registry=reg)
+        self.behind = Gauge("kneecap_twin_behind_seconds",
+                            "Simulated seconds the twin's clock has lost against time_scale x the wall clock since "
+                            "it started.", registry=reg)
         info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
                      ["engine"] + sorted(cache_config_labels(cfg)), registry=reg)
         info.labels(engine=engine_index, **cache_config_labels(cfg)).set(1)

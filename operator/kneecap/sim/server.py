@@ -4,10 +4,18 @@ Endpoints: ``POST /v1/completions`` (OpenAI shape with ``usage``; ``stream`` as 
 events, ``stream_options.include_usage``), ``GET /v1/models``, ``/health``, ``/version``,
 ``/metrics`` (vLLM names, see :mod:`kneecap.sim.metrics`).
 
-Time: one driver task steps the engine and sleeps until wall time reaches each step's end, so
-simulated time runs ``time_scale`` times faster than the wall clock; every latency the twin
-reports (metrics, and what a client measures × time_scale) is in simulated seconds. When the
-CPU cannot keep up the engine falls behind the wall clock and the twin runs slower than asked.
+Time: one driver task steps the engine and sleeps until the twin's clock reaches each step's
+end; a step that starts late runs at once, so the engine catches up. The clock runs
+``time_scale`` times faster than the wall clock, but never more than ``CATCH_UP_WALL_S`` (wall
+seconds, × time_scale) ahead of a busy engine: when the CPU cannot keep up (steps take longer
+to compute than they model) the clock waits for the engine, so the twin runs slower than asked
+yet stays self-consistent: arrivals, latencies and counters are all on its clock. Every latency the twin reports is in simulated
+seconds. The clock is exported: the gauge ``kneecap_twin_sim_time_seconds`` on /metrics (read
+in the same render as the counters, so Δcounter/Δgauge is a rate on the twin's clock),
+``kneecap_twin_behind_seconds`` (what it has lost against ``time_scale`` × the wall clock), and
+the header ``X-Kneecap-Sim-Time`` on every response. Its origin is the unix time at start, or
+``sim_clock_anchor`` = (wall unix seconds, simulated seconds): the clock that read the second
+at the first and runs ``time_scale`` times faster (the demo puts every twin on its own clock).
 
 Tokens: a string prompt has one token per whitespace-separated word; a list of token ids has
 one per id. The twin has no EOS: every request generates exactly ``max_tokens`` tokens
@@ -27,6 +35,9 @@ from aiohttp import web
 from kneecap.errors import InputError
 from kneecap.sim.engine import Engine, EngineConfig, SimRequest
 from kneecap.sim.metrics import VLLM_VERSION, TwinMetrics
+
+SIM_TIME_HEADER = "X-Kneecap-Sim-Time"
+CATCH_UP_WALL_S = 0.02  # how far a busy engine may trail its clock (timer jitter) before the clock waits
 
 DEFAULT_MAX_TOKENS = 16  # vLLM's default for /v1/completions
 WORDS = ("the", "knee", "of", "a", "curve", "is", "where", "batching", "stops", "paying", "off", "and",
@@ -60,7 +71,8 @@ class TwinServer:
     """Engine + metrics + pacing; ``app()`` gives the aiohttp application."""
 
     def __init__(self, config: EngineConfig, served_model_names: list[str], time_scale: float = 1.0,
-                 seed: int = 0, root_model: str | None = None):
+                 seed: int = 0, root_model: str | None = None,
+                 sim_clock_anchor: tuple[float, float] | None = None):
         if not (isinstance(time_scale, (int, float)) and time_scale > 0):
             raise InputError("time_scale", f"expected a positive number, got {time_scale!r}")
         if not served_model_names:
@@ -74,14 +86,35 @@ class TwinServer:
         self.metrics = TwinMetrics(self.names[0], config)
         self.created = int(time.time())
         self._streams: dict[SimRequest, asyncio.Queue] = {}
+        self._token_streams: set[SimRequest] = set()  # streaming requests: each token is sent on
         self._wake: asyncio.Event | None = None
         self._driver: asyncio.Task | None = None
         self._wall0 = 0.0
+        self._anchor_sim_s = self._anchor_wall_s = 0.0  # the clock ran on time from here
+        self.sim_clock_anchor = sim_clock_anchor
+        self.sim_origin_s = 0.0  # kneecap_twin_sim_time_seconds at sim_now() == 0
         self.failed: str | None = None  # why the engine stopped, if it did
 
     # ------------------------------------------------------------------ time
     def sim_now(self) -> float:
-        return (asyncio.get_running_loop().time() - self._wall0) * self.time_scale
+        """Simulated seconds since start: time_scale × the wall clock since the last anchor, held
+        CATCH_UP_WALL_S × time_scale past a busy engine that trails it (module docstring)."""
+        wall = asyncio.get_running_loop().time()
+        sim = self._anchor_sim_s + (wall - self._anchor_wall_s) * self.time_scale
+        engine = self.engine
+        held = engine.now_s + CATCH_UP_WALL_S * self.time_scale
+        if (engine.running or engine.waiting) and held < sim:
+            self._anchor_sim_s, self._anchor_wall_s = held, wall
+            return held
+        return sim
+
+    def sim_time_s(self) -> float:
+        """The exported clock: ``sim_origin_s`` + simulated seconds since start."""
+        return self.sim_origin_s + self.sim_now()
+
+    def behind_s(self) -> float:
+        """Simulated seconds lost against time_scale × the wall clock since start."""
+        return (asyncio.get_running_loop().time() - self._wall0) * self.time_scale - self.sim_now()
 
     async def _drive(self) -> None:
         try:
@@ -106,9 +139,8 @@ class TwinServer:
             await asyncio.sleep(max(delay, 0.0))
             self.metrics.on_step(result)
             for req, _first, _itl in result.tokens:
-                q = self._streams.get(req)
-                if q is not None:
-                    q.put_nowait(("token", req.output_tokens))
+                if req in self._token_streams:
+                    self._streams[req].put_nowait(("token", req.output_tokens))
             for req in result.finished:
                 q = self._streams.get(req)
                 if q is not None:
@@ -116,8 +148,17 @@ class TwinServer:
 
     async def _startup(self, app: web.Application) -> None:
         self._wake = asyncio.Event()
-        self._wall0 = asyncio.get_running_loop().time()
+        self._wall0 = self._anchor_wall_s = asyncio.get_running_loop().time()
+        now_unix = time.time()
+        if self.sim_clock_anchor is None:
+            self.sim_origin_s = now_unix
+        else:
+            wall_s, sim_s = self.sim_clock_anchor
+            self.sim_origin_s = sim_s + (now_unix - wall_s) * self.time_scale
         self._driver = asyncio.create_task(self._drive())
+
+    async def _stamp(self, request: web.Request, response: web.StreamResponse) -> None:
+        response.headers[SIM_TIME_HEADER] = repr(self.sim_time_s())
 
     async def _cleanup(self, app: web.Application) -> None:
         if self._driver:
@@ -137,6 +178,7 @@ class TwinServer:
         app.router.add_get("/metrics", self.metrics_handler)
         app.on_startup.append(self._startup)
         app.on_cleanup.append(self._cleanup)
+        app.on_response_prepare.append(self._stamp)
         return app
 
     # ------------------------------------------------------------------ handlers
@@ -152,6 +194,8 @@ class TwinServer:
         return web.json_response({"object": "list", "data": data})
 
     async def metrics_handler(self, request: web.Request) -> web.Response:
+        self.metrics.sim_time.set(self.sim_time_s())
+        self.metrics.behind.set(self.behind_s())
         body = self.metrics.render(self.engine)
         return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
@@ -188,6 +232,8 @@ class TwinServer:
         self._streams[req] = queue
         self._wake.set()
         stream = bool(body.get("stream", False))
+        if stream:
+            self._token_streams.add(req)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage", False))
         name = model or self.names[0]
         try:
@@ -201,6 +247,7 @@ class TwinServer:
             raise
         finally:
             self._streams.pop(req, None)
+            self._token_streams.discard(req)
 
     def _usage(self, req: SimRequest) -> dict:
         return {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + req.output_tokens,
