@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "operator"))
 
-from benchmarks._shared import RESULTS  # noqa: E402
+from benchmarks._paths import RESULTS  # noqa: E402
 from kneecap.model import gauss  # noqa: E402
 from kneecap.observe import scrape  # noqa: E402
 from kneecap.observe.window import WindowDeltas, window_deltas  # noqa: E402

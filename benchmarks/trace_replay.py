@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _shared import RESULTS, ROOT  # noqa: E402
+from _paths import RESULTS, ROOT  # noqa: E402
 
 from kneecap.sim import replay_report as rep  # noqa: E402
 from kneecap.sim.replay import ReplayConfig, replay, series  # noqa: E402
