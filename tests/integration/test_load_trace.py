@@ -52,4 +52,4 @@ def test_trace_replay_sends_the_trace_and_bad_traces_exit_2(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("arrival_s,input_tokens,output_tokens\n0,10,5\n1,10,five\n")
     done = _load("http://127.0.0.1:9", "--trace", str(bad))
-    assert done.returncode == 2 and f"{bad}:3:output_tokens" in done.stderr and "whole number" in done.stderr
+    assert done.returncode == 2 and f"{bad}:3 column output_tokens" in done.stderr and "integer" in done.stderr

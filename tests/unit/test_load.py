@@ -189,7 +189,7 @@ def test_cli_bad_trace_names_line_and_column_with_exit_2(tmp_path, capsys):
     p = tmp_path / "t.csv"
     p.write_text("arrival_s,input_tokens,output_tokens\n0,10,5\n0.5,-3,5\n")
     assert main(["load", "http://127.0.0.1:9", "--trace", str(p)]) == 2
-    assert f"{p}:3:input_tokens" in capsys.readouterr().err
+    assert f"{p}:3 column input_tokens" in capsys.readouterr().err
     assert main(["load", "http://127.0.0.1:9", "--trace", str(p), "--rate", "3"]) == 2
     assert "--rate does not apply" in capsys.readouterr().err
     assert main(["load", "http://127.0.0.1:9", "--duration", "3"]) == 2

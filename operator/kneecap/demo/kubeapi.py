@@ -482,8 +482,9 @@ class KubeAPI(kmock.KubernetesEmulator):
         rv = (new.get("metadata") or {}).get("resourceVersion")
         if rv and rv != old["metadata"].get("resourceVersion"):
             raise conflict_error(request.resource.plural, request.resource.group, request.name)
-        for k in ("name", "namespace"):
-            new.setdefault("metadata", {})[k] = old["metadata"][k]
+        for k in ("name", "namespace"):  # (cluster-scoped objects have no namespace)
+            if k in old["metadata"]:
+                new.setdefault("metadata", {})[k] = old["metadata"][k]
         if on_status:
             merged = copy.deepcopy(old)
             if "status" in new:

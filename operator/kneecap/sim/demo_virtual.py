@@ -83,7 +83,8 @@ def run_demo_virtual(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = la
     st = cluster.kubelet.stats
     res = DemoResult(cfg, rows, api.get_now(llmd_path(ns, NAME)), api.get_now(deployments_path(ns, NAME)),
                      [v for v in history if v is not None], st.restarts, st.pods_started, copy.deepcopy(st.events),
-                     load, time.process_time() - cpu0, op.metrics.exposition().decode())
+                     load, time.process_time() - cpu0, op.metrics.exposition().decode(),
+                     twin_time_ratio=1.0, twin_behind_s=0.0)  # one virtual clock: nothing falls behind
     from kneecap.demo.report import summarize
 
     res.summary = summarize(res)
