@@ -19,13 +19,13 @@ from tests.support.vllm_server import VllmUnavailable, check_vllm_python, start_
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 REQUESTS = 120
-# GAUSS p95 TPOT / measured − 1, from benchmarks/results/tails_real_vllm.json (12 runs, 2-core
-# machine at load average 10–26): −87% … +30% per run, −63% and −3% at this point. A shared CPU
-# only ever slows the engine during the load relative to its calibration, or the calibration
-# relative to the load, so the bound is asymmetric: GAUSS may read at most 35% high and at most
-# 75% low. It fails on a model that misses the decode batch or the prefill steps in TBT (several
-# times off), not on this machine's noise; on a quiet machine the error is that of the
-# noise-free GAUSS-vs-twin check in the same results (within 10%).
+# GAUSS p95 TPOT / measured − 1 at this point (benchmarks/results/tails_real_vllm.json): −27% and
+# −17% on a quiet 2-core machine (per-run spread of the measured p95 7%; 300 requests); −87% … +30%
+# over all points when the machine ran at load average 10–26. A busy CPU only ever slows the engine
+# during the load relative to its calibration, or the calibration relative to the load, and this
+# test sends 120 requests (a noisier p95), so the bound is asymmetric and wide: GAUSS may read at most
+# 35% high and 75% low. It fails on a model that misses the decode batch or the prefill steps in TBT
+# (several times off), not on a busy machine's noise.
 P95_TPOT_LOW, P95_TPOT_HIGH = -0.75, 0.35
 
 
