@@ -137,12 +137,19 @@ async def test_metrics_count_exactly_what_was_sent(twin):
 
 
 async def test_full_kv_cache_preempts_and_shows_usage(small_kv_twin):
-    # 24 blocks x 16 = 384 tokens; requests grow to 250 tokens, so two cannot run together
-    report, prev, between, cur, text = await load_with_scrapes(
-        small_kv_twin.url, rate_rps=40.0, duration_s=0.5, input_mean=150, output_mean=100, seed=3)
-    assert report.failed == 0
-    obs = observe(prev, cur, between)
-    assert isinstance(obs, Observation), obs
+    # 24 blocks x 16 = 384 tokens; requests grow to 250 tokens, so two cannot run together. The
+    # usage gauge is sampled every 50 ms: a slow machine can miss the fullest moments, so the load
+    # is sent again (at most 3 rounds) until a sample caught the cache past 60%.
+    for seed in (3, 4, 5):
+        report, prev, between, cur, text = await load_with_scrapes(
+            small_kv_twin.url, rate_rps=40.0, duration_s=0.5, input_mean=150, output_mean=100, seed=seed)
+        assert report.failed == 0
+        obs = observe(prev, cur, between)
+        assert isinstance(obs, Observation), obs
+        sampled = [s.value("vllm:kv_cache_usage_perc") for s in [prev, *between, cur]]
+        assert obs.kv_usage_max == pytest.approx(max(v for v in sampled if v is not None))
+        if obs.kv_usage_max > 0.6:
+            break
     assert obs.preemptions > 0
     assert obs.kv_usage_max > 0.6
     assert obs.kv_capacity_tokens == 384
