@@ -112,6 +112,18 @@ asyncio.run(main(float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), [int(
 """
 
 
+# the operator under cProfile on the main thread's CPU clock (wall time would count the
+# machine's other load), enabled by SIGUSR1 and written to argv[1] on SIGUSR2
+PROFILED = r"""
+import cProfile, signal, sys, time
+out, profile = sys.argv[1], cProfile.Profile(time.thread_time)
+signal.signal(signal.SIGUSR1, lambda *_: profile.enable())
+signal.signal(signal.SIGUSR2, lambda *_: (profile.disable(), profile.dump_stats(out)))
+from kneecap.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
 def llmd(i: int, interval_s: float) -> dict:
     return {"apiVersion": "kneecap.io/v1alpha1", "kind": "LLMDeployment",
             "metadata": {"name": f"m{i:03d}", "namespace": NS},
@@ -199,9 +211,9 @@ def measure(args, ports: list[int], env: dict, tmp: Path, run: int) -> dict:
                                   annotations={"kneecap.io/metrics-url": f"http://127.0.0.1:{port}/metrics/{pod}"})
             print(f"{args.resources} LLMDeployments, {args.resources * args.pods} pods in the API "
                   f"[{time.monotonic() - t:.0f}s]", flush=True)
-            prof = ["-m", "cProfile", "-o", str(args.profile)] if args.profile else []
-            op = subprocess.Popen([sys.executable, *prof, "-m", "kneecap", "run", "--namespace", NS, "--standalone",
-                                   *(["--tick", str(args.tick)] if args.tick else [])],
+            argv = ["run", "--namespace", NS, "--standalone", *(["--tick", str(args.tick)] if args.tick else [])]
+            entry = ["-c", PROFILED, str(args.profile), *argv] if args.profile else ["-m", "kneecap", *argv]
+            op = subprocess.Popen([sys.executable, *entry],
                                   env=dict(env, KUBECONFIG=str(kubeconfig)),
                                   stdout=open(tmp / "operator.log", "wb"), stderr=subprocess.STDOUT)
             t0 = time.monotonic()
@@ -213,6 +225,8 @@ def measure(args, ports: list[int], env: dict, tmp: Path, run: int) -> dict:
                 c_prev = c
                 print(f"warm-up interval {k + 1}: cpu {warmup[-1]['cpu_s']:.1f}s, rss {warmup[-1]['rss_mb']:.0f} MB",
                       flush=True)
+            if args.profile:
+                op.send_signal(signal.SIGUSR1)  # profile the measured intervals only
             c0, w0 = proc_cpu_s(op.pid), time.monotonic()
             for k in range(args.intervals):
                 time.sleep(args.interval)
@@ -224,6 +238,9 @@ def measure(args, ports: list[int], env: dict, tmp: Path, run: int) -> dict:
                       f"rss {samples[-1]['rss_mb']:.0f} MB; calibration {samples[-1]['calibration']}, "
                       f"GAUSS {samples[-1]['gauss']}", flush=True)
             c1, w1 = proc_cpu_s(op.pid), time.monotonic()
+            if args.profile:
+                op.send_signal(signal.SIGUSR2)
+                time.sleep(5)
             if args.dump:
                 dump = args.dump.with_name(f"{args.dump.stem}.run{run + 1}{args.dump.suffix}")
                 dump.write_text(json.dumps(items, indent=1))
@@ -271,7 +288,7 @@ def main(argv=None) -> int:
                          "by 26 the observation ring (24 by default) is full, so the status has its steady size")
     ap.add_argument("--repeat", type=int, default=3, help="runs (fresh API and operator each); the median is stated")
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder for operator_scale.{md,json}")
-    ap.add_argument("--profile", type=Path, help="run the operator under cProfile, stats to this file")
+    ap.add_argument("--profile", type=Path, help="profile the operator's measured intervals (main-thread CPU time), stats to this file")
     ap.add_argument("--tick", type=float, help="the operator's --tick (default: its own default)")
     ap.add_argument("--dump", type=Path,
                     help="write the LLMDeployments as each run ends (JSON) to this file, .runN before the suffix")

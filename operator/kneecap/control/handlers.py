@@ -93,6 +93,20 @@ def _parse(body, patch, logger, config: OperatorConfig, *, emit: bool) -> LLMDep
         return None
 
 
+class SpecDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
+    """kopf's annotation diff-base with kopf's essence (spec, labels, annotations), built
+    without first deep-copying what the essence drops: kopf copies the whole object on every
+    watch event, and the status (observation ring) and managedFields are most of it."""
+
+    def build(self, *, body, extra_fields=None):
+        if extra_fields:  # a handler that watches a status field: kopf's own way
+            return super().build(body=body, extra_fields=extra_fields)
+        meta = body.get("metadata") or {}
+        lean = {k: v for k, v in body.items() if k not in ("status", "metadata")}
+        lean["metadata"] = {k: meta[k] for k in ("labels", "annotations", "ownerReferences") if k in meta}
+        return super().build(body=kopf.Body(lean), extra_fields=extra_fields)
+
+
 def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistry:
     config = config or OperatorConfig()
     registry = kopf.OperatorRegistry()
@@ -106,7 +120,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
     async def startup(memo: kopf.Memo, settings: kopf.OperatorSettings, logger, **_):
         settings.persistence.finalizer = "kneecap.io/finalizer"
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kneecap.io")
-        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        settings.persistence.diffbase_storage = SpecDiffBaseStorage(
             prefix="kneecap.io", key="last-handled-configuration")
         # kopf's own handler failures (logged at ERROR on the object's logger) become Warning/Error
         # Events; the handlers' explicit Events (kopf.event, kopf.warn) are posted as they are

@@ -181,18 +181,46 @@ async def _reconcile_pool(kube: KubeClient, reads: ApiReads, owner: dict, spec: 
         bounds = M.pool_bounds(spec, pool.role)
         settings = M.EngineSettings(settings.max_num_seqs, settings.gpu_memory_utilization,
                                     settings.kv_cache_memory_bytes, bounds.clamp(settings.replicas))
-    desired = M.deployment(owner, spec, pool, settings)
-    # labels, the owner reference and the pod template (replicas unless an HPA or a person owns
-    # them); other metadata (the control loop's kneecap.io/applied annotation) is left as it is
-    want = {"metadata": {"labels": desired["metadata"]["labels"],
-                         "ownerReferences": desired["metadata"]["ownerReferences"]},
-            "spec": {"template": desired["spec"]["template"]}}
-    if not ownership.external:
-        want["spec"]["replicas"] = desired["spec"]["replicas"]
-    patched = not in_sync(want, live)
-    if patched:
-        live = await kube.patch(deployments_path(ns, pool.name), want)
+    key = _sync_key(owner, live, spec, pool, settings, ownership.external)
+    patched = False
+    if key is None or key not in _IN_SYNC:
+        desired = M.deployment(owner, spec, pool, settings)
+        # labels, the owner reference and the pod template (replicas unless an HPA or a person
+        # owns them); other metadata (the loop's kneecap.io/applied annotation) is left as it is
+        want = {"metadata": {"labels": desired["metadata"]["labels"],
+                             "ownerReferences": desired["metadata"]["ownerReferences"]},
+                "spec": {"template": desired["spec"]["template"]}}
+        if not ownership.external:
+            want["spec"]["replicas"] = desired["spec"]["replicas"]
+        patched = not in_sync(want, live)
+        if patched:
+            live = await kube.patch(deployments_path(ns, pool.name), want)
+        elif key is not None:
+            if len(_IN_SYNC) >= _IN_SYNC_MAX:
+                _IN_SYNC.clear()
+            _IN_SYNC[key] = None
     return PoolState(pool, live, M.live_settings(live, start), ownership, patched=patched)
+
+
+# Deployments found in sync with what the builder makes, keyed by everything the builder and
+# the comparison read (the live object's resourceVersion included): a steady pool is compared
+# once, not on every tick (the semantic diff walks the whole Deployment). Bounded.
+_IN_SYNC: dict[tuple, None] = {}
+_IN_SYNC_MAX = 8192
+
+
+def _sync_key(owner: dict, live: dict, spec: LLMDeploymentSpec, pool: M.Pool, settings: M.EngineSettings,
+              external: bool) -> tuple | None:
+    meta, lmeta = owner["metadata"], live.get("metadata") or {}
+    if not lmeta.get("resourceVersion"):
+        return None
+    key = (meta.get("namespace"), meta.get("name"), meta.get("uid"), lmeta.get("uid"), lmeta["resourceVersion"],
+           spec, pool, settings, external)
+    try:
+        hash(key)
+    except TypeError:  # a spec holding a mapping: compare every time
+        return None
+    return key
 
 
 async def _reconcile_service(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec, pool: M.Pool,
