@@ -122,7 +122,8 @@ def test_promtool_check_rules_on_the_source_and_the_rendered_prometheusrule(tmp_
     p = promtool("check", "rules", str(ALERTS))
     assert p.returncode == 0, p.stdout + p.stderr
     assert f"SUCCESS: {len(alert_rules())} rules found" in p.stdout
-    helm = subprocess.run([tool("helm"), "template", "kc", str(CHART), "--show-only", "templates/prometheusrule.yaml"],
+    helm = subprocess.run([tool("helm"), "template", "kc", str(CHART), "--show-only", "templates/prometheusrule.yaml",
+                           "--api-versions", "monitoring.coreos.com/v1"],
                           capture_output=True, text=True, timeout=60)
     assert helm.returncode == 0, helm.stderr
     rendered = tmp_path / "rendered-rules.yaml"
