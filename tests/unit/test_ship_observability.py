@@ -95,10 +95,43 @@ def vllm_metric_names() -> set[str]:
     return names
 
 
+def vllm_renamed() -> dict[str, set[str]]:
+    """Old vLLM series names the operator still reads, by the current name that replaced them
+    (kneecap.observe.window's name tuples: current first, then the names older vLLMs export)."""
+    from kneecap.observe import window as W
+
+    out: dict[str, set[str]] = {}
+    for names in vars(W).values():
+        if isinstance(names, tuple) and len(names) > 1 and all(isinstance(n, str) and n.startswith("vllm:") for n in names):
+            current, *old = names
+            for suffix in ("", "_bucket", "_sum", "_count"):
+                out.setdefault(current + suffix, set()).update(o + suffix for o in old)
+    return out
+
+
 @pytest.fixture(scope="module")
 def exported() -> dict[str, set[str]]:
     return {"operator": operator_metric_names(), "vllm": vllm_metric_names(),
             "prometheus": PROMETHEUS_SYNTHETIC}
+
+
+def assert_old_names_only_as_fallback(where: str, expr: str, exported: dict[str, set[str]]) -> set[str]:
+    """Old vLLM names may appear only as the `or` fallback of their current name, which vLLM 0.32
+    exports; returns the names of `expr` with those fallbacks removed."""
+    names = metric_names(expr)
+    for current, old in vllm_renamed().items():
+        for o in names & old:
+            assert current in names and current in exported["vllm"], f"{where}: {o} without {current}"
+            assert " or " in expr and expr.index(current) < expr.index(o), f"{where}: {o} is not a fallback of {current}"
+        names -= old
+    return names
+
+
+def test_old_vllm_names_are_the_fallbacks_the_operator_reads():
+    renamed = vllm_renamed()
+    assert renamed["vllm:kv_cache_usage_perc"] == {"vllm:gpu_cache_usage_perc"}
+    assert renamed["vllm:inter_token_latency_seconds_bucket"] == {"vllm:time_per_output_token_seconds_bucket"}
+    assert not set().union(*renamed.values()) & vllm_metric_names()  # vLLM 0.32 no longer exports them
 
 
 def test_exported_names_are_what_the_operator_and_vllm_serve(exported):
@@ -205,7 +238,7 @@ def test_every_alert_is_documented_and_names_exported_metrics(exported):
         base, anchor = ann["runbook_url"].split("#")
         assert base == "https://github.com/kneecap/kneecap/blob/main/docs/operations.md"
         assert anchor == name.lower() and anchor in anchors, f"{name}: no '{name}' heading in docs/operations.md"
-        names = metric_names(r["expr"])
+        names = assert_old_names_only_as_fallback(name, r["expr"], exported)
         assert names, name
         assert names <= allowed, f"{name} uses metrics nobody exports: {names - allowed}"
 
@@ -280,13 +313,28 @@ def test_dashboard_shows_the_knee_decisions_memory_latency_and_calibration():
     assert not any("$ttft_slo" in e or "$tpot_slo" in e for e in by_title.values())  # targets come from spec.slo
     ann = {a["name"]: a.get("expr", "") for a in d["annotations"]["list"]}
     assert "kneecap_decisions_total" in ann["kneecap decisions"]
+    # old and new vLLM names: the panels read both
+    assert panel_with("vllm:kv_cache_usage_perc", " or vllm:gpu_cache_usage_perc")
+    assert panel_with("vllm:inter_token_latency_seconds_bucket", " or sum by (le) (rate(vllm:time_per_output_token_seconds_bucket")
+
+
+def test_decisions_annotation_asks_for_reasons_the_operator_records():
+    """The annotation's reasons are those kneecap.control.plan counts in kneecap_decisions_total
+    (the policy's "Recommended" becomes Applied or Advised there and is never counted)."""
+    ann = {a["name"]: a["expr"] for a in dashboard()["annotations"]["list"] if "expr" in a}
+    (alternatives,) = re.findall(r'reason=~"([^"]+)"', ann["kneecap decisions"])
+    plan = (ROOT / "operator" / "kneecap" / "control" / "plan.py").read_text()
+    counted = set(re.findall(r't\.decision\("(\w+)"', plan)) | set(
+        re.findall(r'MetricUpdate\("inc", "decisions", \([^)]*"(\w+)"\)', plan))
+    assert {"Applied", "Advised", "ApplyFailed"} <= counted and "Recommended" not in counted
+    assert set(alternatives.split("|")) <= counted
 
 
 def test_dashboard_queries_name_only_exported_metrics(exported):
     allowed = set().union(*exported.values())
     seen = set()
     for where, expr in dashboard_queries(dashboard()):
-        names = metric_names(expr)
+        names = assert_old_names_only_as_fallback(where, expr, exported)
         assert names <= allowed, f"{where}: {names - allowed} is exported by neither the operator nor vLLM"
         seen |= names
     # the dashboard uses both sources
