@@ -1,0 +1,223 @@
+"""A real Prometheus server in the loop: the dashboard's queries and the SLO alert against live series.
+
+The server is Debian's `prometheus` 2.42 (the same package as promtool; scripts/setup-tools.sh
+links it into .tools/bin; missing, the test fails). It runs on 127.0.0.1 with a generated config
+that scrapes, every second, what the chart's ServiceMonitors scrape in a cluster:
+
+* job="kneecap-operator": the operator's own registry, served over HTTP while `kneecap demo`'s
+  harness runs it (honor_labels, as the chart's ServiceMonitor does);
+* job="kneecap-vllm": every ready twin pod's /metrics, found through a file_sd target file the
+  test rewrites whenever the harness's pods change, with the `namespace`, `name` and `pool`
+  labels the chart's vLLM ServiceMonitor adds.
+
+The shipped alert rules (charts/kneecap/files/alerts.yaml) are loaded as they are. The SLO alert's
+`for` is 15 minutes, longer than a test may take, so the same rule is loaded a second time in a
+test-only group with `for: 3s` (the only override; its expression is the shipped one, byte for
+byte). The demo's TPOT SLO is made unreachable (0.1 ms); the test then expects the shipped rule
+pending and the override firing in the server's /api/v1/alerts, and every dashboard query
+(panels, annotations, variables) returning series while the demo runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from kneecap.control.manifests import labels as pool_labels
+from kneecap.control.manifests import ROLE_LABEL
+from kneecap.control.metrics import OperatorMetrics
+from kneecap.demo.clock import free_port
+from kneecap.demo.harness import NAME, NS, DemoConfig, run_demo
+from tests.support.tools import tool
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "kneecap"
+ALERTS = CHART / "files" / "alerts.yaml"
+DASHBOARD = CHART / "files" / "kneecap-dashboard.json"
+SLO_ALERT = "KneecapSLOAttainmentLow"
+TEST_FOR = "3s"
+# Grafana's $__rate_interval is at least four scrape intervals; 1 s scrapes, 15 s leaves room.
+SUBST = {"$__rate_interval": "15s", "$namespace": NS, "$name": NAME, "$pool": ".*"}
+# Counters of failures: prometheus_client exports a labelled counter only once it counted, and a
+# healthy run has no failed Kubernetes call and no failed scrape. Their queries may stay empty.
+FAILURE_ONLY = ("kneecap_api_errors_total", "kneecap_scrape_failures_total")
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(where, PromQL with the dashboard's variables substituted) for every panel target,
+    annotation and variable of the shipped dashboard."""
+    d = json.loads(DASHBOARD.read_text())
+    out = []
+    for p in d["panels"]:
+        for t in p.get("targets", []):
+            out.append((f"panel {p['title']!r} {t['refId']}", t["expr"]))
+    for a in d["annotations"]["list"]:
+        if "expr" in a:
+            out.append((f"annotation {a['name']!r}", a["expr"]))
+    for v in d["templating"]["list"]:
+        if v["type"] == "query":
+            out.append((f"variable {v['name']}", re.sub(r"^label_values\((.*?)(,\s*\w+)?\)$", r"\1", v["query"]["query"])))
+    subst = []
+    for where, expr in out:
+        for k, v in SUBST.items():
+            expr = expr.replace(k, v)
+        assert "$" not in expr, (where, expr)
+        subst.append((where, expr))
+    return subst
+
+
+def write_config(tmp: Path, operator_port: int, targets_file: Path) -> Path:
+    rules = yaml.safe_load(ALERTS.read_text())
+    (slo,) = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == SLO_ALERT]
+    override = {"groups": [{"name": "kneecap-test-override", "rules": [{**slo, "for": TEST_FOR}]}]}
+    (tmp / "override.yaml").write_text(yaml.safe_dump(override))
+    config = {
+        "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(ALERTS), str(tmp / "override.yaml")],
+        "scrape_configs": [
+            {"job_name": "kneecap-operator", "honor_labels": True,
+             "static_configs": [{"targets": [f"127.0.0.1:{operator_port}"]}]},
+            {"job_name": "kneecap-vllm", "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "1s"}]},
+        ],
+    }
+    path = tmp / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+class TargetFile:
+    """The twins as file_sd targets, labelled as the chart's vLLM ServiceMonitor labels them."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.role = pool_labels(NAME, "server")[ROLE_LABEL]
+        self.write([])
+
+    def write(self, urls: list[str]) -> None:
+        hosts = [u.split("://", 1)[1].rstrip("/") for u in urls]
+        groups = [{"targets": hosts, "labels": {"namespace": NS, "name": NAME, "pool": self.role}}] if hosts else []
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(groups))
+        tmp.replace(self.path)  # atomic: Prometheus never reads half a file
+
+
+def query(base: str, expr: str) -> list[dict]:
+    r = requests.get(f"{base}/api/v1/query", params={"query": expr}, timeout=10)
+    r.raise_for_status()
+    body = r.json()
+    assert body["status"] == "success", body
+    return body["data"]["result"]
+
+
+def has_finite_value(result: list[dict]) -> bool:
+    return any(math.isfinite(float(s["value"][1])) for s in result)
+
+
+@pytest.fixture
+def prometheus(tmp_path):
+    operator_port, web_port = free_port(), free_port()
+    targets = TargetFile(tmp_path / "twins.json")
+    config = write_config(tmp_path, operator_port, targets.path)
+    check = subprocess.run([tool("promtool"), "check", "config", str(config)], capture_output=True, text=True,
+                           timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    log = (tmp_path / "prometheus.log").open("w")
+    proc = subprocess.Popen([tool("prometheus"), f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+                             f"--web.listen-address=127.0.0.1:{web_port}"], stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{web_port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()
+            try:
+                if requests.get(f"{base}/-/ready", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert time.monotonic() < deadline, "prometheus did not become ready in 60 s"
+            time.sleep(0.2)
+        yield base, operator_port, targets
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+def test_dashboard_queries_return_series_and_the_slo_alert_fires(prometheus, tmp_path):
+    base, operator_port, targets = prometheus
+    rules = requests.get(f"{base}/api/v1/rules", timeout=10).json()["data"]["groups"]
+    loaded = {r["name"] for g in rules for r in g["rules"]}
+    shipped = {r["alert"] for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]}
+    assert loaded == shipped  # the real server loaded every shipped rule (and the override's copy)
+    assert all(r["health"] != "err" for g in rules for r in g["rules"])
+
+    metrics = OperatorMetrics()
+    server, _ = metrics.serve(operator_port, addr="127.0.0.1")
+    # SLO made unreachable: TPOT (ITL p95) 0.1 ms, where the twin's decode steps take milliseconds
+    cfg = DemoConfig(duration_s=200.0, time_scale=5.0, interval_s=10.0, cooldown_s=30.0, warmup_intervals=2,
+                     slo_tpot_s=0.0001)
+    outcome: dict = {}
+
+    def demo() -> None:
+        try:
+            outcome["result"] = run_demo(cfg, log_dir=tmp_path / "demo", metrics=metrics, on_endpoints=targets.write)
+        except BaseException as exc:  # reported by the main thread
+            outcome["error"] = exc
+
+    queries = dashboard_queries()
+    answered: dict[str, bool] = {where: False for where, _ in queries}
+    alert_states: dict[str, set[str]] = {}  # /api/v1/alerts: by namespace/name
+    group_states: dict[str, set[str]] = {}  # /api/v1/rules: by rule group
+    up_seen: set[str] = set()
+    thread = threading.Thread(target=demo, name="demo", daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            time.sleep(1.0)
+            for where, expr in queries:
+                if not answered[where]:
+                    answered[where] = has_finite_value(query(base, expr))
+            for s in query(base, "up == 1"):
+                up_seen.add(s["metric"]["job"])
+            for a in requests.get(f"{base}/api/v1/alerts", timeout=10).json()["data"]["alerts"]:
+                if a["labels"]["alertname"] == SLO_ALERT:
+                    key = f"{a['labels']['namespace']}/{a['labels']['name']}"
+                    alert_states.setdefault(key, set()).add(a["state"])
+            for g in requests.get(f"{base}/api/v1/rules", params={"type": "alert"}, timeout=10).json()["data"]["groups"]:
+                for r in g["rules"]:
+                    if r["name"] == SLO_ALERT:
+                        group_states.setdefault(g["name"], set()).add(r["state"])
+        thread.join()
+    finally:
+        server.shutdown()
+    if "error" in outcome:
+        raise outcome["error"]
+    res = outcome["result"]
+    print(f"demo: {len(res.rows)} decisions, {res.kubelet_restarts} restarts; alerts {alert_states}, "
+          f"rule groups {group_states}; queries without series {[w for w, ok in answered.items() if not ok]}")
+
+    assert up_seen == {"kneecap-operator", "kneecap-vllm"}  # both jobs were scraped
+    # the SLO was missed and the shipped expression fired in the real server: the test-only copy
+    # (for 3 s) fires, the shipped rule (for 15 m) is pending on the same series
+    assert alert_states.get(f"{NS}/{NAME}", set()) >= {"pending", "firing"}, alert_states
+    assert "firing" in group_states["kneecap-test-override"], group_states
+    assert group_states["kneecap"] == {"inactive", "pending"} or group_states["kneecap"] == {"pending"}, group_states
+    # every dashboard query returned finite series at some point of the run
+    missing = [where for where, ok in answered.items() if not ok]
+    failure_only = [where for where, expr in queries if any(m in expr for m in FAILURE_ONLY)]
+    assert set(missing) <= set(failure_only), f"no series for: {sorted(set(missing) - set(failure_only))}"
+    assert "sum(rate(kneecap_scrape_failures_total" in " ".join(e for _, e in queries)  # the exception is real
