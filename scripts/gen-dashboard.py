@@ -73,6 +73,14 @@ def query_var(name: str, label: str, query: str, multi: bool = False, include_al
     }
 
 
+def counted_in(selector: str, window: str, by: str) -> str:
+    """Series of a counter that counted in the last `window`, by `by`. prometheus_client exports a
+    labelled counter first at 1, so a label set's first count is no increase (nothing before it):
+    a series absent `window` ago counts too."""
+    return (f"sum by ({by}) (increase({selector}[{window}])) > 0"
+            f" or sum by ({by}) ({selector} unless {selector} offset {window})")
+
+
 def dashboard() -> dict:
     def q(p: float, metric: str) -> str:  # percentile from a vLLM histogram over the selected pools
         buckets = [f"sum by (le) (rate(vllm:{m}_bucket{{{V}}}[$__rate_interval]))"
@@ -264,13 +272,13 @@ def dashboard() -> dict:
         {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True, "hide": True,
          "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard"},
         {"name": "kneecap decisions", "datasource": DS, "enable": True, "iconColor": "orange",
-         "expr": f'sum by (reason) (increase(kneecap_decisions_total{{{K}, reason=~"Applied|Advised|ApplyFailed"}}[2m])) > 0',
+         "expr": counted_in(f'kneecap_decisions_total{{{K}, reason=~"Applied|Advised|ApplyFailed"}}', "2m", "reason"),
          "step": "1m", "titleFormat": "kneecap decision", "textFormat": "{{reason}}", "useValueForTime": False},
         {"name": "cap changed", "datasource": DS, "enable": True, "iconColor": "purple",
          "expr": f"changes(kneecap_applied_max_num_seqs{{{KP}}}[2m]) > 0",
          "step": "1m", "titleFormat": "--max-num-seqs changed", "textFormat": "pool {{pool}}"},
         {"name": "operator restarts", "datasource": DS, "enable": True, "iconColor": "red",
-         "expr": f"sum by (reason) (increase(kneecap_restarts_total{{{K}}}[2m])) > 0",
+         "expr": counted_in(f"kneecap_restarts_total{{{K}}}", "2m", "reason"),
          "step": "1m", "titleFormat": "pods restarted by kneecap", "textFormat": "{{reason}}"},
     ]
     templating = [
