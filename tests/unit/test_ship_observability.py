@@ -355,3 +355,27 @@ def test_dashboard_queries_parse_as_promql(tmp_path):
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
     p = promtool("check", "rules", str(path))
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_decisions_annotation_marks_a_reasons_first_count(tmp_path):
+    """prometheus_client exports a labelled counter first at 1 (no 0 before it): the annotation marks
+    that first decision, then only later increments, and never a guard's reason (promtool)."""
+    ann = {a["name"]: a["expr"] for a in dashboard()["annotations"]["list"] if "expr" in a}
+    expr = ann["kneecap decisions"].replace("$namespace", "demo").replace("$name", "llama")
+    assert "$" not in expr
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(
+        {"groups": [{"name": "t", "rules": [{"record": "annotation", "expr": f"count({expr})"}]}]}))
+    series = 'kneecap_decisions_total{namespace="demo", name="llama", reason="%s"}'
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump({
+        "rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+        "tests": [{"interval": "1m",
+                   "input_series": [{"series": series % "Applied", "values": "_x5 1x10 2x10"},
+                                    {"series": series % "Cooldown", "values": "1+1x25"}],
+                   "promql_expr_test": [
+                       {"expr": "annotation", "eval_time": "4m", "exp_samples": []},
+                       {"expr": "annotation", "eval_time": "6m", "exp_samples": [{"labels": "annotation", "value": 1}]},
+                       {"expr": "annotation", "eval_time": "10m", "exp_samples": []},
+                       {"expr": "annotation", "eval_time": "17m", "exp_samples": [{"labels": "annotation", "value": 1}]},
+                       {"expr": "annotation", "eval_time": "24m", "exp_samples": []}]}]}))
+    p = promtool("test", "rules", str(tmp_path / "test.yaml"))
+    assert p.returncode == 0, p.stdout + p.stderr
