@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import subprocess
 import threading
 import time
@@ -40,6 +39,7 @@ from kneecap.control.manifests import ROLE_LABEL
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.demo.clock import free_port
 from kneecap.demo.harness import NAME, NS, DemoConfig, run_demo
+from tests.support.dashboard import dashboard, dashboard_queries
 from tests.support.tools import tool
 
 pytestmark = pytest.mark.slow
@@ -47,7 +47,6 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kneecap"
 ALERTS = CHART / "files" / "alerts.yaml"
-DASHBOARD = CHART / "files" / "kneecap-dashboard.json"
 SLO_ALERT = "KneecapSLOAttainmentLow"
 TEST_FOR = "3s"
 # Grafana's $__rate_interval is at least four scrape intervals; 1 s scrapes, 15 s leaves room.
@@ -57,29 +56,6 @@ SUBST = {"$__rate_interval": "15s", "$namespace": NS, "$name": NAME, "$pool": ".
 FAILURE_ONLY = ("kneecap_api_errors_total", "kneecap_scrape_failures_total")
 # The SLO target lines exist only for the kinds spec.slo declares; the demo declares TPOT alone.
 UNDECLARED = ('kneecap_slo_target_seconds{namespace="demo", name="opt", kind="ttft"}',)
-
-
-def dashboard_queries() -> list[tuple[str, str]]:
-    """(where, PromQL with the dashboard's variables substituted) for every panel target,
-    annotation and variable of the shipped dashboard."""
-    d = json.loads(DASHBOARD.read_text())
-    out = []
-    for p in d["panels"]:
-        for t in p.get("targets", []):
-            out.append((f"panel {p['title']!r} {t['refId']}", t["expr"]))
-    for a in d["annotations"]["list"]:
-        if "expr" in a:
-            out.append((f"annotation {a['name']!r}", a["expr"]))
-    for v in d["templating"]["list"]:
-        if v["type"] == "query":
-            out.append((f"variable {v['name']}", re.sub(r"^label_values\((.*?)(,\s*\w+)?\)$", r"\1", v["query"]["query"])))
-    subst = []
-    for where, expr in out:
-        for k, v in SUBST.items():
-            expr = expr.replace(k, v)
-        assert "$" not in expr, (where, expr)
-        subst.append((where, expr))
-    return subst
 
 
 def write_config(tmp: Path, operator_port: int, targets_file: Path) -> Path:
@@ -194,7 +170,7 @@ def test_dashboard_queries_return_series_and_the_slo_alert_fires_when_missed(pro
         except BaseException as exc:  # reported by the main thread
             outcome["error"] = exc
 
-    queries = dashboard_queries()
+    queries = dashboard_queries(dashboard(), SUBST)
     answered: dict[str, bool] = {where: False for where, _ in queries}
     alert_states: dict[str, set[str]] = {}  # /api/v1/alerts: by namespace/name
     group_states: dict[str, set[str]] = {}  # /api/v1/rules: by rule group
@@ -228,7 +204,7 @@ def test_dashboard_queries_return_series_and_the_slo_alert_fires_when_missed(pro
 
     assert up_seen == {"kneecap-operator", "kneecap-vllm"}  # both jobs were scraped
     # the operator's attainment series was there in both runs
-    assert answered["panel 'SLO attainment against the target quantile' A"]
+    assert answered["panel 'SLO attainment against the target quantile' A"], answered
     if slo_missed:
         # the shipped expression fired in the real server: the test-only copy (for 3 s) fires, the
         # shipped rule (for 15 m) is pending on the same series

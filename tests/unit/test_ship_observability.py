@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -19,13 +18,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.support.dashboard import dashboard, dashboard_queries
 from tests.support.data import VLLM_CAPTURES
 from tests.support.tools import tool
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kneecap"
 ALERTS = CHART / "files" / "alerts.yaml"
-DASHBOARD = CHART / "files" / "kneecap-dashboard.json"
 PROMTOOL_TESTS = sorted((ROOT / "deploy" / "prometheus" / "tests").glob("*.yaml"))
 OPERATIONS_DOC = ROOT / "docs" / "operations.md"
 # Series Prometheus itself writes for every target.
@@ -245,24 +244,6 @@ def test_every_alert_is_documented_and_names_exported_metrics(exported):
 
 # ------------------------------------------------------------------ dashboard
 
-def dashboard() -> dict:
-    return json.loads(DASHBOARD.read_text())
-
-
-def dashboard_queries(d: dict) -> list[tuple[str, str]]:
-    out = []
-    for p in d["panels"]:
-        for t in p.get("targets", []):
-            out.append((p["title"], t["expr"]))
-    for a in d["annotations"]["list"]:
-        if "expr" in a:
-            out.append((f"annotation {a['name']}", a["expr"]))
-    for v in d["templating"]["list"]:
-        if v["type"] == "query":
-            out.append((f"variable {v['name']}", v["query"]["query"]))
-    return out
-
-
 def test_dashboard_is_what_the_generator_writes():
     p = subprocess.run(["python3", str(ROOT / "scripts" / "gen-dashboard.py"), "--check"], capture_output=True,
                        text=True, timeout=60)
@@ -344,12 +325,7 @@ def test_dashboard_queries_name_only_exported_metrics(exported):
 def test_dashboard_queries_parse_as_promql(tmp_path):
     subst = {"$__rate_interval": "5m", "$namespace": "demo", "$name": "llama", "$pool": ".*"}
     rules = []
-    for i, (where, expr) in enumerate(dashboard_queries(dashboard())):
-        if expr.startswith("label_values("):
-            expr = re.sub(r"^label_values\((.*?)(,\s*\w+)?\)$", r"\1", expr.strip())
-        for k, v in subst.items():
-            expr = expr.replace(k, v)
-        assert "$" not in expr, where
+    for i, (where, expr) in enumerate(dashboard_queries(dashboard(), subst)):
         rules.append({"record": f"kneecap:dashboard_query:{i}", "expr": expr})
     path = tmp_path / "dashboard-queries.yaml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
