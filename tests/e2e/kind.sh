@@ -51,8 +51,7 @@ kind load docker-image "$IMAGE" --name "$CLUSTER"
 echo "==> helm install"
 helm upgrade --install kneecap charts/kneecap -n "$NS_OP" --create-namespace \
   --set image.repository="${IMAGE%%:*}" --set image.tag="${IMAGE##*:}" --set image.pullPolicy=Never \
-  --set serviceMonitor.enabled=false --set vllmServiceMonitor.enabled=false \
-  --set prometheusRule.enabled=false --wait --timeout 180s
+  --wait --timeout 180s  # kind serves no monitoring.coreos.com: the chart leaves its monitors out by itself
 kubectl -n "$NS_OP" rollout status deploy/kneecap --timeout=120s
 kubectl wait --for=condition=Established crd/llmdeployments.kneecap.io --timeout=60s
 

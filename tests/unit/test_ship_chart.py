@@ -24,12 +24,17 @@ CRD_TYPED = {("monitoring.coreos.com/v1", "ServiceMonitor"), ("monitoring.coreos
              ("kopf.dev/v1", "ClusterKopfPeering")}
 RUNBOOK_BASE = "https://github.com/kneecap/kneecap/blob/main/docs/operations.md"
 
-# Value sets the chart must render for: defaults, namespaced RBAC, everything on, everything off.
+# A cluster that serves the prometheus-operator API (kube-prometheus-stack's CRDs): what Helm's
+# capabilities hold there, for `helm template`, which sees no cluster.
+MONITORING_API = ["--api-versions", "monitoring.coreos.com/v1"]
+# Value sets the chart must render for: defaults (no monitoring API), with the monitoring API,
+# namespaced RBAC, everything on, everything off.
 VALUE_SETS = {
     "defaults": [],
+    "monitoring": MONITORING_API,
     "namespaced": ["--set", "operator.watchNamespaces={serving,batch}"],
     "standby": ["--set", "replicaCount=2"],
-    "grafana-alerts": ["--set", "grafana.alerts.enabled=true", "--set", "alerts.runbookBaseUrl=https://docs.example/ops"],
+    "grafana-alerts": [*MONITORING_API, "--set", "grafana.alerts.enabled=true", "--set", "alerts.runbookBaseUrl=https://docs.example/ops"],
     "bare": ["--set", "serviceMonitor.enabled=false", "--set", "vllmServiceMonitor.enabled=false",
              "--set", "prometheusRule.enabled=false", "--set", "grafana.dashboard.enabled=false",
              "--set", "serviceAccount.create=false", "--set", "serviceAccount.name=existing"],
@@ -75,6 +80,7 @@ def test_chart_crd_is_byte_identical_to_the_source_crd():
 
 def test_helm_lint_strict_passes():
     for name, args in VALUE_SETS.items():
+        args = [a for a in args if a not in MONITORING_API]  # lint has no --api-versions: it renders with "auto"
         p = run([tool("helm"), "lint", "--strict", str(CHART), *args])
         assert p.returncode == 0, f"{name}: {p.stdout}\n{p.stderr}"
         assert "0 chart(s) failed" in p.stdout
@@ -191,7 +197,7 @@ def test_namespaced_mode_renders_roles_not_cluster_wide_grants():
 
 
 def test_metrics_service_and_monitors_select_the_right_pods():
-    docs = helm_template()
+    docs = helm_template(*MONITORING_API)
     (dep,) = by_kind(docs, "Deployment")
     (svc,) = by_kind(docs, "Service")
     pod_labels = dep["spec"]["template"]["metadata"]["labels"]
@@ -217,7 +223,7 @@ def test_metrics_service_and_monitors_select_the_right_pods():
 
 
 def test_prometheusrule_renders_the_single_alert_source():
-    (rule,) = by_kind(helm_template(), "PrometheusRule")
+    (rule,) = by_kind(helm_template(*MONITORING_API), "PrometheusRule")
     src = yaml.safe_load((CHART / "files" / "alerts.yaml").read_text())
     assert rule["spec"] == src
 
@@ -256,11 +262,97 @@ def test_dashboard_configmap_carries_the_dashboard_for_the_sidecar():
 
 
 def test_notes_render_with_the_next_steps():
-    p = run([tool("helm"), "install", "kc", str(CHART), "--dry-run=client", "--namespace", "kneecap-system"])
-    assert p.returncode == 0, p.stderr
-    notes = p.stdout.split("NOTES:", 1)[1]
-    assert "kubectl apply -f" in notes and "mode\":\"enforce" in notes
-    assert "serviceMonitor.labels is empty" in notes
+    def notes(*args: str) -> str:
+        p = run([tool("helm"), "install", "kc", str(CHART), "--dry-run=client", "--namespace", "kneecap-system", *args])
+        assert p.returncode == 0, p.stderr
+        return p.stdout.split("NOTES:", 1)[1]
+
+    # `helm install --dry-run` has no --api-versions: force the monitoring objects on instead
+    with_api = notes("--set", "serviceMonitor.enabled=true", "--set", "prometheusRule.enabled=true")
+    without_api = notes()
+    assert "kubectl apply -f" in with_api and "mode\":\"enforce" in with_api
+    assert "serviceMonitor.labels is empty" in with_api and "no monitoring.coreos.com/v1 API" not in with_api
+    assert "ServiceMonitors:" not in without_api and "no monitoring.coreos.com/v1 API" in without_api
+
+
+# ------------------------------------------------------------------ installs anywhere
+
+MONITORING_KINDS = {"ServiceMonitor", "PrometheusRule"}
+
+
+def kinds(docs: list[dict]) -> list[str]:
+    return sorted(d["kind"] for d in docs)
+
+
+@pytest.mark.parametrize("api_versions, expected", [
+    ([], []),  # a bare cluster: helm install must not need the prometheus-operator CRDs
+    (["monitoring.coreos.com/v1"], ["PrometheusRule", "ServiceMonitor", "ServiceMonitor"]),
+    (["monitoring.coreos.com/v1/ServiceMonitor"], ["ServiceMonitor", "ServiceMonitor"]),  # a cluster with one CRD
+    (["monitoring.coreos.com/v1/PrometheusRule"], ["PrometheusRule"]),
+    (["monitoring.coreos.com/v1beta1"], []),
+])
+def test_monitoring_objects_render_only_when_the_cluster_serves_their_api(api_versions, expected):
+    args = [a for v in api_versions for a in ("--api-versions", v)]
+    docs = helm_template(*args)
+    assert [k for k in kinds(docs) if k in MONITORING_KINDS] == expected
+    # everything else is the same with or without the monitoring API
+    assert [k for k in kinds(docs) if k not in MONITORING_KINDS] == [
+        k for k in kinds(helm_template()) if k not in MONITORING_KINDS]
+
+
+def test_monitoring_switch_forces_objects_on_or_off():
+    forced_on = helm_template("--set", "serviceMonitor.enabled=true", "--set", "vllmServiceMonitor.enabled=true",
+                              "--set", "prometheusRule.enabled=true")
+    assert [k for k in kinds(forced_on) if k in MONITORING_KINDS] == ["PrometheusRule", "ServiceMonitor", "ServiceMonitor"]
+    forced_off = helm_template(*MONITORING_API, "--set", "serviceMonitor.enabled=false",
+                               "--set", "prometheusRule.enabled=false")
+    assert [(d["kind"], d["metadata"]["name"]) for d in forced_off if d["kind"] in MONITORING_KINDS] == [
+        ("ServiceMonitor", "kc-kneecap-vllm")]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "serviceMonitor.enable=false"], "at '/serviceMonitor': additional properties 'enable' not allowed"),
+    (["--set", "replicaCount=two"], "at '/replicaCount': got string, want integer"),
+    (["--set", "replicaCount=0"], "at '/replicaCount'"),
+    (["--set", "serviceMonitor.enabled=yes"], "at '/serviceMonitor/enabled': value must be one of 'auto', true, false"),
+    (["--set", "operator.metricsPort=99999"], "at '/operator/metricsPort'"),
+    (["--set", "imag.tag=v1"], "additional properties 'imag' not allowed"),
+    (["--set", "image.tga=v1"], "at '/image': additional properties 'tga' not allowed"),
+    (["--set", "grafana.dashboard.enable=true"], "at '/grafana/dashboard': additional properties 'enable' not allowed"),
+    (["--set", "serviceMonitor.interval=30 seconds"], "at '/serviceMonitor/interval'"),
+    (["--set", "probes.liveness.periodSecond=5"], "at '/probes/liveness'"),
+])
+def test_values_schema_rejects_typos_and_wrong_types_naming_the_key(args, message):
+    for cmd in (["template", "kc"], ["lint", "--strict"]):
+        p = run([tool("helm"), *cmd, str(CHART), *args])
+        assert p.returncode != 0, f"{cmd} {args} was accepted"
+        assert message in p.stdout + p.stderr, p.stdout + p.stderr
+
+
+def test_values_schema_names_every_key_of_values_yaml():
+    """Every key values.yaml sets has a schema entry, and every object the chart defines is closed."""
+    import json
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def walk(v, sch, path):
+        assert sch.get("additionalProperties") is False, f"{path or '/'}: schema is open"
+        for key, sub in v.items():
+            assert key in sch["properties"], f"{path}/{key} has no schema entry"
+            s = sch["properties"][key]
+            if isinstance(sub, dict) and "properties" in s:
+                walk(sub, s, f"{path}/{key}")
+
+    walk(values, schema, "")
+    # the image setting the quickstart documents is accepted, and so is every tri-state value
+    for args in (["--set", "image.repository=registry.example/kneecap", "--set", "image.tag=v0.1.0"],
+                 ["--set", "serviceMonitor.enabled=auto", "--set", "prometheusRule.enabled=false"]):
+        p = run([tool("helm"), "lint", "--strict", str(CHART), *args])
+        assert p.returncode == 0, p.stdout + p.stderr
+    (dep,) = by_kind(helm_template("--set", "image.repository=registry.example/kneecap", "--set", "image.tag=v0.1.0"),
+                     "Deployment")
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"] == "registry.example/kneecap:v0.1.0"
 
 
 def undocumented_values(text: str) -> list[str]:

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -19,13 +18,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.support.dashboard import dashboard, dashboard_queries
 from tests.support.data import VLLM_CAPTURES
 from tests.support.tools import tool
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kneecap"
 ALERTS = CHART / "files" / "alerts.yaml"
-DASHBOARD = CHART / "files" / "kneecap-dashboard.json"
 PROMTOOL_TESTS = sorted((ROOT / "deploy" / "prometheus" / "tests").glob("*.yaml"))
 OPERATIONS_DOC = ROOT / "docs" / "operations.md"
 # Series Prometheus itself writes for every target.
@@ -95,10 +94,43 @@ def vllm_metric_names() -> set[str]:
     return names
 
 
+def vllm_renamed() -> dict[str, set[str]]:
+    """Old vLLM series names the operator still reads, by the current name that replaced them
+    (kneecap.observe.window's name tuples: current first, then the names older vLLMs export)."""
+    from kneecap.observe import window as W
+
+    out: dict[str, set[str]] = {}
+    for names in vars(W).values():
+        if isinstance(names, tuple) and len(names) > 1 and all(isinstance(n, str) and n.startswith("vllm:") for n in names):
+            current, *old = names
+            for suffix in ("", "_bucket", "_sum", "_count"):
+                out.setdefault(current + suffix, set()).update(o + suffix for o in old)
+    return out
+
+
 @pytest.fixture(scope="module")
 def exported() -> dict[str, set[str]]:
     return {"operator": operator_metric_names(), "vllm": vllm_metric_names(),
             "prometheus": PROMETHEUS_SYNTHETIC}
+
+
+def assert_old_names_only_as_fallback(where: str, expr: str, exported: dict[str, set[str]]) -> set[str]:
+    """Old vLLM names may appear only as the `or` fallback of their current name, which vLLM 0.32
+    exports; returns the names of `expr` with those fallbacks removed."""
+    names = metric_names(expr)
+    for current, old in vllm_renamed().items():
+        for o in names & old:
+            assert current in names and current in exported["vllm"], f"{where}: {o} without {current}"
+            assert " or " in expr and expr.index(current) < expr.index(o), f"{where}: {o} is not a fallback of {current}"
+        names -= old
+    return names
+
+
+def test_old_vllm_names_are_the_fallbacks_the_operator_reads():
+    renamed = vllm_renamed()
+    assert renamed["vllm:kv_cache_usage_perc"] == {"vllm:gpu_cache_usage_perc"}
+    assert renamed["vllm:inter_token_latency_seconds_bucket"] == {"vllm:time_per_output_token_seconds_bucket"}
+    assert not set().union(*renamed.values()) & vllm_metric_names()  # vLLM 0.32 no longer exports them
 
 
 def test_exported_names_are_what_the_operator_and_vllm_serve(exported):
@@ -122,7 +154,8 @@ def test_promtool_check_rules_on_the_source_and_the_rendered_prometheusrule(tmp_
     p = promtool("check", "rules", str(ALERTS))
     assert p.returncode == 0, p.stdout + p.stderr
     assert f"SUCCESS: {len(alert_rules())} rules found" in p.stdout
-    helm = subprocess.run([tool("helm"), "template", "kc", str(CHART), "--show-only", "templates/prometheusrule.yaml"],
+    helm = subprocess.run([tool("helm"), "template", "kc", str(CHART), "--show-only", "templates/prometheusrule.yaml",
+                           "--api-versions", "monitoring.coreos.com/v1"],
                           capture_output=True, text=True, timeout=60)
     assert helm.returncode == 0, helm.stderr
     rendered = tmp_path / "rendered-rules.yaml"
@@ -204,30 +237,12 @@ def test_every_alert_is_documented_and_names_exported_metrics(exported):
         base, anchor = ann["runbook_url"].split("#")
         assert base == "https://github.com/kneecap/kneecap/blob/main/docs/operations.md"
         assert anchor == name.lower() and anchor in anchors, f"{name}: no '{name}' heading in docs/operations.md"
-        names = metric_names(r["expr"])
+        names = assert_old_names_only_as_fallback(name, r["expr"], exported)
         assert names, name
         assert names <= allowed, f"{name} uses metrics nobody exports: {names - allowed}"
 
 
 # ------------------------------------------------------------------ dashboard
-
-def dashboard() -> dict:
-    return json.loads(DASHBOARD.read_text())
-
-
-def dashboard_queries(d: dict) -> list[tuple[str, str]]:
-    out = []
-    for p in d["panels"]:
-        for t in p.get("targets", []):
-            out.append((p["title"], t["expr"]))
-    for a in d["annotations"]["list"]:
-        if "expr" in a:
-            out.append((f"annotation {a['name']}", a["expr"]))
-    for v in d["templating"]["list"]:
-        if v["type"] == "query":
-            out.append((f"variable {v['name']}", v["query"]["query"]))
-    return out
-
 
 def test_dashboard_is_what_the_generator_writes():
     p = subprocess.run(["python3", str(ROOT / "scripts" / "gen-dashboard.py"), "--check"], capture_output=True,
@@ -279,13 +294,28 @@ def test_dashboard_shows_the_knee_decisions_memory_latency_and_calibration():
     assert not any("$ttft_slo" in e or "$tpot_slo" in e for e in by_title.values())  # targets come from spec.slo
     ann = {a["name"]: a.get("expr", "") for a in d["annotations"]["list"]}
     assert "kneecap_decisions_total" in ann["kneecap decisions"]
+    # old and new vLLM names: the panels read both
+    assert panel_with("vllm:kv_cache_usage_perc", " or vllm:gpu_cache_usage_perc")
+    assert panel_with("vllm:inter_token_latency_seconds_bucket", " or sum by (le) (rate(vllm:time_per_output_token_seconds_bucket")
+
+
+def test_decisions_annotation_asks_for_reasons_the_operator_records():
+    """The annotation's reasons are those kneecap.control.plan counts in kneecap_decisions_total
+    (the policy's "Recommended" becomes Applied or Advised there and is never counted)."""
+    ann = {a["name"]: a["expr"] for a in dashboard()["annotations"]["list"] if "expr" in a}
+    (alternatives,) = set(re.findall(r'reason=~"([^"]+)"', ann["kneecap decisions"]))
+    plan = (ROOT / "operator" / "kneecap" / "control" / "plan.py").read_text()
+    counted = set(re.findall(r't\.decision\("(\w+)"', plan)) | set(
+        re.findall(r'MetricUpdate\("inc", "decisions", \([^)]*"(\w+)"\)', plan))
+    assert {"Applied", "Advised", "ApplyFailed"} <= counted and "Recommended" not in counted
+    assert set(alternatives.split("|")) <= counted
 
 
 def test_dashboard_queries_name_only_exported_metrics(exported):
     allowed = set().union(*exported.values())
     seen = set()
     for where, expr in dashboard_queries(dashboard()):
-        names = metric_names(expr)
+        names = assert_old_names_only_as_fallback(where, expr, exported)
         assert names <= allowed, f"{where}: {names - allowed} is exported by neither the operator nor vLLM"
         seen |= names
     # the dashboard uses both sources
@@ -295,14 +325,33 @@ def test_dashboard_queries_name_only_exported_metrics(exported):
 def test_dashboard_queries_parse_as_promql(tmp_path):
     subst = {"$__rate_interval": "5m", "$namespace": "demo", "$name": "llama", "$pool": ".*"}
     rules = []
-    for i, (where, expr) in enumerate(dashboard_queries(dashboard())):
-        if expr.startswith("label_values("):
-            expr = re.sub(r"^label_values\((.*?)(,\s*\w+)?\)$", r"\1", expr.strip())
-        for k, v in subst.items():
-            expr = expr.replace(k, v)
-        assert "$" not in expr, where
+    for i, (where, expr) in enumerate(dashboard_queries(dashboard(), subst)):
         rules.append({"record": f"kneecap:dashboard_query:{i}", "expr": expr})
     path = tmp_path / "dashboard-queries.yaml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
     p = promtool("check", "rules", str(path))
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_decisions_annotation_marks_a_reasons_first_count(tmp_path):
+    """prometheus_client exports a labelled counter first at 1 (no 0 before it): the annotation marks
+    that first decision, then only later increments, and never a guard's reason (promtool)."""
+    ann = {a["name"]: a["expr"] for a in dashboard()["annotations"]["list"] if "expr" in a}
+    expr = ann["kneecap decisions"].replace("$namespace", "demo").replace("$name", "llama")
+    assert "$" not in expr
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(
+        {"groups": [{"name": "t", "rules": [{"record": "annotation", "expr": f"count({expr})"}]}]}))
+    series = 'kneecap_decisions_total{namespace="demo", name="llama", reason="%s"}'
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump({
+        "rule_files": ["rules.yaml"], "evaluation_interval": "1m",
+        "tests": [{"interval": "1m",
+                   "input_series": [{"series": series % "Applied", "values": "_x5 1x10 2x10"},
+                                    {"series": series % "Cooldown", "values": "1+1x25"}],
+                   "promql_expr_test": [
+                       {"expr": "annotation", "eval_time": "4m", "exp_samples": []},
+                       {"expr": "annotation", "eval_time": "6m", "exp_samples": [{"labels": "annotation", "value": 1}]},
+                       {"expr": "annotation", "eval_time": "10m", "exp_samples": []},
+                       {"expr": "annotation", "eval_time": "17m", "exp_samples": [{"labels": "annotation", "value": 1}]},
+                       {"expr": "annotation", "eval_time": "24m", "exp_samples": []}]}]}))
+    p = promtool("test", "rules", str(tmp_path / "test.yaml"))
     assert p.returncode == 0, p.stdout + p.stderr

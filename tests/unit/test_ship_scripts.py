@@ -37,10 +37,11 @@ def test_setup_tools_is_idempotent_and_leaves_working_tools():
         p = subprocess.run(["bash", str(ROOT / "scripts" / "setup-tools.sh")], capture_output=True, text=True,
                            timeout=600)
         assert p.returncode == 0, p.stdout + p.stderr
-    for tool in ("promtool", "helm", "kubectl", "hadolint"):
+    for tool in ("promtool", "prometheus", "helm", "kubectl", "hadolint"):
         assert f"{tool} already in .tools/bin" in p.stdout or (tool in ("helm", "kubectl") and
                                                                  "helm and kubectl already in .tools/bin" in p.stdout), p.stdout
     assert "helm v4." in p.stdout and "Client Version: v1.37" in p.stdout
+    assert "promtool, version 2." in p.stdout and "prometheus, version 2." in p.stdout
 
 
 def test_e2e_script_says_it_is_not_run_here_and_uses_a_valid_example():

@@ -57,3 +57,19 @@ this, so they cannot drift.
 {{- define "kneecap.alertRules" -}}
 {{- .Files.Get "files/alerts.yaml" | replace "https://github.com/kneecap/kneecap/blob/main/docs/operations.md" .Values.alerts.runbookBaseUrl }}
 {{- end }}
+
+{{/*
+Whether to render a prometheus-operator object: (list <enabled value> <root context> <Kind>).
+enabled "auto" renders it only when the cluster serves monitoring.coreos.com/v1 <Kind> (Helm's
+capabilities list both "group/version" and "group/version/Kind"; `helm template` knows only what
+--api-versions names, so `--api-versions monitoring.coreos.com/v1` turns them on there); true
+renders it always (the install then fails without the CRD); false never. Prints "true" or nothing.
+*/}}
+{{- define "kneecap.monitoringObject" -}}
+{{- $enabled := index . 0 }}
+{{- $api := (index . 1).Capabilities.APIVersions }}
+{{- $kind := index . 2 }}
+{{- if eq (toString $enabled) "auto" }}
+{{- if or ($api.Has (printf "monitoring.coreos.com/v1/%s" $kind)) ($api.Has "monitoring.coreos.com/v1") }}true{{ end }}
+{{- else if $enabled }}true{{ end }}
+{{- end }}

@@ -369,12 +369,17 @@ class _LagWatch:
 
 
 async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: TwinClock,
-                on_row: Callable[[IntervalRow], None], on_warning: Callable[[str], None], log_dir: Path | None):
+                on_row: Callable[[IntervalRow], None], on_warning: Callable[[str], None], log_dir: Path | None,
+                on_endpoints: Callable[[list[str]], None] = lambda urls: None):
     from kneecap.demo.kubeapi import LLMD
     from kneecap.demo.kubelet import DEPLOY, Kubelet
 
+    def endpoints(_deployment: str, urls: list[str]) -> None:
+        router.set_endpoints(urls)
+        on_endpoints(urls)
+
     router = await Router(clock=clock).start()
-    kubelet = Kubelet(kube, NS, cfg.time_scale, on_endpoints=lambda _d, urls: router.set_endpoints(urls),
+    kubelet = Kubelet(kube, NS, cfg.time_scale, on_endpoints=endpoints,
                       drain=router.drain, log_dir=log_dir, clock=clock)
     stop = asyncio.Event()
     kubelet_task = asyncio.create_task(kubelet.run(stop))
@@ -426,8 +431,12 @@ async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: TwinClock,
 
 def run_demo(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = lambda row: None,
              log_dir: Path | None = None, quiet_operator: bool = True,
-             on_warning: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)) -> DemoResult:
-    """Run the whole loop once (module docstring) and return what it recorded."""
+             on_warning: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+             metrics: OperatorMetrics | None = None,
+             on_endpoints: Callable[[list[str]], None] = lambda urls: None) -> DemoResult:
+    """Run the whole loop once (module docstring) and return what it recorded. `metrics`: the
+    operator's registry (to serve it while the demo runs); `on_endpoints`: called with the ready
+    twins' base URLs whenever they change."""
     cfg.check()
     if quiet_operator:
         logging.getLogger("kopf").setLevel(logging.ERROR)  # e.g. "OS signals are ignored" (it runs in a thread)
@@ -440,9 +449,11 @@ def run_demo(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = lambda row
     clock = TwinClock(cfg.time_scale, lead_wall_s=2 * TWIN_POLL_S)
     with KubeAPIThread(instant_rollouts=False) as kube:
         kube.add_namespace(NS)
-        op = OperatorThread(kube.url, NS, clock=clock, tick_s=cfg.tick_s, scrape=twin_time_scrape(clock)).start()
+        op = OperatorThread(kube.url, NS, clock=clock, tick_s=cfg.tick_s, metrics=metrics,
+                            scrape=twin_time_scrape(clock)).start()
         try:
-            rows, report, kubelet, ratio, behind = asyncio.run(_main(cfg, kube, clock, on_row, on_warning, log_dir))
+            rows, report, kubelet, ratio, behind = asyncio.run(_main(cfg, kube, clock, on_row, on_warning, log_dir,
+                                                                     on_endpoints))
         finally:
             op.stop()
         llmd_obj = kube.get(LLMD, NS, NAME)
