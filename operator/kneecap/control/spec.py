@@ -230,7 +230,7 @@ def _shape_arch(name: str, shape: Mapping) -> ModelArch:
     if head_dim < 1:
         raise InputError(f"{path}.headDim", f"required when hiddenSize ({hidden}) < numAttentionHeads ({heads})")
     experts = shape["numExperts"]
-    moe_ffn = shape.get("moeIntermediateSize", 0)
+    moe_ffn = shape.get("moeIntermediateSize", shape["intermediateSize"]) if experts else 0
     params = shape.get("parameterCount") or params_from_shape(
         layers, hidden, kv_heads * head_dim, shape["intermediateSize"], shape["gatedMLP"], shape["vocabSize"],
         shape["tieWordEmbeddings"], q_dim=heads * head_dim, num_experts=experts, moe_ffn=moe_ffn,

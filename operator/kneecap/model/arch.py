@@ -349,7 +349,7 @@ def arch_from_hf_config(config: dict, key: str | None = None) -> ModelArch:
     experts = (count("num_local_experts", optional=True) or count("n_routed_experts", optional=True)
                or count("num_experts", optional=True))
     k = count("num_experts_per_tok", optional=True) if experts else 0
-    moe_ffn = count("moe_intermediate_size", optional=True) if experts else 0
+    moe_ffn = (count("moe_intermediate_size", optional=True) or ffn) if experts else 0
     shared = 0
     if experts:
         shared = (count("shared_expert_intermediate_size", optional=True)
