@@ -398,3 +398,12 @@ def test_config_map_reference_read_through_the_operator_parsing_path():
             assert spec is None and status["invalidField"] == field
             (ready,) = [c for c in status["conditions"] if c["type"] == "Ready"]
             assert ready["reason"] == "InvalidSpec" and needle in ready["message"]
+
+
+@pytest.mark.parametrize("name,key", [("Qwen/Qwen3-30B-A3B-Instruct-2507", "qwen3-30b-a3b"),
+                                      ("mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b"),
+                                      ("google/gemma-3-27b-it", "gemma-3-27b"), ("deepseek-ai/DeepSeek-V3", "deepseek-v3"),
+                                      ("meta-llama/Llama-3.3-70B-Instruct", "llama-3.3-70b"),
+                                      ("/models/Llama-3.2-1B-Instruct", "llama-3.2-1b")])
+def test_current_model_names_guess_their_catalog_key(name, key):
+    assert S.parse_spec(with_("model.name", name)).model.architecture.key == key
