@@ -236,3 +236,31 @@ def test_gauss_step_cost_reads_every_expert():
     p = _prior(gpu)
     w = (coef.decode_step_s - p.t_step_s - p.t_layer_s * 32) * p.eta_w * gpu.mem_bw_bytes_s
     assert w == pytest.approx(a.weight_bytes - 32000 * 4096 * 2, rel=1e-9)
+
+
+@pytest.mark.parametrize("model,gpu", [("qwen3-30b-a3b", "mi300x"), ("mixtral-8x7b", "h200"), ("gemma-3-27b", "b200"),
+                                       ("llama-3.2-1b", "l4"), ("Qwen/Qwen3-8B", "a10g"), ("deepseek-v2-lite", "h100-pcie")])
+def test_cli_memory_takes_the_new_keys(model, gpu, capsys):
+    import json
+
+    from kneecap.cli import main
+
+    assert main(["memory", "--model", model, "--gpu", gpu, "--max-num-seqs", "64", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    a, g = get_arch(model), get_gpu(gpu)
+    assert out["weights_bytes"] == a.weight_bytes and out["total_bytes"] == g.memory_bytes
+    assert out["kv_capacity_tokens"] * a.kv_bytes_per_token == out["kv_bytes"]
+
+
+def test_twin_step_reads_the_routed_experts():
+    """The twin's roofline (sim/roofline.py) at one decode token reads 2 of Mixtral's 8 experts;
+    at 256 tokens all of them (1 − 0.75^256 ≈ 1), memory-bound both times on an H200."""
+    from kneecap.sim.roofline import DEFAULT_STEP_COST as C, step_time_s
+
+    a, gpu = get_arch("mixtral-8x7b"), get_gpu("h200")
+    routed = a.routed_expert_params * 2
+    for n, weights in ((1, a.weight_bytes - routed * 0.75), (256, a.weight_bytes)):
+        t = step_time_s(a, gpu, num_seqs=n, num_tokens=n, kv_read_tokens=0.0, attn_flops=0.0, has_prefill=False)
+        assert t == pytest.approx(C.step_overhead_s + C.per_seq_overhead_s * n
+                                  + weights / (C.bw_efficiency * gpu.mem_bw_bytes_s), rel=1e-9), n
+    assert (a.weight_bytes - routed * 0.75) / 1e9 == pytest.approx(25.76, abs=0.01)  # the twin streams the input table too
