@@ -11,6 +11,7 @@ namespaces (ClusterRole) and a namespace list (Roles).
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -110,6 +111,11 @@ def helm_rbac(*args: str) -> dict[str, list[dict]]:
     return out
 
 
+LLAMA_CONFIG = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+                "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+                "max_position_embeddings": 131072, "torch_dtype": "bfloat16", "tie_word_embeddings": False}
+
+
 def llmd(name: str, **spec_over) -> dict:
     spec = {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "accelerator": {"type": "h100-80gb"},
             "engine": {"image": "vllm/vllm-openai:v0.11.0"}, "control": {"interval": "1s"}}
@@ -156,6 +162,17 @@ def operator_lifecycle(monkeypatch, scope: list[str]) -> set[tuple[str, str, str
                      ["containers"][0]["args"], what="patched deployment")
             wait_for(lambda: kube.get("v1/services", NS, "llama")["spec"]["ports"][0]["port"] == 8001,
                      what="patched service")
+            # the model's shape from its config.json in a ConfigMap -> GET of the ConfigMap
+            kube.create("v1/configmaps", {"apiVersion": "v1", "kind": "ConfigMap",
+                                          "metadata": {"name": "llama-config", "namespace": NS},
+                                          "data": {"config.json": json.dumps(LLAMA_CONFIG)}})
+            kube.patch(LLMD, NS, "llama", {"spec": {"model": {"configMapRef": {"name": "llama-config"}}}})
+            wait_for(lambda: "--max-model-len=4096" in kube.get(DEPLOY, NS, "llama")["spec"]["template"]["spec"]
+                     ["containers"][0]["args"] and any(
+                         c["type"] == "Ready" and c["reason"] != "InvalidSpec"
+                         for c in kube.get(LLMD, NS, "llama")["status"]["conditions"])
+                     and kube.get(LLMD, NS, "llama")["status"].get("observedGeneration")
+                     == kube.get(LLMD, NS, "llama")["metadata"]["generation"], what="spec with configMapRef handled")
             # colocated -> disaggregated: the old pool is deleted
             kube.patch(LLMD, NS, "llama", {"spec": {"topology": {"mode": "disaggregated",
                                                                   "kvTransfer": {"connector": "NixlConnector"}}}})

@@ -239,3 +239,27 @@ def test_a_full_ring_drops_its_oldest_window_for_the_new_one(curve):
     got = [e["windowEndUnixSeconds"] for e in p.status["observations"]]
     assert got == [NOW - 60.0, NOW - 30.0, NOW]  # the oldest went, the tick's own window is last
     assert p.status["observations"][-1]["meanBatch"] == pytest.approx(float(curve[64]["batch"]), rel=1e-5)
+
+
+def test_inline_model_and_gpu_shapes_decide_as_their_catalog_entries_do(curve):
+    """A spec that spells Llama-2-7B and the data's H100 inline (spec.model.shape,
+    spec.accelerator.shape) takes the same decision as the catalog keys, and its calibration,
+    fitted on a GPU no catalog knows, survives the round trip through status."""
+    inline = parse_spec({**RAW, "model": {"name": "meta-llama/Llama-2-7b-hf", "shape": {
+        "hiddenSize": 4096, "numLayers": 32, "numAttentionHeads": 32, "intermediateSize": 11008, "vocabSize": 32000,
+        "parameterCount": 6.738e9, "maxPositionEmbeddings": 4096}},
+        "accelerator": {"shape": {"name": "lab-h100", "memoryGiB": 63.43, "bandwidthGBps": 1620, "peakDenseTFLOPS": 989}}})
+    assert inline.model.architecture.key == "llama-2-7b-hf" and inline.accelerator.gpu.key == "lab-h100"
+    status, ring = ring_status(curve)
+    obs = replace(observation(curve[32]), t_end_s=NOW)
+    window = P.PoolWindow("server", live_pool(), P.OBSERVED, observation=obs)
+    by_key, by_shape = (P.plan(gathered(window, ring), status, s, NOW) for s in (SPEC, inline))
+    rec_key, rec_shape = by_key.status["recommendation"], by_shape.status["recommendation"]
+    for k in ("maxNumSeqs", "gpuMemoryUtilization", "predictedThroughputTokensPerSecond"):
+        assert rec_shape[k] == pytest.approx(rec_key[k], rel=1e-6), k
+    assert [p_.body for p_ in by_shape.patches] == [p_.body for p_ in by_key.patches] != []
+    cal = by_shape.status["calibration"]
+    assert cal["gpu"] == "lab-h100" and cal["models"] == ["llama-2-7b-hf"]
+    back = P.calibration_from_status(cal)
+    assert back is not None and back.params == pytest.approx(
+        P.calibration_from_status(by_key.status["calibration"]).params)

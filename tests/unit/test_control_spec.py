@@ -56,7 +56,7 @@ def test_defaults_come_from_the_crd():
     assert s.topology.kv_transfer is None
     assert s.slo.quantile == 0.95 and s.slo.e2e_s is None
     assert s.batching == S.BatchingSpec(0.1, 1, 1024)
-    assert s.model.architecture == "llama-3.1-8b"  # guessed from the model name
+    assert s.model.architecture.key == "llama-3.1-8b"  # guessed from the model name
 
 
 def test_changing_a_crd_default_changes_the_parse(tmp_path, monkeypatch):
@@ -150,8 +150,31 @@ def _many(n):
     return [f"--opt-{i}" for i in range(n)]
 
 
+# an inline model outside the catalog, a MoE and an inline accelerator (spec.model.shape, spec.accelerator.shape)
+SHAPE = {"hiddenSize": 5120, "numLayers": 48, "numAttentionHeads": 40, "numKeyValueHeads": 8,
+         "intermediateSize": 13824, "vocabSize": 100352}
+MOE = {"hiddenSize": 4096, "numLayers": 32, "numAttentionHeads": 32, "numKeyValueHeads": 8,
+       "intermediateSize": 14336, "vocabSize": 32000, "numExperts": 8, "numExpertsPerToken": 2}
+GPU_SHAPE = {"name": "tpu-ish", "memoryGiB": 94.0, "bandwidthGBps": 3900, "peakDenseTFLOPS": 835}
+
 # (spec edits, the field both the API server and parse_spec name)
 MALFORMED = [
+    ({"model.architecture": "llama-3.1-8b", "model.shape": SHAPE}, "spec.model"),
+    ({"model.shape": SHAPE, "model.configMapRef": {"name": "cfg"}}, "spec.model"),
+    ({"model.shape": {**SHAPE, "numKeyValueHeads": 7}}, "spec.model.shape.numKeyValueHeads"),
+    ({"model.shape": {**SHAPE, "numExperts": 8}}, "spec.model.shape.numExpertsPerToken"),
+    ({"model.shape": {**MOE, "numExpertsPerToken": 9}}, "spec.model.shape.numExpertsPerToken"),
+    ({"model.shape": {**SHAPE, "numExpertsPerToken": 2}}, "spec.model.shape.numExperts"),
+    ({"model.shape": {**MOE, "numDenseLayers": 32}}, "spec.model.shape.numDenseLayers"),
+    ({"model.shape": {**SHAPE, "hiddenSize": 16}}, "spec.model.shape.headDim"),
+    ({"model.shape": {**SHAPE, "hiddenSize": 0}}, "spec.model.shape.hiddenSize"),
+    ({"model.shape": {k: v for k, v in SHAPE.items() if k != "vocabSize"}}, "spec.model.shape.vocabSize"),
+    ({"model.shape": {**SHAPE, "dtypeBytes": 3}}, "spec.model.shape.dtypeBytes"),
+    ({"model.configMapRef": {"name": "Not_A_Name"}}, "spec.model.configMapRef.name"),
+    ({"accelerator": {}}, "spec.accelerator"),
+    ({"accelerator.shape": GPU_SHAPE}, "spec.accelerator"),  # and type: both
+    ({"accelerator": {"shape": {**GPU_SHAPE, "memoryGiB": 0}}}, "spec.accelerator.shape.memoryGiB"),
+    ({"accelerator": {"shape": {"memoryGiB": 80, "bandwidthGBps": 2000}}}, "spec.accelerator.shape.peakDenseTFLOPS"),
     ({"engine.extraArgs": ["--max-model-len=8192", "--max-num-seqs=8"]}, "spec.engine.extraArgs[1]"),
     ({"engine.extraArgs": ["--max_num_seqs", "8"]}, "spec.engine.extraArgs[0]"),
     ({"engine.extraArgs": ["--max-num-se", "8"]}, "spec.engine.extraArgs[0]"),  # argparse abbreviation
@@ -186,6 +209,10 @@ WELL_FORMED = [
     {"engine.command": ["python", "-m", "vllm.entrypoints.openai.api_server"]},
     {"control.minObservations": 24, "control.maxObservationAge": "90s"},
     {"model.name": "/models/llama-3.1-8b"},
+    {"model.name": "acme/house-model-20b", "model.shape": SHAPE},
+    {"model.name": "acme/house-moe", "model.shape": MOE, "accelerator": {"shape": GPU_SHAPE, "costPerHour": 2.5}},
+    {"model.architecture": "qwen3-30b-a3b", "accelerator.type": "mi300x"},
+    {"model.architecture": "Qwen/Qwen3-235B-A22B", "accelerator": {"type": "b200", "count": 8}},
 ]
 
 
@@ -235,7 +262,7 @@ def test_well_formed_specs_are_accepted_by_both(api, i):
 def test_every_cel_rule_is_in_the_malformed_table():
     tested = {re.sub(r"\[\d+\]", "[]", f) for _, f in MALFORMED}
     rules = _cel_fields(S.spec_schema())
-    assert len(rules) == 9 and rules <= tested, rules - tested
+    assert len(rules) == 16 and rules <= tested, rules - tested
 
 
 def test_managed_flag_message_names_the_flag():
@@ -274,3 +301,109 @@ def test_max_observation_age_defaults_to_three_windows_and_parses_a_duration():
     with pytest.raises(InputError) as e:
         S.parse_spec({**BASE, "control": {"maxObservationAge": "soon"}})
     assert e.value.field == "spec.control.maxObservationAge"
+
+
+# ---------------------------------------------------------------- any model, any GPU
+
+
+def test_inline_model_outside_the_catalog_parses_to_its_shape():
+    s = S.parse_spec(_edit({"model.name": "acme/house-model-20b", "model.shape": SHAPE}))
+    a = s.model.architecture
+    assert a.key == "house-model-20b" and (a.layers, a.hidden, a.kv_heads, a.head_dim) == (48, 5120, 8, 128)
+    # hand count: 48 x (Q,O 2·5120² + K,V 2·5120·1024 + MLP 3·5120·13824 + norms 4·5120) + 2 x 100352·5120
+    per_layer = 2 * 5120**2 + 2 * 5120 * 1024 + 3 * 5120 * 13824 + 4 * 5120
+    assert a.params == 48 * per_layer + 2 * 100352 * 5120
+    assert a.kv_bytes_per_token == 2 * 48 * 8 * 128 * 2 and not a.moe
+
+
+def test_inline_accelerator_and_cost():
+    s = S.parse_spec(_edit({"accelerator": {"shape": GPU_SHAPE, "costPerHour": 2.5}}))
+    g = s.accelerator.gpu
+    assert (g.key, g.memory_gib, g.mem_bw_bytes_s, g.peak_flops, g.cost_per_hour) == ("tpu-ish", 94.0, 3.9e12, 835e12, 2.5)
+    assert s.accelerator.type == "tpu-ish"
+    cat = S.parse_spec(_edit({"accelerator.type": "mi300x", "accelerator.costPerHour": 3.0})).accelerator
+    assert (cat.gpu.key, cat.gpu.memory_gib, cat.gpu.cost_per_hour) == ("mi300x", 191.98, 3.0)
+
+
+@pytest.mark.parametrize("path,value,field", [("model.architecture", "qwen9-7b", "spec.model.architecture"),
+                                              ("accelerator.type", "tpu-v9", "spec.accelerator.type")])
+def test_unknown_catalog_key_names_the_field_and_lists_the_keys(path, value, field):
+    from kneecap.model.arch import CATALOG
+    from kneecap.model.hardware import GPUS
+
+    with pytest.raises(InputError) as exc:
+        S.parse_spec(with_(path, value))
+    assert exc.value.field == field
+    keys = CATALOG if path.startswith("model") else GPUS
+    listed = str(exc.value).split("expected one of ", 1)[1]
+    assert listed.split(", ") == sorted(keys)
+    assert {"qwen3-30b-a3b", "mixtral-8x7b", "gemma-3-27b"} <= set(listed.split(", ")) or \
+        {"b200", "mi300x", "a10g", "l4"} <= set(listed.split(", "))
+
+
+LLAMA_32_3B_CONFIG = {  # meta-llama/Llama-3.2-3B config.json (fields that matter)
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 3072, "num_hidden_layers": 28,
+    "num_attention_heads": 24, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 8192,
+    "vocab_size": 128256, "hidden_act": "silu", "max_position_embeddings": 131072, "torch_dtype": "bfloat16",
+    "tie_word_embeddings": True,
+}
+
+
+def test_config_map_reference_read_through_the_operator_parsing_path():
+    """The operator reads spec.model.configMapRef from the (faithful emulated) API, then parses:
+    the shape equals the catalog's; a missing ConfigMap, a missing key and bad JSON are
+    InvalidSpec naming the field."""
+    import asyncio
+    import json
+    import logging
+
+    import kopf
+
+    from kneecap.control import handlers as H
+    from kneecap.control.kube import KubeClient
+    from kneecap.demo.kubeapi import KubeAPIThread
+    from kneecap.model.arch import get_arch
+
+    def body(ref):
+        return {"metadata": {"name": "house", "namespace": "m", "generation": 1},
+                "spec": _edit({"model.name": "acme/house-3b", "model.configMapRef": ref})}
+
+    async def parse(url, b):
+        kube = KubeClient(url)
+        patch = kopf.Patch()
+        try:
+            spec = await H._parse(b, patch, logging.getLogger("t"), H.OperatorConfig(), kube, emit=False)
+        finally:
+            await kube.close()
+        return spec, dict(patch.get("status") or {})
+
+    with KubeAPIThread() as api:
+        api.add_namespace("m")
+        api.create("v1/configmaps", {"apiVersion": "v1", "kind": "ConfigMap",
+                                     "metadata": {"name": "house-config", "namespace": "m"},
+                                     "data": {"config.json": json.dumps(LLAMA_32_3B_CONFIG), "bad.json": "{nope"}})
+        spec, _ = asyncio.run(parse(api.url, body({"name": "house-config"})))
+        a, ref = spec.model.architecture, get_arch("llama-3.2-3b")
+        assert a.key == "house-3b" and spec.model.config_map_ref == S.ConfigMapRef("house-config", "config.json")
+        assert (a.layers, a.hidden, a.q_heads, a.kv_heads, a.head_dim, a.ffn, a.vocab, a.tied, a.dtype_bytes) == \
+            (ref.layers, ref.hidden, ref.q_heads, ref.kv_heads, ref.head_dim, ref.ffn, ref.vocab, ref.tied, ref.dtype_bytes)
+        assert a.kv_bytes_per_token == ref.kv_bytes_per_token == 114_688
+        assert a.params == pytest.approx(ref.params, rel=1e-3)
+        for ref_spec, field, needle in [
+            ({"name": "absent"}, "spec.model.configMapRef.name", "'absent' not found"),
+            ({"name": "house-config", "key": "other.json"}, "spec.model.configMapRef.key", "keys: bad.json, config.json"),
+            ({"name": "house-config", "key": "bad.json"}, "spec.model.configMapRef.key", "not valid JSON"),
+        ]:
+            spec, status = asyncio.run(parse(api.url, body(ref_spec)))
+            assert spec is None and status["invalidField"] == field
+            (ready,) = [c for c in status["conditions"] if c["type"] == "Ready"]
+            assert ready["reason"] == "InvalidSpec" and needle in ready["message"]
+
+
+@pytest.mark.parametrize("name,key", [("Qwen/Qwen3-30B-A3B-Instruct-2507", "qwen3-30b-a3b"),
+                                      ("mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b"),
+                                      ("google/gemma-3-27b-it", "gemma-3-27b"), ("deepseek-ai/DeepSeek-V3", "deepseek-v3"),
+                                      ("meta-llama/Llama-3.3-70B-Instruct", "llama-3.3-70b"),
+                                      ("/models/Llama-3.2-1B-Instruct", "llama-3.2-1b")])
+def test_current_model_names_guess_their_catalog_key(name, key):
+    assert S.parse_spec(with_("model.name", name)).model.architecture.key == key

@@ -37,6 +37,10 @@ operator makes: tests/integration/test_ship_rbac.py records them against an emul
 - apiGroups: [apps]
   resources: [replicasets]
   verbs: [list, watch]
+# The model's config.json when spec.model.configMapRef names a ConfigMap (read on spec changes).
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get]
 # An HPA that targets a pool owns its replicas; the operator then only recommends them.
 - apiGroups: [autoscaling]
   resources: [horizontalpodautoscalers]

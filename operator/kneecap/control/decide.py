@@ -84,9 +84,10 @@ class CalibrationOutcome:
     revalidated: bool = False  # a refit on the current ring could not beat the fit in use
 
 
-def _row_errors(cal: calibrate.Calibration, arch_key: str, rows: FitRows) -> np.ndarray:
-    """|T_pred/T − 1| per row (SLIM eq. 6 at each row's batch and lengths)."""
-    thr, _ = calibrate.predict(cal, arch_key, None, rows.batch, rows.input_len, rows.output_len,
+def _row_errors(cal: calibrate.Calibration, arch_key: str, rows: FitRows, gpu=None) -> np.ndarray:
+    """|T_pred/T − 1| per row (SLIM eq. 6 at each row's batch and lengths); ``gpu`` None: the
+    calibration's (catalog) GPU."""
+    thr, _ = calibrate.predict(cal, arch_key, gpu, rows.batch, rows.input_len, rows.output_len,
                                output_cv=rows.output_cv)
     return np.abs(np.asarray(thr, dtype=float) / rows.throughput_tok_s - 1.0)
 
@@ -162,7 +163,7 @@ def recalibrate(arch_key: str, gpu_key: str, observations: Sequence[Observation]
     error grew but is still far from the bound) is refitted from where it stands (one warm
     start); otherwise, and with no previous fit, from the priors (3 starts)."""
     rows = fit_rows(observations)
-    row_err = _row_errors(previous, arch_key, rows) if previous is not None and rows.n else None
+    row_err = _row_errors(previous, arch_key, rows, gpu_key) if previous is not None and rows.n else None
     prev_err = float(np.mean(row_err)) if row_err is not None else None
     if rows.batch_levels < MIN_BATCH_LEVELS:
         msg = f"{rows.batch_levels} distinct batch level(s) in {rows.n} observations; need {MIN_BATCH_LEVELS}"
@@ -278,7 +279,7 @@ def measured_non_kv_bytes(arch, gpu, obs: Observation) -> float | None:
 
 def memory_for_cap(spec: LLMDeploymentSpec, obs: Observation, cap: int) -> tuple[float, int | None, float]:
     """(gpu_memory_utilization, kv_cache_memory_bytes or None, KV bytes) sized for `cap` (§5.3)."""
-    arch, gpu = get_arch(spec.model.architecture), get_gpu(spec.accelerator.type)
+    arch, gpu = get_arch(spec.model.architecture), spec.accelerator.gpu
     ctx_mean = obs.input_len_mean + obs.output_len_mean
     ctx_std = math.hypot(obs.input_len_mean * obs.input_len_cv, obs.output_len_mean * obs.output_len_cv)
     kv_tokens = int(memory.kv_tokens_for_cap(cap, ctx_mean, ctx_std))
@@ -293,7 +294,7 @@ def memory_for_cap(spec: LLMDeploymentSpec, obs: Observation, cap: int) -> tuple
 
 
 def _kv_capacity_tokens(spec: LLMDeploymentSpec, obs: Observation, u: float, cap: int) -> int:
-    arch, gpu = get_arch(spec.model.architecture), get_gpu(spec.accelerator.type)
+    arch, gpu = get_arch(spec.model.architecture), spec.accelerator.gpu
     non_kv = measured_non_kv_bytes(arch, gpu, obs)
     try:
         return memory.memory_split(arch, gpu, u, max(cap, 1), measured_non_kv_bytes=non_kv).kv_capacity_tokens
@@ -344,7 +345,7 @@ def colocated_replicas(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs:
 
     rate = max(obs.request_rate_rps, 1e-6)
     pods = max(obs.pods, 1)
-    lam_star, binding, reused = _gauss_rate(spec.model.architecture, spec.accelerator.type, cal, obs,
+    lam_star, binding, reused = _gauss_rate(spec.model.architecture, spec.accelerator.gpu, cal, obs,
                                             spec.slo.ttft_s, spec.slo.tpot_s, spec.slo.quantile, seed)
     if lam_star is None:
         return pods, binding, {}
@@ -366,7 +367,7 @@ def disaggregated_allocation(spec: LLMDeploymentSpec, cal: calibrate.Calibration
     slo = sara.SLO(quantile=max(spec.slo.quantile, 0.5), **slo_kw)
     wl = sara.make_workload(max(obs.input_len_mean, 1.0), max(obs.input_len_cv, 0.05),
                             max(obs.output_len_mean, 1.0), max(obs.output_len_cv, 0.05))
-    gpu = get_gpu(spec.accelerator.type)
+    gpu = spec.accelerator.gpu
     kv = spec.topology.kv_transfer
     costs = sara.Costs(max(spec.accelerator.cost_per_hour, 1e-9), max(spec.accelerator.cost_per_hour, 1e-9),
                        kv.cost_per_gib_s_hour if kv else 0.1)
@@ -376,7 +377,7 @@ def disaggregated_allocation(spec: LLMDeploymentSpec, cal: calibrate.Calibration
 
         def service(il):  # calibrated SLIM at B = 1 (DESIGN §5.4)
             il = np.asarray(il, dtype=float)
-            _, e2e = calibrate.predict(cal, arch_key, None, np.ones_like(il), il, np.ones_like(il))
+            _, e2e = calibrate.predict(cal, arch_key, gpu, np.ones_like(il), il, np.ones_like(il))
             return e2e
     pb = sara.build_problem(spec.model.architecture, gpu, wl, slo, costs, prefill_service_s=service)
     rate = RATE_HEADROOM * max(obs.request_rate_rps, 1e-6)
@@ -397,7 +398,7 @@ def recommend(spec: LLMDeploymentSpec, role: str, cal: calibrate.Calibration, ob
     """BCA cap and the memory that holds it for one pool, with the predicted gain over `current`."""
     from kneecap.model import bca
 
-    arch, gpu = get_arch(spec.model.architecture), get_gpu(spec.accelerator.type)
+    arch, gpu = get_arch(spec.model.architecture), spec.accelerator.gpu
     kv_cap_max = _kv_capacity_tokens(spec, obs, memory.UTILIZATION_BOUNDS[1], spec.batching.max_max_num_seqs)
     ctx_std = math.hypot(obs.input_len_mean * obs.input_len_cv, obs.output_len_mean * obs.output_len_cv)
     res = bca.advise(cal, arch, gpu, obs.input_len_mean, obs.output_len_mean, slo_e2e_s=spec.slo.e2e_s,

@@ -19,9 +19,9 @@ import kopf
 from kneecap.control import loop as L, plan as P, reconcile as R, status as St
 from kneecap.control.auth import Credentials, CredentialsError
 from kneecap.control.informer import CachedReads
-from kneecap.control.kube import KubeClient, resource_path
+from kneecap.control.kube import KubeClient, configmaps_path, resource_path
 from kneecap.control.metrics import OperatorMetrics
-from kneecap.control.spec import GROUP, PLURAL, VERSION, LLMDeploymentSpec, check_name, parse_spec
+from kneecap.control.spec import GROUP, PLURAL, VERSION, LLMDeploymentSpec, check_name, config_map_ref, parse_spec
 from kneecap.errors import InputError
 
 RESOURCE = (GROUP, VERSION, PLURAL)
@@ -80,11 +80,17 @@ def _invalid(body, exc: InputError, now_s: float) -> dict:
             "invalidField": exc.field}
 
 
-def _parse(body, patch, logger, config: OperatorConfig, *, emit: bool) -> LLMDeploymentSpec | None:
-    """The spec, or None after recording an InvalidSpec condition (and an Event when `emit`)."""
+async def _parse(body, patch, logger, config: OperatorConfig, kube: KubeClient, *,
+                 emit: bool) -> LLMDeploymentSpec | None:
+    """The spec, or None after recording an InvalidSpec condition (and an Event when `emit`).
+    A `spec.model.configMapRef` is read from the API first (a missing ConfigMap is an invalid
+    spec; any other failed read raises, so the caller retries)."""
+    ref = config_map_ref(body.get("spec"))
+    config_map = (await kube.get(configmaps_path(body["metadata"]["namespace"], ref.name))
+                  if ref is not None else None)
     try:
         check_name(body["metadata"]["name"])
-        return parse_spec(body.get("spec"))
+        return parse_spec(body.get("spec"), config_map=config_map)
     except InputError as exc:
         patch.status.update(_invalid(body, exc, config.now()))
         if emit:
@@ -159,7 +165,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
     @kopf.on.create(*RESOURCE, id="reconcile", registry=registry)
     @kopf.on.update(*RESOURCE, field="spec", id="reconcile", registry=registry)
     async def reconcile(body, patch, memo, logger, reason, **_):
-        spec = _parse(body, patch, logger, config, emit=True)
+        spec = await _parse(body, patch, logger, config, memo.kube, emit=True)
         if spec is None:
             return
         result = await R.reconcile(memo.kube, dict(body), spec)
@@ -194,7 +200,12 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
             return  # not due, or a spec already reported invalid (the spec handler reported it)
         fresh = False  # read the API, not the caches: the spec handler may have just patched a pool
         if mem.spec_generation != gen:  # parsed once per generation, not on every tick
-            mem.spec, mem.spec_generation = _parse(body, patch, logger, config, emit=False), gen
+            try:
+                mem.spec = await _parse(body, patch, logger, config, memo.kube, emit=False)
+            except L.API_EXCEPTIONS as exc:  # the model's ConfigMap not read: retried next tick
+                logger.warning("spec.model.configMapRef not read: %s", exc)
+                return
+            mem.spec_generation = gen
             fresh = True
             if mem.spec is None or not due():
                 return

@@ -118,6 +118,10 @@ def replicasets_path(ns: str) -> str:
     return resource_path("apps/v1", "replicasets", ns)
 
 
+def configmaps_path(ns: str, name: str | None = None) -> str:
+    return resource_path("v1", "configmaps", ns, name)
+
+
 def pods_path(ns: str) -> str:
     return resource_path("v1", "pods", ns)
 

@@ -220,7 +220,7 @@ def slo_attainment(spec: LLMDeploymentSpec, ring: Sequence[Observation | St.Ring
 def slim_curve(cal: calibrate.Calibration, spec: LLMDeploymentSpec, obs: Observation,
                batch: np.ndarray) -> np.ndarray:
     """Calibrated SLIM token throughput per pod at `batch`, at the window's lengths (eq. 6)."""
-    thr, _ = calibrate.predict(cal, spec.model.architecture, spec.accelerator.type, np.asarray(batch, float),
+    thr, _ = calibrate.predict(cal, spec.model.architecture, spec.accelerator.gpu, np.asarray(batch, float),
                                max(obs.input_len_mean, 1.0), max(obs.output_len_mean, 1.0),
                                output_cv=obs.output_len_cv)
     return np.broadcast_to(np.asarray(thr, float), np.shape(batch))
@@ -382,7 +382,7 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float) -> Pl
 
     # calibration (kept across restarts in status)
     previous_status = status.get("calibration")
-    cal_out = decide.recalibrate(spec.model.architecture, spec.accelerator.type, observations,
+    cal_out = decide.recalibrate(spec.model.architecture, spec.accelerator.gpu, observations,
                                  calibration_from_status(previous_status), spec.control.max_fit_error,
                                  now_s=now_s)
     if cal_out.calibration is not None:

@@ -21,6 +21,8 @@ import yaml
 
 from kneecap.control import validation
 from kneecap.errors import InputError
+from kneecap.model.arch import CATALOG, ModelArch, get_arch, params_from_shape
+from kneecap.model.hardware import GPU, get_gpu
 
 GROUP = "kneecap.io"
 VERSION = "v1alpha1"
@@ -104,17 +106,25 @@ class KVTransferSpec:
 
 
 @dataclass(frozen=True)
+class ConfigMapRef:
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
-    architecture: str
+    architecture: ModelArch  # the catalog entry, the inline shape, or the ConfigMap's config.json
     served_model_name: str | None
+    config_map_ref: ConfigMapRef | None = None
 
 
 @dataclass(frozen=True)
 class AcceleratorSpec:
-    type: str
+    type: str  # the catalog key, or the inline shape's name
     count: int
     cost_per_hour: float
+    gpu: GPU  # the catalog entry or the inline shape
 
 
 @dataclass(frozen=True)
@@ -195,45 +205,115 @@ class LLMDeploymentSpec:
 
 def guess_architecture(model_name: str) -> str | None:
     """Catalog key contained in a model name ('meta-llama/Llama-3.1-8B-Instruct' -> 'llama-3.1-8b')."""
-    from kneecap.model.arch import CATALOG
-
     norm = model_name.lower().rsplit("/", 1)[-1].replace("_", "-")
     hits = [k for k in CATALOG if k in norm]
     return max(hits, key=len) if hits else None
 
 
-def _check_catalogs(spec: Mapping) -> str:
-    from kneecap.model.arch import get_arch
-    from kneecap.model.hardware import get_gpu
+def config_map_ref(raw: Mapping | None) -> ConfigMapRef | None:
+    """`spec.model.configMapRef` of a raw spec, read before parsing: the caller fetches that
+    ConfigMap and hands it to :func:`parse_spec` (parsing itself does no I/O)."""
+    ref = ((raw or {}).get("model") or {}).get("configMapRef") if isinstance(raw, Mapping) else None
+    if not isinstance(ref, Mapping) or not isinstance(ref.get("name"), str):
+        return None
+    key = ref.get("key")
+    return ConfigMapRef(ref["name"], key if isinstance(key, str) and key else "config.json")
 
-    arch_key = spec["model"].get("architecture") or guess_architecture(spec["model"]["name"])
-    if arch_key is None:
-        raise InputError("spec.model.architecture",
-                         f"required: no catalog key found in model name {spec['model']['name']!r}")
+
+def _shape_arch(name: str, shape: Mapping) -> ModelArch:
+    """`spec.model.shape` (validated and defaulted by the schema) as a ModelArch; the parameter
+    count from the shape unless `parameterCount` gives the published one."""
+    path = "spec.model.shape"
+    hidden, layers, heads = shape["hiddenSize"], shape["numLayers"], shape["numAttentionHeads"]
+    kv_heads = shape.get("numKeyValueHeads", heads)
+    head_dim = shape.get("headDim") or hidden // heads
+    if head_dim < 1:
+        raise InputError(f"{path}.headDim", f"required when hiddenSize ({hidden}) < numAttentionHeads ({heads})")
+    experts = shape["numExperts"]
+    moe_ffn = shape.get("moeIntermediateSize", shape["intermediateSize"]) if experts else 0
+    params = shape.get("parameterCount") or params_from_shape(
+        layers, hidden, kv_heads * head_dim, shape["intermediateSize"], shape["gatedMLP"], shape["vocabSize"],
+        shape["tieWordEmbeddings"], q_dim=heads * head_dim, num_experts=experts, moe_ffn=moe_ffn,
+        shared_expert_ffn=shape.get("sharedExpertIntermediateSize", 0), dense_layers=shape.get("numDenseLayers", 0))
     try:
-        get_arch(arch_key)
+        return ModelArch(
+            name.lower().rstrip("/").rsplit("/", 1)[-1], layers, hidden, heads, kv_heads, head_dim,
+            shape["intermediateSize"], shape["gatedMLP"], shape["vocabSize"], float(params),
+            dtype_bytes=shape["dtypeBytes"], max_position=shape.get("maxPositionEmbeddings"),
+            tied_embeddings=shape["tieWordEmbeddings"], num_experts=experts,
+            experts_per_token=shape.get("numExpertsPerToken", 0), moe_ffn=moe_ffn,
+            shared_expert_ffn=shape.get("sharedExpertIntermediateSize", 0),
+            dense_layers=shape.get("numDenseLayers", 0), kv_latent_dim=shape.get("kvLatentDim", 0),
+            weight_dtype_bytes=shape.get("weightBytesPerParam"), source=path)
+    except InputError as exc:  # arch.<field> -> the spec field
+        raise InputError(f"{path}.{_SHAPE_FIELD.get(exc.field, exc.field)}", str(exc).split(": ", 1)[-1]) from None
+
+
+_SHAPE_FIELD = {"arch.kv_heads": "numKeyValueHeads", "arch.experts_per_token": "numExpertsPerToken",
+                "arch.num_experts": "numExperts", "arch.dense_layers": "numDenseLayers",
+                "arch.weight_dtype_bytes": "weightBytesPerParam", "arch.params": "parameterCount"}
+
+
+def _config_map_arch(name: str, ref: ConfigMapRef, config_map: Mapping | None) -> ModelArch:
+    """The model's shape from the `config.json` that the referenced ConfigMap holds."""
+    from kneecap.observe.hf_config import arch_from_config_map
+
+    if config_map is None:
+        raise InputError("spec.model.configMapRef.name", f"ConfigMap {ref.name!r} not found in the namespace")
+    return arch_from_config_map(config_map, ref.key, "spec.model.configMapRef",
+                                name.lower().rstrip("/").rsplit("/", 1)[-1])
+
+
+def _model_arch(model: Mapping, config_map: Mapping | None) -> ModelArch:
+    """Exactly one source of the model's shape (the CRD's CEL rule): catalog key, inline shape,
+    ConfigMap, or (none given) a catalog key guessed from the model name."""
+    if "shape" in model:
+        return _shape_arch(model["name"], model["shape"])
+    if "configMapRef" in model:
+        return _config_map_arch(model["name"], config_map_ref({"model": model}), config_map)
+    key = model.get("architecture") or guess_architecture(model["name"])
+    if key is None:
+        raise InputError("spec.model.architecture",
+                         f"required: no catalog key found in model name {model['name']!r}; set "
+                         f"spec.model.architecture (one of {', '.join(sorted(CATALOG))}), spec.model.shape "
+                         f"or spec.model.configMapRef")
+    try:
+        return get_arch(key)
     except InputError as exc:
         raise InputError("spec.model.architecture", str(exc).split(": ", 1)[-1]) from None
+
+
+def _accelerator_gpu(acc: Mapping) -> GPU:
+    """The catalog GPU (`type`) or the inline one (`shape`); costPerHour, when set, overrides."""
+    cost = acc.get("costPerHour")
+    if "shape" in acc:
+        sh = acc["shape"]
+        return GPU(sh.get("name") or "custom", sh.get("name") or "custom accelerator",
+                   float(sh["peakDenseTFLOPS"]) * 1e12, float(sh["bandwidthGBps"]) * 1e9, float(sh["memoryGiB"]),
+                   float(cost or 0.0), source="spec.accelerator.shape")
     try:
-        get_gpu(spec["accelerator"]["type"])
+        return get_gpu(acc["type"], cost_per_hour=float(cost) if cost else None)
     except InputError as exc:
         raise InputError("spec.accelerator.type", str(exc).split(": ", 1)[-1]) from None
-    return arch_key
 
 
-def parse_spec(raw: Mapping | None) -> LLMDeploymentSpec:
-    """Default, validate and parse `.spec` of an LLMDeployment. Raises InputError(field path)."""
+def parse_spec(raw: Mapping | None, config_map: Mapping | None = None) -> LLMDeploymentSpec:
+    """Default, validate and parse `.spec` of an LLMDeployment. Raises InputError(field path).
+
+    ``config_map``: the ConfigMap `spec.model.configMapRef` names, as the API returned it (None:
+    not found); see :func:`config_map_ref`."""
     if raw is None:
         raise InputError("spec", "required")
     s = apply_schema(raw, spec_schema(), "spec")
-    arch_key = _check_catalogs(s)
+    arch = _model_arch(s["model"], config_map)
+    gpu = _accelerator_gpu(s["accelerator"])
     c, e, t = s["control"], s["engine"], s["topology"]
     window_s = parse_duration_s(c["window"], "spec.control.window")
     kv = t.get("kvTransfer")
     return LLMDeploymentSpec(
-        model=ModelSpec(s["model"]["name"], arch_key, s["model"].get("servedModelName")),
-        accelerator=AcceleratorSpec(s["accelerator"]["type"], s["accelerator"]["count"],
-                                    float(s["accelerator"]["costPerHour"])),
+        model=ModelSpec(s["model"]["name"], arch, s["model"].get("servedModelName"),
+                        config_map_ref(s) if "configMapRef" in s["model"] else None),
+        accelerator=AcceleratorSpec(gpu.key, s["accelerator"]["count"], float(s["accelerator"]["costPerHour"]), gpu),
         engine=EngineSpec(
             image=e["image"], port=e["port"], max_num_seqs=e["maxNumSeqs"],
             gpu_memory_utilization=float(e["gpuMemoryUtilization"]), memory_knob=e["memoryKnob"],

@@ -78,6 +78,7 @@ CORE_RESOURCES: dict[str, tuple[str, bool, set[str]]] = {
     "v1/pods": ("Pod", True, {"status"}),
     "v1/services": ("Service", True, {"status"}),
     "v1/events": ("Event", True, set()),
+    "v1/configmaps": ("ConfigMap", True, set()),
     "apps/v1/deployments": ("Deployment", True, {"status", "scale"}),
     "apps/v1/replicasets": ("ReplicaSet", True, {"status", "scale"}),
     "coordination.k8s.io/v1/leases": ("Lease", True, set()),

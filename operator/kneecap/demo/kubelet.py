@@ -185,9 +185,18 @@ class Kubelet:
             spec = (owner or {}).get("spec") or {}
             from kneecap.control.spec import parse_spec
 
-            s = parse_spec(spec)
-            self._owners[ref["uid"]] = (s.model.architecture, s.accelerator.type)
+            s = parse_spec(spec, config_map=await self._config_map(spec))
+            self._owners[ref["uid"]] = (s.model.architecture.key, s.accelerator.type)
         return self._owners[ref["uid"]]
+
+    async def _config_map(self, spec: dict) -> dict | None:
+        """The ConfigMap `spec.model.configMapRef` names (None: no reference, or not found)."""
+        from kneecap.control.spec import config_map_ref
+
+        ref = config_map_ref(spec)
+        if ref is None:
+            return None
+        return await asyncio.to_thread(self.kube.get, "v1/configmaps", self.namespace, ref.name)
 
     async def _sync_deployment(self, d: dict) -> None:
         name = d["metadata"]["name"]

@@ -103,7 +103,8 @@ class Calibration:
             if key not in d:
                 raise InputError(f"calibration.{key}", "missing")
         slim.check_form(d["form"])
-        get_gpu(d["gpu"])
+        if not isinstance(d["gpu"], str) or not d["gpu"]:  # a catalog key, or an inline accelerator's name
+            raise InputError("calibration.gpu", f"expected a GPU name, got {d['gpu']!r}")
         params = {k: float(v) for k, v in dict(d["params"]).items()}
         slim.SlimParams.from_dict(params)
         missing = set(slim.FORM_PARAMS[d["form"]]) - set(params)

@@ -303,10 +303,13 @@ def coefficients_from_slim(
 
 def coefficients_for(arch, gpu, params, form: str = "kneecap", chunk_tokens: int = 2048) -> ServiceCoefficients:
     """:func:`coefficients_from_slim` from catalog objects (``kneecap.model.arch.ModelArch``,
-    ``kneecap.model.hardware.GPU``) and SLIM parameters (``slim.SlimParams`` or its dict)."""
-    from kneecap.model.slim import SlimParams, streamed_weight_bytes
+    ``kneecap.model.hardware.GPU``) and SLIM parameters (``slim.SlimParams`` or its dict).
+    d(B, C)'s step cost does not vary with B, so an MoE's step reads every routed expert (the
+    limit of slim.weight_read_bytes as B grows: conservative at small batches)."""
+    from kneecap.model.slim import SlimParams, arch_arrays, weight_read_bytes
 
     p = params if isinstance(params, SlimParams) else SlimParams.from_dict(dict(params))
+    streamed_weight_bytes = lambda a: float(weight_read_bytes(arch_arrays(a), np.inf))  # noqa: E731
     return coefficients_from_slim(
         eta_c=p.eta_c, eta_m=p.eta_m, alpha=p.alpha_s, gamma=p.gamma_s, b0=p.b0, t_fixed_s=p.t_fixed_s,
         t_step_s=p.t_step_s, t_layer_s=p.t_layer_s, eta_w=p.eta_w, weight_bytes=streamed_weight_bytes(arch),

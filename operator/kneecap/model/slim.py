@@ -110,21 +110,39 @@ class ArchArrays:
     d_kv: np.ndarray
     r_ff: np.ndarray
     kv_bytes_per_elem: np.ndarray
-    weight_bytes: np.ndarray  # bytes read per decode step (streamed_weight_bytes)
-
-    @property
-    def kv_bytes_per_token(self) -> np.ndarray:
-        return 2.0 * self.layers * self.d_kv * self.kv_bytes_per_elem
+    weight_bytes: np.ndarray  # bytes every decode step reads (streamed_weight_bytes: routed experts excluded)
+    kv_bytes_per_token: np.ndarray  # 2·L·D_kv·b_kv (eq. 11), or MLA's latent bytes
+    expert_bytes: np.ndarray  # one routed expert's bytes summed over the MoE layers (0: dense)
+    num_experts: np.ndarray  # E (0: dense)
+    experts_per_token: np.ndarray  # k
 
 
 def streamed_weight_bytes(arch: ModelArch) -> float:
-    """Weight bytes one decode step reads: all weights except an untied input-embedding table
-    (only B of its rows are gathered). OPT ties its embeddings to the LM head (read in full);
-    the gated (Llama/Mistral/Qwen) family in the catalog has an untied table of V·D."""
-    tied = getattr(arch, "tied_embeddings", None)
-    if tied is None:
-        tied = not arch.gated_ffn
-    return float(arch.weight_bytes - (0.0 if tied else arch.vocab * arch.hidden * arch.dtype_bytes))
+    """Weight bytes every decode step reads: all weights except an untied input-embedding table
+    (only B of its rows are gathered) and the routed experts (see :func:`weight_read_bytes`).
+    OPT ties its embeddings to the LM head (read in full); Llama 3.1, Mistral and Qwen have an
+    untied table of V·D; Llama 3.2, Gemma and Granite tie theirs."""
+    untied_table = 0.0 if arch.tied else arch.vocab * arch.hidden * arch.bytes_per_weight
+    return float(arch.weight_bytes - untied_table - arch.routed_expert_params * arch.bytes_per_weight)
+
+
+def distinct_experts(num_experts, experts_per_token, tokens):
+    """Expected distinct experts a step's tokens touch in one MoE layer: E·(1 − (1 − k/E)^B),
+    each of B tokens choosing k of E experts uniformly (an upper bound: real routers are
+    skewed, so fewer distinct experts are read). 0 for a dense model."""
+    e = np.asarray(num_experts, dtype=float)
+    k = np.asarray(experts_per_token, dtype=float)
+    b = np.asarray(tokens, dtype=float)
+    safe_e = np.where(e > 0, e, 1.0)
+    return np.where(e > 0, safe_e * (1.0 - (1.0 - k / safe_e) ** b), 0.0)
+
+
+def weight_read_bytes(aa: "ArchArrays", tokens):
+    """W(B): weight bytes one forward step over ``tokens`` tokens reads: the always-read weights
+    plus, per MoE layer, the distinct routed experts the tokens touch (:func:`distinct_experts`).
+    Dense models: W, the kneecap form's fix (i) term W/(η_w·BW) (the per-step part of SLIM
+    eq. 9's B0·T_d); at B = 1 an MoE reads the dense part and k experts per layer."""
+    return aa.weight_bytes + aa.expert_bytes * distinct_experts(aa.num_experts, aa.experts_per_token, tokens)
 
 
 def arch_arrays(arch: ModelArch | str | Sequence) -> ArchArrays:
@@ -137,17 +155,19 @@ def arch_arrays(arch: ModelArch | str | Sequence) -> ArchArrays:
         archs = [get_arch(a) for a in arch]
         if not archs:
             raise InputError("model", "expected at least one model")
-    cache: dict[str, tuple] = {}
+    cache: dict[ModelArch, tuple] = {}
     rows = []
     for a in archs:
-        if a.key not in cache:
-            cache[a.key] = (a.layers, a.hidden, a.d_kv, a.r_ff, a.dtype_bytes, streamed_weight_bytes(a))
-        rows.append(cache[a.key])
+        if a not in cache:
+            cache[a] = (a.layers, a.hidden, a.d_kv, a.r_ff, a.dtype_bytes, streamed_weight_bytes(a),
+                        a.kv_bytes_per_token, a.moe_layers * a.expert_params * a.bytes_per_weight,
+                        a.num_experts, a.experts_per_token)
+        rows.append(cache[a])
     m = np.asarray(rows, dtype=float)
+    n = m.shape[1]
     if len(archs) == 1:
-        m = m[0]
-        return ArchArrays(*(np.asarray(m[i]) for i in range(6)))
-    return ArchArrays(*(m[:, i] for i in range(6)))
+        return ArchArrays(*(np.asarray(m[0, i]) for i in range(n)))
+    return ArchArrays(*(m[:, i] for i in range(n)))
 
 
 def _positive(name: str, value) -> np.ndarray:
@@ -239,8 +259,10 @@ def predict(form: str, params: SlimParams, arch, gpu: GPU, batch, input_len, out
     evicted = np.clip(1.0 - b_eff / b_try, 0.0, 1.0)
     recompute_tokens = evicted * il
     t_pre = prefill_flops(aa, b_eff, il + recompute_tokens) / (p.eta_c * fmax)  # eqs 7–8
-    # Per decode step: fixed + per-layer kernel floor + one read of the weights (fix i).
-    t_step = p.t_step_s + p.t_layer_s * aa.layers + aa.weight_bytes / (p.eta_w * bw)
+    # Per decode step: fixed + per-layer kernel floor + one read of the weights (fix i); an MoE
+    # reads the experts the step's B tokens route to.
+    t_floor = p.t_step_s + p.t_layer_s * aa.layers
+    t_step = t_floor + weight_read_bytes(aa, b_eff) / (p.eta_w * bw)
     t_d = dense_decode_s(p, aa, ol)  # eq. 10, per sequence
     m_dec = aa.kv_bytes_per_token * expected_c_tokens(il, ol, cv)  # eqs 11–12 over the OL distribution (fix ii)
     t_dec = ol * t_step + b_eff * (t_d + m_dec / (p.eta_m * bw))
@@ -249,7 +271,9 @@ def predict(form: str, params: SlimParams, arch, gpu: GPU, batch, input_len, out
     # finish (and refill) in waves that share one. Fraction prefilled alone ≈ min(cv, 1).
     # Measured: fixed-length → ShareGPT transfer MAPE 12.6% → 5.8% (benchmarks/slim_accuracy.py).
     separate = ~np.broadcast_to(np.asarray(chunked_prefill, dtype=bool), b.shape)
-    t_dec = t_dec + separate * b_eff * np.minimum(cv, 1.0) * t_step
+    # A prefill step of IL tokens reads the experts IL tokens route to.
+    t_step_prefill = t_floor + weight_read_bytes(aa, il) / (p.eta_w * bw)
+    t_dec = t_dec + separate * b_eff * np.minimum(cv, 1.0) * t_step_prefill
     e2e = t_pre + t_dec + p.t_fixed_s  # eq. 5
     thr = b_eff * (il + ol) / e2e  # eq. 6
     return Prediction(np.asarray(thr, float), np.asarray(e2e, float), np.asarray(b_eff, float))

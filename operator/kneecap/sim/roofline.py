@@ -12,7 +12,9 @@ with S sequences and T tokens in the step, W weight bytes, N parameters (2·N FL
 Kaplan et al. 2020, "Scaling laws", §2.1), KV_read = (earlier context tokens) · 2·L·D_kv·b_kv,
 F_attn = 4·L·D·Σ_chunks (n·p + n(n+1)/2) for a chunk of n new tokens after p earlier ones
 (QKᵀ and AV, 2 FLOPs per multiply-add, causal). A step is "eager" when it carries prefill
-tokens or more decode sequences than vLLM captures CUDA graphs for (256).
+tokens or more decode sequences than vLLM captures CUDA graphs for (256). An MoE step reads
+the always-used weights plus the distinct routed experts its T tokens touch (E·(1−(1−k/E)^T)
+per layer, :func:`kneecap.model.slim.distinct_experts`) and computes with the active parameters.
 
 This is deliberately not SLIM (kneecap.model.slim): it is a per-step physical model that the
 engine integrates step by step, so calibrating SLIM on the twin's output is not circular.
@@ -34,6 +36,7 @@ import numpy as np
 from kneecap.errors import InputError
 from kneecap.model.arch import ModelArch
 from kneecap.model.hardware import GPU
+from kneecap.model.slim import distinct_experts
 
 
 @dataclass(frozen=True)
@@ -75,8 +78,13 @@ def step_time_s(arch: ModelArch, gpu: GPU, *, num_seqs: int, num_tokens: int, kv
     """Time of one engine step (module docstring). ``kv_read_tokens``: earlier-context tokens read."""
     if num_tokens <= 0:
         return 0.0
-    linear_s = max(arch.weight_bytes / (cost.bw_efficiency * gpu.mem_bw_bytes_s),
-                   2.0 * arch.params * num_tokens / (cost.compute_efficiency * gpu.peak_flops))
+    weight_bytes, params = arch.weight_bytes, arch.params
+    if arch.moe:  # the step reads the experts its tokens route to and computes with k of them
+        routed_bytes = arch.routed_expert_params * arch.bytes_per_weight
+        touched = float(distinct_experts(arch.num_experts, arch.experts_per_token, num_tokens)) / arch.num_experts
+        weight_bytes, params = weight_bytes - routed_bytes * (1.0 - touched), arch.active_params
+    linear_s = max(weight_bytes / (cost.bw_efficiency * gpu.mem_bw_bytes_s),
+                   2.0 * params * num_tokens / (cost.compute_efficiency * gpu.peak_flops))
     attn_s = max(kv_read_tokens * arch.kv_bytes_per_token / (cost.attn_bw_efficiency * gpu.mem_bw_bytes_s),
                  attn_flops / (cost.compute_efficiency * gpu.peak_flops))
     eager = has_prefill or num_seqs > cost.cuda_graph_max_batch
