@@ -132,6 +132,15 @@ class EngineSpec:
 
 
 @dataclass(frozen=True)
+class TargetRef:
+    """One existing Deployment kneecap tunes (spec.targetRef): the pool it is, and its vLLM container."""
+
+    role: str  # "server" | "prefill" | "decode"
+    name: str
+    container: str | None  # None: the one named vllm, else the first that runs vLLM, else the first
+
+
+@dataclass(frozen=True)
 class TopologySpec:
     mode: str  # "colocated" | "disaggregated"
     replicas_managed_by: str  # "kneecap" | "external"
@@ -175,12 +184,22 @@ class ControlSpec:
 class LLMDeploymentSpec:
     model: ModelSpec
     accelerator: AcceleratorSpec
-    engine: EngineSpec
+    engine: EngineSpec | None  # None when targetRef is set: kneecap runs no pods of its own
     topology: TopologySpec
     slo: SLOSpec
     batching: BatchingSpec
     max_cost_per_hour: float | None
     control: ControlSpec
+    targets: tuple[TargetRef, ...] = ()  # spec.targetRef, one per pool (empty: kneecap owns the pools)
+
+    @property
+    def adopted(self) -> bool:
+        """kneecap tunes existing Deployments (spec.targetRef) and owns no pods."""
+        return bool(self.targets)
+
+    @property
+    def memory_knob(self) -> str:
+        return self.engine.memory_knob if self.engine is not None else "gpuMemoryUtilization"
 
     @property
     def disaggregated(self) -> bool:
@@ -221,24 +240,34 @@ def _check_catalogs(spec: Mapping) -> str:
     return arch_key
 
 
+def _targets(ref: Mapping | None) -> tuple[TargetRef, ...]:
+    """spec.targetRef (validated: name, or prefill and decode) as one TargetRef per pool."""
+    if ref is None:
+        return ()
+    if "name" in ref:
+        return (TargetRef("server", ref["name"], ref.get("container")),)
+    return tuple(TargetRef(role, ref[role]["name"], ref[role].get("container")) for role in ("prefill", "decode"))
+
+
 def parse_spec(raw: Mapping | None) -> LLMDeploymentSpec:
     """Default, validate and parse `.spec` of an LLMDeployment. Raises InputError(field path)."""
     if raw is None:
         raise InputError("spec", "required")
     s = apply_schema(raw, spec_schema(), "spec")
     arch_key = _check_catalogs(s)
-    c, e, t = s["control"], s["engine"], s["topology"]
+    c, e, t = s["control"], s.get("engine"), s["topology"]
     window_s = parse_duration_s(c["window"], "spec.control.window")
     kv = t.get("kvTransfer")
     return LLMDeploymentSpec(
         model=ModelSpec(s["model"]["name"], arch_key, s["model"].get("servedModelName")),
         accelerator=AcceleratorSpec(s["accelerator"]["type"], s["accelerator"]["count"],
                                     float(s["accelerator"]["costPerHour"])),
-        engine=EngineSpec(
+        engine=None if e is None else EngineSpec(
             image=e["image"], port=e["port"], max_num_seqs=e["maxNumSeqs"],
             gpu_memory_utilization=float(e["gpuMemoryUtilization"]), memory_knob=e["memoryKnob"],
             command=tuple(e["command"]), extra_args=tuple(e["extraArgs"]), env=tuple(e["env"]),
             resources=e["resources"], pod_annotations=e["podAnnotations"]),
+        targets=_targets(s.get("targetRef")),
         topology=TopologySpec(
             mode=t["mode"], replicas_managed_by=t["replicasManagedBy"],
             replicas=PoolBounds(**t["replicas"]), prefill=PoolBounds(**t["prefill"]),
