@@ -51,9 +51,11 @@ def adopting(name: str, target: str) -> dict:
 
 def test_a_target_another_controller_owns_is_advised_only_and_never_written(kube):
     before = kube.create(DEPLOY, user_deployment("llama-runtime", [RUNTIME]))
-    pods = CountingServer()
+    pods, impostor = CountingServer(), CountingServer()
     try:
         add_owned_pod(kube, before, "llama-runtime-0", annotations={M.METRICS_URL_ANNOTATION: pods.url()})
+        kube.add_pod(NS, "llama-lookalike", before["spec"]["selector"]["matchLabels"],  # its labels, no owner
+                     annotations={M.METRICS_URL_ANNOTATION: impostor.url()})
         with operator(kube) as runner:
             kube.create(LLMD, adopting("llama", "llama-runtime"))
             st = wait_for(lambda: (s := status(kube, "llama")) and condition(s, "Advisory") and len(pods.hits) >= 3
@@ -63,6 +65,7 @@ def test_a_target_another_controller_owns_is_advised_only_and_never_written(kube
             wait_for(lambda: kube.get(LLMD, NS, "llama") is None, what="the LLMDeployment gone")
     finally:
         pods.close()
+        impostor.close()
     assert runner.exit_code == 0, runner.output
     a = condition(st, "Advisory")
     assert (a["status"], a["reason"]) == ("True", "TargetControlled")
@@ -74,6 +77,7 @@ def test_a_target_another_controller_owns_is_advised_only_and_never_written(kube
     assert [d["metadata"]["name"] for d in kube.list(DEPLOY, NS)] == ["llama-runtime"]
     assert kube.list(SERVICE, NS) == []
     assert set(pods.hits) == {"/metrics"}  # its pod found through the ReplicaSet → Deployment chain
+    assert impostor.hits == []  # a pod that only carries the labels is not the Deployment's
 
 
 def test_a_missing_target_is_reported_and_nothing_is_created(kube):
