@@ -10,7 +10,9 @@ from dataclasses import replace
 
 import pytest
 
-from kneecap.control import manifests as M, plan as P, status as St, target as T, vllm_args as V
+from kneecap.control import manifests as M, plan as P, reconcile as R, status as St, target as T, vllm_args as V
+from kneecap.control.kube import KubeClient
+from kneecap.control.spec import parse_spec
 from kneecap.demo.kubelet import add_owned_pod
 from tests.integration.test_operator_ownership import CountingServer
 from tests.support.kmock_api import LLMD, KubeAPIThread
@@ -159,3 +161,24 @@ def test_a_decision_for_a_free_target_patches_only_its_flag(kube, curve):
     assert after["spec"]["replicas"] == before["spec"]["replicas"] and after["spec"]["selector"] == before["spec"]["selector"]
     assert after["metadata"]["labels"] == before["metadata"]["labels"] and "ownerReferences" not in after["metadata"]
     assert set(after["metadata"]["annotations"]) == {"kneecap.io/applied"}
+
+
+async def test_a_flag_value_only_the_kubelet_expands_is_advised_and_a_missing_container_reported(kube):
+    """`--max-num-seqs $(SEQS)` (expanded from env by the kubelet) is no number kneecap can
+    move: the pool is advise-only; a targetRef.container the Deployment lacks is reported."""
+    d = user_deployment("llama-env")
+    d["spec"]["template"]["spec"]["containers"][0]["args"][2] = "$(SEQS)"
+    kube.create(DEPLOY, d)
+    client = KubeClient(kube.url)
+    try:
+        owner = {**adopting("llama", "llama-env"), "metadata": {"name": "llama", "namespace": NS, "uid": "u"}}
+        (pool,) = (await R.reconcile(client, owner, parse_spec(owner["spec"]))).pools
+        assert pool.adoption.advise_only and "$(SEQS)" in pool.adoption.unpatchable
+        assert pool.settings.max_num_seqs == 1024  # vLLM's default on an 80 GB H100 stands in
+        wrong = {**owner["spec"], "targetRef": {"name": "llama-env", "container": "engine"}}
+        res = await R.reconcile(client, owner, parse_spec(wrong))
+        assert res.pools == [] and res.missing == [
+            "Deployment serving/llama-env has no container 'engine' (spec.targetRef.container)"]
+    finally:
+        await client.close()
+    assert kube.history(DEPLOY, NS, "llama-env")[1:] == []  # read only

@@ -390,11 +390,10 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float) -> Pl
 
     main = next((p for p in g.pools if p.role == role), None)
     if main is None:
-        why = ("; ".join(c.message for c in g.conflicts) or
-               "; ".join(map(str, g.api_failures)) or f"no {role} pool")
+        why = ("; ".join(c.message for c in g.conflicts) or "; ".join(map(str, g.api_failures))
+               or "; ".join(g.missing_targets) or f"no {role} pool")
         reason = ("OwnershipConflict" if g.conflicts else "ReconcileFailed" if g.reconcile_failed
                   else "TargetMissing" if g.missing_targets else "PoolMissing")
-        why = "; ".join(g.missing_targets) if reason == "TargetMissing" else why
         t.decision(reason, f"not acting: {why}", "Warning")
         return t.finish()
     if main.observation is not None:
@@ -582,8 +581,8 @@ def _apply_primary(t: _Tick, pool: R.PoolState, d: policy.Decision, cur: M.Engin
                    external: bool) -> None:
     role, labels = pool.pool.role, t.labels
     if pool.adoption is not None and pool.adoption.advise_only:
-        t.decision("Advised", f"advise only, not applied ({pool.pool.name} is {pool.adoption.why_advise_only}): "
-                   + d.message, action=d.action, target=d.target)
+        t.decision("Advised", f"advise only, not applied (Deployment {pool.pool.name}: "
+                              f"{pool.adoption.why_advise_only}): " + d.message, action=d.action, target=d.target)
         return
     restart = not policy.only_replicas_changed(cur, d.target)
     record = {**settings_status(d.target), "time": St.iso(t.now_s), "reason": d.reason, "restart": restart}

@@ -80,7 +80,7 @@ def port_of(container: dict) -> int:
 def adoption(deploy: dict, container: dict) -> Adoption:
     shape = V.read_argv(container).shape
     return Adoption(container["name"], port_of(container), controller_of(deploy),
-                    unpatchable=("the vLLM argv is a shell script (sh -c): kneecap advises only, it does not "
+                    unpatchable=("its vLLM argv is a shell script (sh -c): kneecap advises only, it does not "
                                  "rewrite scripts" if shape == "shell" else None))
 
 
