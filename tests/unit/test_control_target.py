@@ -184,3 +184,16 @@ def test_a_missing_target_creates_nothing_and_says_so(curve):
     assert r["status"] == "False" and r["reason"] == "TargetMissing" and r["message"] == msg
     assert p.status["lastDecision"]["reason"] == "TargetMissing"
     assert [(e.type, e.reason) for e in p.events] == [("Warning", "TargetMissing")]
+
+
+def test_an_adopted_argv_sized_in_bytes_is_moved_in_bytes(curve):
+    """vLLM's --kv-cache-memory-bytes overrides the utilisation: kneecap moves the flag the user set."""
+    user = {**USER, "args": ["meta-llama/Llama-2-7b-hf", "--max-num-seqs", "32", "--kv-cache-memory-bytes",
+                             str(40 * 1024**3)]}
+    p = plan_for(adopted(container=user), curve)
+    (patch,) = p.patches
+    (sent,) = patch.body["spec"]["template"]["spec"]["containers"]
+    assert sent["args"][:4] == ["meta-llama/Llama-2-7b-hf", "--max-num-seqs", "64", "--kv-cache-memory-bytes"]
+    kv = int(sent["args"][4])
+    assert 0 < kv < 40 * 1024**3 and len(sent["args"]) == 5  # no --gpu-memory-utilization added
+    assert json.loads(patch.body["metadata"]["annotations"][A.APPLIED_ANNOTATION])["kvCacheMemoryBytes"] == kv

@@ -349,6 +349,8 @@ class _Tick:
 def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float) -> Plan:
     """The new status, Events, metric updates and Deployment patches of one tick. Pure."""
     status = status or {}
+    if spec.adopted and any(p.state.settings.kv_cache_memory_bytes is not None for p in g.pools):
+        spec = dataclasses.replace(spec, target_memory_knob="kvCacheMemoryBytes")  # the flag the user's argv sets
     t = _Tick(g, spec, status, now_s, out={"observedGeneration": g.generation},
               conds=list(status.get("conditions") or []))
     labels, role = t.labels, primary_role(spec)

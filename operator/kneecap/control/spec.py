@@ -191,6 +191,8 @@ class LLMDeploymentSpec:
     max_cost_per_hour: float | None
     control: ControlSpec
     targets: tuple[TargetRef, ...] = ()  # spec.targetRef, one per pool (empty: kneecap owns the pools)
+    # the memory flag an adopted Deployment's argv uses (set per tick from the live argv; None: the utilisation)
+    target_memory_knob: str | None = None
 
     @property
     def adopted(self) -> bool:
@@ -199,7 +201,11 @@ class LLMDeploymentSpec:
 
     @property
     def memory_knob(self) -> str:
-        return self.engine.memory_knob if self.engine is not None else "gpuMemoryUtilization"
+        """The memory flag kneecap moves: spec.engine.memoryKnob, or for an adopted Deployment the
+        one its argv sets (--kv-cache-memory-bytes overrides the utilisation in vLLM)."""
+        if self.engine is not None:
+            return self.engine.memory_knob
+        return self.target_memory_knob or "gpuMemoryUtilization"
 
     @property
     def disaggregated(self) -> bool:
