@@ -158,7 +158,8 @@ def test_a_decision_for_a_free_target_patches_only_its_flag(kube, curve):
     assert c["args"][:3] == ["meta-llama/Llama-3.1-8B-Instruct", "--max-num-seqs", "64"]  # spelling and place kept
     assert T.changed_paths(T.without_tuned_flags(before["spec"]["template"], "vllm"),
                            T.without_tuned_flags(after["spec"]["template"], "vllm")) == []
-    assert after["spec"]["replicas"] == before["spec"]["replicas"] and after["spec"]["selector"] == before["spec"]["selector"]
+    for key in ("replicas", "selector"):
+        assert after["spec"][key] == before["spec"][key]
     assert after["metadata"]["labels"] == before["metadata"]["labels"] and "ownerReferences" not in after["metadata"]
     assert set(after["metadata"]["annotations"]) == {"kneecap.io/applied"}
 
