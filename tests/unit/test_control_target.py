@@ -197,3 +197,42 @@ def test_an_adopted_argv_sized_in_bytes_is_moved_in_bytes(curve):
     kv = int(sent["args"][4])
     assert 0 < kv < 40 * 1024**3 and len(sent["args"]) == 5  # no --gpu-memory-utilization added
     assert json.loads(patch.body["metadata"]["annotations"][A.APPLIED_ANNOTATION])["kvCacheMemoryBytes"] == kv
+
+
+PD_RAW = {**RAW, "targetRef": {"prefill": {"name": "llama-prefill"}, "decode": {"name": "llama-decode"}},
+          "topology": {"mode": "disaggregated", "kvTransfer": {}, "prefill": {"min": 1, "max": 4},
+                       "decode": {"min": 1, "max": 4}}}
+
+
+def test_an_adopted_pair_with_a_controlled_prefill_pool_patches_only_the_decode_pool(curve):
+    spec = parse_spec(PD_RAW)
+    lws = [{"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "name": "llama-prefill",
+            "uid": "l", "controller": True}]
+    states = {}
+    for pool, refs in zip(M.pools("llm", spec), (lws, None)):
+        deploy = user_deployment(copy.deepcopy(USER), refs)
+        deploy["metadata"]["name"] = pool.name
+        c = T.find_container(deploy, None)
+        states[pool.role] = R.PoolState(pool, deploy, M.live_settings(deploy, M.initial_settings(spec, pool.role), c),
+                                        R.Ownership("kneecap"), adoption=T.adoption(deploy, c))
+    status, _ = ring_status(curve)
+    for e in status["observations"]:
+        e["pool"] = "decode"
+    status["workload"]["pool"] = status["lastWindow"]["pool"] = "decode"
+    obs = replace(observation(curve[32]), t_end_s=NOW)
+    g = P.Gathered("serving", "llm", 2, (P.PoolWindow("prefill", states["prefill"], P.IDLE),
+                                         P.PoolWindow("decode", states["decode"], P.OBSERVED, observation=obs)),
+                   P.parse_ring(status["observations"], "decode"), full_pass=True)
+    p = P.plan(g, status, spec, NOW)
+    assert [(x.name, x.content_type) for x in p.patches] == [("llama-decode", T.STRATEGIC)]
+    (sent,) = p.patches[0].body["spec"]["template"]["spec"]["containers"]
+    assert sent["name"] == "vllm" and sent["args"][1:3] == ["--max-num-seqs", "64"]
+    a = cond(p.status, St.ADVISORY)
+    assert (a["status"], a["reason"]) == ("True", "TargetControlled")
+    assert "llama-prefill" in a["message"] and "LeaderWorkerSet/llama-prefill" in a["message"]
+    assert "llama-decode" not in a["message"]
+    assert p.status["ownership"]["prefill"]["target"]["adviseOnly"] is True
+    assert p.status["ownership"]["decode"]["target"]["adviseOnly"] is False
+    alloc = p.status["allocation"]  # SARA still sizes the pool it may not write: 2 -> 1, advised only
+    assert alloc["prefillReplicas"] == alloc["prefillDecision"]["replicas"] == 1
+    assert alloc["prefillDecision"]["reason"] != "Applied" and states["prefill"].settings.replicas == 2
