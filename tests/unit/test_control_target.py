@@ -235,4 +235,5 @@ def test_an_adopted_pair_with_a_controlled_prefill_pool_patches_only_the_decode_
     assert p.status["ownership"]["decode"]["target"]["adviseOnly"] is False
     alloc = p.status["allocation"]  # SARA still sizes the pool it may not write: 2 -> 1, advised only
     assert alloc["prefillReplicas"] == alloc["prefillDecision"]["replicas"] == 1
-    assert alloc["prefillDecision"]["reason"] != "Applied" and states["prefill"].settings.replicas == 2
+    assert alloc["prefillDecision"]["reason"] == "Advised" and states["prefill"].settings.replicas == 2
+    assert "LeaderWorkerSet/llama-prefill" in alloc["prefillDecision"]["message"]

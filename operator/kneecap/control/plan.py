@@ -634,6 +634,9 @@ def _prefill_replicas(t: _Tick, pre: R.PoolState, want: int, state: policy.Guard
                                         f" (SARA wants {want}){' (step limited)' if d.step_limited else ''}"),),
             (MetricUpdate("set", "replicas", (*labels, "prefill"), float(d.target.replicas)),
              MetricUpdate("inc", "decisions", (*labels, "Applied"), 1.0))))
+    elif d.action == policy.APPLY and advise_only:
+        alloc["prefillDecision"] = {**decision, "reason": "Advised", "message": (
+            f"advise only, not applied (Deployment {pre.pool.name}: {pre.adoption.why_advise_only}): {d.message}")}
     else:
         alloc["prefillDecision"] = decision
 
