@@ -169,6 +169,32 @@ async def reconcile(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec, *, f
     return result
 
 
+async def adopted_pool(reads: ApiReads, ns: str, spec: LLMDeploymentSpec, pool: M.Pool, container: str | None,
+                       hpas: list[dict], result: ReconcileResult) -> PoolState | None:
+    """A spec.targetRef Deployment as it is live, read only: kneecap creates, repairs and owns
+    nothing of it. None (and `result.missing` says why) when it or its container is absent."""
+    live = await reads.deployment(ns, pool.name)
+    if live is None:
+        result.missing.append(f"Deployment {ns}/{pool.name} (spec.targetRef, {pool.role}) not found; "
+                              "kneecap creates nothing for it")
+        return None
+    c = T.find_container(live, container)
+    if c is None:
+        result.missing.append(f"Deployment {ns}/{pool.name} has no container {container!r} "
+                              "(spec.targetRef.container)")
+        return None
+    adoption = T.adoption(live, c)
+    start = M.initial_settings(spec, pool.role)
+    try:
+        settings = M.live_settings(live, start, c)
+    except ValueError as exc:  # e.g. --max-num-seqs=$(SEQS): a value only the kubelet expands
+        settings = M.EngineSettings(start.max_num_seqs, start.gpu_memory_utilization, None,
+                                    int(live["spec"].get("replicas", 1)))
+        adoption = T.Adoption(adoption.container, adoption.port, adoption.controller,
+                              f"a managed flag's value in its argv is not a number ({exc}): kneecap advises only")
+    return PoolState(pool, live, settings, replicas_owner(spec, live, hpas), adoption=adoption)
+
+
 async def _reconcile_pool(kube: KubeClient, reads: ApiReads, owner: dict, spec: LLMDeploymentSpec,
                           pool: M.Pool, hpas: list[dict], result: ReconcileResult) -> PoolState | None:
     """Create or repair one pool's Deployment; None (and a Conflict) when it is not kneecap's."""
@@ -201,32 +227,6 @@ async def _reconcile_pool(kube: KubeClient, reads: ApiReads, owner: dict, spec: 
     if patched:
         live = await kube.patch(deployments_path(ns, pool.name), want)
     return PoolState(pool, live, M.live_settings(live, start), ownership, patched=patched)
-
-
-async def adopted_pool(reads: ApiReads, ns: str, spec: LLMDeploymentSpec, pool: M.Pool, container: str | None,
-                       hpas: list[dict], result: ReconcileResult) -> PoolState | None:
-    """A spec.targetRef Deployment as it is live, read only: kneecap creates, repairs and owns
-    nothing of it. None (and `result.missing` says why) when it or its container is absent."""
-    live = await reads.deployment(ns, pool.name)
-    if live is None:
-        result.missing.append(f"Deployment {ns}/{pool.name} (spec.targetRef, {pool.role}) not found; "
-                              "kneecap creates nothing for it")
-        return None
-    c = T.find_container(live, container)
-    if c is None:
-        result.missing.append(f"Deployment {ns}/{pool.name} has no container {container!r} "
-                              "(spec.targetRef.container)")
-        return None
-    adoption = T.adoption(live, c)
-    start = M.initial_settings(spec, pool.role)
-    try:
-        settings = M.live_settings(live, start, c)
-    except ValueError as exc:  # e.g. --max-num-seqs=$(SEQS): a value only the kubelet expands
-        settings = M.EngineSettings(start.max_num_seqs, start.gpu_memory_utilization, None,
-                                    int(live["spec"].get("replicas", 1)))
-        adoption = T.Adoption(adoption.container, adoption.port, adoption.controller,
-                              f"a managed flag's value in its argv is not a number ({exc}): kneecap advises only")
-    return PoolState(pool, live, settings, replicas_owner(spec, live, hpas), adoption=adoption)
 
 
 async def _reconcile_service(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec, pool: M.Pool,
