@@ -83,3 +83,57 @@ def test_bad_config_names_the_field(over, field):
     with pytest.raises(InputError) as exc:
         DemoConfig(**over).check()
     assert exc.value.field == field
+
+
+MANAGED = ("--max-num-seqs", "--gpu-memory-utilization")
+
+
+def test_adopt_demo_tunes_the_users_deployment_and_changes_nothing_else(tmp_path):
+    """`kneecap demo --adopt`: the user's Deployment (labels, a toleration, a volume, its own args
+    with --max-num-seqs 256) serves first; kneecap, pointed at it by spec.targetRef, moves the cap
+    and leaves every other field of the pod template as the user wrote it."""
+    cfg = DemoConfig(duration_s=160.0, time_scale=5.0, interval_s=10.0, cooldown_s=30.0, warmup_intervals=2,
+                     adopt=True)
+    res = run_demo(cfg, log_dir=tmp_path)
+    s = res.summary
+    print(summary_text(s))
+    before, after = res.user_deployment, res.deployment
+    assert before["metadata"]["name"] == after["metadata"]["name"] == "opt-serving"
+    # kneecap made nothing and owns nothing: the only Deployment is the user's, no Service, no ownerReference
+    assert res.objects == {"apps/v1/deployments": ["opt-serving"], "v1/services": []}
+    assert "ownerReferences" not in after["metadata"]
+    assert after["metadata"]["labels"] == before["metadata"]["labels"]
+    assert after["spec"]["replicas"] == before["spec"]["replicas"] == 1
+    assert after["spec"]["selector"] == before["spec"]["selector"]
+
+    # the pod template, field by field: everything but the managed flags' values is as the user wrote it
+    t0, t1 = before["spec"]["template"], after["spec"]["template"]
+    assert t1["metadata"] == t0["metadata"]
+    assert {k: v for k, v in t1["spec"].items() if k != "containers"} == \
+        {k: v for k, v in t0["spec"].items() if k != "containers"}
+    assert t1["spec"]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    (c0,), (c1,) = t0["spec"]["containers"], t1["spec"]["containers"]
+    assert {k: v for k, v in c1.items() if k != "args"} == {k: v for k, v in c0.items() if k != "args"}
+    assert len(c1["args"]) == len(c0["args"])  # same tokens, same places, same spellings
+    values = {i + 1 for i, tok in enumerate(c0["args"]) if tok in MANAGED}
+    assert [t for i, t in enumerate(c1["args"]) if i not in values] == [t for i, t in enumerate(c0["args"])
+                                                                        if i not in values]
+    assert s["adopted_unmanaged_changed_paths"] == []
+    assert set(s["adopted_template_changed_paths"]) <= {f".spec.containers[0].args[{i}]" for i in values}
+
+    # the cap moved, in the user's Deployment, through the guarded loop
+    cap0, cap1 = (int(V.container_flag(c, "--max-num-seqs")) for c in (c0, c1))
+    assert cap0 == 256 and cap1 < 256 and cap1 == s["converged_max_num_seqs"]
+    assert res.llmd["status"]["applied"]["maxNumSeqs"] == cap1
+    assert any(r.decision == "Applied" for r in res.rows)
+    assert s["adopted_writes"] == s["deployment_changes"] >= 1 and s["restarts"] == s["deployment_changes"]
+    assert "kneecap.io/applied" in after["metadata"]["annotations"]
+    st = res.llmd["status"]
+    assert st["ownership"]["server"]["target"] == {"deployment": "opt-serving", "container": "vllm",
+                                                   "adviseOnly": False}
+    assert next(c for c in st["conditions"] if c["type"] == "Advisory")["status"] == "False"
+    # every twin ran the user's Deployment's argv
+    ready = [e for e in res.kubelet_events if e["event"] == "ready"]
+    assert {e["deployment"] for e in ready} == {"opt-serving"}
+    assert ready[-1]["argv"][ready[-1]["argv"].index("--max-num-seqs") + 1] == str(cap1)
+    assert "every other field of its pod template" in summary_text(s) and "is unchanged" in summary_text(s)

@@ -9,19 +9,16 @@ shipped example the count of PATCHes after creation must be zero over 100 passes
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
-import yaml
 
-from kneecap.control import reconcile as R
+from kneecap.control import manifests as M, reconcile as R
 from kneecap.control.informer import CachedReads
 from kneecap.control.kube import KubeClient
 from kneecap.control.quantity import canonical_quantity
 from kneecap.control.spec import parse_spec
 from kneecap.demo.kubeapi import LLMD, KubeAPI, KubeAPIThread
-
-EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+from tests.support.examples import EXAMPLES, ROOT, llmdeployment, others
 DEPLOY = "apps/v1/deployments"
 
 CONTAINER_DEFAULTS = {"imagePullPolicy": "IfNotPresent", "terminationMessagePath": "/dev/termination-log",
@@ -119,9 +116,12 @@ def test_the_emulation_stores_what_the_apiserver_stores(kube):
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
 async def test_every_example_is_patched_zero_times_over_100_passes(kube, example):
-    doc = yaml.safe_load(example.read_text())
+    doc = llmdeployment(example)
     ns = doc["metadata"]["namespace"]
     kube.add_namespace(ns)
+    for obj in others(example):  # an adopt example's Deployments, applied by the user
+        kube.create(DEPLOY, obj)
+    users = len(kube.api.writes)
     owner = kube.create(LLMD, doc)
     spec = parse_spec(owner["spec"])
     client = KubeClient(kube.url)
@@ -129,9 +129,12 @@ async def test_every_example_is_patched_zero_times_over_100_passes(kube, example
     api = kube.api
     try:
         first = await R.reconcile(client, owner, spec)
-        assert all(p.created for p in first.pools) and not first.conflicts
+        assert not first.conflicts and not first.missing and len(first.pools) == len(M.pools("x", spec))
         created = list(api.writes)
-        assert created and all(w[0] == "POST" for w in created)
+        if spec.adopted:  # spec.targetRef: read, never written, nothing made
+            assert created[users:] == [] and all(p.adoption and not p.created for p in first.pools)
+        else:
+            assert all(p.created for p in first.pools) and created and all(w[0] == "POST" for w in created)
         changed = 0
         for i in range(100):  # as the control loop: a full pass every 10th tick, cached reads
             res = await R.reconcile(client, owner, spec, full=i % 10 == 0, reads=reads)
@@ -145,7 +148,7 @@ async def test_every_example_is_patched_zero_times_over_100_passes(kube, example
 
 async def test_a_spec_change_patches_once_and_keeps_the_applied_record(kube):
     """The control loop's `kneecap.io/applied` annotation survives reconcile's merge patches."""
-    doc = yaml.safe_load((EXAMPLES[0]).read_text())
+    doc = llmdeployment(ROOT / "examples" / "colocated.yaml")
     ns = doc["metadata"]["namespace"]
     kube.add_namespace(ns)
     owner = kube.create(LLMD, doc)

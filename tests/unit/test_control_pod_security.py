@@ -17,13 +17,16 @@ from kneecap.control.spec import parse_spec
 from kneecap.errors import InputError
 from tests.support.pod_security import restricted_violations
 
+from tests.support.examples import EXAMPLES as ALL_EXAMPLES, llmdeployment
+
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+# the examples whose pods kneecap makes (an adopt example's pods are the user's Deployment's)
+EXAMPLES = [p for p in ALL_EXAMPLES if "engine" in llmdeployment(p)["spec"]]
 K8S_VERSION = "1.37.0"
 
 
 def rendered(example: Path) -> list[dict]:
-    doc = yaml.safe_load(example.read_text())
+    doc = llmdeployment(example)
     owner = {**doc, "metadata": {**doc["metadata"], "uid": "4b7e0d0e-0000-4000-8000-000000000001"}}
     spec = parse_spec(doc["spec"])
     return [M.deployment(owner, spec, pool, M.initial_settings(spec, pool.role))
@@ -69,7 +72,7 @@ def test_the_checker_catches_each_relaxation():
 def test_user_env_overrides_home_and_extra_args_cannot_override_managed_flags():
     """parse_spec rejects managed flags in extraArgs (the CRD's rule); the builder drops them as
     well (defence in depth: a spec parsed elsewhere still cannot override a managed flag)."""
-    doc = yaml.safe_load(EXAMPLES[0].read_text())
+    doc = llmdeployment(EXAMPLES[0])
     doc["spec"]["engine"]["env"] = [{"name": "HOME", "value": "/data"}, {"name": "HF_HOME", "value": "/data/hf"}]
     hostile = ("--max-model-len=8192", "--max-num-seqs", "4", "--port=9999", "--max_num_seqs=2", "--host=0.0.0.0",
                "--gpu-memory-utilization=0.99", "--kv-transfer-config={}", "--enforce-eager")

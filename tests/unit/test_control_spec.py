@@ -200,6 +200,7 @@ MALFORMED = [
     ({"engine.maxNumSeqs": 2000}, "spec.engine.maxNumSeqs"),
     ({"batching": {"minMaxNumSeqs": 9, "maxMaxNumSeqs": 8}, "engine.maxNumSeqs": 8}, "spec.batching.minMaxNumSeqs"),
     ({"engine.port": 0}, "spec.engine.port"),
+    ({"targetRef": {"name": "vllm-llama"}}, "spec.targetRef"),  # engine and targetRef: exactly one
 ]
 WELL_FORMED = [
     {"engine.extraArgs": ["--max-model-len", "4096", "--enable-prefix-caching", "-tp", "2", "--"]},
@@ -259,10 +260,68 @@ def test_well_formed_specs_are_accepted_by_both(api, i):
     S.parse_spec(spec)
 
 
+# spec.targetRef: existing Deployments instead of spec.engine (spec, the field rejected or None)
+TARGET_BASE = {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "accelerator": {"type": "h100-80gb"}}
+PD = {"mode": "disaggregated", "kvTransfer": {}}
+TARGET_SPECS = [
+    ({"targetRef": {"name": "vllm-llama"}}, None),
+    ({"targetRef": {"name": "vllm-llama", "container": "server", "kind": "Deployment", "apiVersion": "apps/v1"},
+      "control": {"mode": "enforce"}, "batching": {"maxMaxNumSeqs": 4}}, None),  # no engine.maxNumSeqs to bound
+    ({"targetRef": {"prefill": {"name": "llama-prefill"}, "decode": {"name": "llama-decode"}}, "topology": PD}, None),
+    ({}, "spec.targetRef"),  # neither engine nor targetRef
+    ({"targetRef": {"prefill": {"name": "p"}, "decode": {"name": "d"}}}, "spec.targetRef"),  # colocated takes name
+    ({"targetRef": {"name": "vllm-llama"}, "topology": PD}, "spec.targetRef"),  # disaggregated takes prefill, decode
+    ({"targetRef": {"name": "a", "decode": {"name": "d"}}}, "spec.targetRef"),
+    ({"targetRef": {"prefill": {"name": "p"}, "decode": {"name": "p"}}, "topology": PD},
+     "spec.targetRef.decode.name"),
+    ({"targetRef": {"prefill": {"container": "vllm"}, "decode": {"name": "d"}}, "topology": PD},
+     "spec.targetRef.prefill.name"),
+    ({"targetRef": {"name": "Not_A_Name"}}, "spec.targetRef.name"),
+    ({"targetRef": {"name": "a", "kind": "StatefulSet"}}, "spec.targetRef.kind"),
+    ({"targetRef": {"name": "a", "apiVersion": "apps/v1beta1"}}, "spec.targetRef.apiVersion"),
+    ({"targetRef": {"prefill": {"name": "p"}, "decode": {"name": "d"}}, "topology": {"mode": "disaggregated"}},
+     "spec.topology.kvTransfer"),  # the KV link's bandwidth is SARA's input, adopted or not
+]
+
+
+@pytest.mark.parametrize("i", range(len(TARGET_SPECS)))
+def test_target_ref_specs_are_judged_by_the_api_and_the_parser_alike(api, i):
+    edits, field = TARGET_SPECS[i]
+    spec = {**copy.deepcopy(TARGET_BASE), **copy.deepcopy(edits)}
+    code, body = _post(api, f"target-{i}", spec)
+    with pytest.raises(InputError) if field else _nothing() as exc:
+        parsed = S.parse_spec(spec)
+    if field is None:
+        assert code == 201, body
+        assert parsed.engine is None and parsed.adopted
+        roles = [t.role for t in parsed.targets]
+        assert roles == (["prefill", "decode"] if parsed.disaggregated else ["server"])
+        return
+    assert code == 422, body
+    assert field in [c["field"] for c in body["details"]["causes"]], body["message"]
+    assert exc.value.field == field
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_target_ref_parses_each_pool_and_its_container():
+    s = S.parse_spec({**TARGET_BASE, "targetRef": {"prefill": {"name": "llama-p", "container": "engine"},
+                                                   "decode": {"name": "llama-d"}}, "topology": PD})
+    assert s.targets == (S.TargetRef("prefill", "llama-p", "engine"), S.TargetRef("decode", "llama-d", None))
+    assert s.memory_knob == "gpuMemoryUtilization"
+    assert not S.parse_spec(BASE).adopted
+
+
 def test_every_cel_rule_is_in_the_malformed_table():
-    tested = {re.sub(r"\[\d+\]", "[]", f) for _, f in MALFORMED}
+    tested = {re.sub(r"\[\d+\]", "[]", f) for _, f in MALFORMED + TARGET_SPECS if f}
     rules = _cel_fields(S.spec_schema())
-    assert len(rules) == 16 and rules <= tested, rules - tested
+    assert len(rules) == 18 and rules <= tested, rules - tested
 
 
 def test_managed_flag_message_names_the_flag():

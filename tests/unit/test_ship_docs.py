@@ -21,9 +21,9 @@ import yaml
 
 from kneecap.control.spec import parse_spec
 from kneecap.errors import InputError
+from tests.support.examples import EXAMPLES, llmdeployment, others
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 CRD = yaml.safe_load((ROOT / "crds" / "llmdeployment.yaml").read_text())
 
 
@@ -54,13 +54,23 @@ def errors(doc: dict) -> list[str]:
 
 
 def test_there_are_colocated_and_disaggregated_examples():
-    modes = {yaml.safe_load(p.read_text())["spec"].get("topology", {}).get("mode", "colocated") for p in EXAMPLES}
+    modes = {llmdeployment(p)["spec"].get("topology", {}).get("mode", "colocated") for p in EXAMPLES}
     assert modes == {"colocated", "disaggregated"}
+    specs = [llmdeployment(p)["spec"] for p in EXAMPLES]
+    adopted = {spec["topology"]["mode"] for spec in specs if "targetRef" in spec}
+    assert adopted == {"colocated", "disaggregated"}  # an existing Deployment, and a P/D pair
+
+
+def test_adopt_examples_carry_the_deployments_they_target():
+    for p in EXAMPLES:
+        spec = parse_spec(llmdeployment(p)["spec"])
+        shipped = {d["metadata"]["name"] for d in others(p) if d["kind"] == "Deployment"}
+        assert shipped == {t.name for t in spec.targets}, p.name
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_example_validates_against_the_crd_schema_and_parses(path):
-    doc = yaml.safe_load(path.read_text())
+    doc = llmdeployment(path)
     assert doc["apiVersion"] == f"{CRD['spec']['group']}/v1alpha1" and doc["kind"] == CRD["spec"]["names"]["kind"]
     assert errors(doc) == []
     spec = parse_spec(doc["spec"])

@@ -46,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--efficiency-floor", type=float, default=d.efficiency_floor, help="BCA ε (eq. 13)")
     parser.add_argument("--slo-tpot", type=float, default=d.slo_tpot_s, help="TPOT SLO, seconds (ITL p95)")
     parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--adopt", action="store_true",
+                        help="tune an existing Deployment (spec.targetRef): first create a plain vLLM Deployment as a "
+                             "user's Helm chart would, then point an LLMDeployment at it; the summary shows what "
+                             "kneecap changed in its pod template (only the managed flags)")
     parser.add_argument("--out", type=Path, default=Path("kneecap-demo"),
                         help="directory for trajectory.png, run.json and the twins' logs")
     parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
@@ -61,7 +65,8 @@ def config_from_args(args):
                       output_cv=args.output_cv, duration_s=args.duration, time_scale=args.time_scale,
                       interval_s=args.interval, cooldown_s=args.cooldown, max_num_seqs=args.max_num_seqs,
                       gpu_memory_utilization=args.gpu_memory_utilization, efficiency_floor=args.efficiency_floor,
-                      slo_tpot_s=args.slo_tpot, max_concurrency=args.max_concurrency, seed=args.seed)
+                      slo_tpot_s=args.slo_tpot, max_concurrency=args.max_concurrency, seed=args.seed,
+                      adopt=args.adopt)
 
 
 def run(args) -> int:

@@ -289,7 +289,7 @@ def memory_for_cap(spec: LLMDeploymentSpec, obs: Observation, cap: int) -> tuple
     except InputError:
         split = memory.memory_split(arch, gpu, memory.UTILIZATION_BOUNDS[1], cap, measured_non_kv_bytes=non_kv)
     kvb = memory.kv_cache_memory_bytes_for_tokens(arch, max(kv_tokens, 1)) \
-        if spec.engine.memory_knob == "kvCacheMemoryBytes" else None
+        if spec.memory_knob == "kvCacheMemoryBytes" else None
     return split.gpu_memory_utilization, kvb, split.kv_bytes
 
 

@@ -217,6 +217,15 @@ class ApiReads:
     async def _labelled_pods(self, ns: str, instance: str, role: str) -> list[dict]:
         return await self.kube.list(pods_path(ns), pool_selector(instance, role))
 
+    async def deployment_pods(self, ns: str, deploy: dict) -> list[dict]:
+        """The pods of any Deployment (an adopted one, which carries none of kneecap's labels):
+        listed by its selector's matchLabels, kept when owned through its ReplicaSets. Read from
+        the API (the caches hold kneecap's own pools only)."""
+        match = ((deploy.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+        selector = ",".join(f"{k}={v}" for k, v in sorted(match.items())) or None
+        return pods_of(deploy, await self.kube.list(replicasets_path(ns), selector),
+                       await self.kube.list(pods_path(ns), selector))
+
     async def close(self) -> None:
         pass
 

@@ -148,13 +148,17 @@ async def observe_window(ctx: LoopContext, mem: LoopMemory, spec: LLMDeploymentS
 
 async def observe_pool(ctx: LoopContext, mem: LoopMemory, ns: str, name: str, spec: LLMDeploymentSpec,
                        state: R.PoolState) -> P.PoolWindow:
-    """The pool's window from its ready pods' scrapes."""
+    """The pool's window from its ready pods' scrapes (an adopted Deployment's pods through its
+    own selector and ReplicaSets, on the port its vLLM listens on)."""
     try:
-        pods = await R.ready_pods(ctx.reader, ns, name, state.pool.role)
+        if state.adoption is not None:
+            pods = R.ready(await ctx.reader.deployment_pods(ns, state.deployment))
+        else:
+            pods = await R.ready_pods(ctx.reader, ns, name, state.pool.role)
     except API_EXCEPTIONS as exc:
         return P.PoolWindow(state.pool.role, state, P.NO_PODS, f"pods not read: {ApiFailure.of(exc)}")
-    return await observe_window(ctx, mem, spec, state, [u for u in (R.metrics_url(p, spec.engine.port)
-                                                                    for p in pods) if u])
+    port = state.adoption.port if state.adoption is not None else spec.engine.port
+    return await observe_window(ctx, mem, spec, state, [u for u in (R.metrics_url(p, port) for p in pods) if u])
 
 
 async def _live_pools(ctx: LoopContext, owner: dict, spec: LLMDeploymentSpec) -> list[R.PoolState]:
@@ -164,6 +168,8 @@ async def _live_pools(ctx: LoopContext, owner: dict, spec: LLMDeploymentSpec) ->
         hpas = await ctx.reader.hpas(ns)
     except Exception:  # noqa: BLE001 - no HPA API is the same as no HPA
         hpas = []
+    if spec.adopted:  # (reading an adopted pool writes nothing: it failed on a read)
+        return []
     out = []
     for pool in M.pools(name, spec):
         try:
@@ -190,10 +196,11 @@ async def gather(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: Loo
     failures: list[ApiFailure] = []
     changes: list[str] = []
     conflicts: list[R.Conflict] = []
+    missing: list[str] = []
     try:
         rec = await R.reconcile(ctx.kube, body, spec, full=full, reads=ctx.reader)
         pools = rec.pools
-        conflicts = list(rec.conflicts)
+        conflicts, missing = list(rec.conflicts), list(rec.missing)
         changes = ([f"{p.pool.name} {'created' if p.created else 'patched'}" for p in rec.pools
                     if p.created or p.patched] + [f"{d} deleted" for d in rec.deleted])
     except API_EXCEPTIONS as exc:
@@ -207,7 +214,8 @@ async def gather(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: Loo
     ring = P.parse_ring(status.get("observations") or [], P.primary_role(spec), mem.parsed_ring)
     return P.Gathered(ns, name, meta.get("generation"), windows, ring, tuple(changes), tuple(failures),
                       reconcile_failed=bool(failures), status_write_failure=mem.status_write_failure,
-                      conflicts=tuple(conflicts), full_pass=full and not failures), status
+                      conflicts=tuple(conflicts), full_pass=full and not failures,
+                      missing_targets=tuple(missing)), status
 
 
 # ---------------------------------------------------------------- apply
@@ -229,7 +237,7 @@ async def apply(ctx: LoopContext, g: P.Gathered, plan: P.Plan, now_s: float) -> 
     status, events, updates = plan.status, list(plan.events), list(plan.metrics)
     for i, patch in enumerate(plan.patches):
         try:
-            await ctx.kube.patch(deployments_path(g.namespace, patch.name), patch.body)
+            await ctx.kube.patch(deployments_path(g.namespace, patch.name), patch.body, patch.content_type)
         except API_EXCEPTIONS as exc:
             failure = ApiFailure.of(exc)
             log.warning("patch of %s/%s failed: %s", g.namespace, patch.name, failure)

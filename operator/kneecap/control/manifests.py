@@ -30,6 +30,7 @@ MANAGED_FLAGS = (MAX_NUM_SEQS, GPU_MEMORY_UTILIZATION, KV_CACHE_MEMORY_BYTES, "-
 # Pods run as this non-root user (the Pod Security "restricted" profile); vLLM images from
 # v0.8.2 run as any UID given a writable $HOME for their caches (HF, vLLM, Triton, Inductor).
 RUN_AS_USER = 1000
+VLLM_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization
 HOME = "/home/vllm"
 
 
@@ -57,6 +58,8 @@ def pool_name(name: str, role: str) -> str:
 
 
 def pools(name: str, spec: LLMDeploymentSpec) -> list[Pool]:
+    if spec.adopted:  # spec.targetRef: the user's Deployments, under their own names
+        return [Pool(t.role, t.name) for t in spec.targets]
     roles = ("prefill", "decode") if spec.disaggregated else ("server",)
     return [Pool(role, pool_name(name, role)) for role in roles]
 
@@ -69,6 +72,12 @@ def pool_bounds(spec: LLMDeploymentSpec, role: str):
 def initial_settings(spec: LLMDeploymentSpec, role: str) -> EngineSettings:
     """Start-up values: the spec's engine flags and the smallest non-zero pool size."""
     b = pool_bounds(spec, role)
+    if spec.engine is None:  # an adopted Deployment: vLLM's own defaults stand for the flags its argv lacks
+        from kneecap.model.hardware import get_gpu
+        from kneecap.sim.engine import vllm_default_limits
+
+        seqs, _ = vllm_default_limits(spec.accelerator.gpu, True, 2048)
+        return EngineSettings(seqs, VLLM_GPU_MEMORY_UTILIZATION, None, replicas=b.clamp(max(b.min, 1)))
     return EngineSettings(spec.engine.max_num_seqs, spec.engine.gpu_memory_utilization, None,
                           replicas=b.clamp(max(b.min, 1)))
 
@@ -230,9 +239,10 @@ def vllm_container(deploy: dict) -> dict:
     return next((c for c in cs if c.get("name") == CONTAINER), cs[0])
 
 
-def live_settings(deploy: dict, fallback: EngineSettings) -> EngineSettings:
-    """Managed values as they are live in a Deployment (fallback for flags it does not carry)."""
-    c = vllm_container(deploy)
+def live_settings(deploy: dict, fallback: EngineSettings, container: dict | None = None) -> EngineSettings:
+    """Managed values as they are live in a Deployment's vLLM container (default
+    `vllm_container`); fallback for flags it does not carry."""
+    c = container if container is not None else vllm_container(deploy)
     mns = vllm_args.container_flag(c, MAX_NUM_SEQS)
     gmu = vllm_args.container_flag(c, GPU_MEMORY_UTILIZATION)
     kvb = vllm_args.container_flag(c, KV_CACHE_MEMORY_BYTES)

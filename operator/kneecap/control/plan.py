@@ -21,8 +21,8 @@ from typing import Sequence
 
 import numpy as np
 
-from kneecap.control import applied as A, decide, manifests as M, policy, reconcile as R, status as St
-from kneecap.control.kube import ApiFailure
+from kneecap.control import applied as A, decide, manifests as M, policy, reconcile as R, status as St, target as T
+from kneecap.control.kube import MERGE, ApiFailure
 from kneecap.control.metrics import CURVE_BATCHES
 from kneecap.control.spec import LLMDeploymentSpec
 from kneecap.errors import InputError
@@ -72,6 +72,7 @@ class Gathered:
     status_write_failure: ApiFailure | None = None  # the previous tick's status write failed
     conflicts: tuple[R.Conflict, ...] = ()  # owned objects that are not kneecap's
     full_pass: bool = False  # reconcile checked every owned object (Services too): no conflict means none
+    missing_targets: tuple[str, ...] = ()  # spec.targetRef Deployments not found (nothing is created for them)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ class DeploymentPatch:
     rollback: dict  # status keys as they were before this change, restored when the write fails
     events: tuple[Event, ...] = ()  # posted once it succeeded
     metrics: tuple[MetricUpdate, ...] = ()  # applied once it succeeded
+    content_type: str = MERGE  # an adopted Deployment: a strategic merge patch of its container (target.py)
 
 
 @dataclass(frozen=True)
@@ -143,7 +145,27 @@ def ownership_status(pools: Sequence[R.PoolState]) -> dict:
         out[p.pool.role] = {"replicas": o.replicas_owner,
                             "message": (f"replicas are owned by {o.replicas_owner}; kneecap only recommends them"
                                         if o.external else "kneecap manages replicas")}
+        if p.adoption is not None:  # spec.targetRef: whose Deployment kneecap tunes
+            out[p.pool.role]["target"] = St.compact({
+                "deployment": p.pool.name, "container": p.adoption.container, "controller": p.adoption.controller,
+                "adviseOnly": p.adoption.advise_only})
     return out
+
+
+def _advisory(t: "_Tick", states: Sequence[R.PoolState]) -> None:
+    """The Advisory condition of an adopted deployment: True (reason TargetControlled, naming
+    the controller, or ArgvNotWritable) when kneecap may not write to a target, so it only
+    advises; decisions are still computed and reported."""
+    held = [s for s in states if s.adoption is not None and s.adoption.advise_only]
+    if held:
+        s = held[0]
+        reason = "TargetControlled" if s.adoption.controller else "ArgvNotWritable"
+        t.condition(St.ADVISORY, True, reason, "; ".join(
+            f"Deployment {x.pool.name}: {x.adoption.why_advise_only}" for x in held)[:900])
+    else:
+        t.condition(St.ADVISORY, False, "TargetWritable",
+                    "kneecap may patch the managed flags of every target Deployment"
+                    + ("" if t.spec.enforce else " (spec.control.mode is advise)"))
 
 
 def _ring_key(role: str, e: dict) -> tuple:
@@ -327,6 +349,8 @@ class _Tick:
 def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float) -> Plan:
     """The new status, Events, metric updates and Deployment patches of one tick. Pure."""
     status = status or {}
+    if spec.adopted and any(p.state.settings.kv_cache_memory_bytes is not None for p in g.pools):
+        spec = dataclasses.replace(spec, target_memory_knob="kvCacheMemoryBytes")  # the flag the user's argv sets
     t = _Tick(g, spec, status, now_s, out={"observedGeneration": g.generation},
               conds=list(status.get("conditions") or []))
     labels, role = t.labels, primary_role(spec)
@@ -336,10 +360,15 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float) -> Pl
     states = [p.state for p in g.pools]
     ready = bool(states) and all(int((s.deployment.get("status") or {}).get("readyReplicas", 0)) >= 1
                                  for s in states)
-    t.condition(St.READY, ready, "PodsReady" if ready else "PodsNotReady",
-                "every pool has a ready replica" if ready else "a pool has no ready replica")
+    if g.missing_targets:
+        t.condition(St.READY, False, "TargetMissing", "; ".join(g.missing_targets)[:900])
+    else:
+        t.condition(St.READY, ready, "PodsReady" if ready else "PodsNotReady",
+                    "every pool has a ready replica" if ready else "a pool has no ready replica")
     if g.conflicts or g.full_pass:
         t.conds = St.set_conflict(t.conds, g.conflicts, g.generation, now_s)
+    if spec.adopted:
+        _advisory(t, states)
     t.out["ownership"] = ownership_status(states)
     _api_errors(t)
 
@@ -363,9 +392,10 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float) -> Pl
 
     main = next((p for p in g.pools if p.role == role), None)
     if main is None:
-        why = ("; ".join(c.message for c in g.conflicts) or
-               "; ".join(map(str, g.api_failures)) or f"no {role} pool")
-        reason = "OwnershipConflict" if g.conflicts else "ReconcileFailed" if g.reconcile_failed else "PoolMissing"
+        why = ("; ".join(c.message for c in g.conflicts) or "; ".join(map(str, g.api_failures))
+               or "; ".join(g.missing_targets) or f"no {role} pool")
+        reason = ("OwnershipConflict" if g.conflicts else "ReconcileFailed" if g.reconcile_failed
+                  else "TargetMissing" if g.missing_targets else "PoolMissing")
         t.decision(reason, f"not acting: {why}", "Warning")
         return t.finish()
     if main.observation is not None:
@@ -438,10 +468,10 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float) -> Pl
     records = {p.role: A.from_deployment(p.state.deployment) for p in g.pools}
     applied = A.newest(status.get("applied"), records.get(role))
     t.out["applied"] = {**applied, **settings_status(cur), "pool": role}
-    if g.reconcile_failed or g.conflicts:
-        why = "; ".join([str(f) for f in g.api_failures] + [c.message for c in g.conflicts])
-        t.decision("OwnershipConflict" if g.conflicts else "ReconcileFailed",
-                   f"not acting until the owned objects reconcile: {why}", "Warning")
+    if g.reconcile_failed or g.conflicts or g.missing_targets:
+        why = "; ".join([str(f) for f in g.api_failures] + [c.message for c in g.conflicts] + list(g.missing_targets))
+        t.decision("OwnershipConflict" if g.conflicts else "ReconcileFailed" if g.reconcile_failed
+                   else "TargetMissing", f"not acting until the pools reconcile: {why}", "Warning")
         return t.finish()
 
     state = policy.GuardState(
@@ -552,9 +582,17 @@ def _observation_held(t: _Tick, main: PoolWindow) -> bool:
 def _apply_primary(t: _Tick, pool: R.PoolState, d: policy.Decision, cur: M.EngineSettings,
                    external: bool) -> None:
     role, labels = pool.pool.role, t.labels
+    if pool.adoption is not None and pool.adoption.advise_only:
+        t.decision("Advised", f"advise only, not applied (Deployment {pool.pool.name}: "
+                              f"{pool.adoption.why_advise_only}): " + d.message, action=d.action, target=d.target)
+        return
     restart = not policy.only_replicas_changed(cur, d.target)
     record = {**settings_status(d.target), "time": St.iso(t.now_s), "reason": d.reason, "restart": restart}
-    body = M.with_settings(pool.deployment, d.target, set_replicas=not external)
+    if pool.adoption is not None:  # only the managed flags of the user's container, strategic merge
+        body = T.settings_patch(pool.deployment, pool.adoption.container, d.target, set_replicas=not external)
+        content_type = T.STRATEGIC
+    else:
+        body, content_type = M.with_settings(pool.deployment, d.target, set_replicas=not external), MERGE
     body = {**body, **A.annotation_patch(record)}
     rollback = {"applied": t.out["applied"]}
     t.out["applied"] = {**record, "pool": role}
@@ -568,7 +606,8 @@ def _apply_primary(t: _Tick, pool: R.PoolState, d: policy.Decision, cur: M.Engin
                 MetricUpdate("set", "applied_memory_fraction", (*labels, role), float(d.target.gpu_memory_utilization))]
     if restart:
         metrics.append(MetricUpdate("inc", "restarts", (*labels, d.reason), 1.0))
-    t.patches.append(DeploymentPatch(role, pool.pool.name, body, rollback, tuple(events), tuple(metrics)))
+    t.patches.append(DeploymentPatch(role, pool.pool.name, body, rollback, tuple(events), tuple(metrics),
+                                     content_type))
 
 
 def _prefill_replicas(t: _Tick, pre: R.PoolState, want: int, state: policy.GuardState) -> None:
@@ -580,7 +619,8 @@ def _prefill_replicas(t: _Tick, pre: R.PoolState, want: int, state: policy.Guard
                      M.pool_bounds(spec, "prefill"), dataclasses.replace(state, replicas_external=pre.ownership.external))
     decision = {"reason": d.reason, "message": d.message, "replicas": d.target.replicas}
     alloc = t.out.setdefault("allocation", {})
-    if d.action == policy.APPLY and spec.enforce and not pre.ownership.external:
+    advise_only = pre.adoption is not None and pre.adoption.advise_only
+    if d.action == policy.APPLY and spec.enforce and not pre.ownership.external and not advise_only:
         now = St.iso(t.now_s)
         rollback = {"applied": dict(t.out["applied"]), "allocation": {**alloc, "prefillDecision": decision}}
         record = {"replicas": d.target.replicas, "time": now, "reason": d.reason, "restart": False}
@@ -594,6 +634,9 @@ def _prefill_replicas(t: _Tick, pre: R.PoolState, want: int, state: policy.Guard
                                         f" (SARA wants {want}){' (step limited)' if d.step_limited else ''}"),),
             (MetricUpdate("set", "replicas", (*labels, "prefill"), float(d.target.replicas)),
              MetricUpdate("inc", "decisions", (*labels, "Applied"), 1.0))))
+    elif d.action == policy.APPLY and advise_only:
+        alloc["prefillDecision"] = {**decision, "reason": "Advised", "message": (
+            f"advise only, not applied (Deployment {pre.pool.name}: {pre.adoption.why_advise_only}): {d.message}")}
     else:
         alloc["prefillDecision"] = decision
 

@@ -16,7 +16,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
-from kneecap.control import manifests as M
+from kneecap.control import manifests as M, target as T
 from kneecap.control.drift import in_sync
 from kneecap.control.informer import ApiReads
 from kneecap.control.kube import FIELD_MANAGER, KubeClient, deployments_path, services_path
@@ -89,6 +89,7 @@ class PoolState:
     ownership: Ownership
     created: bool = False
     patched: bool = False
+    adoption: T.Adoption | None = None  # spec.targetRef: the user's Deployment (None: kneecap's own)
 
     @property
     def rollout_in_progress(self) -> bool:
@@ -116,6 +117,7 @@ class ReconcileResult:
     pools: list[PoolState] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     conflicts: list[Conflict] = field(default_factory=list)  # their pools are left out of `pools`
+    missing: list[str] = field(default_factory=list)  # spec.targetRef Deployments (or containers) not found
 
     @property
     def changed(self) -> bool:
@@ -142,6 +144,12 @@ async def reconcile(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec, *, f
     reads = reads or ApiReads(kube)
     result = ReconcileResult()
     hpas = await _hpas(reads, ns)
+    if spec.adopted:
+        for pool, ref in zip(M.pools(name, spec), spec.targets):
+            state = await adopted_pool(reads, ns, spec, pool, ref.container, hpas, result)
+            if state is not None:
+                result.pools.append(state)
+        return result
     for pool in M.pools(name, spec):
         state = await _reconcile_pool(kube, reads, owner, spec, pool, hpas, result)
         if state is None:
@@ -159,6 +167,32 @@ async def reconcile(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec, *, f
             await kube.delete(path_fn(ns, n))
             result.deleted.append(f"{obj.get('kind', path_fn.__name__)}/{n}")
     return result
+
+
+async def adopted_pool(reads: ApiReads, ns: str, spec: LLMDeploymentSpec, pool: M.Pool, container: str | None,
+                       hpas: list[dict], result: ReconcileResult) -> PoolState | None:
+    """A spec.targetRef Deployment as it is live, read only: kneecap creates, repairs and owns
+    nothing of it. None (and `result.missing` says why) when it or its container is absent."""
+    live = await reads.deployment(ns, pool.name)
+    if live is None:
+        result.missing.append(f"Deployment {ns}/{pool.name} (spec.targetRef, {pool.role}) not found; "
+                              "kneecap creates nothing for it")
+        return None
+    c = T.find_container(live, container)
+    if c is None:
+        result.missing.append(f"Deployment {ns}/{pool.name} has no container {container!r} "
+                              "(spec.targetRef.container)")
+        return None
+    adoption = T.adoption(live, c)
+    start = M.initial_settings(spec, pool.role)
+    try:
+        settings = M.live_settings(live, start, c)
+    except ValueError as exc:  # e.g. --max-num-seqs=$(SEQS): a value only the kubelet expands
+        settings = M.EngineSettings(start.max_num_seqs, start.gpu_memory_utilization, None,
+                                    int(live["spec"].get("replicas", 1)))
+        adoption = T.Adoption(adoption.container, adoption.port, adoption.controller,
+                              f"a managed flag's value in its argv is not a number ({exc}): kneecap advises only")
+    return PoolState(pool, live, settings, replicas_owner(spec, live, hpas), adoption=adoption)
 
 
 async def _reconcile_pool(kube: KubeClient, reads: ApiReads, owner: dict, spec: LLMDeploymentSpec,
@@ -257,11 +291,16 @@ async def delete_owned(kube: KubeClient, owner: dict) -> list[str]:
 
 async def ready_pods(reads: ApiReads, ns: str, name: str, role: str) -> list[dict]:
     """Running, Ready pods of the pool's own Deployment (through its ReplicaSets: `ApiReads.pods`)."""
+    return ready(await reads.pods(ns, name, role))
+
+
+def ready(pods: list[dict]) -> list[dict]:
+    """The pods that are Running, Ready and not being deleted."""
     out = []
-    for p in await reads.pods(ns, name, role):
+    for p in pods:
         st = p.get("status") or {}
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
-        if ready and st.get("phase", "Running") == "Running" and not p["metadata"].get("deletionTimestamp"):
+        is_ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or [])
+        if is_ready and st.get("phase", "Running") == "Running" and not p["metadata"].get("deletionTimestamp"):
             out.append(p)
     return out
 

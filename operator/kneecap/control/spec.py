@@ -142,6 +142,15 @@ class EngineSpec:
 
 
 @dataclass(frozen=True)
+class TargetRef:
+    """One existing Deployment kneecap tunes (spec.targetRef): the pool it is, and its vLLM container."""
+
+    role: str  # "server" | "prefill" | "decode"
+    name: str
+    container: str | None  # None: the one named vllm, else the first that runs vLLM, else the first
+
+
+@dataclass(frozen=True)
 class TopologySpec:
     mode: str  # "colocated" | "disaggregated"
     replicas_managed_by: str  # "kneecap" | "external"
@@ -185,12 +194,28 @@ class ControlSpec:
 class LLMDeploymentSpec:
     model: ModelSpec
     accelerator: AcceleratorSpec
-    engine: EngineSpec
+    engine: EngineSpec | None  # None when targetRef is set: kneecap runs no pods of its own
     topology: TopologySpec
     slo: SLOSpec
     batching: BatchingSpec
     max_cost_per_hour: float | None
     control: ControlSpec
+    targets: tuple[TargetRef, ...] = ()  # spec.targetRef, one per pool (empty: kneecap owns the pools)
+    # the memory flag an adopted Deployment's argv uses (set per tick from the live argv; None: the utilisation)
+    target_memory_knob: str | None = None
+
+    @property
+    def adopted(self) -> bool:
+        """kneecap tunes existing Deployments (spec.targetRef) and owns no pods."""
+        return bool(self.targets)
+
+    @property
+    def memory_knob(self) -> str:
+        """The memory flag kneecap moves: spec.engine.memoryKnob, or for an adopted Deployment the
+        one its argv sets (--kv-cache-memory-bytes overrides the utilisation in vLLM)."""
+        if self.engine is not None:
+            return self.engine.memory_knob
+        return self.target_memory_knob or "gpuMemoryUtilization"
 
     @property
     def disaggregated(self) -> bool:
@@ -297,6 +322,15 @@ def _accelerator_gpu(acc: Mapping) -> GPU:
         raise InputError("spec.accelerator.type", str(exc).split(": ", 1)[-1]) from None
 
 
+def _targets(ref: Mapping | None) -> tuple[TargetRef, ...]:
+    """spec.targetRef (validated: name, or prefill and decode) as one TargetRef per pool."""
+    if ref is None:
+        return ()
+    if "name" in ref:
+        return (TargetRef("server", ref["name"], ref.get("container")),)
+    return tuple(TargetRef(role, ref[role]["name"], ref[role].get("container")) for role in ("prefill", "decode"))
+
+
 def parse_spec(raw: Mapping | None, config_map: Mapping | None = None) -> LLMDeploymentSpec:
     """Default, validate and parse `.spec` of an LLMDeployment. Raises InputError(field path).
 
@@ -307,18 +341,19 @@ def parse_spec(raw: Mapping | None, config_map: Mapping | None = None) -> LLMDep
     s = apply_schema(raw, spec_schema(), "spec")
     arch = _model_arch(s["model"], config_map)
     gpu = _accelerator_gpu(s["accelerator"])
-    c, e, t = s["control"], s["engine"], s["topology"]
+    c, e, t = s["control"], s.get("engine"), s["topology"]
     window_s = parse_duration_s(c["window"], "spec.control.window")
     kv = t.get("kvTransfer")
     return LLMDeploymentSpec(
         model=ModelSpec(s["model"]["name"], arch, s["model"].get("servedModelName"),
                         config_map_ref(s) if "configMapRef" in s["model"] else None),
         accelerator=AcceleratorSpec(gpu.key, s["accelerator"]["count"], float(s["accelerator"]["costPerHour"]), gpu),
-        engine=EngineSpec(
+        engine=None if e is None else EngineSpec(
             image=e["image"], port=e["port"], max_num_seqs=e["maxNumSeqs"],
             gpu_memory_utilization=float(e["gpuMemoryUtilization"]), memory_knob=e["memoryKnob"],
             command=tuple(e["command"]), extra_args=tuple(e["extraArgs"]), env=tuple(e["env"]),
             resources=e["resources"], pod_annotations=e["podAnnotations"]),
+        targets=_targets(s.get("targetRef")),
         topology=TopologySpec(
             mode=t["mode"], replicas_managed_by=t["replicasManagedBy"],
             replicas=PoolBounds(**t["replicas"]), prefill=PoolBounds(**t["prefill"]),

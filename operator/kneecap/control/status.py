@@ -20,7 +20,8 @@ SLO_MET = "SLOMet"
 DEGRADED = "Degraded"
 CONFLICT = "Conflict"  # an object kneecap would own exists and is someone else's
 API_ERROR = "ApiError"  # an API write of the operator failed (status True until writes succeed again)
-CONDITION_TYPES = (READY, CALIBRATED, SLO_MET, DEGRADED, CONFLICT, API_ERROR)
+ADVISORY = "Advisory"  # spec.targetRef: a target kneecap may not write to (another controller's): it advises only
+CONDITION_TYPES = (READY, CALIBRATED, SLO_MET, DEGRADED, CONFLICT, API_ERROR, ADVISORY)
 
 
 def iso(t_s: float) -> str:

@@ -47,27 +47,42 @@ def get_flag(argv: list[str], flag: str) -> str | None:
     return value
 
 
-def set_flag(argv: list[str], flag: str, value) -> list[str]:
-    """argv with every spelling of `flag` removed and one canonical `--flag=value` in its place."""
+def _edited(argv: list[str], flag: str, value, keep_spelling: bool) -> list[tuple[int | None, str]]:
+    """argv with `flag` set to `value`, each token with the index it came from (None: new).
+
+    Every occurrence of the flag goes; one setting takes the place of the first (or is
+    appended): canonical ``--flag=value``, or with ``keep_spelling`` the first occurrence as
+    it was written (``--max_num_seqs 256`` -> ``--max_num_seqs 64``), only its value changed."""
     want = canonical_flag(flag)
-    out: list[str] = []
-    insert_at = None
+    out: list[tuple[int | None, str]] = []
+    placed = False
     i = 0
     while i < len(argv):
         tok = argv[i]
-        if _flag_of(tok) == want:
-            if insert_at is None:
-                insert_at = len(out)
-            i += 1 if "=" in tok else 2
+        if _flag_of(tok) != want:
+            out.append((i, tok))
+            i += 1
             continue
-        out.append(tok)
-        i += 1
-    item = f"{want}={value}"
-    if insert_at is None:
-        out.append(item)
-    else:
-        out.insert(insert_at, item)
+        if not placed:
+            placed = True
+            if not keep_spelling:
+                out.append((i, f"{want}={value}"))
+            elif "=" in tok:
+                out.append((i, f"{tok.split('=', 1)[0]}={value}"))
+            elif i + 1 < len(argv):
+                out += [(i, tok), (i + 1, str(value))]
+            else:
+                out.append((i, f"{tok}={value}"))
+        i += 1 if "=" in tok else 2
+    if not placed:
+        out.append((None, f"{want}={value}"))
     return out
+
+
+def set_flag(argv: list[str], flag: str, value, *, keep_spelling: bool = False) -> list[str]:
+    """argv with every spelling of `flag` removed and one `--flag=value` in its place
+    (``keep_spelling``: the first occurrence as written, with the new value)."""
+    return [tok for _, tok in _edited(argv, flag, value, keep_spelling)]
 
 
 def remove_flag(argv: list[str], flag: str) -> list[str]:
@@ -138,6 +153,17 @@ def container_flag(container: dict, flag: str) -> str | None:
     return get_flag(read_argv(container).argv, flag)
 
 
-def set_container_flag(container: dict, flag: str, value) -> dict:
-    """A copy of `container` with `flag` set canonically, in the container's own shape."""
-    return write_argv(container, set_flag(read_argv(container).argv, flag, value))
+def set_container_flag(container: dict, flag: str, value, *, keep_spelling: bool = False) -> dict:
+    """A copy of `container` with `flag` set, in the container's own shape (``keep_spelling``:
+    see :func:`set_flag`). With the argv split between ``command`` and ``args``, each token
+    stays on its side (a new one goes to the end of ``args``)."""
+    ca = read_argv(container)
+    if ca.shape != "args":
+        return write_argv(container, set_flag(ca.argv, flag, value, keep_spelling=keep_spelling))
+    n = len(container.get("command") or [])
+    edited = _edited(ca.argv, flag, value, keep_spelling)
+    out = copy.deepcopy(container)
+    if n:
+        out["command"] = [tok for src, tok in edited if src is not None and src < n]
+    out["args"] = [tok for src, tok in edited if src is None or src >= n]
+    return out

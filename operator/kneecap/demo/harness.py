@@ -50,6 +50,7 @@ from kneecap.sim.server import SIM_TIME_HEADER
 
 NS = "demo"
 NAME = "opt"
+USER_DEPLOYMENT = "opt-serving"  # --adopt: the Deployment a user's chart made, which kneecap tunes
 GIB = 1024**3
 TWIN_POLL_S = 0.1  # wall seconds between reads of each twin's clock
 LOAD_START_S = 300.0  # wall seconds a load process may take to start (a busy machine is slow)
@@ -83,6 +84,7 @@ class DemoConfig:
     observation_history: int = 40
     seed: int = 0
     tick_s: float = 0.25  # wall seconds between the operator's timer wake-ups
+    adopt: bool = False  # tune a user's existing Deployment (spec.targetRef) instead of running kneecap's own
 
     def check(self) -> None:
         for name in ("rate_rps", "input_mean", "output_mean", "duration_s", "time_scale", "interval_s"):
@@ -109,19 +111,51 @@ class DemoConfig:
         return self.warmup_intervals * self.interval_s
 
 
+def served_deployment(cfg: DemoConfig) -> str:
+    """The Deployment whose pods serve: the user's (--adopt) or kneecap's own."""
+    return USER_DEPLOYMENT if cfg.adopt else NAME
+
+
+def user_deployment(cfg: DemoConfig, namespace: str = NS) -> dict:
+    """--adopt: a plain vLLM Deployment as a user's Helm chart would make it (its own labels, a
+    GPU toleration, a model-cache volume, its own args with its own --max-num-seqs), made
+    before kneecap is told about it."""
+    selector = {"app": "opt", "release": USER_DEPLOYMENT}
+    labels = {**selector, "chart": "vllm-0.3.1", "heritage": "Helm"}
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": USER_DEPLOYMENT, "namespace": namespace, "labels": labels},
+        "spec": {"replicas": 1, "selector": {"matchLabels": selector}, "template": {
+            "metadata": {"labels": labels, "annotations": {"prometheus.io/scrape": "true"}},
+            "spec": {
+                "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                "volumes": [{"name": "model-cache", "emptyDir": {"sizeLimit": "40Gi"}}],
+                "containers": [{
+                    "name": "vllm", "image": "vllm/vllm-openai:v0.11.0", "command": ["vllm", "serve"],
+                    "args": [cfg.model, "--port", "8000", "--max-num-seqs", str(cfg.max_num_seqs),
+                             "--gpu-memory-utilization", f"{cfg.gpu_memory_utilization:g}", "--seed", str(cfg.seed)],
+                    "env": [{"name": "HF_HOME", "value": "/models"}],
+                    "ports": [{"name": "http", "containerPort": 8000}],
+                    "volumeMounts": [{"name": "model-cache", "mountPath": "/models"}],
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}}
+
+
 def llmdeployment(cfg: DemoConfig, name: str = NAME, namespace: str = NS) -> dict:
-    """The one LLMDeployment the demo applies (enforce mode, one replica). The window is a little
-    shorter than the interval, so every control tick closes one (one observation per interval)."""
+    """The one LLMDeployment the demo applies (enforce mode, one replica): kneecap's own pods, or
+    with --adopt the user's Deployment (spec.targetRef). The window is a little shorter than the
+    interval, so every control tick closes one (one observation per interval)."""
     slo = {k: v for k, v in (("tpotSeconds", cfg.slo_tpot_s), ("e2eSeconds", cfg.slo_e2e_s)) if v}
     model = {"name": cfg.model, **({"architecture": cfg.architecture} if cfg.architecture else {})}
+    pods = ({"targetRef": {"name": USER_DEPLOYMENT}} if cfg.adopt else
+            {"engine": {"image": "vllm/vllm-openai:v0.11.0", "maxNumSeqs": cfg.max_num_seqs,
+                        "gpuMemoryUtilization": cfg.gpu_memory_utilization, "extraArgs": []}})
     return {
         "apiVersion": "kneecap.io/v1alpha1", "kind": "LLMDeployment",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "model": model,
             "accelerator": {"type": cfg.gpu},
-            "engine": {"image": "vllm/vllm-openai:v0.11.0", "maxNumSeqs": cfg.max_num_seqs,
-                       "gpuMemoryUtilization": cfg.gpu_memory_utilization, "extraArgs": []},
+            **pods,
             "topology": {"mode": "colocated", "replicas": {"min": 1, "max": 1}},
             "slo": slo,
             "batching": {"efficiencyFloor": cfg.efficiency_floor},
@@ -224,6 +258,8 @@ class DemoResult:
     twin_time_ratio: float  # twin seconds per time_scale × wall second while the load ran (1: on time)
     twin_behind_s: float  # simulated seconds the twins lost against time_scale × the wall clock
     summary: dict = field(default_factory=dict)
+    user_deployment: dict | None = None  # --adopt: the user's Deployment as created, before kneecap saw it
+    objects: dict = field(default_factory=dict)  # names of the Deployments and Services at the end
 
     def to_json(self) -> dict:
         return {"config": asdict(self.config), "summary": self.summary, "rows": [asdict(r) for r in self.rows],
@@ -379,15 +415,22 @@ async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: TwinClock,
         on_endpoints(urls)
 
     router = await Router(clock=clock).start()
+    from kneecap.control.spec import parse_spec
+
+    spec = parse_spec(llmdeployment(cfg)["spec"])
     kubelet = Kubelet(kube, NS, cfg.time_scale, on_endpoints=endpoints,
-                      drain=router.drain, log_dir=log_dir, clock=clock)
+                      drain=router.drain, log_dir=log_dir, clock=clock,
+                      unowned=(spec.model.architecture.key, spec.accelerator.type) if cfg.adopt else None)
     stop = asyncio.Event()
     kubelet_task = asyncio.create_task(kubelet.run(stop))
     follow_task = asyncio.create_task(_follow_twins(clock, router, stop))
     rows: list[IntervalRow] = []
+    user = None
     try:
-        kube_create = asyncio.to_thread(kube.create, LLMD, llmdeployment(cfg))
-        await kube_create
+        if cfg.adopt:  # the user's Deployment serves first; kneecap is pointed at it once it does
+            user = await asyncio.to_thread(kube.create, DEPLOY, user_deployment(cfg))
+        else:
+            await asyncio.to_thread(kube.create, LLMD, llmdeployment(cfg))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 120
         while not router.endpoints:  # the first pod is up
@@ -396,6 +439,8 @@ async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: TwinClock,
             if loop.time() > deadline:
                 raise RuntimeError(f"no pod became ready: {kubelet.events}")
             await asyncio.sleep(0.1)
+        if cfg.adopt:
+            await asyncio.to_thread(kube.create, LLMD, llmdeployment(cfg))
         t0 = clock()
         started = asyncio.Event()
         lag = None
@@ -407,7 +452,7 @@ async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: TwinClock,
             if lag is not None:
                 lag.check()
             st_obj, dep = await asyncio.gather(asyncio.to_thread(kube.get, LLMD, NS, NAME),
-                                               asyncio.to_thread(kube.get, DEPLOY, NS, NAME))
+                                               asyncio.to_thread(kube.get, DEPLOY, NS, served_deployment(cfg)))
             st = (st_obj or {}).get("status") or {}
             stamp = (st.get("lastDecision") or {}).get("time"), len(st.get("observations") or [])
             if st.get("lastDecision") and dep and stamp != last:
@@ -426,7 +471,7 @@ async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: TwinClock,
         await kubelet_task
         await follow_task
         await router.stop()
-    return rows, report, kubelet, ratio, behind
+    return rows, report, kubelet, ratio, behind, user
 
 
 def run_demo(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = lambda row: None,
@@ -452,17 +497,19 @@ def run_demo(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = lambda row
         op = OperatorThread(kube.url, NS, clock=clock, tick_s=cfg.tick_s, metrics=metrics,
                             scrape=twin_time_scrape(clock)).start()
         try:
-            rows, report, kubelet, ratio, behind = asyncio.run(_main(cfg, kube, clock, on_row, on_warning, log_dir,
-                                                                     on_endpoints))
+            rows, report, kubelet, ratio, behind, user = asyncio.run(
+                _main(cfg, kube, clock, on_row, on_warning, log_dir, on_endpoints))
         finally:
             op.stop()
         llmd_obj = kube.get(LLMD, NS, NAME)
-        deploy = kube.get(DEPLOY, NS, NAME)
-        history = [v for v in kube.history(DEPLOY, NS, NAME) if v is not None]
+        deploy = kube.get(DEPLOY, NS, served_deployment(cfg))
+        history = [v for v in kube.history(DEPLOY, NS, served_deployment(cfg)) if v is not None]
+        objects = {r: sorted(o["metadata"]["name"] for o in kube.list(r, NS)) for r in (DEPLOY, "v1/services")}
     load = {k: v for k, v in report.items() if k != "records"}
     res = DemoResult(cfg, rows, llmd_obj, deploy, history, sum(kubelet.restarts.values()),
                      sum(kubelet.started.values()), copy.deepcopy(kubelet.events), load,
-                     time.monotonic() - wall0, op.metrics.exposition().decode(), ratio, behind)
+                     time.monotonic() - wall0, op.metrics.exposition().decode(), ratio, behind,
+                     user_deployment=user, objects=objects)
     from kneecap.demo.report import summarize
 
     res.summary = summarize(res)

@@ -1,4 +1,5 @@
-"""A kubelet shim: runs one `kneecap twin` process per pod of each kneecap-owned Deployment.
+"""A kubelet shim: runs one `kneecap twin` process per pod of each kneecap-owned Deployment (and,
+given `unowned`, of every other Deployment in the namespace: a user's that kneecap adopts).
 
 What a cluster would do for the demo, on one machine: for every Deployment labelled
 ``app.kubernetes.io/managed-by=kneecap`` it keeps ``spec.replicas`` twin processes whose
@@ -143,6 +144,9 @@ class Kubelet:
     start_timeout_s: float = 60.0
     log_dir: Path | None = None
     clock: Callable | None = None  # a kneecap.demo.clock.TwinClock: twins start on it; it holds while they do
+    # (model shape, GPU) of the pods of Deployments no LLMDeployment owns (a user's, which kneecap
+    # adopts through spec.targetRef); None: only kneecap's own Deployments run
+    unowned: tuple[str, str] | None = None
     pods: dict[str, PodProc] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)  # deployment -> pods replaced
     started: dict[str, int] = field(default_factory=dict)  # deployment -> twin processes started
@@ -165,7 +169,7 @@ class Kubelet:
 
     async def sync(self) -> None:
         deploys = await asyncio.to_thread(self.kube.list, DEPLOY, self.namespace,
-                                          f"app.kubernetes.io/managed-by={M.MANAGER}")
+                                          None if self.unowned else f"app.kubernetes.io/managed-by={M.MANAGER}")
         live = {d["metadata"]["name"] for d in deploys}
         for d in deploys:
             await self._sync_deployment(d)
@@ -178,6 +182,8 @@ class Kubelet:
     # ------------------------------------------------------------ one Deployment
     async def _owner(self, d: dict) -> tuple[str, str]:
         ref = next((r for r in d["metadata"].get("ownerReferences") or [] if r.get("kind") == "LLMDeployment"), None)
+        if ref is None and self.unowned is not None:
+            return self.unowned
         if ref is None:
             raise RuntimeError(f"Deployment {d['metadata']['name']} has no LLMDeployment owner")
         if ref["uid"] not in self._owners:

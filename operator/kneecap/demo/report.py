@@ -87,7 +87,34 @@ def summarize(res) -> dict:
         "time_scale": cfg.time_scale,
         "twin_time_ratio": round(res.twin_time_ratio, 3), "twin_behind_s": round(res.twin_behind_s, 1),
         "twins_fell_behind": res.twin_time_ratio < BEHIND_RATIO,
+        **adopted_summary(res),
     }
+
+
+def _written(deploy: dict) -> tuple:
+    """What a write to a Deployment's object (not its status) can change."""
+    meta = deploy["metadata"]
+    return deploy["spec"], meta.get("labels"), meta.get("annotations"), meta.get("ownerReferences")
+
+
+def adopted_summary(res) -> dict:
+    """--adopt: what kneecap changed in the user's Deployment, read from its stored versions: the
+    paths of its pod template that differ from the version the user created (all of them, and
+    those left once the flags kneecap tunes are taken out: none, when it kept to its flags)."""
+    if res.user_deployment is None:
+        return {}
+    from kneecap.control import target as T
+
+    container = T.find_container(res.user_deployment, None)["name"]
+    first, last = res.user_deployment["spec"]["template"], res.deployment["spec"]["template"]
+    return {"adopted_deployment": res.user_deployment["metadata"]["name"],
+            "adopted_container": container,
+            "adopted_writes": sum(1 for a, b in zip(res.deployment_history, res.deployment_history[1:])
+                                  if _written(a) != _written(b)),
+            "adopted_template_changed_paths": T.changed_paths(first, last),
+            "adopted_unmanaged_changed_paths": T.changed_paths(T.without_tuned_flags(first, container),
+                                                               T.without_tuned_flags(last, container)),
+            "adopted_owner_references": res.deployment["metadata"].get("ownerReferences") or []}
 
 
 def _f(v, fmt: str, none: str = "-") -> str:
@@ -118,8 +145,23 @@ def summary_text(s: dict) -> str:
         f"  SLO          {_f(att and att * 100, '.0f')}% of {s['slo_intervals']} intervals after convergence met"
         f" (TPOT {_f(s['slo_tpot_s'], 'g')}s, ITL p95 {_f(s['itl_p95_converged_s'] and s['itl_p95_converged_s'] * 1e3, '.1f')} ms)",
         f"  restarts     {s['restarts']} pod restart(s)",
+        *adopted_lines(s),
         twin_time_line(s),
     ])
+
+
+def adopted_lines(s: dict) -> list[str]:
+    if "adopted_deployment" not in s:
+        return []
+    unmanaged = s["adopted_unmanaged_changed_paths"]
+    owners = "no ownerReference" if not s["adopted_owner_references"] else "ownerReferences PRESENT"
+    return [f"  adopted      Deployment {s['adopted_deployment']} (the user's): {s['adopted_writes']} patch(es), "
+            f"{owners}",
+            f"  pod template changed only at {', '.join(s['adopted_template_changed_paths']) or 'nothing'}"
+            f" (the managed flags of container {s['adopted_container']})" if not unmanaged else
+            f"  pod template CHANGED OUTSIDE THE MANAGED FLAGS at {', '.join(unmanaged)}",
+            "  every other field of its pod template (labels, toleration, volume, env, mounts, other args) "
+            + ("is unchanged" if not unmanaged else "is NOT unchanged")]
 
 
 def twin_time_line(s: dict) -> str:
