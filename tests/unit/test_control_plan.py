@@ -18,7 +18,9 @@ NOW = 1_800_000_000.0
 WINDOW = 60.0
 RAW = {"model": {"name": "meta-llama/Llama-2-7b-hf"}, "accelerator": {"type": "h100-64gb"},
        "engine": {"image": "vllm", "maxNumSeqs": 32},
-       "control": {"mode": "enforce", "interval": "30s", "window": "60s", "cooldown": "600s", "minObservations": 3}}
+       # one replica: a restart is downtime, allowed here (the restart table below holds it by default)
+       "control": {"mode": "enforce", "interval": "30s", "window": "60s", "cooldown": "600s", "minObservations": 3,
+                   "allowDowntime": True}}
 SPEC = parse_spec(RAW)
 OWNER = {"apiVersion": "kneecap.io/v1alpha1", "kind": "LLMDeployment",
          "metadata": {"name": "llm", "namespace": "serving", "uid": "u1", "generation": 2}}

@@ -177,6 +177,10 @@ MALFORMED = [
     ({"engine.maxNumSeqs": 2000}, "spec.engine.maxNumSeqs"),
     ({"batching": {"minMaxNumSeqs": 9, "maxMaxNumSeqs": 8}, "engine.maxNumSeqs": 8}, "spec.batching.minMaxNumSeqs"),
     ({"engine.port": 0}, "spec.engine.port"),
+    ({"rollout": {"maxSurge": 0, "maxUnavailable": "0%"}}, "spec.rollout.maxUnavailable"),  # no pod could move
+    ({"rollout": {"maxSurge": "a lot"}}, "spec.rollout.maxSurge"),
+    ({"rollout": {"maxUnavailable": -1}}, "spec.rollout.maxUnavailable"),
+    ({"control.allowDowntime": "yes"}, "spec.control.allowDowntime"),
 ]
 WELL_FORMED = [
     {"engine.extraArgs": ["--max-model-len", "4096", "--enable-prefix-caching", "-tp", "2", "--"]},
@@ -186,6 +190,7 @@ WELL_FORMED = [
     {"engine.command": ["python", "-m", "vllm.entrypoints.openai.api_server"]},
     {"control.minObservations": 24, "control.maxObservationAge": "90s"},
     {"model.name": "/models/llama-3.1-8b"},
+    {"rollout": {"maxSurge": "25%", "maxUnavailable": 0}, "control.allowDowntime": True},
 ]
 
 
@@ -235,7 +240,7 @@ def test_well_formed_specs_are_accepted_by_both(api, i):
 def test_every_cel_rule_is_in_the_malformed_table():
     tested = {re.sub(r"\[\d+\]", "[]", f) for _, f in MALFORMED}
     rules = _cel_fields(S.spec_schema())
-    assert len(rules) == 9 and rules <= tested, rules - tested
+    assert len(rules) == 11 and rules <= tested, rules - tested
 
 
 def test_managed_flag_message_names_the_flag():

@@ -18,6 +18,7 @@ could not be written (merged into the next write).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -26,7 +27,7 @@ from typing import Awaitable, Callable
 
 import aiohttp
 
-from kneecap.control import manifests as M, plan as P, reconcile as R
+from kneecap.control import manifests as M, plan as P, reconcile as R, restart
 from kneecap.control.informer import ApiReads
 from kneecap.control.kube import ApiError, ApiFailure, KubeClient, deployments_path
 from kneecap.control.metrics import OperatorMetrics
@@ -148,13 +149,15 @@ async def observe_window(ctx: LoopContext, mem: LoopMemory, spec: LLMDeploymentS
 
 async def observe_pool(ctx: LoopContext, mem: LoopMemory, ns: str, name: str, spec: LLMDeploymentSpec,
                        state: R.PoolState) -> P.PoolWindow:
-    """The pool's window from its ready pods' scrapes."""
+    """The pool's window from its ready pods' scrapes, with their creation → Ready times (the
+    pool's restart cost)."""
     try:
         pods = await R.ready_pods(ctx.reader, ns, name, state.pool.role)
     except API_EXCEPTIONS as exc:
         return P.PoolWindow(state.pool.role, state, P.NO_PODS, f"pods not read: {ApiFailure.of(exc)}")
-    return await observe_window(ctx, mem, spec, state, [u for u in (R.metrics_url(p, spec.engine.port)
-                                                                    for p in pods) if u])
+    window = await observe_window(ctx, mem, spec, state, [u for u in (R.metrics_url(p, spec.engine.port)
+                                                                      for p in pods) if u])
+    return dataclasses.replace(window, start_to_ready_s=tuple(restart.start_to_ready_s(pods)))
 
 
 async def _live_pools(ctx: LoopContext, owner: dict, spec: LLMDeploymentSpec) -> list[R.PoolState]:

@@ -21,7 +21,8 @@ from typing import Sequence
 
 import numpy as np
 
-from kneecap.control import applied as A, decide, manifests as M, policy, reconcile as R, status as St
+from kneecap.control import applied as A, cudagraph, decide, manifests as M, policy, reconcile as R, restart
+from kneecap.control import status as St
 from kneecap.control.kube import ApiFailure
 from kneecap.control.metrics import CURVE_BATCHES
 from kneecap.control.spec import LLMDeploymentSpec
@@ -54,6 +55,7 @@ class PoolWindow:
     message: str = ""
     observation: Observation | None = None
     scrape_errors: int = 0  # failed scrapes this tick
+    start_to_ready_s: tuple[float, ...] = ()  # the Ready pods' creation → Ready times (restart.start_to_ready_s)
 
 
 @dataclass(frozen=True)
@@ -306,13 +308,13 @@ class _Tick:
         self.conds = St.set_condition(self.conds, type_, ok, reason, message, self.g.generation, self.now_s)
 
     def decision(self, reason: str, message: str, etype: str = "Normal", action: str = policy.HOLD,
-                 target: M.EngineSettings | None = None) -> dict:
+                 target: M.EngineSettings | None = None, restart_cost: dict | None = None) -> dict:
         """Status, metrics and an Event for a decision. The Event is posted when the decision
         differs from the previous one (reason or target), so a steady hold does not flood the
         namespace."""
         self.m.inc("decisions", *self.labels, reason)
         d = St.compact({"action": action, "reason": reason, "message": message[:900], "time": St.iso(self.now_s),
-                        "target": settings_status(target) if target else None})
+                        "target": settings_status(target) if target else None, "restart": restart_cost})
         self.out["lastDecision"] = d
         prev = self.status.get("lastDecision") or {}
         if reason == "Applied" or prev.get("reason") != reason or prev.get("target") != d.get("target"):
@@ -448,16 +450,20 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float) -> Pl
         now_s=now_s, last_applied_s=A.last_applied_s(applied, records.values()),
         rollout_in_progress=any(s.rollout_in_progress for s in states),
         n_observations=len(observations), scrape_ok=True, fit_ok=cal_out.ok, fit_message=cal_out.message,
-        replicas_external=external)
+        replicas_external=external, restart=_restart_cost(t, pools[role], latest))
+    engine = M.vllm_container(pools[role].deployment)
+    round_cap = None if cudagraph.eager(engine) else (
+        lambda cap: cudagraph.round_cap(cap, spec.batching.min_max_num_seqs, spec.batching.max_max_num_seqs))
     d = policy.guard(cur, policy.Proposal(r.settings, r.throughput_gain, r.memory_gain), spec.control,
                      spec.batching, M.pool_bounds(spec, role), state,
-                     memory_for_cap=lambda cap: decide.memory_for_cap(spec, latest, cap)[:2])
+                     memory_for_cap=lambda cap: decide.memory_for_cap(spec, latest, cap)[:2], round_cap=round_cap)
     if d.action == policy.APPLY and spec.enforce:
         _apply_primary(t, pools[role], d, cur, external)
     elif d.action == policy.APPLY:
-        t.decision("Advised", "advise mode, not applied: " + d.message, action=d.action, target=d.target)
+        t.decision("Advised", "advise mode, not applied: " + d.message, action=d.action, target=d.target,
+                   restart_cost=d.restart)
     else:
-        t.decision(d.reason, d.message, action=d.action, target=d.target)
+        t.decision(d.reason, d.message, action=d.action, target=d.target, restart_cost=d.restart)
     if spec.disaggregated and r.allocation.get("prefillReplicas") and "prefill" in pools:
         _prefill_replicas(t, pools["prefill"], int(r.allocation["prefillReplicas"]), state)
     return t.finish()
@@ -559,7 +565,7 @@ def _apply_primary(t: _Tick, pool: R.PoolState, d: policy.Decision, cur: M.Engin
     rollback = {"applied": t.out["applied"]}
     t.out["applied"] = {**record, "pool": role}
     decisions_before = len(t.m.updates), len(t.events)
-    t.decision("Applied", d.message, action=d.action, target=d.target)
+    t.decision("Applied", d.message, action=d.action, target=d.target, restart_cost=d.restart)
     # the decision's Event and counter follow the patch: on failure the hold is recorded instead
     metrics = t.m.updates[decisions_before[0]:]
     events = t.events[decisions_before[1]:]
@@ -596,6 +602,33 @@ def _prefill_replicas(t: _Tick, pre: R.PoolState, want: int, state: policy.Guard
              MetricUpdate("inc", "decisions", (*labels, "Applied"), 1.0))))
     else:
         alloc["prefillDecision"] = decision
+
+
+def _restart_cost(t: _Tick, pool: R.PoolState, obs: Observation) -> restart.RestartCost:
+    """The pool's restart cost: this tick's creation → Ready measurement (kept in
+    ``status.restartCost``), else the last one kept, else the model (weights / load bandwidth +
+    start-up); the window's throughput; the live Deployment's rollout."""
+    from kneecap.model.arch import get_arch
+
+    role = pool.pool.role
+    kept = dict(t.status.get("restartCost") or {})
+    window = next((p for p in t.g.pools if p.role == role), None)
+    measured = restart.pool_restart_s(list(window.start_to_ready_s)) if window else None
+    if measured is not None:
+        kept[role] = {"seconds": round(measured, 1), "source": restart.MEASURED, "time": St.iso(t.now_s)}
+        t.out["restartCost"] = kept
+    last = kept.get(role) or {}
+    try:
+        seconds, source = float(last["seconds"]), restart.MEASURED
+        if not (seconds > 0 and np.isfinite(seconds)):
+            raise ValueError(seconds)
+    except (KeyError, TypeError, ValueError):
+        seconds = restart.modelled_restart_s(get_arch(t.spec.model.architecture).weight_bytes
+                                               / max(t.spec.accelerator.count, 1))  # each GPU loads its shard
+        source = restart.MODELLED
+    return restart.RestartCost(seconds, source, obs.prompt_tok_s + obs.generation_tok_s, pool.settings.replicas,
+                               t.spec.control.cooldown_s, restart.leaves_no_ready_pod(pool.deployment),
+                               t.spec.control.released_memory_value)
 
 
 def _replicas(spec, cal, obs):

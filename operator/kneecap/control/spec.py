@@ -169,6 +169,16 @@ class ControlSpec:
     observation_history: int
     max_fit_error: float
     max_observation_age_s: float  # spec.control.maxObservationAge, else 3 x window_s
+    allow_downtime: bool = False  # apply a restart that leaves the pool without a Ready pod
+    released_memory_value: float = 1.0  # a released memory fraction's worth against a restart (restart.py)
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """The RollingUpdate of the Deployments kneecap owns (int or percentage, as Kubernetes takes them)."""
+
+    max_surge: int | str = 0
+    max_unavailable: int | str = 1
 
 
 @dataclass(frozen=True)
@@ -181,6 +191,7 @@ class LLMDeploymentSpec:
     batching: BatchingSpec
     max_cost_per_hour: float | None
     control: ControlSpec
+    rollout: RolloutSpec = field(default_factory=RolloutSpec)
 
     @property
     def disaggregated(self) -> bool:
@@ -258,5 +269,7 @@ def parse_spec(raw: Mapping | None) -> LLMDeploymentSpec:
             max_step_factor=float(c["maxStepFactor"]), hysteresis=float(c["hysteresis"]),
             observation_history=c["observationHistory"], max_fit_error=float(c["maxFitError"]),
             max_observation_age_s=(parse_duration_s(c["maxObservationAge"], "spec.control.maxObservationAge")
-                                   if "maxObservationAge" in c else 3 * window_s)),
+                                   if "maxObservationAge" in c else 3 * window_s),
+            allow_downtime=bool(c["allowDowntime"]), released_memory_value=float(c["releasedMemoryValue"])),
+        rollout=RolloutSpec(s["rollout"]["maxSurge"], s["rollout"]["maxUnavailable"]),
     )
