@@ -132,7 +132,7 @@ def guard(
                  f"{current.gpu_memory_utilization:g}->{target.gpu_memory_utilization:g} is inside the "
                  f"{control.hysteresis:.0%} hysteresis band")
     gain = max(proposal.throughput_gain, proposal.memory_gain)
-    if gain < control.min_improvement and target.replicas == current.replicas:
+    if gain < control.min_improvement and target.replicas == current.replicas and not proposal.restores_slo:
         return d(HOLD, "BelowMinImprovement",
                  f"predicted gain {gain:.1%} (throughput {proposal.throughput_gain:+.1%}, memory released "
                  f"{proposal.memory_gain:.1%}) < minImprovement {control.min_improvement:.1%}")
