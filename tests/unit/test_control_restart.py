@@ -31,9 +31,9 @@ def _cost(restart_s=40.0, pool_tok_s=8000.0, pods=4, horizon_s=300.0, downtime=F
     return restart.RestartCost(restart_s, restart.MEASURED, pool_tok_s, pods, horizon_s, downtime, memory_value)
 
 
-def _guard(target, gain, mem=0.0, cost=None, spec=None, cur=CUR, restores_slo=False):
+def _guard(target, gain, mem=0.0, cost=None, spec=None, cur=CUR):
     spec = spec or _spec(allowDowntime=False)
-    return policy.guard(cur, policy.Proposal(target, gain, mem, restores_slo), spec.control, spec.batching,
+    return policy.guard(cur, policy.Proposal(target, gain, mem), spec.control, spec.batching,
                         replace(spec.topology.replicas, min=1, max=8), replace(OK, restart=cost))
 
 
@@ -60,11 +60,6 @@ def test_a_replica_change_still_applies_alone_when_the_flags_are_held():
     d = _guard(EngineSettings(192, 0.7, None, 6), 0.05, cost=_cost())
     assert d.action == policy.APPLY and d.target == EngineSettings(256, 0.9, None, 6)
     assert "flags held (RestartNotWorthIt)" in d.message
-
-
-def test_a_change_that_restores_the_slo_is_applied_whatever_it_costs():
-    d = _guard(EngineSettings(128, 0.9, None, 4), -0.1, cost=_cost(), restores_slo=True)
-    assert d.action == policy.APPLY and "restores the SLO" in d.message and d.restart["gainTokens"] == 0
 
 
 def test_one_replica_without_surge_is_downtime_held_unless_the_spec_allows_it():

@@ -420,7 +420,7 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float) -> Pl
     pools = {p.role: p.state for p in g.pools}
     cur, external = pools[role].settings, pools[role].ownership.external
     try:
-        replicas, rbind, alloc = _replicas(spec, cal_out.calibration, latest)
+        replicas, rbind, alloc = _replicas(t, cal_out.calibration, latest, cur.replicas)
         r = decide.recommend(spec, role, cal_out.calibration, latest, cur,
                              replicas=replicas, replicas_binding=rbind, allocation=alloc)
     except Exception as exc:  # noqa: BLE001 - a model failure must not take the operator down
@@ -604,6 +604,26 @@ def _prefill_replicas(t: _Tick, pre: R.PoolState, want: int, state: policy.Guard
         alloc["prefillDecision"] = decision
 
 
+def stabilised_replicas(want: int, want_down: int, history, current: int, now_s: float,
+                        window_s: float) -> tuple[int, list]:
+    """(replicas, the scale-down history to keep). A pool grows to ``want`` at once; it shrinks
+    only to the highest scale-down recommendation of the last ``window_s`` (the HPA's
+    scale-down stabilisation), each sized for the window's rate plus the hysteresis band (its
+    tolerance). ``history``: ``[[unixSeconds, replicas], ...]`` from status (garbage dropped)."""
+    kept = []
+    for e in history or []:
+        try:
+            t_s, n = float(e[0]), int(e[1])
+        except (TypeError, ValueError, IndexError):
+            continue
+        if 0.0 <= now_s - t_s < window_s:
+            kept.append([t_s, n])
+    kept.append([now_s, int(want_down)])
+    if want >= current:
+        return want, kept
+    return min(current, max(want, *(n for _, n in kept))), kept
+
+
 def _restart_cost(t: _Tick, pool: R.PoolState, obs: Observation) -> restart.RestartCost:
     """The pool's restart cost: this tick's creation → Ready measurement (kept in
     ``status.restartCost``), else the last one kept, else the model (weights / load bandwidth +
@@ -631,11 +651,21 @@ def _restart_cost(t: _Tick, pool: R.PoolState, obs: Observation) -> restart.Rest
                                t.spec.control.released_memory_value)
 
 
-def _replicas(spec, cal, obs):
+def _replicas(t: _Tick, cal, obs: Observation, current: int):
+    spec = t.spec
     if spec.disaggregated:
         alloc = decide.disaggregated_allocation(spec, cal, obs)
         return alloc["decodeReplicas"], "sara:" + str(alloc["binding"].get("decode", "")), alloc
     n, binding, alloc = decide.colocated_replicas(spec, cal, obs)
+    if alloc:  # GAUSS found λ*: outside the hysteresis band only, a scale-down stabilised (stabilised_replicas)
+        band = lambda f: decide.colocated_replicas(  # noqa: E731
+            spec, cal, dataclasses.replace(obs, request_rate_rps=obs.request_rate_rps * f))[0]
+        n_down = band(1.0 + spec.control.hysteresis)
+        if n > current:
+            n = max(current, band(1.0 / (1.0 + spec.control.hysteresis)))
+        n, t.out["scaleDownRecommendations"] = stabilised_replicas(
+            n, n_down, t.status.get("scaleDownRecommendations"), current, t.now_s, spec.control.cooldown_s)
+        alloc = {**alloc, "replicas": n}
     return n, "gauss:" + str(binding), alloc
 
 

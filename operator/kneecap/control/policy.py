@@ -8,8 +8,9 @@ moves at most ×maxStepFactor per step, its cap rounded down to a CUDA-graph cap
 change that restarts pods must pay for itself (:mod:`kneecap.control.restart`: tokens gained
 over the cooldown > tokens lost to the restart, else ``RestartNotWorthIt``) and must leave a
 Ready pod unless ``spec.control.allowDowntime`` (else ``RestartNeedsDowntime``); when either
-holds the flags, a replica change is still applied on its own (it restarts nothing). Every
-outcome carries a CamelCase reason and a message.
+holds the flags, a replica change is still applied on its own (it restarts nothing), and it
+does not wait for the cooldown either (the sizing rate already holds a scale-down for one:
+:func:`kneecap.control.plan.sizing_rate`). Every outcome carries a CamelCase reason and a message.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ class Proposal:
     settings: EngineSettings
     throughput_gain: float  # predicted relative throughput (or goodput) gain, e.g. 0.12
     memory_gain: float = 0.0  # relative GPU memory reservation released, e.g. 0.4
-    restores_slo: bool = False  # the live flags miss the SLO and these are predicted to meet it
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ def guard(
                  f"{current.gpu_memory_utilization:g}->{target.gpu_memory_utilization:g} is inside the "
                  f"{control.hysteresis:.0%} hysteresis band")
     gain = max(proposal.throughput_gain, proposal.memory_gain)
-    if gain < control.min_improvement and target.replicas == current.replicas and not proposal.restores_slo:
+    if gain < control.min_improvement and target.replicas == current.replicas:
         return d(HOLD, "BelowMinImprovement",
                  f"predicted gain {gain:.1%} (throughput {proposal.throughput_gain:+.1%}, memory released "
                  f"{proposal.memory_gain:.1%}) < minImprovement {control.min_improvement:.1%}")
@@ -140,7 +140,12 @@ def guard(
         return d(HOLD, "RolloutInProgress", "a rollout of the pool is still in progress")
     if state.last_applied_s is not None and state.now_s - state.last_applied_s < control.cooldown_s:
         left = control.cooldown_s - (state.now_s - state.last_applied_s)
-        return d(HOLD, "Cooldown", f"cooldown: {left:.0f}s left of {control.cooldown_s:.0f}s since the last change")
+        wait = f"cooldown: {left:.0f}s left of {control.cooldown_s:.0f}s since the last change"
+        if target.replicas != current.replicas:  # scaling restarts no pod: it does not wait (module docstring)
+            alone = replace(current, replicas=target.replicas)
+            return Decision(APPLY, "Recommended", f"replicas {current.replicas}->{alone.replicas}{note}; flag changes "
+                                                  f"wait ({wait})", alone, clamped, step_limited)
+        return d(HOLD, "Cooldown", wait)
     summary = (f"cap {current.max_num_seqs}->{target.max_num_seqs}, memory {current.gpu_memory_utilization:g}->"
                f"{target.gpu_memory_utilization:g}, replicas {current.replicas}->{target.replicas}; predicted "
                f"throughput {proposal.throughput_gain:+.1%}, memory released {proposal.memory_gain:.1%}{note}")
@@ -155,12 +160,11 @@ def guard(
         held = ("RestartNeedsDowntime",
                 f"applying restarts the pool's only serving pod: no pod serves for ~{rc.restart_s:.0f}s; set "
                 f"spec.control.allowDowntime, or spec.rollout.maxSurge ≥ 1 where a spare GPU exists ({summary})")
-    elif not proposal.restores_slo and record["gainTokens"] <= record["costTokens"]:
+    elif record["gainTokens"] <= record["costTokens"]:
         held = ("RestartNotWorthIt", f"the restart does not pay for itself: {numbers} ({summary})")
     if held is None:
-        why = "restores the SLO" if proposal.restores_slo else "pays for itself"
         downtime = f"; downtime ~{rc.restart_s:.0f}s (allowDowntime)" if rc.downtime else ""
-        return Decision(APPLY, "Recommended", f"{summary}; the restart {why}: {numbers}{downtime}", target, clamped,
+        return Decision(APPLY, "Recommended", f"{summary}; the restart pays for itself: {numbers}{downtime}", target, clamped,
                         step_limited, record)
     if target.replicas != current.replicas:  # a replica change alone restarts no pod
         alone = replace(current, replicas=target.replicas)
