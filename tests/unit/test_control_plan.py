@@ -241,3 +241,34 @@ def test_a_full_ring_drops_its_oldest_window_for_the_new_one(curve):
     got = [e["windowEndUnixSeconds"] for e in p.status["observations"]]
     assert got == [NOW - 60.0, NOW - 30.0, NOW]  # the oldest went, the tick's own window is last
     assert p.status["observations"][-1]["meanBatch"] == pytest.approx(float(curve[64]["batch"]), rel=1e-5)
+
+
+# ---------------------------------------------------------------- replica stabilisation (HPA semantics)
+
+@pytest.mark.parametrize("want,want_down,history,current,replicas,kept", [
+    (6, 6, [], 4, 6, 1),  # a scale-up at once
+    (2, 3, [[NOW - 100, 4], [NOW - 250, 5]], 4, 4, 3),  # a scale-down to the highest recommendation kept
+    (2, 3, [[NOW - 100, 3], [NOW - 400, 5]], 4, 3, 2),  # recommendations older than the window drop out
+    (2, 2, [[NOW - 10, "x"], "garbage", [NOW + 5, 9]], 4, 2, 1),  # unreadable or future entries are dropped
+])
+def test_a_scale_up_is_immediate_and_a_scale_down_waits_for_the_window(want, want_down, history, current,
+                                                                       replicas, kept):
+    n, hist = P.stabilised_replicas(want, want_down, history, current, NOW, 300.0)
+    assert n == replicas and len(hist) == kept and hist[-1] == [NOW, want_down]
+
+
+def test_a_replica_change_does_not_wait_for_the_cooldown_but_a_flag_change_does(curve):
+    status, ring = ring_status(curve)
+    applied = {"maxNumSeqs": 32, "gpuMemoryUtilization": 0.9, "replicas": 1, "time": St.iso(NOW - 60),
+               "reason": "Recommended", "restart": True}
+    obs = replace(observation(curve[32]), t_end_s=NOW, request_rate_rps=50.0)  # GAUSS wants more pods
+    spec = parse_spec({**RAW, "topology": {"replicas": {"min": 1, "max": 4}}})
+    p = P.plan(gathered(P.PoolWindow("server", live_pool(applied), P.OBSERVED, observation=obs), ring), status,
+               spec, NOW)
+    d = p.status["lastDecision"]
+    assert d["reason"] == "Applied" and d["target"]["maxNumSeqs"] == 32 and d["target"]["replicas"] > 1
+    assert "flag changes wait (cooldown: 540s left" in d["message"]
+    (patch,) = p.patches
+    assert patch.body["spec"]["replicas"] == d["target"]["replicas"]
+    live = live_pool(applied).deployment["spec"]["template"]["spec"]["containers"]
+    assert patch.body["spec"]["template"]["spec"]["containers"] == live  # the same template: no pod restarts
