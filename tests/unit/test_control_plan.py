@@ -246,15 +246,23 @@ def test_a_full_ring_drops_its_oldest_window_for_the_new_one(curve):
 # ---------------------------------------------------------------- replica stabilisation (HPA semantics)
 
 @pytest.mark.parametrize("want,want_down,history,current,replicas,kept", [
-    (6, 6, [], 4, 6, 1),  # a scale-up at once
-    (2, 3, [[NOW - 100, 4], [NOW - 250, 5]], 4, 4, 3),  # a scale-down to the highest recommendation kept
-    (2, 3, [[NOW - 100, 3], [NOW - 400, 5]], 4, 3, 2),  # recommendations older than the window drop out
-    (2, 2, [[NOW - 10, "x"], "garbage", [NOW + 5, 9]], 4, 2, 1),  # unreadable or future entries are dropped
+    (6, 6, [], 4, 6, [[NOW, 6, 1]]),  # a scale-up at once, kept for the cooldown
+    (2, 3, [[NOW - 50, 4], [NOW - 80, 5]], 4, 4, [[NOW - 50, 4], [NOW, 3]]),  # the highest of the window
+    (2, 3, [[NOW - 50, 3], [NOW - 100, 5]], 4, 3, [[NOW - 50, 3], [NOW, 3]]),  # older than the window: gone
+    (2, 2, [[NOW - 200, 4, 1]], 4, 4, [[NOW - 200, 4, 1], [NOW, 2]]),  # no scale-down within the cooldown of a scale-up
+    (2, 2, [[NOW - 10, "x"], "garbage", [NOW + 5, 9]], 4, 2, [[NOW, 2]]),  # unreadable or future entries dropped
 ])
 def test_a_scale_up_is_immediate_and_a_scale_down_waits_for_the_window(want, want_down, history, current,
                                                                        replicas, kept):
-    n, hist = P.stabilised_replicas(want, want_down, history, current, NOW, 300.0)
-    assert n == replicas and len(hist) == kept and hist[-1] == [NOW, want_down]
+    n, hist = P.stabilised_replicas(want, want_down, history, current, NOW, 60.0, 300.0)
+    assert n == replicas and hist == kept
+
+
+def test_the_scale_down_window_is_the_restart_time_within_three_windows_and_the_cooldown():
+    spec = parse_spec({**RAW, "control": {**RAW["control"], "interval": "15s", "cooldown": "300s"}})
+    assert P.scale_down_window_s(spec, 37.5) == 45.0  # three 15 s windows
+    assert P.scale_down_window_s(spec, 90.0) == 90.0  # a pod takes 90 s to come back
+    assert P.scale_down_window_s(spec, 900.0) == 300.0  # never beyond the cooldown
 
 
 def test_a_replica_change_does_not_wait_for_the_cooldown_but_a_flag_change_does(curve):

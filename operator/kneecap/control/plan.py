@@ -419,8 +419,9 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float) -> Pl
 
     pools = {p.role: p.state for p in g.pools}
     cur, external = pools[role].settings, pools[role].ownership.external
+    restart_cost = _restart_cost(t, pools[role], latest)
     try:
-        replicas, rbind, alloc = _replicas(t, cal_out.calibration, latest, cur.replicas)
+        replicas, rbind, alloc = _replicas(t, cal_out.calibration, latest, cur.replicas, restart_cost.restart_s)
         r = decide.recommend(spec, role, cal_out.calibration, latest, cur,
                              replicas=replicas, replicas_binding=rbind, allocation=alloc)
     except Exception as exc:  # noqa: BLE001 - a model failure must not take the operator down
@@ -450,7 +451,7 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float) -> Pl
         now_s=now_s, last_applied_s=A.last_applied_s(applied, records.values()),
         rollout_in_progress=any(s.rollout_in_progress for s in states),
         n_observations=len(observations), scrape_ok=True, fit_ok=cal_out.ok, fit_message=cal_out.message,
-        replicas_external=external, restart=_restart_cost(t, pools[role], latest))
+        replicas_external=external, restart=restart_cost)
     engine = M.vllm_container(pools[role].deployment)
     round_cap = None if cudagraph.eager(engine) else (
         lambda cap: cudagraph.round_cap(cap, spec.batching.min_max_num_seqs, spec.batching.max_max_num_seqs))
@@ -604,24 +605,36 @@ def _prefill_replicas(t: _Tick, pre: R.PoolState, want: int, state: policy.Guard
         alloc["prefillDecision"] = decision
 
 
-def stabilised_replicas(want: int, want_down: int, history, current: int, now_s: float,
-                        window_s: float) -> tuple[int, list]:
-    """(replicas, the scale-down history to keep). A pool grows to ``want`` at once; it shrinks
-    only to the highest scale-down recommendation of the last ``window_s`` (the HPA's
-    scale-down stabilisation), each sized for the window's rate plus the hysteresis band (its
-    tolerance). ``history``: ``[[unixSeconds, replicas], ...]`` from status (garbage dropped)."""
+def stabilised_replicas(want: int, want_down: int, history, current: int, now_s: float, window_s: float,
+                        cooldown_s: float) -> tuple[int, list]:
+    """(replicas, the history to keep in ``status.scaleDownRecommendations``).
+
+    A pool grows to ``want`` at once. It shrinks only to the highest scale-down recommendation
+    (sized for the rate plus the hysteresis band) of the last ``window_s``, and never within
+    ``cooldown_s`` of growing (a scale-up is kept in the history for the cooldown: no count is
+    left and taken again within it). ``history``: ``[[unixSeconds, replicas], ...]``, a third
+    element 1 marking a scale-up; unreadable entries are dropped."""
     kept = []
     for e in history or []:
         try:
-            t_s, n = float(e[0]), int(e[1])
+            t_s, n, up = float(e[0]), int(e[1]), len(e) > 2 and bool(e[2])
         except (TypeError, ValueError, IndexError):
             continue
-        if 0.0 <= now_s - t_s < window_s:
-            kept.append([t_s, n])
+        if 0.0 <= now_s - t_s < (cooldown_s if up else window_s):
+            kept.append([t_s, n, 1] if up else [t_s, n])
+    if want > current:
+        return want, kept + [[now_s, int(want), 1]]
     kept.append([now_s, int(want_down)])
-    if want >= current:
+    if want == current:
         return want, kept
-    return min(current, max(want, *(n for _, n in kept))), kept
+    return min(current, max(want, *(e[1] for e in kept))), kept
+
+
+def scale_down_window_s(spec: LLMDeploymentSpec, restart_s: float) -> float:
+    """How long a pod no longer needed is kept: as long as starting it again takes (an idle pod
+    costs its GPU-seconds; one started again costs ``restart_s`` of them loading before it serves:
+    the ski-rental break-even), at least three control windows, at most the cooldown."""
+    return min(spec.control.cooldown_s, max(restart_s, 3.0 * spec.control.interval_s))
 
 
 def _restart_cost(t: _Tick, pool: R.PoolState, obs: Observation) -> restart.RestartCost:
@@ -651,7 +664,7 @@ def _restart_cost(t: _Tick, pool: R.PoolState, obs: Observation) -> restart.Rest
                                t.spec.control.released_memory_value)
 
 
-def _replicas(t: _Tick, cal, obs: Observation, current: int):
+def _replicas(t: _Tick, cal, obs: Observation, current: int, restart_s: float):
     spec = t.spec
     if spec.disaggregated:
         alloc = decide.disaggregated_allocation(spec, cal, obs)
@@ -664,7 +677,8 @@ def _replicas(t: _Tick, cal, obs: Observation, current: int):
         if n > current:
             n = max(current, band(1.0 / (1.0 + spec.control.hysteresis)))
         n, t.out["scaleDownRecommendations"] = stabilised_replicas(
-            n, n_down, t.status.get("scaleDownRecommendations"), current, t.now_s, spec.control.cooldown_s)
+            n, n_down, t.status.get("scaleDownRecommendations"), current, t.now_s,
+            scale_down_window_s(spec, restart_s), spec.control.cooldown_s)
         alloc = {**alloc, "replicas": n}
     return n, "gauss:" + str(binding), alloc
 
