@@ -18,11 +18,10 @@ could not be written (merged into the next write).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Awaitable, Callable
 
 import aiohttp
@@ -157,7 +156,7 @@ async def observe_pool(ctx: LoopContext, mem: LoopMemory, ns: str, name: str, sp
         return P.PoolWindow(state.pool.role, state, P.NO_PODS, f"pods not read: {ApiFailure.of(exc)}")
     window = await observe_window(ctx, mem, spec, state, [u for u in (R.metrics_url(p, spec.engine.port)
                                                                       for p in pods) if u])
-    return dataclasses.replace(window, start_to_ready_s=tuple(restart.start_to_ready_s(pods)))
+    return replace(window, start_to_ready_s=tuple(restart.start_to_ready_s(pods)))
 
 
 async def _live_pools(ctx: LoopContext, owner: dict, spec: LLMDeploymentSpec) -> list[R.PoolState]:

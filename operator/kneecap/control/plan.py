@@ -28,6 +28,7 @@ from kneecap.control.metrics import CURVE_BATCHES
 from kneecap.control.spec import LLMDeploymentSpec
 from kneecap.errors import InputError
 from kneecap.model import calibrate, slim
+from kneecap.model.arch import get_arch
 from kneecap.naming import status_key
 from kneecap.observe import pool as obs_pool
 from kneecap.observe.window import Observation
@@ -641,8 +642,6 @@ def _restart_cost(t: _Tick, pool: R.PoolState, obs: Observation) -> restart.Rest
     """The pool's restart cost: this tick's creation → Ready measurement (kept in
     ``status.restartCost``), else the last one kept, else the model (weights / load bandwidth +
     start-up); the window's throughput; the live Deployment's rollout."""
-    from kneecap.model.arch import get_arch
-
     role = pool.pool.role
     kept = dict(t.status.get("restartCost") or {})
     window = next((p for p in t.g.pools if p.role == role), None)
