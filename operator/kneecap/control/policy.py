@@ -9,8 +9,9 @@ change that restarts pods must pay for itself (:mod:`kneecap.control.restart`: t
 over the cooldown > tokens lost to the restart, else ``RestartNotWorthIt``) and must leave a
 Ready pod unless ``spec.control.allowDowntime`` (else ``RestartNeedsDowntime``); when either
 holds the flags, a replica change is still applied on its own (it restarts nothing), and it
-does not wait for the cooldown either (the sizing rate already holds a scale-down for one:
-:func:`kneecap.control.plan.sizing_rate`). Every outcome carries a CamelCase reason and a message.
+does not wait for the cooldown either (a scale-down is stabilised before it gets here:
+:func:`kneecap.control.plan.stabilised_replicas`). Every outcome carries a CamelCase reason and a
+message.
 """
 
 from __future__ import annotations
@@ -164,8 +165,8 @@ def guard(
         held = ("RestartNotWorthIt", f"the restart does not pay for itself: {numbers} ({summary})")
     if held is None:
         downtime = f"; downtime ~{rc.restart_s:.0f}s (allowDowntime)" if rc.downtime else ""
-        return Decision(APPLY, "Recommended", f"{summary}; the restart pays for itself: {numbers}{downtime}", target, clamped,
-                        step_limited, record)
+        return Decision(APPLY, "Recommended", f"{summary}; the restart pays for itself: {numbers}{downtime}", target,
+                        clamped, step_limited, record)
     if target.replicas != current.replicas:  # a replica change alone restarts no pod
         alone = replace(current, replicas=target.replicas)
         return Decision(APPLY, "Recommended", f"replicas {current.replicas}->{alone.replicas} only, flags held "
