@@ -40,7 +40,8 @@ from kneecap.sim.engine import Engine, engine_config  # noqa: E402
 from kneecap.sim.demo_virtual import run_demo_virtual  # noqa: E402
 from kneecap.sim.loadgen import arrival_times, sample_lengths  # noqa: E402
 
-CONFIG = DemoConfig(duration_s=660.0, interval_s=15.0, cooldown_s=45.0)
+# cooldown 120 s: the horizon a restart must pay for itself over
+CONFIG = DemoConfig(duration_s=660.0, interval_s=15.0, cooldown_s=120.0)
 SWEEP_SIM_S = 40.0  # simulated seconds per cap; throughput measured after the first quarter
 
 

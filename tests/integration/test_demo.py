@@ -29,7 +29,7 @@ def flags(deploy: dict) -> tuple[int, float]:
 
 
 def test_short_demo_summary_matches_the_api_objects(tmp_path):
-    cfg = DemoConfig(duration_s=160.0, time_scale=5.0, interval_s=10.0, cooldown_s=30.0, warmup_intervals=2)
+    cfg = DemoConfig(duration_s=160.0, time_scale=5.0, interval_s=10.0, cooldown_s=120.0, warmup_intervals=2)
     lines, warnings = [], []
     res = run_demo(cfg, on_row=lambda r: lines.append(row_line(r)), log_dir=tmp_path, on_warning=warnings.append)
     s = res.summary

@@ -93,8 +93,10 @@ def test_unusable_metrics_hold_every_decision_and_degraded_names_them(kube, twin
     procs = drive(twin)
     try:
         with run_operator(kube, metrics, clock, edit) as runner:
-            # a 1 s cooldown: with usable windows the loop would keep stepping the cap (×2 each tick)
-            kube.create(LLMD, resource("bad", "enforce", cooldown="1s", batching={"efficiencyFloor": 0.02}))
+            # a 1 s cooldown: with usable windows the loop would keep stepping the cap (×2 each tick);
+            # a restart weighed over a 1 s horizon pays only with released memory valued at the most
+            kube.create(LLMD, resource("bad", "enforce", cooldown="1s", control={"releasedMemoryValue": 100},
+                                       batching={"efficiencyFloor": 0.02}))
             add_pod(kube, "bad", twin)
             wait_for(lambda: len(kube.history(DEPLOY, NS, "bad")) >= 2, timeout_s=40, what="a first patch")
             seen = []

@@ -49,11 +49,12 @@ def config(clock: SimClock, metrics: OperatorMetrics | None = None) -> OperatorC
     return OperatorConfig(tick_s=0.1, now=clock, scrape=scaled_scrape(clock), metrics=metrics or OperatorMetrics())
 
 
-def resource(name: str, mode: str, cooldown: str = "600s", **over) -> dict:
+def resource(name: str, mode: str, cooldown: str = "600s", control: dict | None = None, **over) -> dict:
+    """One twin pod: a restart is downtime, which these resources allow."""
     return llmd(name, model=MODEL, gpu=GPU,
                 engine={"maxNumSeqs": 8, "extraArgs": []},
                 control={"mode": mode, "interval": "5s", "window": "5s", "cooldown": cooldown, "minObservations": 3,
-                         "maxFitError": 0.5},
+                         "maxFitError": 0.5, "allowDowntime": True, **(control or {})},
                 **over)
 
 

@@ -18,7 +18,9 @@ NOW = 1_800_000_000.0
 WINDOW = 60.0
 RAW = {"model": {"name": "meta-llama/Llama-2-7b-hf"}, "accelerator": {"type": "h100-64gb"},
        "engine": {"image": "vllm", "maxNumSeqs": 32},
-       "control": {"mode": "enforce", "interval": "30s", "window": "60s", "cooldown": "600s", "minObservations": 3}}
+       # one replica: a restart is downtime, allowed here (the restart table below holds it by default)
+       "control": {"mode": "enforce", "interval": "30s", "window": "60s", "cooldown": "600s", "minObservations": 3,
+                   "allowDowntime": True}}
 SPEC = parse_spec(RAW)
 OWNER = {"apiVersion": "kneecap.io/v1alpha1", "kind": "LLMDeployment",
          "metadata": {"name": "llm", "namespace": "serving", "uid": "u1", "generation": 2}}
@@ -263,3 +265,42 @@ def test_inline_model_and_gpu_shapes_decide_as_their_catalog_entries_do(curve):
     back = P.calibration_from_status(cal)
     assert back is not None and back.params == pytest.approx(
         P.calibration_from_status(by_key.status["calibration"]).params)
+
+
+# ---------------------------------------------------------------- replica stabilisation (HPA semantics)
+
+@pytest.mark.parametrize("want,want_down,history,current,replicas,kept", [
+    (6, 6, [], 4, 6, [[NOW, 6, 1]]),  # a scale-up at once, kept for the cooldown
+    (2, 3, [[NOW - 50, 4], [NOW - 80, 5]], 4, 4, [[NOW - 50, 4], [NOW, 3]]),  # the highest of the window
+    (2, 3, [[NOW - 50, 3], [NOW - 100, 5]], 4, 3, [[NOW - 50, 3], [NOW, 3]]),  # older than the window: gone
+    (2, 2, [[NOW - 200, 4, 1]], 4, 4, [[NOW - 200, 4, 1], [NOW, 2]]),  # no scale-down within the cooldown of a scale-up
+    (2, 2, [[NOW - 10, "x"], "garbage", [NOW + 5, 9]], 4, 2, [[NOW, 2]]),  # unreadable or future entries dropped
+])
+def test_a_scale_up_is_immediate_and_a_scale_down_waits_for_the_window(want, want_down, history, current,
+                                                                       replicas, kept):
+    n, hist = P.stabilised_replicas(want, want_down, history, current, NOW, 60.0, 300.0)
+    assert n == replicas and hist == kept
+
+
+def test_the_scale_down_window_is_the_restart_time_within_three_windows_and_the_cooldown():
+    spec = parse_spec({**RAW, "control": {**RAW["control"], "interval": "15s", "cooldown": "300s"}})
+    assert P.scale_down_window_s(spec, 37.5) == 45.0  # three 15 s windows
+    assert P.scale_down_window_s(spec, 90.0) == 90.0  # a pod takes 90 s to come back
+    assert P.scale_down_window_s(spec, 900.0) == 300.0  # never beyond the cooldown
+
+
+def test_a_replica_change_does_not_wait_for_the_cooldown_but_a_flag_change_does(curve):
+    status, ring = ring_status(curve)
+    applied = {"maxNumSeqs": 32, "gpuMemoryUtilization": 0.9, "replicas": 1, "time": St.iso(NOW - 60),
+               "reason": "Recommended", "restart": True}
+    obs = replace(observation(curve[32]), t_end_s=NOW, request_rate_rps=50.0)  # GAUSS wants more pods
+    spec = parse_spec({**RAW, "topology": {"replicas": {"min": 1, "max": 4}}})
+    p = P.plan(gathered(P.PoolWindow("server", live_pool(applied), P.OBSERVED, observation=obs), ring), status,
+               spec, NOW)
+    d = p.status["lastDecision"]
+    assert d["reason"] == "Applied" and d["target"]["maxNumSeqs"] == 32 and d["target"]["replicas"] > 1
+    assert "flag changes wait (cooldown: 540s left" in d["message"]
+    (patch,) = p.patches
+    assert patch.body["spec"]["replicas"] == d["target"]["replicas"]
+    live = live_pool(applied).deployment["spec"]["template"]["spec"]["containers"]
+    assert patch.body["spec"]["template"]["spec"]["containers"] == live  # the same template: no pod restarts

@@ -201,6 +201,10 @@ MALFORMED = [
     ({"batching": {"minMaxNumSeqs": 9, "maxMaxNumSeqs": 8}, "engine.maxNumSeqs": 8}, "spec.batching.minMaxNumSeqs"),
     ({"engine.port": 0}, "spec.engine.port"),
     ({"targetRef": {"name": "vllm-llama"}}, "spec.targetRef"),  # engine and targetRef: exactly one
+    ({"rollout": {"maxSurge": 0, "maxUnavailable": "0%"}}, "spec.rollout.maxUnavailable"),  # no pod could move
+    ({"rollout": {"maxSurge": "a lot"}}, "spec.rollout.maxSurge"),
+    ({"rollout": {"maxUnavailable": -1}}, "spec.rollout.maxUnavailable"),
+    ({"control.allowDowntime": "yes"}, "spec.control.allowDowntime"),
 ]
 WELL_FORMED = [
     {"engine.extraArgs": ["--max-model-len", "4096", "--enable-prefix-caching", "-tp", "2", "--"]},
@@ -214,6 +218,7 @@ WELL_FORMED = [
     {"model.name": "acme/house-moe", "model.shape": MOE, "accelerator": {"shape": GPU_SHAPE, "costPerHour": 2.5}},
     {"model.architecture": "qwen3-30b-a3b", "accelerator.type": "mi300x"},
     {"model.architecture": "Qwen/Qwen3-235B-A22B", "accelerator": {"type": "b200", "count": 8}},
+    {"rollout": {"maxSurge": "25%", "maxUnavailable": 0}, "control.allowDowntime": True},
 ]
 
 
@@ -321,7 +326,7 @@ def test_target_ref_parses_each_pool_and_its_container():
 def test_every_cel_rule_is_in_the_malformed_table():
     tested = {re.sub(r"\[\d+\]", "[]", f) for _, f in MALFORMED + TARGET_SPECS if f}
     rules = _cel_fields(S.spec_schema())
-    assert len(rules) == 18 and rules <= tested, rules - tested
+    assert len(rules) == 20 and rules <= tested, rules - tested
 
 
 def test_managed_flag_message_names_the_flag():

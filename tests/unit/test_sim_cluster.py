@@ -58,6 +58,8 @@ def _cluster(kubelet: KubeletConfig, replicas: int = 1, strategy: dict | None = 
     d = static_deployment(ReplayConfig(), cl, cap, 0.9, replicas)
     if strategy:
         d["spec"]["strategy"] = {"type": "RollingUpdate", "rollingUpdate": strategy}
+    else:  # no strategy: Kubernetes' defaults (25% surge, 25% unavailable)
+        d["spec"].pop("strategy")
     cl.create(deployments_path(cl.namespace), d)
     cl.prewarm()
     return cl

@@ -14,7 +14,7 @@ from kneecap.demo.harness import DemoConfig
 from kneecap.demo.report import template_changes
 from kneecap.sim.demo_virtual import run_demo_virtual
 
-CFG = DemoConfig(duration_s=160.0, interval_s=10.0, cooldown_s=30.0, warmup_intervals=2)
+CFG = DemoConfig(duration_s=160.0, interval_s=10.0, cooldown_s=120.0, warmup_intervals=2)
 
 
 def flags(deploy: dict) -> tuple[int, float]:

@@ -37,9 +37,11 @@ def _trace(tmp_path, rate_rps: float, duration_s: float, seed: int = 3) -> Path:
 def test_operator_moves_the_cap_down_from_256_with_one_restart(tmp_path):
     """One replica under steady load: the operator, on the virtual clock, fits SLIM on windows
     it scraped from the twin, applies a BCA cap below vLLM's 256 with the memory that holds it;
-    the kubelet replaces the pod once and the new pod serves with the new flags."""
+    the kubelet replaces the pod once and the new pod serves with the new flags (the spec allows
+    the one pod's downtime and values the memory it releases)."""
     trace = read_trace(_trace(tmp_path, 20.0, 150.0))
-    cfg = ReplayConfig(min_replicas=1, max_replicas=1, interval_s=15.0, cooldown_s=300.0)
+    cfg = ReplayConfig(min_replicas=1, max_replicas=1, interval_s=15.0, cooldown_s=300.0, allow_downtime=True,
+                       released_memory_value=1.0)
     run = run_policy(trace, cfg, "kneecap")
     api, ns = run.cluster.api, run.cluster.namespace
     applied = [d for d in run.decisions if d["applied"]]

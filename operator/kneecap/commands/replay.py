@@ -43,7 +43,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="policy to run (repeatable; default all: " + ", ".join(POLICIES) + ")")
     parser.add_argument("--interval", type=float, default=d.interval_s,
                         help="kneecap's control interval and window, seconds")
-    parser.add_argument("--cooldown", type=float, default=d.cooldown_s, help="kneecap's cooldown between changes")
+    parser.add_argument("--cooldown", type=float, default=d.cooldown_s,
+                        help="kneecap's cooldown between changes (the horizon a restart must pay for itself over)")
+    parser.add_argument("--released-memory-value", type=float, default=d.released_memory_value,
+                        help="kneecap's spec.control.releasedMemoryValue (default 0: the score gives released "
+                             "memory no value)")
+    parser.add_argument("--allow-downtime", action="store_true",
+                        help="kneecap may restart a one-replica pool (spec.control.allowDowntime)")
     parser.add_argument("--hpa-metric", choices=("kv", "waiting"), default=h.metric,
                         help="defaults+hpa: per-pod metric (KV-cache usage or waiting requests)")
     parser.add_argument("--hpa-target", type=float, default=h.target, help="defaults+hpa: average target per pod")
@@ -78,6 +84,7 @@ def config_from_args(args):
         quantile=args.quantile, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
         start_replicas=args.start_replicas,
         cost_per_gpu_hour=args.cost_per_gpu_hour, seed=args.seed, interval_s=args.interval, cooldown_s=args.cooldown,
+        released_memory_value=args.released_memory_value, allow_downtime=args.allow_downtime,
         hpa=HPASpec(metric=args.hpa_metric, target=args.hpa_target),
         kubelet=KubeletConfig(load_gib_s=args.load_gib_s, startup_s=args.startup_s,
                               termination_grace_s=args.grace_s, interrupted=args.interrupted))

@@ -392,6 +392,19 @@ def disaggregated_allocation(spec: LLMDeploymentSpec, cal: calibrate.Calibration
     return out
 
 
+TPOT_MARGIN = 1.25  # the cap's predicted mean TPOT stays this far below the TPOT SLO (a p95 target)
+
+
+def e2e_bound_s(spec: LLMDeploymentSpec, obs: Observation) -> float | None:
+    """The E2E latency BCA's cap must keep: the E2E SLO, and the TPOT SLO as the E2E of the
+    window's mean output at TPOT SLO / TPOT_MARGIN (TPOT = (E2E − TTFT)/(OL − 1), its
+    definition, with the TTFT share counted against it)."""
+    bounds = [b for b in (spec.slo.e2e_s,) if b]
+    if spec.slo.tpot_s:
+        bounds.append(max(obs.output_len_mean, 1.0) * spec.slo.tpot_s / TPOT_MARGIN)
+    return min(bounds) if bounds else None
+
+
 def recommend(spec: LLMDeploymentSpec, role: str, cal: calibrate.Calibration, obs: Observation,
               current: EngineSettings, *, replicas: int | None = None, replicas_binding: str = "unchanged",
               allocation: dict | None = None) -> Recommendation:
@@ -401,7 +414,7 @@ def recommend(spec: LLMDeploymentSpec, role: str, cal: calibrate.Calibration, ob
     arch, gpu = get_arch(spec.model.architecture), spec.accelerator.gpu
     kv_cap_max = _kv_capacity_tokens(spec, obs, memory.UTILIZATION_BOUNDS[1], spec.batching.max_max_num_seqs)
     ctx_std = math.hypot(obs.input_len_mean * obs.input_len_cv, obs.output_len_mean * obs.output_len_cv)
-    res = bca.advise(cal, arch, gpu, obs.input_len_mean, obs.output_len_mean, slo_e2e_s=spec.slo.e2e_s,
+    res = bca.advise(cal, arch, gpu, obs.input_len_mean, obs.output_len_mean, slo_e2e_s=e2e_bound_s(spec, obs),
                      epsilon=spec.batching.efficiency_floor, min_cap=spec.batching.min_max_num_seqs,
                      max_cap=spec.batching.max_max_num_seqs, kv_capacity_tokens=kv_cap_max,
                      output_cv=obs.output_len_cv, length_std_tok=ctx_std)

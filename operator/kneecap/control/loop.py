@@ -21,12 +21,12 @@ import asyncio
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Awaitable, Callable
 
 import aiohttp
 
-from kneecap.control import manifests as M, plan as P, reconcile as R
+from kneecap.control import manifests as M, plan as P, reconcile as R, restart
 from kneecap.control.informer import ApiReads
 from kneecap.control.kube import ApiError, ApiFailure, KubeClient, deployments_path
 from kneecap.control.metrics import OperatorMetrics
@@ -149,7 +149,8 @@ async def observe_window(ctx: LoopContext, mem: LoopMemory, spec: LLMDeploymentS
 async def observe_pool(ctx: LoopContext, mem: LoopMemory, ns: str, name: str, spec: LLMDeploymentSpec,
                        state: R.PoolState) -> P.PoolWindow:
     """The pool's window from its ready pods' scrapes (an adopted Deployment's pods through its
-    own selector and ReplicaSets, on the port its vLLM listens on)."""
+    own selector and ReplicaSets, on the port its vLLM listens on), with their creation → Ready
+    times (the pool's restart cost)."""
     try:
         if state.adoption is not None:
             pods = R.ready(await ctx.reader.deployment_pods(ns, state.deployment))
@@ -158,7 +159,8 @@ async def observe_pool(ctx: LoopContext, mem: LoopMemory, ns: str, name: str, sp
     except API_EXCEPTIONS as exc:
         return P.PoolWindow(state.pool.role, state, P.NO_PODS, f"pods not read: {ApiFailure.of(exc)}")
     port = state.adoption.port if state.adoption is not None else spec.engine.port
-    return await observe_window(ctx, mem, spec, state, [u for u in (R.metrics_url(p, port) for p in pods) if u])
+    window = await observe_window(ctx, mem, spec, state, [u for u in (R.metrics_url(p, port) for p in pods) if u])
+    return replace(window, start_to_ready_s=tuple(restart.start_to_ready_s(pods)))
 
 
 async def _live_pools(ctx: LoopContext, owner: dict, spec: LLMDeploymentSpec) -> list[R.PoolState]:

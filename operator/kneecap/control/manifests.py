@@ -206,6 +206,9 @@ def deployment(owner: dict, spec: LLMDeploymentSpec, pool: Pool, settings: Engin
         "spec": {
             "replicas": int(settings.replicas),
             "selector": {"matchLabels": selector(name, pool.role)},
+            # a flag change replaces pods as spec.rollout says (default: one at a time, no spare GPU)
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": spec.rollout.max_surge,
+                                                                    "maxUnavailable": spec.rollout.max_unavailable}},
             "template": {
                 "metadata": {"labels": lab, "annotations": dict(spec.engine.pod_annotations)},
                 "spec": pod_spec(spec, pool.role, settings),

@@ -21,12 +21,14 @@ from typing import Sequence
 
 import numpy as np
 
-from kneecap.control import applied as A, decide, manifests as M, policy, reconcile as R, status as St, target as T
+from kneecap.control import applied as A, cudagraph, decide, manifests as M, policy, reconcile as R, restart
+from kneecap.control import status as St, target as T
 from kneecap.control.kube import MERGE, ApiFailure
 from kneecap.control.metrics import CURVE_BATCHES
 from kneecap.control.spec import LLMDeploymentSpec
 from kneecap.errors import InputError
 from kneecap.model import calibrate, slim
+from kneecap.model.arch import get_arch
 from kneecap.naming import status_key
 from kneecap.observe import pool as obs_pool
 from kneecap.observe.window import Observation
@@ -54,6 +56,7 @@ class PoolWindow:
     message: str = ""
     observation: Observation | None = None
     scrape_errors: int = 0  # failed scrapes this tick
+    start_to_ready_s: tuple[float, ...] = ()  # the Ready pods' creation → Ready times (restart.start_to_ready_s)
 
 
 @dataclass(frozen=True)
@@ -328,13 +331,13 @@ class _Tick:
         self.conds = St.set_condition(self.conds, type_, ok, reason, message, self.g.generation, self.now_s)
 
     def decision(self, reason: str, message: str, etype: str = "Normal", action: str = policy.HOLD,
-                 target: M.EngineSettings | None = None) -> dict:
+                 target: M.EngineSettings | None = None, restart_cost: dict | None = None) -> dict:
         """Status, metrics and an Event for a decision. The Event is posted when the decision
         differs from the previous one (reason or target), so a steady hold does not flood the
         namespace."""
         self.m.inc("decisions", *self.labels, reason)
         d = St.compact({"action": action, "reason": reason, "message": message[:900], "time": St.iso(self.now_s),
-                        "target": settings_status(target) if target else None})
+                        "target": settings_status(target) if target else None, "restart": restart_cost})
         self.out["lastDecision"] = d
         prev = self.status.get("lastDecision") or {}
         if reason == "Applied" or prev.get("reason") != reason or prev.get("target") != d.get("target"):
@@ -447,8 +450,9 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float) -> Pl
 
     pools = {p.role: p.state for p in g.pools}
     cur, external = pools[role].settings, pools[role].ownership.external
+    restart_cost = _restart_cost(t, pools[role], latest)
     try:
-        replicas, rbind, alloc = _replicas(spec, cal_out.calibration, latest)
+        replicas, rbind, alloc = _replicas(t, cal_out.calibration, latest, cur.replicas, restart_cost.restart_s)
         r = decide.recommend(spec, role, cal_out.calibration, latest, cur,
                              replicas=replicas, replicas_binding=rbind, allocation=alloc)
     except Exception as exc:  # noqa: BLE001 - a model failure must not take the operator down
@@ -478,16 +482,22 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float) -> Pl
         now_s=now_s, last_applied_s=A.last_applied_s(applied, records.values()),
         rollout_in_progress=any(s.rollout_in_progress for s in states),
         n_observations=len(observations), scrape_ok=True, fit_ok=cal_out.ok, fit_message=cal_out.message,
-        replicas_external=external)
+        replicas_external=external, restart=restart_cost)
+    adopted = pools[role].adoption
+    engine = ((T.find_container(pools[role].deployment, adopted.container) if adopted is not None else None)
+              or M.vllm_container(pools[role].deployment))
+    round_cap = None if cudagraph.eager(engine) else (
+        lambda cap: cudagraph.round_cap(cap, spec.batching.min_max_num_seqs, spec.batching.max_max_num_seqs))
     d = policy.guard(cur, policy.Proposal(r.settings, r.throughput_gain, r.memory_gain), spec.control,
                      spec.batching, M.pool_bounds(spec, role), state,
-                     memory_for_cap=lambda cap: decide.memory_for_cap(spec, latest, cap)[:2])
+                     memory_for_cap=lambda cap: decide.memory_for_cap(spec, latest, cap)[:2], round_cap=round_cap)
     if d.action == policy.APPLY and spec.enforce:
         _apply_primary(t, pools[role], d, cur, external)
     elif d.action == policy.APPLY:
-        t.decision("Advised", "advise mode, not applied: " + d.message, action=d.action, target=d.target)
+        t.decision("Advised", "advise mode, not applied: " + d.message, action=d.action, target=d.target,
+                   restart_cost=d.restart)
     else:
-        t.decision(d.reason, d.message, action=d.action, target=d.target)
+        t.decision(d.reason, d.message, action=d.action, target=d.target, restart_cost=d.restart)
     if spec.disaggregated and r.allocation.get("prefillReplicas") and "prefill" in pools:
         _prefill_replicas(t, pools["prefill"], int(r.allocation["prefillReplicas"]), state)
     return t.finish()
@@ -597,7 +607,7 @@ def _apply_primary(t: _Tick, pool: R.PoolState, d: policy.Decision, cur: M.Engin
     rollback = {"applied": t.out["applied"]}
     t.out["applied"] = {**record, "pool": role}
     decisions_before = len(t.m.updates), len(t.events)
-    t.decision("Applied", d.message, action=d.action, target=d.target)
+    t.decision("Applied", d.message, action=d.action, target=d.target, restart_cost=d.restart)
     # the decision's Event and counter follow the patch: on failure the hold is recorded instead
     metrics = t.m.updates[decisions_before[0]:]
     events = t.events[decisions_before[1]:]
@@ -641,11 +651,79 @@ def _prefill_replicas(t: _Tick, pre: R.PoolState, want: int, state: policy.Guard
         alloc["prefillDecision"] = decision
 
 
-def _replicas(spec, cal, obs):
+def stabilised_replicas(want: int, want_down: int, history, current: int, now_s: float, window_s: float,
+                        cooldown_s: float) -> tuple[int, list]:
+    """(replicas, the history to keep in ``status.scaleDownRecommendations``).
+
+    A pool grows to ``want`` at once. It shrinks only to the highest scale-down recommendation
+    (sized for the rate plus the hysteresis band) of the last ``window_s``, and never within
+    ``cooldown_s`` of growing (a scale-up is kept in the history for the cooldown: no count is
+    left and taken again within it). ``history``: ``[[unixSeconds, replicas], ...]``, a third
+    element 1 marking a scale-up; unreadable entries are dropped."""
+    kept = []
+    for e in history or []:
+        try:
+            t_s, n, up = float(e[0]), int(e[1]), len(e) > 2 and bool(e[2])
+        except (TypeError, ValueError, IndexError):
+            continue
+        if 0.0 <= now_s - t_s < (cooldown_s if up else window_s):
+            kept.append([t_s, n, 1] if up else [t_s, n])
+    if want > current:
+        return want, kept + [[now_s, int(want), 1]]
+    kept.append([now_s, int(want_down)])
+    if want == current:
+        return want, kept
+    return min(current, max(want, *(e[1] for e in kept))), kept
+
+
+def scale_down_window_s(spec: LLMDeploymentSpec, restart_s: float) -> float:
+    """How long a pod no longer needed is kept: as long as starting it again takes (an idle pod
+    costs its GPU-seconds; one started again costs ``restart_s`` of them loading before it serves:
+    the ski-rental break-even), at least three control windows, at most the cooldown."""
+    return min(spec.control.cooldown_s, max(restart_s, 3.0 * spec.control.interval_s))
+
+
+def _restart_cost(t: _Tick, pool: R.PoolState, obs: Observation) -> restart.RestartCost:
+    """The pool's restart cost: this tick's creation → Ready measurement (kept in
+    ``status.restartCost``), else the last one kept, else the model (weights / load bandwidth +
+    start-up); the window's throughput; the live Deployment's rollout."""
+    role = pool.pool.role
+    kept = dict(t.status.get("restartCost") or {})
+    window = next((p for p in t.g.pools if p.role == role), None)
+    measured = restart.pool_restart_s(list(window.start_to_ready_s)) if window else None
+    if measured is not None:
+        kept[role] = {"seconds": round(measured, 1), "source": restart.MEASURED, "time": St.iso(t.now_s)}
+        t.out["restartCost"] = kept
+    last = kept.get(role) or {}
+    try:
+        seconds, source = float(last["seconds"]), restart.MEASURED
+        if not (seconds > 0 and np.isfinite(seconds)):
+            raise ValueError(seconds)
+    except (KeyError, TypeError, ValueError):
+        seconds = restart.modelled_restart_s(get_arch(t.spec.model.architecture).weight_bytes
+                                               / max(t.spec.accelerator.count, 1))  # each GPU loads its shard
+        source = restart.MODELLED
+    return restart.RestartCost(seconds, source, obs.prompt_tok_s + obs.generation_tok_s, pool.settings.replicas,
+                               t.spec.control.cooldown_s, restart.leaves_no_ready_pod(pool.deployment),
+                               t.spec.control.released_memory_value)
+
+
+def _replicas(t: _Tick, cal, obs: Observation, current: int, restart_s: float):
+    spec = t.spec
     if spec.disaggregated:
         alloc = decide.disaggregated_allocation(spec, cal, obs)
         return alloc["decodeReplicas"], "sara:" + str(alloc["binding"].get("decode", "")), alloc
     n, binding, alloc = decide.colocated_replicas(spec, cal, obs)
+    if alloc:  # GAUSS found λ*: outside the hysteresis band only, a scale-down stabilised (stabilised_replicas)
+        band = lambda f: decide.colocated_replicas(  # noqa: E731
+            spec, cal, dataclasses.replace(obs, request_rate_rps=obs.request_rate_rps * f))[0]
+        n_down = band(1.0 + spec.control.hysteresis)
+        if n > current:
+            n = max(current, band(1.0 / (1.0 + spec.control.hysteresis)))
+        n, t.out["scaleDownRecommendations"] = stabilised_replicas(
+            n, n_down, t.status.get("scaleDownRecommendations"), current, t.now_s,
+            scale_down_window_s(spec, restart_s), spec.control.cooldown_s)
+        alloc = {**alloc, "replicas": n}
     return n, "gauss:" + str(binding), alloc
 
 

@@ -4,7 +4,14 @@ Changing --max-num-seqs or the memory flag restarts vLLM pods, so the operator a
 the models are trustworthy and the predicted gain is worth a restart: never on a failed scrape
 or a bad fit, only with enough observations, no rollout in progress, cooldown elapsed, gain ≥
 minImprovement and outside the hysteresis band; the target is clamped to the spec's bounds and
-moves at most ×maxStepFactor per step. Every outcome carries a CamelCase reason and a message.
+moves at most ×maxStepFactor per step, its cap rounded down to a CUDA-graph capture size. A
+change that restarts pods must pay for itself (:mod:`kneecap.control.restart`: tokens gained
+over the cooldown > tokens lost to the restart, else ``RestartNotWorthIt``) and must leave a
+Ready pod unless ``spec.control.allowDowntime`` (else ``RestartNeedsDowntime``); when either
+holds the flags, a replica change is still applied on its own (it restarts nothing), and it
+does not wait for the cooldown either (a scale-down is stabilised before it gets here:
+:func:`kneecap.control.plan.stabilised_replicas`). Every outcome carries a CamelCase reason and a
+message.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from kneecap.control.manifests import EngineSettings
+from kneecap.control.restart import RestartCost
 from kneecap.control.spec import BatchingSpec, ControlSpec, PoolBounds
 
 APPLY = "apply"
@@ -41,6 +49,7 @@ class GuardState:
     fit_ok: bool
     fit_message: str = ""
     replicas_external: bool = False
+    restart: RestartCost | None = None  # what restarting the pool costs (None: not weighed)
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,7 @@ class Decision:
     target: EngineSettings  # what would be (or is) applied after clamping and step limiting
     clamped: bool = False
     step_limited: bool = False
+    restart: dict | None = None  # the restart's cost and gain (RestartCost.to_status), when weighed
 
 
 def step_limit(current: int, target: int, factor: float) -> int:
@@ -74,11 +84,13 @@ def guard(
     replica_bounds: PoolBounds,
     state: GuardState,
     memory_for_cap: Callable[[int], tuple[float, int | None]] | None = None,
+    round_cap: Callable[[int], int] | None = None,
 ) -> Decision:
     """Decide whether to move `current` toward `proposal`. Pure; see the module docstring.
 
     `memory_for_cap(cap) -> (gpu_memory_utilization, kv_cache_memory_bytes)` recomputes the
-    memory setting when the step limit shortens the cap, so KV always matches the cap applied.
+    memory setting when the step limit or rounding changes the cap, so KV always matches the
+    cap applied. `round_cap(cap)`: the cap the engine runs well (a CUDA-graph capture size).
     """
     want = proposal.settings
     hold = lambda reason, msg, target=current: Decision(HOLD, reason, msg, target)  # noqa: E731
@@ -94,6 +106,8 @@ def guard(
     replicas = current.replicas if state.replicas_external else replica_bounds.clamp(want.replicas)
     clamped = cap != want.max_num_seqs or (not state.replicas_external and replicas != want.replicas)
     limited_cap = step_limit(current.max_num_seqs, cap, control.max_step_factor)
+    if round_cap is not None and limited_cap != current.max_num_seqs:
+        limited_cap = round_cap(limited_cap)
     limited_replicas = replicas if state.replicas_external else step_limit(current.replicas, replicas,
                                                                           control.max_step_factor)
     step_limited = limited_cap != cap or limited_replicas != replicas
@@ -127,11 +141,37 @@ def guard(
         return d(HOLD, "RolloutInProgress", "a rollout of the pool is still in progress")
     if state.last_applied_s is not None and state.now_s - state.last_applied_s < control.cooldown_s:
         left = control.cooldown_s - (state.now_s - state.last_applied_s)
-        return d(HOLD, "Cooldown", f"cooldown: {left:.0f}s left of {control.cooldown_s:.0f}s since the last change")
-    return d(APPLY, "Recommended",
-             f"cap {current.max_num_seqs}->{target.max_num_seqs}, memory {current.gpu_memory_utilization:g}->"
-             f"{target.gpu_memory_utilization:g}, replicas {current.replicas}->{target.replicas}; predicted "
-             f"throughput {proposal.throughput_gain:+.1%}, memory released {proposal.memory_gain:.1%}{note}")
+        wait = f"cooldown: {left:.0f}s left of {control.cooldown_s:.0f}s since the last change"
+        if target.replicas != current.replicas:  # scaling restarts no pod: it does not wait (module docstring)
+            alone = replace(current, replicas=target.replicas)
+            return Decision(APPLY, "Recommended", f"replicas {current.replicas}->{alone.replicas}{note}; flag changes "
+                                                  f"wait ({wait})", alone, clamped, step_limited)
+        return d(HOLD, "Cooldown", wait)
+    summary = (f"cap {current.max_num_seqs}->{target.max_num_seqs}, memory {current.gpu_memory_utilization:g}->"
+               f"{target.gpu_memory_utilization:g}, replicas {current.replicas}->{target.replicas}; predicted "
+               f"throughput {proposal.throughput_gain:+.1%}, memory released {proposal.memory_gain:.1%}{note}")
+    rc = state.restart
+    if flags_same or rc is None:
+        return d(APPLY, "Recommended", summary)
+    record = rc.to_status(proposal.throughput_gain, proposal.memory_gain)
+    numbers = (f"{record['gainTokens']} tokens gained over the {rc.horizon_s:.0f}s horizon vs {record['costTokens']} "
+               f"lost restarting {rc.pods} pod(s) × {rc.restart_s:.0f}s ({rc.source.lower()})")
+    held = None
+    if rc.downtime and not control.allow_downtime:
+        held = ("RestartNeedsDowntime",
+                f"applying restarts the pool's only serving pod: no pod serves for ~{rc.restart_s:.0f}s; set "
+                f"spec.control.allowDowntime, or spec.rollout.maxSurge ≥ 1 where a spare GPU exists ({summary})")
+    elif record["gainTokens"] <= record["costTokens"]:
+        held = ("RestartNotWorthIt", f"the restart does not pay for itself: {numbers} ({summary})")
+    if held is None:
+        downtime = f"; downtime ~{rc.restart_s:.0f}s (allowDowntime)" if rc.downtime else ""
+        return Decision(APPLY, "Recommended", f"{summary}; the restart pays for itself: {numbers}{downtime}", target,
+                        clamped, step_limited, record)
+    if target.replicas != current.replicas:  # a replica change alone restarts no pod
+        alone = replace(current, replicas=target.replicas)
+        return Decision(APPLY, "Recommended", f"replicas {current.replicas}->{alone.replicas} only, flags held "
+                                              f"({held[0]}): {held[1]}", alone, clamped, step_limited, record)
+    return Decision(HOLD, held[0], held[1], target, clamped, step_limited, record)
 
 
 def only_replicas_changed(current: EngineSettings, target: EngineSettings) -> bool:

@@ -188,6 +188,16 @@ class ControlSpec:
     observation_history: int
     max_fit_error: float
     max_observation_age_s: float  # spec.control.maxObservationAge, else 3 x window_s
+    allow_downtime: bool = False  # apply a restart that leaves the pool without a Ready pod
+    released_memory_value: float = 1.0  # a released memory fraction's worth against a restart (restart.py)
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """The RollingUpdate of the Deployments kneecap owns (int or percentage, as Kubernetes takes them)."""
+
+    max_surge: int | str = 0
+    max_unavailable: int | str = 1
 
 
 @dataclass(frozen=True)
@@ -203,6 +213,7 @@ class LLMDeploymentSpec:
     targets: tuple[TargetRef, ...] = ()  # spec.targetRef, one per pool (empty: kneecap owns the pools)
     # the memory flag an adopted Deployment's argv uses (set per tick from the live argv; None: the utilisation)
     target_memory_knob: str | None = None
+    rollout: RolloutSpec = field(default_factory=RolloutSpec)
 
     @property
     def adopted(self) -> bool:
@@ -373,5 +384,7 @@ def parse_spec(raw: Mapping | None, config_map: Mapping | None = None) -> LLMDep
             max_step_factor=float(c["maxStepFactor"]), hysteresis=float(c["hysteresis"]),
             observation_history=c["observationHistory"], max_fit_error=float(c["maxFitError"]),
             max_observation_age_s=(parse_duration_s(c["maxObservationAge"], "spec.control.maxObservationAge")
-                                   if "maxObservationAge" in c else 3 * window_s)),
+                                   if "maxObservationAge" in c else 3 * window_s),
+            allow_downtime=bool(c["allowDowntime"]), released_memory_value=float(c["releasedMemoryValue"])),
+        rollout=RolloutSpec(s["rollout"]["maxSurge"], s["rollout"]["maxUnavailable"]),
     )

@@ -30,6 +30,8 @@ import numpy as np
 from kneecap.control import manifests as M
 from kneecap.control import vllm_args
 from kneecap.control.kube import deployments_path, pods_path, resource_path
+from kneecap.control.restart import rolling_update
+from kneecap.control.status import iso
 from kneecap.errors import InputError
 from kneecap.model.arch import GIB, ModelArch
 from kneecap.model.hardware import GPU
@@ -67,23 +69,6 @@ def _owned_by(obj: dict, uid: str) -> bool:
 def is_ready(pod: dict) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True"
                for c in (pod.get("status") or {}).get("conditions") or [])
-
-
-def _surge_unavailable(deploy: dict, desired: int) -> tuple[int, int]:
-    """maxSurge (rounded up) and maxUnavailable (rounded down) of a RollingUpdate; both 0 reads as 1 unavailable."""
-    ru = ((deploy["spec"].get("strategy") or {}).get("rollingUpdate") or {})
-
-    def value(v, default: str, up: bool) -> int:
-        v = default if v is None else v
-        if isinstance(v, str) and v.endswith("%"):
-            x = desired * float(v[:-1]) / 100.0
-            return int(math.ceil(x) if up else math.floor(x))
-        return int(v)
-
-    surge, unavailable = value(ru.get("maxSurge"), "25%", True), value(ru.get("maxUnavailable"), "25%", False)
-    if surge == 0 and unavailable == 0:
-        unavailable = 1
-    return surge, unavailable
 
 
 class DeploymentController:
@@ -127,7 +112,7 @@ class DeploymentController:
         if not old:
             scale(new, desired)
         else:
-            surge, unavailable = _surge_unavailable(d, desired)
+            surge, unavailable = rolling_update(d)
             old_total = sum(int(r["spec"]["replicas"]) for r in old)
             # scale the new ReplicaSet up within desired + maxSurge pods in all
             scale(new, max(int(new["spec"]["replicas"]), min(desired, desired + surge - old_total)))
@@ -358,8 +343,11 @@ class Kubelet:
         rt.engine.now_s = t_s
         if self.with_metrics:
             rt.metrics = buffered_metrics(TwinMetrics(self.served_name, rt.config))
+        ready = {"type": "Ready", "status": "True"}
+        if not prewarmed:  # (a pod that ran before the run has no start to measure)
+            ready["lastTransitionTime"] = iso(self.api.now_s())
         self.api.patch_now(pod_path(self.ns, rt.name) + "/status", {"status": {"conditions": [
-            {"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}]}})
+            {"type": "PodScheduled", "status": "True"}, ready]}})
         self.stats.events.append({"t_s": round(t_s, 3), "event": "ready", "pod": rt.name,
                                   "max_num_seqs": rt.config.max_num_seqs,
                                   "gpu_memory_utilization": round(rt.memory_fraction, 4),

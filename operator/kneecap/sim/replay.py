@@ -65,6 +65,10 @@ class ReplayConfig:
     interval_s: float = 15.0  # the operator's control interval (and window)
     cooldown_s: float = 300.0
     min_observations: int = 3
+    # what kneecap counts released GPU memory as against a restart (spec.control.releasedMemoryValue):
+    # the replay scores good requests per GPU-hour, where memory a pod does not use earns nothing
+    released_memory_value: float = 0.0
+    allow_downtime: bool = False  # spec.control.allowDowntime: restart a one-replica pool
     hpa: HPASpec = field(default_factory=HPASpec)
     kubelet: KubeletConfig = field(default_factory=KubeletConfig)
     window_s: float = 60.0  # SLO-attainment windows of the report
@@ -106,7 +110,8 @@ def llmd_spec(cfg: ReplayConfig) -> dict:
         "topology": {"mode": "colocated", "replicas": {"min": cfg.min_replicas, "max": cfg.max_replicas}},
         "slo": {"ttftSeconds": cfg.slo_ttft_s, "tpotSeconds": cfg.slo_tpot_s, "quantile": cfg.quantile},
         "control": {"mode": "enforce", "interval": f"{cfg.interval_s:g}s", "window": f"{cfg.interval_s:g}s",
-                    "cooldown": f"{cfg.cooldown_s:g}s", "minObservations": cfg.min_observations},
+                    "cooldown": f"{cfg.cooldown_s:g}s", "minObservations": cfg.min_observations,
+                    "releasedMemoryValue": cfg.released_memory_value, "allowDowntime": cfg.allow_downtime},
     }
 
 

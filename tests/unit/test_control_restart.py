@@ -1,0 +1,224 @@
+"""Restarts that need no spare GPU and pay for themselves (issue 13 item 3): the owned
+Deployment's RollingUpdate, the restart cost measured from the pods (or modelled), the guard
+that weighs it against the predicted gain, the one-replica downtime hold, and caps rounded
+to vLLM's CUDA-graph capture sizes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from kneecap.control import cudagraph, manifests as M, plan as P, policy, restart, status as St
+from kneecap.control.manifests import EngineSettings
+from kneecap.control.spec import parse_spec
+from kneecap.model.arch import get_arch
+from tests.unit.test_control_decide import curve, observation  # noqa: F401 (curve: the fixture)
+from tests.unit.test_control_plan import NOW, OWNER, RAW, gathered, ring_status
+
+CUR = EngineSettings(256, 0.9, None, 4)
+OK = policy.GuardState(now_s=10_000.0, last_applied_s=None, rollout_in_progress=False, n_observations=5,
+                       scrape_ok=True, fit_ok=True)
+
+
+def _spec(replicas: int = 2, **control):
+    """The plan tables' spec with the pool held at ``replicas`` (GAUSS's count cannot move it)."""
+    return parse_spec({**RAW, "topology": {"replicas": {"min": replicas, "max": replicas}},
+                       "control": {**RAW["control"], **control}})
+
+
+def _cost(restart_s=40.0, pool_tok_s=8000.0, pods=4, horizon_s=300.0, downtime=False, memory_value=1.0):
+    return restart.RestartCost(restart_s, restart.MEASURED, pool_tok_s, pods, horizon_s, downtime, memory_value)
+
+
+def _guard(target, gain, mem=0.0, cost=None, spec=None, cur=CUR):
+    spec = spec or _spec(allowDowntime=False)
+    return policy.guard(cur, policy.Proposal(target, gain, mem), spec.control, spec.batching,
+                        replace(spec.topology.replicas, min=1, max=8), replace(OK, restart=cost))
+
+
+# ---------------------------------------------------------------- the guard's table
+
+# 4 pods × 40 s at 8000 tok/s (2000 per pod) lose 320,000 tokens; over a 300 s horizon a
+# throughput gain g adds g × 8000 × 300 = g × 2.4 M tokens: the break-even is g = 13.3%.
+@pytest.mark.parametrize("gain,mem,memory_value,action,reason,gain_tokens", [
+    (0.10, 0.0, 1.0, policy.HOLD, "RestartNotWorthIt", 240_000),  # 240k < 320k
+    (0.20, 0.0, 1.0, policy.APPLY, "Recommended", 480_000),  # 480k > 320k
+    (-0.05, 0.30, 1.0, policy.APPLY, "Recommended", 600_000),  # 25% net at memory value 1
+    (-0.05, 0.30, 0.0, policy.HOLD, "RestartNotWorthIt", 0),  # released memory worth nothing
+])
+def test_a_restart_is_applied_only_when_its_gain_over_the_horizon_exceeds_the_tokens_it_loses(
+        gain, mem, memory_value, action, reason, gain_tokens):
+    d = _guard(EngineSettings(192, 0.7, None, 4), gain, mem, _cost(memory_value=memory_value))
+    assert (d.action, d.reason) == (action, reason)
+    assert d.restart["costTokens"] == 320_000 and d.restart["gainTokens"] == gain_tokens
+    assert d.restart["restartSeconds"] == 40.0 and d.restart["podsRestarted"] == 4
+    assert f"{gain_tokens} tokens gained over the 300s horizon vs 320000 lost" in d.message
+
+
+def test_a_replica_change_still_applies_alone_when_the_flags_are_held():
+    d = _guard(EngineSettings(192, 0.7, None, 6), 0.05, cost=_cost())
+    assert d.action == policy.APPLY and d.target == EngineSettings(256, 0.9, None, 6)
+    assert "flags held (RestartNotWorthIt)" in d.message
+
+
+def test_one_replica_without_surge_is_downtime_held_unless_the_spec_allows_it():
+    one = replace(CUR, replicas=1)
+    cost = _cost(pods=1, downtime=True, horizon_s=3000.0)
+    held = _guard(EngineSettings(192, 0.9, None, 1), 0.5, cost=cost, cur=one)
+    assert (held.action, held.reason) == (policy.HOLD, "RestartNeedsDowntime")
+    assert "no pod serves for ~40s" in held.message and held.restart["downtime"] is True
+    allowed = _guard(EngineSettings(192, 0.9, None, 1), 0.5, cost=cost, cur=one, spec=_spec(allowDowntime=True))
+    assert allowed.action == policy.APPLY and "downtime ~40s (allowDowntime)" in allowed.message
+
+
+# ---------------------------------------------------------------- restart cost from the API
+
+def _pod(created: float | None, ready: float | None, status="True"):
+    cond = {"type": "Ready", "status": status, **({"lastTransitionTime": St.iso(ready)} if ready else {})}
+    meta = {"name": "p", **({"creationTimestamp": St.iso(created)} if created else {})}
+    return {"metadata": meta, "status": {"conditions": [cond]}}
+
+
+def test_start_to_ready_is_read_from_creation_and_the_ready_transition():
+    pods = [_pod(NOW, NOW + 52), _pod(NOW, NOW + 68), _pod(NOW, None), _pod(None, NOW),
+            _pod(NOW, NOW + 30, status="False"), _pod(NOW, NOW),
+            {"metadata": {"creationTimestamp": "yesterday"}, "status": {"conditions": [
+                {"type": "Ready", "status": "True", "lastTransitionTime": "soon"}]}}]
+    assert restart.start_to_ready_s(pods) == [52.0, 68.0]
+    assert restart.pool_restart_s([52.0, 68.0, 300.0]) == 68.0 and restart.pool_restart_s([]) is None
+
+
+def test_modelled_restart_is_weights_over_bandwidth_plus_startup():
+    w = get_arch("llama-3.1-8b").weight_bytes
+    assert restart.modelled_restart_s(w) == pytest.approx(w / 2**30 / 2.0 + 30.0)
+    assert 35.0 < restart.modelled_restart_s(w) < 40.0  # 16 GB of weights
+
+
+@pytest.mark.parametrize("replicas,strategy,surge_unavailable,no_ready", [
+    (4, None, (1, 1), False),  # Kubernetes' defaults 25%/25%
+    (1, None, (1, 0), False),  # 25% of 1: surge rounds up, unavailable down
+    (1, {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}, (0, 1), True),
+    (3, {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}, (0, 1), False),
+    (2, {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "0%", "maxUnavailable": "0%"}}, (0, 1), False),
+    (2, {"type": "Recreate"}, (0, 2), True),
+])
+def test_rolling_update_is_resolved_as_the_deployment_controller_does(replicas, strategy, surge_unavailable,
+                                                                      no_ready):
+    d = {"spec": {"replicas": replicas, **({"strategy": strategy} if strategy else {})}}
+    assert restart.rolling_update(d) == surge_unavailable
+    assert restart.leaves_no_ready_pod(d) is no_ready
+
+
+def test_owned_deployments_roll_without_a_spare_gpu_by_default_and_as_the_spec_says():
+    for rollout, want in ((None, {"maxSurge": 0, "maxUnavailable": 1}),
+                          ({"maxSurge": "25%", "maxUnavailable": 0}, {"maxSurge": "25%", "maxUnavailable": 0})):
+        spec = parse_spec({**RAW, **({"rollout": rollout} if rollout else {})})
+        (pool,) = M.pools("llm", spec)
+        d = M.deployment(OWNER, spec, pool, EngineSettings(32, 0.9, None, 3))
+        assert d["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": want}
+
+
+# ---------------------------------------------------------------- the plan: status, Event, measurement
+
+def _live(replicas: int, spec):
+    (pool,) = M.pools("llm", spec)
+    settings = EngineSettings(32, 0.9, None, replicas)
+    deploy = M.deployment(OWNER, spec, pool, settings)
+    deploy["metadata"]["generation"] = 1
+    deploy["status"] = {"observedGeneration": 1, "readyReplicas": replicas, "updatedReplicas": replicas}
+    return P.R.PoolState(pool, deploy, settings, P.R.Ownership("kneecap"))
+
+
+def _plan(curve, spec, replicas=2, measured=(), status_extra=None):
+    status, ring = ring_status(curve)
+    status.update(status_extra or {})
+    obs = replace(observation(curve[32]), t_end_s=NOW)
+    window = P.PoolWindow("server", _live(replicas, spec), P.OBSERVED, observation=obs, start_to_ready_s=measured)
+    return P.plan(gathered(window, ring), status, spec, NOW)
+
+
+def test_plan_holds_a_gain_smaller_than_the_restart_and_applies_a_larger_one(curve):
+    # the same recommendation (cap 32 -> 64, +133% throughput) over a 10 s and a 600 s horizon
+    short = _plan(curve, _spec(cooldown="10s"), measured=(90.0,))
+    d = short.status["lastDecision"]
+    assert d["reason"] == "RestartNotWorthIt" and short.patches == ()
+    assert d["restart"]["gainTokens"] < d["restart"]["costTokens"]
+    assert d["restart"]["restartSeconds"] == 90.0 and d["restart"]["restartSource"] == "Measured"
+    (event,) = [e for e in short.events if e.reason == "RestartNotWorthIt"]
+    assert f"{d['restart']['gainTokens']} tokens gained" in event.message
+    assert f"vs {d['restart']['costTokens']} lost" in event.message
+    long = _plan(curve, _spec(cooldown="600s"), measured=(90.0,))
+    d = long.status["lastDecision"]
+    assert d["reason"] == "Applied" and len(long.patches) == 1
+    assert d["restart"]["gainTokens"] > d["restart"]["costTokens"]
+
+
+def test_plan_keeps_the_last_measured_restart_and_models_one_before_any(curve):
+    spec = _spec(cooldown="600s")
+    first = _plan(curve, spec, measured=(61.0, 75.0, 80.0))
+    assert first.status["restartCost"]["server"]["seconds"] == 75.0
+    kept = _plan(curve, spec, status_extra={"restartCost": first.status["restartCost"]})
+    assert kept.status["lastDecision"]["restart"]["restartSeconds"] == 75.0
+    assert "restartCost" not in kept.status  # unchanged, not re-sent
+    modelled = _plan(curve, spec, status_extra={"restartCost": {"server": {"seconds": "garbage"}}})
+    r = modelled.status["lastDecision"]["restart"]
+    assert r["restartSource"] == "Modelled"
+    assert r["restartSeconds"] == pytest.approx(restart.modelled_restart_s(get_arch("llama-2-7b").weight_bytes), abs=0.1)
+
+
+def test_plan_with_one_replica_says_a_restart_is_downtime(curve):
+    p = _plan(curve, _spec(replicas=1, allowDowntime=False), replicas=1)
+    assert p.status["lastDecision"]["reason"] == "RestartNeedsDowntime" and p.patches == ()
+
+
+# ---------------------------------------------------------------- CUDA-graph capture sizes
+
+def test_capture_sizes_are_vllms_default_list():
+    sizes = cudagraph.capture_sizes()
+    assert sizes[:6] == (1, 2, 4, 8, 16, 24) and sizes[-1] == 512
+    assert 248 in sizes and 256 in sizes and 264 not in sizes and 272 in sizes
+    assert len(sizes) == 3 + 31 + 17  # [1, 2, 4] + range(8, 256, 8) + range(256, 513, 16)
+
+
+@pytest.mark.parametrize("cap,lo,hi,want", [
+    (189, 1, None, 184), (256, 1, None, 256), (250, 1, None, 248), (300, 1, None, 288), (3, 1, None, 2),
+    (7, 5, None, 8),  # rounding down leaves [5, ...]: the smallest capture size above the floor
+    (7, 5, 7, 7),  # no capture size in [5, 7]: unrounded
+    (900, 1, None, 900),  # beyond the largest graph every cap runs eager
+])
+def test_caps_round_down_to_a_capture_size(cap, lo, hi, want):
+    assert cudagraph.round_cap(cap, lo, hi) == want
+
+
+@pytest.mark.parametrize("args,eager", [
+    (["m", "--enforce-eager"], True), (["m", "--enforce_eager"], True), (["m", "--enforce-eager=false"], False),
+    (["m", "--enforce-eager", "--no-enforce-eager"], False), (["m", "--max-model-len", "4096"], False),
+])
+def test_enforce_eager_is_read_from_the_containers_argv(args, eager):
+    assert cudagraph.eager({"command": ["vllm", "serve"], "args": args}) is eager
+
+
+def test_the_guard_rounds_the_applied_cap_and_sizes_memory_for_it():
+    spec = _spec()
+    sized = []
+
+    def memory_for(cap):
+        sized.append(cap)
+        return 0.5, None
+
+    d = policy.guard(CUR, policy.Proposal(EngineSettings(189, 0.6, None, 4), 0.3), spec.control, spec.batching,
+                     replace(spec.topology.replicas, max=8), OK, memory_for,
+                     round_cap=lambda c: cudagraph.round_cap(c, 1, 1024))
+    assert d.target.max_num_seqs == 184 and sized == [184] and d.target.gpu_memory_utilization == 0.5
+
+
+def test_plan_rounds_unless_the_engine_runs_eager(curve):
+    graphs = _plan(curve, _spec(cooldown="600s"))
+    eager = _plan(curve, parse_spec({**RAW, "engine": {**RAW["engine"], "extraArgs": ["--enforce-eager"]},
+                                     "topology": {"replicas": {"min": 2, "max": 2}},
+                                     "control": {**RAW["control"], "cooldown": "600s"}}))
+    cap_graphs = graphs.status["lastDecision"]["target"]["maxNumSeqs"]
+    cap_eager = eager.status["lastDecision"]["target"]["maxNumSeqs"]
+    assert cap_graphs in cudagraph.capture_sizes()
+    assert cap_graphs <= cap_eager
