@@ -62,10 +62,18 @@ def stored(obj: dict) -> dict:
         for section in (c.get("resources") or {}).values():
             for k, v in section.items():
                 section[k] = canonical_quantity(v)
-        probe = c.get("readinessProbe")
-        if probe:
-            probe.update({**PROBE_DEFAULTS, **probe})
+        for probe in filter(None, (c.get(k) for k in ("readinessProbe", "startupProbe", "livenessProbe"))):
+            probe.update({**PROBE_DEFAULTS, "periodSeconds": 10, **probe})
             probe.get("httpGet", {}).setdefault("scheme", "HTTP")
+        for m in c.get("volumeMounts") or []:
+            if m.get("readOnly") is False:
+                del m["readOnly"]  # a non-pointer omitempty bool
+    for v in pod.get("volumes") or []:
+        for source in ("configMap", "secret"):
+            if source in v:
+                v[source].setdefault("defaultMode", 420)
+        if "sizeLimit" in v.get("emptyDir", {}):
+            v["emptyDir"]["sizeLimit"] = canonical_quantity(v["emptyDir"]["sizeLimit"])
         for p in c.get("ports") or []:
             p.setdefault("protocol", "TCP")
     obj["spec"] = {**obj["spec"], "template": spec["template"]}
