@@ -229,6 +229,25 @@ def pod_spec(spec: LLMDeploymentSpec, role: str, settings: EngineSettings) -> di
     }
 
 
+# pod fields only spec.engine.podTemplate sets (and `serviceAccount`, the deprecated mirror the API
+# server copies serviceAccountName from); container fields only spec.engine sets
+TEMPLATE_POD_FIELDS = ("tolerations", "nodeSelector", "affinity", "imagePullSecrets", "serviceAccountName",
+                       "serviceAccount", "runtimeClassName", "priorityClassName")
+TEMPLATE_CONTAINER_FIELDS = ("envFrom",)
+
+
+def removed_template_fields(desired: dict, live: dict) -> dict:
+    """Pod-spec fields the live Deployment's template has and the desired one no longer does, as
+    merge-patch nulls (a merge patch keeps what it does not name); {} when none. A container
+    field dropped is returned as the desired container list (lists are replaced whole)."""
+    want_pod, live_pod = desired["spec"]["template"]["spec"], live["spec"]["template"]["spec"]
+    out: dict = {k: None for k in TEMPLATE_POD_FIELDS if k in live_pod and k not in want_pod}
+    want_c, live_c = vllm_container(desired), vllm_container(live)
+    if any(k in live_c and k not in want_c for k in TEMPLATE_CONTAINER_FIELDS):
+        out["containers"] = want_pod["containers"]
+    return out
+
+
 def pod_metadata(spec: LLMDeploymentSpec, name: str, role: str) -> dict:
     """The template's labels (kneecap's win) and annotations (spec.engine.podAnnotations win)."""
     meta = spec.engine.pod_template.get("metadata") or {}

@@ -189,8 +189,12 @@ async def _reconcile_pool(kube: KubeClient, reads: ApiReads, owner: dict, spec: 
             "spec": {"template": desired["spec"]["template"]}}
     if not ownership.external:
         want["spec"]["replicas"] = desired["spec"]["replicas"]
-    patched = not in_sync(want, live)
+    removed = M.removed_template_fields(desired, live)
+    patched = not in_sync(want, live) or bool(removed)
     if patched:
+        if removed:  # what the spec dropped (a toleration list, a nodeSelector) leaves the live template too
+            want["spec"]["template"] = {**want["spec"]["template"],
+                                        "spec": {**want["spec"]["template"]["spec"], **removed}}
         live = await kube.patch(deployments_path(ns, pool.name), want)
     return PoolState(pool, live, M.live_settings(live, start), ownership, patched=patched)
 
