@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from kneecap.commands import common
 from kneecap.errors import InputError
 
 HELP = "run kneecap end to end on an embedded cluster (twin pods, load, the real operator)"
@@ -44,11 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
                         help="memory fraction the pods start with")
     parser.add_argument("--efficiency-floor", type=float, default=d.efficiency_floor, help="BCA ε (eq. 13)")
-    parser.add_argument("--slo-tpot", type=float, default=d.slo_tpot_s, help="TPOT SLO, seconds (ITL p95)")
+    common.add_slo(parser, tpot=d.slo_tpot_s, with_ttft=False, old_tpot=("--slo-tpot",))
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--out", type=Path, default=Path("kneecap-demo"),
                         help="directory for trajectory.png, run.json and the twins' logs")
-    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    common.add_json(parser, "print the summary as one JSON object")
 
 
 def config_from_args(args):
@@ -61,7 +62,7 @@ def config_from_args(args):
                       output_cv=args.output_cv, duration_s=args.duration, time_scale=args.time_scale,
                       interval_s=args.interval, cooldown_s=args.cooldown, max_num_seqs=args.max_num_seqs,
                       gpu_memory_utilization=args.gpu_memory_utilization, efficiency_floor=args.efficiency_floor,
-                      slo_tpot_s=args.slo_tpot, max_concurrency=args.max_concurrency, seed=args.seed)
+                      slo_tpot_s=args.slo_tpot_s, max_concurrency=args.max_concurrency, seed=args.seed)
 
 
 def run(args) -> int:

@@ -48,8 +48,10 @@ GPUS: dict[str, GPU] = {g.key: g for g in [
     GPU("l4", "NVIDIA L4 24GB", 121e12, 0.3e12, 22.03, 0.8),
 ]}
 
-ALIASES = {"h100": "h100-80gb", "h100-sxm-80gb": "h100-80gb", "h100-sxm": "h100-80gb",
-           "h100-pcie": "h100-pcie-80gb", "h200-141gb": "h200", "a100": "a100-80gb",
+# Unambiguous other spellings only: a family name alone ("h100", "a100") has several variants
+# whose memory and bandwidth differ, so it is an error that lists them (get_gpu).
+ALIASES = {"h100-sxm-80gb": "h100-80gb", "h100-sxm": "h100-80gb",
+           "h100-pcie": "h100-pcie-80gb", "h200-141gb": "h200",
            "l40s-48gb": "l40s", "l4-24gb": "l4"}
 
 _OVERRIDABLE = {f.name for f in fields(GPU)} - {"key"}
@@ -60,6 +62,9 @@ def get_gpu(key: str, /, **overrides) -> GPU:
     k = str(key).strip().lower()
     k = ALIASES.get(k, k)
     if k not in GPUS:
+        variants = sorted(g for g in GPUS if g.startswith(k + "-"))
+        if variants:
+            raise InputError("gpu", f"ambiguous GPU {key!r}: say which variant, one of {', '.join(variants)}")
         raise InputError("gpu", f"unknown GPU {key!r}; expected one of {', '.join(sorted(GPUS))}")
     bad = set(overrides) - _OVERRIDABLE
     if bad:
