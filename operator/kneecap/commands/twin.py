@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import signal
 import sys
 import types
 from pathlib import Path
 
+from kneecap.commands import common
 from kneecap.errors import InputError
 
 HELP = "serve a vLLM-compatible twin with GPU-scale batching, KV cache and step times"
@@ -97,6 +99,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", default="h100-80gb", help="twin: catalog GPU (default h100-80gb)")
     parser.add_argument("--time-scale", type=float, default=1.0, help="twin: run X times faster than real time")
     parser.add_argument("--seed", type=int, default=0, help="twin: seed for generated text")
+    common.add_json(parser, "twin: JSON lines on stdout (serving, with the engine's shape; ignoredFlags; stopped)")
     parser.add_argument("--sim-clock-anchor", metavar="WALL:SIM",
                         help="twin: put the simulated clock (kneecap_twin_sim_time_seconds, X-Kneecap-Sim-Time) on "
                              "the clock that read SIM seconds at unix time WALL and runs --time-scale times faster "
@@ -167,8 +170,11 @@ def run(args) -> int:
         raise InputError("port", f"expected 1..65535, got {args.port}")
     server = build_server(args)
     if getattr(args, "ignored_flags", None):
-        print(f"INFO: kneecap twin ignores vLLM flags it does not model: {' '.join(args.ignored_flags)}",
-              file=sys.stderr, flush=True)
+        if args.json:
+            print(json.dumps({"event": "ignoredFlags", "flags": list(args.ignored_flags)}), flush=True)
+        else:
+            print(f"INFO: kneecap twin ignores vLLM flags it does not model: {' '.join(args.ignored_flags)}",
+                  file=sys.stderr, flush=True)
 
     async def main() -> None:
         task = asyncio.current_task()
@@ -176,9 +182,10 @@ def run(args) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
         try:
-            await serve(server, args.host, args.port)
+            await serve(server, args.host, args.port, json_lines=args.json)
         except asyncio.CancelledError:
-            pass
+            if args.json:
+                print(json.dumps({"event": "stopped"}), flush=True)
 
     try:
         asyncio.run(main())

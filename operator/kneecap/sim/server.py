@@ -298,14 +298,19 @@ class TwinServer:
         return resp
 
 
-async def serve(server: TwinServer, host: str, port: int, ready_message: bool = True) -> None:
-    """Run until cancelled."""
+async def serve(server: TwinServer, host: str, port: int, ready_message: bool = True, json_lines: bool = False) -> None:
+    """Run until cancelled. The ready message: a line on stderr, or (`json_lines`) a JSON object
+    ``{"event": "serving", ...}`` on stdout."""
     runner = web.AppRunner(server.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    if ready_message:
-        cfg = server.config
+    cfg = server.config
+    if json_lines:
+        print(json.dumps({"event": "serving", "model": server.names[0], "arch": cfg.arch.key, "gpu": cfg.gpu.key,
+                          "max_num_seqs": cfg.max_num_seqs, "num_gpu_blocks": cfg.num_gpu_blocks,
+                          "time_scale": server.time_scale, "url": f"http://{host}:{port}"}), flush=True)
+    elif ready_message:
         print(f"INFO: kneecap twin serving {server.names[0]} ({cfg.arch.key} on {cfg.gpu.key}, "
               f"max_num_seqs={cfg.max_num_seqs}, num_gpu_blocks={cfg.num_gpu_blocks}, "
               f"time_scale={server.time_scale}) on http://{host}:{port}", file=sys.stderr, flush=True)
