@@ -41,8 +41,27 @@ def print_error(message: str, field: str | None, as_json: bool, prog: str = "kne
         print(f"{prog}: error: {message}", file=sys.stderr)
 
 
+def help_text(action: argparse.Action) -> str:
+    """An option's help with its default when it has one and does not say it already."""
+    text = action.help or ""
+    default = action.default
+    if default in (None, False, argparse.SUPPRESS) or isinstance(default, list) or "default" in text:
+        return text
+    shown = f"{default:g}" if isinstance(default, float) else str(default)
+    return f"{text} (default {shown})".strip()
+
+
+class _Help(argparse.HelpFormatter):
+    def _get_help_string(self, action):
+        return help_text(action).replace("%", "%%") if action.option_strings else super()._get_help_string(action)
+
+
 class _Parser(argparse.ArgumentParser):
     json_errors = False  # set by main when --json is on the command line
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # argparse already exits 2; keep its message short
         if not self.json_errors:

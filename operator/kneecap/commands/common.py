@@ -19,6 +19,18 @@ EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
 QUANTILE_DEFAULT = 0.95
+_SUFFIX = {"k": 10**3, "K": 2**10, "m": 10**6, "M": 2**20, "g": 10**9, "G": 2**30, "t": 10**12, "T": 2**40}
+
+
+def human_int(text: str) -> int:
+    """vLLM's human-readable integers: ``4096``, ``1k`` (10³), ``1K`` (2¹⁰), ``8G`` (2³⁰)."""
+    s = str(text).strip()
+    try:
+        if s and s[-1] in _SUFFIX:
+            return int(float(s[:-1]) * _SUFFIX[s[-1]])
+        return int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer like 4096, 32k or 8G, got {text!r}") from None
 
 
 def quantile(text: str) -> float:

@@ -19,9 +19,9 @@ def add_arguments(p):
     p.add_argument("--gpu", required=True, help="GPU catalog key (e.g. h100-80gb)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="fraction of GPU memory vLLM takes")
     p.add_argument("--max-num-seqs", type=int, required=True)
-    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+    p.add_argument("--max-num-batched-tokens", type=common.human_int, default=None,
                    help="token budget per step (default: vLLM's for the served context, --max-model-len)")
-    p.add_argument("--max-model-len", type=int, default=None,
+    p.add_argument("--max-model-len", type=common.human_int, default=None,
                    help="context the engine serves (default: the model's); sets the default token budget")
     p.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
     p.add_argument("--kv-tokens", type=int, default=None,

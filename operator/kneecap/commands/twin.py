@@ -21,6 +21,7 @@ import types
 from pathlib import Path
 
 from kneecap.commands import common
+from kneecap.commands.common import human_int
 from kneecap.errors import InputError
 
 HELP = "serve a vLLM-compatible twin with GPU-scale batching, KV cache and step times"
@@ -35,18 +36,6 @@ VLLM_SWITCHES = {
     "--disable-sliding-window", "--enable-sleep-mode", "--async-scheduling", "--no-async-scheduling",
 }
 
-_SUFFIX = {"k": 10**3, "K": 2**10, "m": 10**6, "M": 2**20, "g": 10**9, "G": 2**30, "t": 10**12, "T": 2**40}
-
-
-def human_int(text: str) -> int:
-    """vLLM's human-readable integers: ``4096``, ``1k`` (10³), ``1K`` (2¹⁰), ``8G`` (2³⁰)."""
-    s = str(text).strip()
-    try:
-        if s and s[-1] in _SUFFIX:
-            return int(float(s[:-1]) * _SUFFIX[s[-1]])
-        return int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer like 4096, 32k or 8G, got {text!r}") from None
 
 
 def _bool(text: str) -> bool:
