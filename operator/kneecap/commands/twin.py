@@ -84,6 +84,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="mixed prefill/decode steps under the token budget (default on, as vLLM V1)")
     parser.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill", action="store_false",
                         help="V0-style whole-prompt prefill steps")
+    parser.add_argument("--kv-transfer-config", help="vLLM's KV-transfer JSON: its kv_role (kv_producer, "
+                                                     "kv_consumer, kv_both) makes a disaggregated prefill or decode twin")
+    parser.add_argument("--kv-transfer-gib-s", type=float, default=25.0,
+                        help="twin: KV link bandwidth a decode twin reads remote KV at, GiB/s")
     parser.add_argument("--arch", help="twin: catalog model shape (default: from the model name)")
     parser.add_argument("--gpu", default="h100-80gb", help="twin: catalog GPU (default h100-80gb)")
     parser.add_argument("--time-scale", type=float, default=1.0, help="twin: run X times faster than real time")
@@ -123,6 +127,7 @@ def build_server(args):
     """The :class:`TwinServer` the flags describe (no I/O)."""
     from kneecap.model.hardware import get_gpu
     from kneecap.sim.engine import engine_config
+    from kneecap.sim.kv_transfer import kv_role
     from kneecap.sim.server import TwinServer
 
     model = args.model or args.model_pos
@@ -135,8 +140,11 @@ def build_server(args):
                         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                         num_gpu_blocks_override=args.num_gpu_blocks_override,
                         enable_chunked_prefill=args.enable_chunked_prefill)
+    if not args.kv_transfer_gib_s > 0:
+        raise InputError("kv_transfer_gib_s", f"expected GiB/s > 0, got {args.kv_transfer_gib_s}")
     return TwinServer(cfg, args.served_model_name or [model], time_scale=args.time_scale, seed=args.seed,
-                      root_model=model, sim_clock_anchor=parse_anchor(args.sim_clock_anchor))
+                      root_model=model, sim_clock_anchor=parse_anchor(args.sim_clock_anchor),
+                      kv_role=kv_role(args.kv_transfer_config), kv_transfer_gib_s=args.kv_transfer_gib_s)
 
 
 def parse_anchor(text: str | None) -> tuple[float, float] | None:

@@ -1,0 +1,104 @@
+"""The request path of a disaggregated deployment: prefill first, then decode with its KV.
+
+One URL in front of a prefill pool and a decode pool (each a :class:`Router`: round robin over
+Ready endpoints, waiting while none is). A completion goes to a prefill twin with
+``max_tokens: 1`` and ``kv_transfer_params: {"do_remote_decode": true}``; its answer's
+``kv_transfer_params`` name the KV it keeps; the original request, with them, goes to a decode
+twin, which reads that KV and streams the answer back unchanged. This is what vLLM's
+disaggregated-serving proxy example (examples/online_serving/disaggregated_serving) and llm-d's
+routing sidecar do in a cluster (docs/operations.md, "Disaggregated request path").
+"""
+
+from __future__ import annotations
+
+import aiohttp
+from aiohttp import web
+
+from kneecap.demo.clock import free_port
+from kneecap.demo.router import HOP_HEADERS, Router
+from kneecap.errors import InputError
+from kneecap.sim import kv_transfer as kvt
+from kneecap.sim.server import SIM_TIME_HEADER
+
+
+class PDRouter:
+    def __init__(self, clock=None, wait_for_endpoint_s: float = 120.0):
+        self.clock = clock
+        self.prefill = Router(wait_for_endpoint_s=wait_for_endpoint_s)
+        self.decode = Router(wait_for_endpoint_s=wait_for_endpoint_s)
+        self.routed: list[tuple[str, str]] = []  # (prefill URL, decode URL) per request
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def pool(self, role: str) -> Router:
+        return {"prefill": self.prefill, "decode": self.decode}[role]
+
+    async def _prefill(self, body: dict, headers: dict) -> tuple[str, dict]:
+        url = await self.prefill._endpoint()
+        self.prefill.inflight[url] = self.prefill.inflight.get(url, 0) + 1
+        try:
+            async with self._session.post(url + "/v1/completions", json=kvt.prefill_request(body),
+                                          headers=headers) as up:
+                answer = await up.json(content_type=None)
+                if up.status != 200:
+                    raise web.HTTPBadGateway(text=f"prefill {url}: {up.status} {answer}")
+        finally:
+            self.prefill.inflight[url] -= 1
+        return url, answer
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS | {"content-type"}}
+        try:
+            p_url, prefilled = await self._prefill(body, headers)
+            decode_body = kvt.decode_request(body, prefilled)
+        except (aiohttp.ClientError, InputError) as exc:
+            return web.json_response({"error": {"message": f"prefill: {exc}", "code": 502}}, status=502)
+        d_url = await self.decode._endpoint()
+        self.decode.inflight[d_url] = self.decode.inflight.get(d_url, 0) + 1
+        self.routed.append((p_url, d_url))
+        try:
+            async with self._session.post(d_url + "/v1/completions", json=decode_body, headers=headers) as up:
+                resp = web.StreamResponse(status=up.status, headers={
+                    k: v for k, v in up.headers.items() if k.lower() not in HOP_HEADERS})
+                await resp.prepare(request)
+                async for chunk in up.content.iter_any():
+                    await resp.write(chunk)
+                await resp.write_eof()
+                return resp
+        except aiohttp.ClientError as exc:
+            return web.json_response({"error": {"message": f"decode {d_url}: {exc}", "code": 502}}, status=502)
+        finally:
+            self.decode.inflight[d_url] -= 1
+
+    async def _models(self, request: web.Request) -> web.Response:
+        url = await self.decode._endpoint()
+        async with self._session.get(url + "/v1/models") as up:
+            return web.json_response(await up.json(content_type=None), status=up.status)
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(headers={SIM_TIME_HEADER: repr(self.clock())} if self.clock is not None else {})
+
+    async def start(self, port: int | None = None) -> "PDRouter":
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                              timeout=aiohttp.ClientTimeout(total=None))
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        self.port = port or free_port()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
