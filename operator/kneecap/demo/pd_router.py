@@ -38,6 +38,12 @@ class PDRouter:
     def pool(self, role: str) -> Router:
         return {"prefill": self.prefill, "decode": self.decode}[role]
 
+    def on_endpoints(self, deployment: str, urls: list[str]) -> None:
+        """The kubelet's endpoint callback: `<name>-prefill` and `<name>-decode` pools (manifests.pool_name)."""
+        for role in ("prefill", "decode"):
+            if deployment.endswith(f"-{role}"):
+                self.pool(role).set_endpoints(urls)
+
     async def _prefill(self, body: dict, headers: dict) -> tuple[str, dict]:
         url = await self.prefill._endpoint()
         self.prefill.inflight[url] = self.prefill.inflight.get(url, 0) + 1
