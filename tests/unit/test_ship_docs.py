@@ -152,8 +152,14 @@ def test_the_pod_schema_is_generated_from_the_kubernetes_openapi():
     engine = CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["engine"]
 
     def preserved(schema, path):
+        """Nodes a structural schema may not have: unknown fields kept, no type, properties and
+        additionalProperties together."""
         if schema.get("x-kubernetes-preserve-unknown-fields"):
             yield path
+        if "type" not in schema and not schema.get("x-kubernetes-int-or-string"):
+            yield path + " (no type)"
+        if "properties" in schema and "additionalProperties" in schema:
+            yield path + " (properties and additionalProperties)"
         for k, v in (schema.get("properties") or {}).items():
             yield from preserved(v, f"{path}.{k}")
         for key in ("items", "additionalProperties"):
