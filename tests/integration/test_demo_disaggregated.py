@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 
-import aiohttp
 
 from kneecap.control import reconcile as R
 from kneecap.control.kube import KubeClient
@@ -16,6 +15,7 @@ from kneecap.demo.kubeapi import LLMD, KubeAPIThread
 from kneecap.demo.kubelet import Kubelet
 from kneecap.demo.pd_router import PDRouter
 from tests.support.operator_harness import NS, llmd
+from tests.support.twins import post_completions
 
 PROMPT_TOKENS, MAX_TOKENS, N = 300, 8, 6
 
@@ -43,12 +43,7 @@ async def test_prefill_kv_decode_through_the_kubelets_twins():
                 assert not task.done(), task.exception()
                 await asyncio.sleep(0.1)
             body = {"prompt": " ".join(["knee"] * PROMPT_TOKENS), "max_tokens": MAX_TOKENS}
-            async with aiohttp.ClientSession() as s:
-                async def one():
-                    async with s.post(router.url + "/v1/completions", json=body) as r:
-                        assert r.status == 200, await r.text()
-                        return await r.json()
-                answers = await asyncio.gather(*(one() for _ in range(N)))
+            answers = await post_completions(router.url, body, N)
             (p_url,), (d_url,) = router.prefill.endpoints, router.decode.endpoints
         finally:
             stop.set()

@@ -5,7 +5,6 @@ before its prefill finished elsewhere."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import aiohttp
@@ -18,7 +17,7 @@ from kneecap.model.hardware import get_gpu
 from kneecap.sim import kv_transfer as kvt
 from kneecap.sim.engine import engine_config
 from kneecap.sim.server import TwinServer
-from tests.support.vllm_server import free_port
+from tests.support.twins import free_port, post_completions
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 PROMPT_TOKENS, MAX_TOKENS, N = 400, 12, 8
@@ -52,12 +51,7 @@ async def pd():
 async def test_prefill_then_kv_transfer_then_decode(pd):
     prefill, decode, router, p_url, d_url = pd
     body = {"model": MODEL, "prompt": " ".join(["knee"] * PROMPT_TOKENS), "max_tokens": MAX_TOKENS}
-    async with aiohttp.ClientSession() as s:
-        async def one():
-            async with s.post(router.url + "/v1/completions", json=body) as r:
-                assert r.status == 200, await r.text()
-                return await r.json()
-        answers = await asyncio.gather(*(one() for _ in range(N)))
+    answers = await post_completions(router.url, body, N)
     transfer_s = PROMPT_TOKENS * get_arch("llama-3.1-8b").kv_bytes_per_token / (25.0 * GIB)
     for a in answers:
         t = a["kneecap_timing"]

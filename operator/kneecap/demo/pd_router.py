@@ -14,8 +14,7 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 
-from kneecap.demo.clock import free_port
-from kneecap.demo.router import HOP_HEADERS, Router
+from kneecap.demo.router import HOP_HEADERS, Router, close_front, open_front
 from kneecap.errors import InputError
 from kneecap.sim import kv_transfer as kvt
 from kneecap.sim.server import SIM_TIME_HEADER
@@ -66,21 +65,9 @@ class PDRouter:
         except (aiohttp.ClientError, InputError) as exc:
             return web.json_response({"error": {"message": f"prefill: {exc}", "code": 502}}, status=502)
         d_url = await self.decode._endpoint()
-        self.decode.inflight[d_url] = self.decode.inflight.get(d_url, 0) + 1
         self.routed.append((p_url, d_url))
-        try:
-            async with self._session.post(d_url + "/v1/completions", json=decode_body, headers=headers) as up:
-                resp = web.StreamResponse(status=up.status, headers={
-                    k: v for k, v in up.headers.items() if k.lower() not in HOP_HEADERS})
-                await resp.prepare(request)
-                async for chunk in up.content.iter_any():
-                    await resp.write(chunk)
-                await resp.write_eof()
-                return resp
-        except aiohttp.ClientError as exc:
-            return web.json_response({"error": {"message": f"decode {d_url}: {exc}", "code": 502}}, status=502)
-        finally:
-            self.decode.inflight[d_url] -= 1
+        return await self.decode.forward(self._session, request, d_url, "POST", "/v1/completions", "decode",
+                                         json=decode_body, headers=headers)
 
     async def _models(self, request: web.Request) -> web.Response:
         url = await self.decode._endpoint()
@@ -91,20 +78,12 @@ class PDRouter:
         return web.Response(headers={SIM_TIME_HEADER: repr(self.clock())} if self.clock is not None else {})
 
     async def start(self, port: int | None = None) -> "PDRouter":
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                              timeout=aiohttp.ClientTimeout(total=None))
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        self.port = port or free_port()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        self._session, self._runner, self.port = await open_front(app, port)
         return self
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-        if self._session is not None:
-            await self._session.close()
+        await close_front(self._runner, self._session)
