@@ -14,25 +14,19 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 
-from kneecap.demo.router import HOP_HEADERS, Router, close_front, open_front
+from kneecap.demo.router import HOP_HEADERS, Front, Router
 from kneecap.errors import InputError
 from kneecap.sim import kv_transfer as kvt
 from kneecap.sim.server import SIM_TIME_HEADER
 
 
-class PDRouter:
+class PDRouter(Front):
     def __init__(self, clock=None, wait_for_endpoint_s: float = 120.0):
+        super().__init__()
         self.clock = clock
         self.prefill = Router(wait_for_endpoint_s=wait_for_endpoint_s)
         self.decode = Router(wait_for_endpoint_s=wait_for_endpoint_s)
         self.routed: list[tuple[str, str]] = []  # (prefill URL, decode URL) per request
-        self._session: aiohttp.ClientSession | None = None
-        self._runner: web.AppRunner | None = None
-        self.port = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def pool(self, role: str) -> Router:
         return {"prefill": self.prefill, "decode": self.decode}[role]
@@ -82,8 +76,5 @@ class PDRouter:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
-        self._session, self._runner, self.port = await open_front(app, port)
+        await self._serve(app, port)
         return self
-
-    async def stop(self) -> None:
-        await close_front(self._runner, self._session)

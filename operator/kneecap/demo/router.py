@@ -22,8 +22,37 @@ from kneecap.sim.server import SIM_TIME_HEADER
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "host"}
 
 
-class Router:
+class Front:
+    """An HTTP front on 127.0.0.1 with one upstream session (no connection limit, no total
+    timeout: responses stream for as long as generation takes)."""
+
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _serve(self, app: web.Application, port: int | None) -> None:
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                              timeout=aiohttp.ClientTimeout(total=None))
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        self.port = port or free_port()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+
+class Router(Front):
     def __init__(self, wait_for_endpoint_s: float = 120.0, drain_timeout_s: float = 60.0, clock=None):
+        super().__init__()
         self.clock = clock
         self.endpoints: list[str] = []
         self.inflight: dict[str, int] = {}
@@ -32,13 +61,6 @@ class Router:
         self.drain_timeout_s = drain_timeout_s
         self._rr = itertools.count()
         self._changed = asyncio.Event()
-        self._session: aiohttp.ClientSession | None = None
-        self._runner: web.AppRunner | None = None
-        self.port = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def set_endpoints(self, urls: list[str]) -> None:
         self.endpoints = list(urls)
@@ -99,26 +121,5 @@ class Router:
         if self.clock is not None:
             app.router.add_get("/health", self._health)
         app.router.add_route("*", "/{tail:.*}", self._proxy)
-        self._session, self._runner, self.port = await open_front(app, port)
+        await self._serve(app, port)
         return self
-
-    async def stop(self) -> None:
-        await close_front(self._runner, self._session)
-
-
-async def open_front(app: web.Application, port: int | None) -> tuple[aiohttp.ClientSession, web.AppRunner, int]:
-    """A router's upstream session (no connection limit, no total timeout: responses stream for
-    as long as generation takes) and `app` listening on 127.0.0.1:`port` (a free one if None)."""
-    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None))
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = port or free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return session, runner, port
-
-
-async def close_front(runner: web.AppRunner | None, session: aiohttp.ClientSession | None) -> None:
-    if runner is not None:
-        await runner.cleanup()
-    if session is not None:
-        await session.close()
