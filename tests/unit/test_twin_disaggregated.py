@@ -101,3 +101,25 @@ def test_proxy_bodies_follow_vllms_protocol():
         kvt.decode_request(body, {"kv_transfer_params": None})
     assert kvt.kv_role('{"kv_connector":"NixlConnector","kv_role":"kv_producer"}') == "kv_producer"
     assert kvt.kv_role(None) is None
+
+
+async def test_a_prefill_pool_is_observed_with_no_inter_token_interval(pd):
+    """A prefill twin makes one token per request: its window has finished requests and no
+    inter-token samples, which is an observation (ITL 0), not invalid metrics; the decode twin's
+    window has real ITLs. (Before, the operator held every disaggregated deployment on
+    `invalid_value:itl`.)"""
+    from kneecap.observe import Observation, observe, parse_metrics
+
+    prefill, decode, router, p_url, d_url = pd
+
+    async def scrape(url):
+        async with aiohttp.ClientSession() as s:
+            async with s.get(url + "/metrics") as r:
+                return parse_metrics(await r.text(), t_s=time.time())
+
+    before = [await scrape(p_url), await scrape(d_url)]
+    await post_completions(router.url, {"model": MODEL, "prompt": " ".join(["knee"] * 50), "max_tokens": 6}, N)
+    pre, dec = [observe(b, await scrape(u)) for b, u in zip(before, (p_url, d_url))]
+    assert isinstance(pre, Observation) and isinstance(dec, Observation)
+    assert pre.finished_requests == N and pre.generation_tokens == N and pre.itl_p95_s == 0.0
+    assert dec.finished_requests == N and dec.generation_tokens == 6 * N and dec.itl_p95_s > 0

@@ -49,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--out", type=Path, default=Path("kneecap-demo"),
                         help="directory for trajectory.png, run.json and the twins' logs")
+    parser.add_argument("--disaggregated", action="store_true",
+                        help="a prefill and a decode pool (KV transfer) behind a P/D router; the cap followed is "
+                             "the decode pool's")
     common.add_json(parser, "print the summary as one JSON object")
 
 
@@ -62,7 +65,8 @@ def config_from_args(args):
                       output_cv=args.output_cv, duration_s=args.duration, time_scale=args.time_scale,
                       interval_s=args.interval, cooldown_s=args.cooldown, max_num_seqs=args.max_num_seqs,
                       gpu_memory_utilization=args.gpu_memory_utilization, efficiency_floor=args.efficiency_floor,
-                      slo_tpot_s=args.slo_tpot_s, max_concurrency=args.max_concurrency, seed=args.seed)
+                      slo_tpot_s=args.slo_tpot_s, max_concurrency=args.max_concurrency, seed=args.seed,
+                      disaggregated=args.disaggregated)
 
 
 def run(args) -> int:

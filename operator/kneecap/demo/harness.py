@@ -37,13 +37,14 @@ from typing import Callable
 import aiohttp
 
 from kneecap.control import vllm_args as V
-from kneecap.control.manifests import GPU_MEMORY_UTILIZATION, MAX_NUM_SEQS, vllm_container
+from kneecap.control.manifests import GPU_MEMORY_UTILIZATION, MAX_NUM_SEQS, pool_name, vllm_container
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.control.status import parse_iso
 from kneecap.demo.clock import TwinClock, twin_time_scrape
 # the emulated API (kmock, the `demo` extra) is imported where a run starts: DemoConfig and
 # `kneecap demo --help` work without it
 from kneecap.demo.report import BEHIND_RATIO
+from kneecap.demo.pd_router import PDRouter
 from kneecap.demo.router import Router
 from kneecap.errors import InputError
 from kneecap.sim.server import SIM_TIME_HEADER
@@ -83,6 +84,12 @@ class DemoConfig:
     observation_history: int = 40
     seed: int = 0
     tick_s: float = 0.25  # wall seconds between the operator's timer wake-ups
+    disaggregated: bool = False  # a prefill and a decode pool behind the P/D router (demo.pd_router)
+
+    @property
+    def pool(self) -> str:
+        """The Deployment whose cap the demo follows: the one pool, or the decode pool."""
+        return pool_name(NAME, "decode" if self.disaggregated else "server")
 
     def check(self) -> None:
         for name in ("rate_rps", "input_mean", "output_mean", "duration_s", "time_scale", "interval_s"):
@@ -122,7 +129,9 @@ def llmdeployment(cfg: DemoConfig, name: str = NAME, namespace: str = NS) -> dic
             "accelerator": {"type": cfg.gpu},
             "engine": {"image": "vllm/vllm-openai:v0.11.0", "maxNumSeqs": cfg.max_num_seqs,
                        "gpuMemoryUtilization": cfg.gpu_memory_utilization, "extraArgs": []},
-            "topology": {"mode": "colocated", "replicas": {"min": 1, "max": 1}},
+            "topology": ({"mode": "disaggregated", "prefill": {"min": 1, "max": 1}, "decode": {"min": 1, "max": 1},
+                          "kvTransfer": {"connector": "NixlConnector"}} if cfg.disaggregated
+                         else {"mode": "colocated", "replicas": {"min": 1, "max": 1}}),
             "slo": slo,
             "batching": {"efficiencyFloor": cfg.efficiency_floor},
             "control": {"mode": "enforce", "interval": f"{cfg.interval_s:g}s", "window": f"{0.9 * cfg.interval_s:g}s",
@@ -223,6 +232,7 @@ class DemoResult:
     operator_metrics: str
     twin_time_ratio: float  # twin seconds per time_scale × wall second while the load ran (1: on time)
     twin_behind_s: float  # simulated seconds the twins lost against time_scale × the wall clock
+    routed_prefill_decode: int = 0  # requests the P/D router sent through a prefill then a decode twin
     summary: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
@@ -373,9 +383,14 @@ async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: TwinClock,
     from kneecap.demo.kubeapi import LLMD
     from kneecap.demo.kubelet import DEPLOY, Kubelet
 
-    router = await Router(clock=clock).start()
-    kubelet = Kubelet(kube, NS, cfg.time_scale, on_endpoints=lambda _d, urls: router.set_endpoints(urls),
-                      drain=router.drain, log_dir=log_dir, clock=clock)
+    if cfg.disaggregated:
+        router = await PDRouter(clock=clock).start()
+        on_endpoints = router.on_endpoints
+    else:
+        router = await Router(clock=clock).start()
+        on_endpoints = lambda _d, urls: router.set_endpoints(urls)  # noqa: E731
+    kubelet = Kubelet(kube, NS, cfg.time_scale, on_endpoints=on_endpoints, drain=router.drain, log_dir=log_dir,
+                      clock=clock)
     stop = asyncio.Event()
     kubelet_task = asyncio.create_task(kubelet.run(stop))
     follow_task = asyncio.create_task(_follow_twins(clock, router, stop))
@@ -385,7 +400,7 @@ async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: TwinClock,
         await kube_create
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 120
-        while not router.endpoints:  # the first pod is up
+        while not router.endpoints:  # the first pod (of each pool) is up
             if kubelet_task.done():
                 kubelet_task.result()
             if loop.time() > deadline:
@@ -402,7 +417,7 @@ async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: TwinClock,
             if lag is not None:
                 lag.check()
             st_obj, dep = await asyncio.gather(asyncio.to_thread(kube.get, LLMD, NS, NAME),
-                                               asyncio.to_thread(kube.get, DEPLOY, NS, NAME))
+                                               asyncio.to_thread(kube.get, DEPLOY, NS, cfg.pool))
             st = (st_obj or {}).get("status") or {}
             stamp = (st.get("lastDecision") or {}).get("time"), len(st.get("observations") or [])
             if st.get("lastDecision") and dep and stamp != last:
@@ -421,7 +436,7 @@ async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: TwinClock,
         await kubelet_task
         await follow_task
         await router.stop()
-    return rows, report, kubelet, ratio, behind
+    return rows, report, kubelet, ratio, behind, len(getattr(router, "routed", ()))
 
 
 def run_demo(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = lambda row: None,
@@ -442,16 +457,17 @@ def run_demo(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = lambda row
         kube.add_namespace(NS)
         op = OperatorThread(kube.url, NS, clock=clock, tick_s=cfg.tick_s, scrape=twin_time_scrape(clock)).start()
         try:
-            rows, report, kubelet, ratio, behind = asyncio.run(_main(cfg, kube, clock, on_row, on_warning, log_dir))
+            rows, report, kubelet, ratio, behind, routed = asyncio.run(
+                _main(cfg, kube, clock, on_row, on_warning, log_dir))
         finally:
             op.stop()
         llmd_obj = kube.get(LLMD, NS, NAME)
-        deploy = kube.get(DEPLOY, NS, NAME)
-        history = [v for v in kube.history(DEPLOY, NS, NAME) if v is not None]
+        deploy = kube.get(DEPLOY, NS, cfg.pool)
+        history = [v for v in kube.history(DEPLOY, NS, cfg.pool) if v is not None]
     load = {k: v for k, v in report.items() if k != "records"}
     res = DemoResult(cfg, rows, llmd_obj, deploy, history, sum(kubelet.restarts.values()),
                      sum(kubelet.started.values()), copy.deepcopy(kubelet.events), load,
-                     time.monotonic() - wall0, op.metrics.exposition().decode(), ratio, behind)
+                     time.monotonic() - wall0, op.metrics.exposition().decode(), ratio, behind, routed)
     from kneecap.demo.report import summarize
 
     res.summary = summarize(res)

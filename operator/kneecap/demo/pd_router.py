@@ -31,6 +31,17 @@ class PDRouter(Front):
     def pool(self, role: str) -> Router:
         return {"prefill": self.prefill, "decode": self.decode}[role]
 
+    @property
+    def endpoints(self) -> list[str]:
+        """Every Ready endpoint once both pools have one (before that the path is not whole)."""
+        both = self.prefill.endpoints and self.decode.endpoints
+        return [*self.prefill.endpoints, *self.decode.endpoints] if both else []
+
+    async def drain(self, url: str) -> None:
+        """Wait for a retiring endpoint's requests, in whichever pool it serves."""
+        for pool in (self.prefill, self.decode):
+            await pool.drain(url)
+
     def on_endpoints(self, deployment: str, urls: list[str]) -> None:
         """The kubelet's endpoint callback: `<name>-prefill` and `<name>-decode` pools (manifests.pool_name)."""
         for role in ("prefill", "decode"):

@@ -87,6 +87,8 @@ def summarize(res) -> dict:
         "time_scale": cfg.time_scale,
         "twin_time_ratio": round(res.twin_time_ratio, 3), "twin_behind_s": round(res.twin_behind_s, 1),
         "twins_fell_behind": res.twin_time_ratio < BEHIND_RATIO,
+        "disaggregated": cfg.disaggregated, "pool": cfg.pool,
+        "requests_prefill_then_decode": res.routed_prefill_decode,
     }
 
 
@@ -118,6 +120,8 @@ def summary_text(s: dict) -> str:
         f"  SLO          {_f(att and att * 100, '.0f')}% of {s['slo_intervals']} intervals after convergence met"
         f" (TPOT {_f(s['slo_tpot_s'], 'g')}s, ITL p95 {_f(s['itl_p95_converged_s'] and s['itl_p95_converged_s'] * 1e3, '.1f')} ms)",
         f"  restarts     {s['restarts']} pod restart(s)",
+        *([f"  P/D path     {s['requests_prefill_then_decode']} request(s) prefilled on the prefill pool, their KV "
+           f"read and decoded on {s['pool']}"] if s["disaggregated"] else []),
         twin_time_line(s),
     ])
 
