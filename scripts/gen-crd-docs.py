@@ -63,19 +63,25 @@ def _num(x) -> str:
     return f"{x:g}" if isinstance(x, float) else str(x)
 
 
+def is_core_type(schema: dict) -> bool:
+    """A Kubernetes core/v1 type embedded by scripts/gen-pod-schema.py (its description says so)."""
+    return schema.get("description", "").startswith("core/v1 ")
+
+
 def _rows(schema: dict, path: str, required: bool, out: list[list[str]], rules: list[tuple[str, dict]]) -> None:
     for rule in schema.get("x-kubernetes-validations", []):
         rules.append((path, rule))
     desc = schema.get("description", "").replace("\n", " ")
     default = _fmt(schema["default"]) if "default" in schema else ""
     out.append([f"`{path}`", _type(schema), "yes" if required else "", default, _bounds(schema), desc])
+    core = is_core_type(schema)  # a Kubernetes type: its fields are the Kubernetes API reference's
     req = set(schema.get("required", []))
-    for name, sub in (schema.get("properties") or {}).items():
+    for name, sub in ({} if core else schema.get("properties") or {}).items():
         _rows(sub, f"{path}.{name}", name in req, out, rules)
     items = schema.get("items")
     for rule in (items or {}).get("x-kubernetes-validations", []) if isinstance(items, dict) else []:
         rules.append((f"{path}[i]", rule))
-    if isinstance(items, dict) and items.get("properties"):
+    if isinstance(items, dict) and items.get("properties") and not core:
         for name, sub in items["properties"].items():
             _rows(sub, f"{path}[].{name}", name in set(items.get("required", [])), out, rules)
 

@@ -54,3 +54,28 @@ def test_kneecap_run_rejects_bad_flags(argv, needle):
     res = subprocess.run([sys.executable, "-m", "kneecap", "run", *argv], cwd=ROOT, capture_output=True, text=True,
                          env=dict(os.environ, PYTHONPATH=str(ROOT / "operator")), timeout=60)
     assert res.returncode == 2 and needle in res.stderr
+
+
+def test_kneecap_run_json_logs_one_object_per_line(tmp_path):
+    """`kneecap run --json`: every stdout line is a JSON log record (kopf's format: message,
+    severity, and the object it is about); nothing else is printed there."""
+    import json
+
+    with KubeAPIThread() as kube:
+        kube.add_namespace(NS)
+        kubeconfig = kube.write_kubeconfig(tmp_path / "kubeconfig", NS, user="tester")
+        env = dict(os.environ, KUBECONFIG=str(kubeconfig), PYTHONPATH=str(ROOT / "operator"))
+        proc = subprocess.Popen([sys.executable, "-m", "kneecap", "run", "--namespace", NS, "--standalone",
+                                 "--tick", "0.2", "--json"],
+                                cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            kube.create(LLMD, llmd("cli-json"))
+            wait_for(lambda: kube.get(DEPLOY, NS, "cli-json"), timeout_s=30, what="deployment from `kneecap run`")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err[-3000:]
+    records = [json.loads(line) for line in out.splitlines()]
+    assert records and all({"message", "severity", "timestamp"} <= set(r) for r in records)
+    about = [r for r in records if (r.get("object") or {}).get("name") == "cli-json"]
+    assert about, out[-2000:]

@@ -59,10 +59,18 @@ def stored(obj: dict) -> dict:
         for section in (c.get("resources") or {}).values():
             for k, v in section.items():
                 section[k] = canonical_quantity(v)
-        probe = c.get("readinessProbe")
-        if probe:
-            probe.update({**PROBE_DEFAULTS, **probe})
+        for probe in filter(None, (c.get(k) for k in ("readinessProbe", "startupProbe", "livenessProbe"))):
+            probe.update({**PROBE_DEFAULTS, "periodSeconds": 10, **probe})
             probe.get("httpGet", {}).setdefault("scheme", "HTTP")
+        for m in c.get("volumeMounts") or []:
+            if m.get("readOnly") is False:
+                del m["readOnly"]  # a non-pointer omitempty bool
+    for v in pod.get("volumes") or []:
+        for source in ("configMap", "secret"):
+            if source in v:
+                v[source].setdefault("defaultMode", 420)
+        if "sizeLimit" in v.get("emptyDir", {}):
+            v["emptyDir"]["sizeLimit"] = canonical_quantity(v["emptyDir"]["sizeLimit"])
         for p in c.get("ports") or []:
             p.setdefault("protocol", "TCP")
     obj["spec"] = {**obj["spec"], "template": spec["template"]}
@@ -169,5 +177,33 @@ async def test_a_spec_change_patches_once_and_keeps_the_applied_record(kube):
         live = kube.get(DEPLOY, ns, name)
         assert live["metadata"]["annotations"]["kneecap.io/applied"] == record
         assert "--max-model-len=4096" in live["spec"]["template"]["spec"]["containers"][0]["args"]
+    finally:
+        await client.close()
+
+
+async def test_dropping_pod_shaping_fields_removes_them_from_the_live_template(kube):
+    """A merge patch keeps what it does not name: the tolerations, nodeSelector, service account...
+    that the spec no longer has are sent as nulls, once, and the template is then in sync."""
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "shaped-pods.yaml").read_text())
+    ns = doc["metadata"]["namespace"]
+    kube.add_namespace(ns)
+    owner = kube.create(LLMD, doc)
+    client = KubeClient(kube.url)
+    try:
+        (pool,) = (await R.reconcile(client, owner, parse_spec(owner["spec"]))).pools
+        name = pool.pool.name
+        engine = {k: v for k, v in owner["spec"]["engine"].items() if k not in ("envFrom", "volumeMounts")}
+        engine["podTemplate"] = {"spec": {"runtimeClassName": "nvidia"}}
+        plain = parse_spec({**owner["spec"], "engine": engine})
+        n = len(kube.api.writes)
+        res = await R.reconcile(client, owner, plain)
+        again = await R.reconcile(client, owner, plain)
+        assert [p.patched for p in res.pools] == [True] and not again.changed
+        assert kube.api.writes[n:] == [("PATCH", "deployments", name)]
+        pod = kube.get(DEPLOY, ns, name)["spec"]["template"]["spec"]
+        gone = ("tolerations", "nodeSelector", "affinity", "imagePullSecrets", "serviceAccountName", "priorityClassName")
+        assert [k for k in gone if k in pod] == [] and pod["runtimeClassName"] == "nvidia"
+        (c,) = pod["containers"]
+        assert "envFrom" not in c and [v["name"] for v in pod["volumes"]] == ["home", "dshm", "model-cache"]
     finally:
         await client.close()

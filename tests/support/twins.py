@@ -74,3 +74,17 @@ def load(url: str, rate: float, duration_s: float, input_mean: int = 200, output
                              "--input-mean", str(input_mean), "--output-mean", str(output_mean),
                              "--seed", str(seed), "--json"],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+async def post_completions(url: str, body: dict, n: int) -> list[dict]:
+    """`n` concurrent POSTs of `body` to `url`/v1/completions; their JSON answers (each a 200)."""
+    import asyncio
+
+    import aiohttp
+
+    async with aiohttp.ClientSession() as s:
+        async def one() -> dict:
+            async with s.post(url + "/v1/completions", json=body) as r:
+                assert r.status == 200, await r.text()
+                return await r.json()
+        return list(await asyncio.gather(*(one() for _ in range(n))))

@@ -95,10 +95,20 @@ def test_gpu_catalog_and_overrides():
     assert (g.peak_flops, g.mem_bw_bytes_s, g.memory_gib) == (989e12, 1.62e12, 63.43)
     for key in ["h100-80gb", "h100-pcie-80gb", "h200", "a100-40gb", "a100-80gb", "l40s", "l4"]:
         assert get_gpu(key).memory_gib > 20
-    assert get_gpu("h100", cost_per_hour=2.5).cost_per_hour == 2.5
+    assert get_gpu("h100-80gb", cost_per_hour=2.5).cost_per_hour == 2.5
     with pytest.raises(InputError, match="unknown GPU"):
         get_gpu("tpu-v5")
     with pytest.raises(InputError, match="cannot override"):
         get_gpu("l4", key="x")
     with pytest.raises(InputError, match="gpu.mem_bw_bytes_s"):
         get_gpu("l4", mem_bw_bytes_s=-1)
+
+
+@pytest.mark.parametrize("family,variants", [("h100", "h100-64gb, h100-80gb, h100-pcie-80gb"),
+                                             ("a100", "a100-40gb, a100-80gb")])
+def test_a_gpu_family_name_alone_is_ambiguous(family, variants):
+    """`--gpu h100` must not silently mean one H100: the data's is the 64 GB one (half the bandwidth)."""
+    with pytest.raises(InputError) as exc:
+        get_gpu(family)
+    assert f"ambiguous GPU {family!r}: say which variant, one of {variants}" in str(exc.value)
+    assert get_gpu("h100-sxm").key == "h100-80gb"  # an unambiguous spelling still resolves

@@ -103,3 +103,36 @@ def test_predict_and_advise_bad_input_exit_2(profiles_csv, tmp_path, capsys):
     _bad(base + ["--slo-e2e-s", "-3"], capsys, "slo_e2e_s")
     _bad(["advise", str(calib), "--model", "nope", "--input-len", "1", "--output-len", "1", "--json"], capsys, "model")
     _bad(["advise", str(calib), "--model", "opt-1.3b", "--input-len", "0", "--output-len", "1", "--json"], capsys, "input_len")
+
+
+def test_fit_warns_when_the_filters_drop_a_workloads_output_spread(profiles_csv, tmp_path, capsys):
+    """README's recipe fits on the fixed-prompt sweeps only: the ShareGPT rows' output-length CV
+    is then in no calibration, and predict assumes fixed lengths for them. fit says so, with the
+    CV to pass; with it, predict on the ShareGPT rows is far closer (measured here)."""
+    calib, fitted = _fit(profiles_csv, tmp_path, capsys)
+    (warning,) = fitted["warnings"]
+    assert "dataset 'sharegpt' (output-length CV 0.92 in this file)" in warning and "--output-cv 0.92" in warning
+    assert "sharegpt" not in fitted["notes"]["output_cv_by_dataset"]
+    src = list(csv.DictReader(profiles_csv.open()))
+    share = [r for r in src if r["dataset"] == "sharegpt" and r["suspect_outlier"] == "False"]
+
+    def mape(cv: str) -> float:
+        points, out = tmp_path / f"sg{cv}.csv", tmp_path / f"pred{cv}.csv"
+        with points.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=[*src[0], "output_cv"])
+            w.writeheader()
+            w.writerows({**r, "output_cv": cv} for r in share)
+        assert main(["predict", str(calib), str(points), "-o", str(out), "--json"]) == 0
+        capsys.readouterr()
+        errs = [abs(float(r["pred_throughput_tok_s"]) / float(r["throughput_tok_s"]) - 1)
+                for r in csv.DictReader(out.open())]
+        return sum(errs) / len(errs)
+
+    assert mape("0.92") < 0.5 * mape("")
+    # text mode: the same warning on stderr; keeping ShareGPT rows: no warning
+    assert main(["fit", str(profiles_csv), "--gpu", "h100-64gb", "--where", "source=batching_results",
+                 "-o", str(tmp_path / "c.json")]) == 0
+    assert "kneecap fit: warning: --where keeps no usable rows of dataset 'sharegpt'" in capsys.readouterr().err
+    assert main(["fit", str(profiles_csv), "--gpu", "h100-64gb", "--where", "source=batching_results",
+                 "--where", "source=background", "-o", str(tmp_path / "c2.json"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["warnings"] == []

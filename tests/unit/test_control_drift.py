@@ -64,3 +64,16 @@ def test_without_empty_keeps_meaningful_empties_and_quantities_only_under_resour
     # "1" elsewhere is not a quantity: args and ports are compared as written
     assert normalised({"args": ["1000m"], "resources": {"requests": {"cpu": "1000m"}}}) == \
         {"args": ["1000m"], "resources": {"requests": {"cpu": "1"}}}
+
+
+def test_omitempty_zeros_and_size_limits_compare_as_the_api_stores_them():
+    want = {"volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16384Mi"}}],
+            "volumeMounts": [{"name": "w", "mountPath": "/w", "readOnly": False}],
+            "startupProbe": {"initialDelaySeconds": 0, "periodSeconds": 10}}
+    live = {"volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}],
+            "volumeMounts": [{"name": "w", "mountPath": "/w"}],
+            "startupProbe": {"periodSeconds": 10, "timeoutSeconds": 1}}
+    assert differences(want, live) == []
+    live["volumes"][0]["emptyDir"]["sizeLimit"] = "8Gi"
+    want["volumeMounts"][0]["readOnly"] = True
+    assert differences(want, live) == [".volumes[0].emptyDir.sizeLimit", ".volumeMounts[0].readOnly"]

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 
 import kubernetes_validate
 import pytest
+import yaml
 
 from kneecap.control import manifests as M
 from kneecap.control import vllm_args as V
-from kneecap.control.spec import parse_spec
+from kneecap.control.spec import parse_spec, spec_schema
+
+ROOT = Path(__file__).resolve().parents[2]
 
 OWNER = {"apiVersion": "kneecap.io/v1alpha1", "kind": "LLMDeployment",
          "metadata": {"name": "llama", "namespace": "serving", "uid": "u-123"}}
@@ -151,3 +156,66 @@ def test_rendered_objects_validate_against_the_kubernetes_schema(raw):
     bad["spec"]["replicas"] = "two"
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(bad, "1.32", strict=True)
+
+
+SHAPED = yaml.safe_load((ROOT / "examples" / "shaped-pods.yaml").read_text())
+
+
+def test_the_shaped_example_uses_every_pod_shaping_field():
+    engine = spec_schema()["properties"]["engine"]["properties"]
+    pod_fields = set(engine["podTemplate"]["properties"]["spec"]["properties"])
+    used = SHAPED["spec"]["engine"]
+    assert set(used["podTemplate"]["spec"]) == pod_fields
+    assert set(used["podTemplate"]["metadata"]) == {"labels", "annotations"}
+    container_fields = {"env", "envFrom", "resources", "volumeMounts", "startupProbe", "livenessProbe", "shmSize",
+                        "modelCache"}
+    assert container_fields <= set(used) and container_fields <= set(engine)
+
+
+def test_pod_template_is_merged_around_the_managed_container():
+    spec = parse_spec(SHAPED["spec"])
+    (pool,) = M.pools("llama-70b", spec)
+    owner = {**SHAPED, "metadata": {**SHAPED["metadata"], "uid": "u-1"}}
+    d = M.deployment(owner, spec, pool, M.initial_settings(spec, pool.role))
+    kubernetes_validate.validate(d, "1.37.0", strict=True)
+    tmpl, user = d["spec"]["template"], SHAPED["spec"]["engine"]["podTemplate"]
+    pod = tmpl["spec"]
+    for key in ("tolerations", "nodeSelector", "affinity", "imagePullSecrets", "serviceAccountName",
+                "runtimeClassName", "priorityClassName"):
+        assert pod[key] == user["spec"][key], key
+    assert pod["automountServiceAccountToken"] is False  # a service account does not bring its token
+    assert tmpl["metadata"]["labels"] == {**user["metadata"]["labels"], **M.labels("llama-70b", "server")}
+    assert tmpl["metadata"]["annotations"] == {**user["metadata"]["annotations"], "prometheus.io/scrape": "true"}
+    assert [v["name"] for v in pod["volumes"]] == ["home", "dshm", "model-cache", "chat-templates"]
+    assert pod["volumes"][1] == {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}
+    assert pod["volumes"][2] == {"name": "model-cache", "persistentVolumeClaim": {"claimName": "llama-70b-weights"}}
+    (c,) = pod["containers"]
+    assert [(m["name"], m["mountPath"]) for m in c["volumeMounts"]] == [
+        ("home", M.HOME), ("dshm", "/dev/shm"), ("model-cache", "/model-cache"), ("chat-templates", "/etc/vllm/templates")]
+    assert {"name": "HF_HOME", "value": "/model-cache"} in c["env"]  # the weights land on the PVC
+    assert c["envFrom"] == [{"secretRef": {"name": "hf-token"}}]
+    assert c["startupProbe"]["failureThreshold"] * c["startupProbe"]["periodSeconds"] == 3600
+    assert c["livenessProbe"] == SHAPED["spec"]["engine"]["livenessProbe"]
+    assert c["readinessProbe"] == {"httpGet": {"path": "/health", "port": 8000}, "periodSeconds": 5}
+
+
+def test_default_probes_allow_a_30_minute_model_load():
+    c = M.container(parse_spec(BASE), "server", M.EngineSettings(8, 0.9))
+    startup, liveness = c["startupProbe"], c["livenessProbe"]
+    assert startup["httpGet"] == liveness["httpGet"] == {"path": "/health", "port": 8000}
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 30 * 60
+    # liveness only counts after the startup probe succeeded; then a minute without /health restarts
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] == 60 and liveness["timeoutSeconds"] == 5
+    assert "HF_HOME" not in {e["name"] for e in c["env"]} and [m["name"] for m in c["volumeMounts"]] == ["home"]
+
+
+def test_a_template_that_skipped_validation_still_cannot_take_the_pool_labels():
+    """Defence in depth (as for extraArgs): a spec parsed elsewhere cannot move the pods out of the
+    pool's selector or claim another manager."""
+    spec = parse_spec(BASE)
+    hostile = {"metadata": {"labels": {M.ROLE_LABEL: "decode", M.MANAGER_LABEL: "helm", "team": "a"}}, "spec": {}}
+    spec = dataclasses.replace(spec, engine=dataclasses.replace(spec.engine, pod_template=hostile))
+    d = M.deployment(OWNER, spec, M.Pool("server", "llama"), M.initial_settings(spec, "server"))
+    labels = d["spec"]["template"]["metadata"]["labels"]
+    assert labels == {**M.labels("llama", "server"), "team": "a"}
+    assert set(d["spec"]["selector"]["matchLabels"].items()) <= set(labels.items())

@@ -43,7 +43,23 @@ def test_every_examples_pods_pass_the_restricted_profile(example):
         (c,) = pod["containers"]
         # vLLM's caches (HF, vLLM, Triton, Inductor) go under a writable $HOME
         assert {"name": "HOME", "value": M.HOME} in c["env"]
-        assert c["volumeMounts"] == [{"name": "home", "mountPath": M.HOME}]
+        assert c["volumeMounts"][0] == {"name": "home", "mountPath": M.HOME}
+        assert pod["volumes"][0] == {"name": "home", "emptyDir": {}}
+
+
+def test_a_template_security_context_replaces_only_the_keys_it_gives():
+    """fsGroup from the template keeps the restricted profile; runAsUser 0 from it is the user's
+    (explicit) choice, and the checker says what it breaks."""
+    doc = yaml.safe_load((ROOT / "examples" / "shaped-pods.yaml").read_text())
+    (d,) = rendered(ROOT / "examples" / "shaped-pods.yaml")
+    pod = d["spec"]["template"]["spec"]
+    assert pod["securityContext"]["fsGroup"] == doc["spec"]["engine"]["podTemplate"]["spec"]["securityContext"]["fsGroup"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and restricted_violations(pod) == []
+    doc["spec"]["engine"]["podTemplate"]["spec"]["securityContext"] = {"runAsUser": 0, "runAsNonRoot": False}
+    spec = parse_spec(doc["spec"])
+    (pool,) = M.pools("llama-70b", spec)
+    root = M.pod_spec(spec, pool.role, M.initial_settings(spec, pool.role))
+    assert any("runAsUser must not be 0" in v for v in restricted_violations(root))
 
 
 def test_the_checker_catches_each_relaxation():

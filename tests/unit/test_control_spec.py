@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import copy
 import re
+from pathlib import Path
 
 import pytest
 import yaml
 
 from kneecap.control import spec as S
 from kneecap.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 BASE = {
     "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
@@ -205,6 +208,40 @@ MALFORMED = [
     ({"rollout": {"maxSurge": "a lot"}}, "spec.rollout.maxSurge"),
     ({"rollout": {"maxUnavailable": -1}}, "spec.rollout.maxUnavailable"),
     ({"control.allowDowntime": "yes"}, "spec.control.allowDowntime"),
+    # pod shaping: kneecap's labels, volumes and mounts stay kneecap's; Kubernetes types are typed
+    ({"engine.podTemplate": {"metadata": {"labels": {"team": "a", "kneecap.io/role": "server"}}}},
+     "spec.engine.podTemplate.metadata.labels"),
+    ({"engine.podTemplate": {"metadata": {"labels": {"app.kubernetes.io/instance": "other"}}}},
+     "spec.engine.podTemplate.metadata.labels"),
+    ({"engine.podTemplate": {"metadata": {"labels": {"team": "x" * 64}}}}, "spec.engine.podTemplate.metadata.labels.team"),
+    ({"engine.podTemplate": {"spec": {"volumes": [{"name": "home", "emptyDir": {}}]}}},
+     "spec.engine.podTemplate.spec.volumes[0].name"),
+    ({"engine.volumeMounts": [{"name": "weights", "mountPath": "/w"}]}, "spec.engine.volumeMounts"),
+    ({"engine.volumeMounts": [{"name": "w", "mountPath": "/dev/shm"}],
+      "engine.podTemplate": {"spec": {"volumes": [{"name": "w", "emptyDir": {}}]}}}, "spec.engine.volumeMounts"),
+    ({"engine.volumeMounts": [{"name": "w", "mountPath": "/home/vllm"}],
+      "engine.podTemplate": {"spec": {"volumes": [{"name": "w", "emptyDir": {}}]}}},
+     "spec.engine.volumeMounts[0].mountPath"),
+    ({"engine.podTemplate": {"spec": {"tolerations": [{"key": "nvidia.com/gpu", "tolerationSeconds": "soon"}]}}},
+     "spec.engine.podTemplate.spec.tolerations[0].tolerationSeconds"),
+    ({"engine.podTemplate": {"spec": {"tolerations": [{"operator": "Exists"}] * 65}}},
+     "spec.engine.podTemplate.spec.tolerations"),
+    ({"engine.podTemplate": {"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": "gpu"}}}}}},
+     "spec.engine.podTemplate.spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms"),
+    ({"engine.podTemplate": {"spec": {"volumes": [{"name": "w", "persistentVolumeClaim": {}}]}}},
+     "spec.engine.podTemplate.spec.volumes[0].persistentVolumeClaim.claimName"),
+    ({"engine.podTemplate": {"spec": {"securityContext": {"runAsUser": "root"}}}},
+     "spec.engine.podTemplate.spec.securityContext.runAsUser"),
+    ({"engine.podTemplate": {"spec": {"serviceAccountName": ["vllm"]}}}, "spec.engine.podTemplate.spec.serviceAccountName"),
+    ({"engine.startupProbe": {"httpGet": {"path": "/health"}}}, "spec.engine.startupProbe.httpGet.port"),
+    ({"engine.livenessProbe": {"failureThreshold": "many"}}, "spec.engine.livenessProbe.failureThreshold"),
+    ({"engine.env": [{"value": "x"}]}, "spec.engine.env[0].name"),
+    ({"engine.envFrom": [{"secretRef": "hf-token"}]}, "spec.engine.envFrom[0].secretRef"),
+    ({"engine.resources": {"limits": {"nvidia.com/gpu": [1]}}}, "spec.engine.resources.limits.nvidia.com/gpu"),
+    ({"engine.shmSize": "lots"}, "spec.engine.shmSize"),
+    ({"engine.modelCache": {"mountPath": "/cache"}}, "spec.engine.modelCache.claimName"),
+    ({"engine.modelCache": {"claimName": "w", "mountPath": "cache"}}, "spec.engine.modelCache.mountPath"),
 ]
 WELL_FORMED = [
     {"engine.extraArgs": ["--max-model-len", "4096", "--enable-prefix-caching", "-tp", "2", "--"]},
@@ -219,6 +256,9 @@ WELL_FORMED = [
     {"model.architecture": "qwen3-30b-a3b", "accelerator.type": "mi300x"},
     {"model.architecture": "Qwen/Qwen3-235B-A22B", "accelerator": {"type": "b200", "count": 8}},
     {"rollout": {"maxSurge": "25%", "maxUnavailable": 0}, "control.allowDowntime": True},
+    {"engine": yaml.safe_load((ROOT / "examples" / "shaped-pods.yaml").read_text())["spec"]["engine"]},
+    {"engine.podTemplate": {"metadata": {"labels": {"app.kubernetes.io/part-of": "chat"}}},
+     "engine.resources": {"limits": {"nvidia.com/gpu": 1, "memory": "64Gi"}}, "engine.shmSize": 1073741824},
 ]
 
 
@@ -326,7 +366,7 @@ def test_target_ref_parses_each_pool_and_its_container():
 def test_every_cel_rule_is_in_the_malformed_table():
     tested = {re.sub(r"\[\d+\]", "[]", f) for _, f in MALFORMED + TARGET_SPECS if f}
     rules = _cel_fields(S.spec_schema())
-    assert len(rules) == 20 and rules <= tested, rules - tested
+    assert len(rules) == 24 and rules <= tested, rules - tested
 
 
 def test_managed_flag_message_names_the_flag():
@@ -471,3 +511,26 @@ def test_config_map_reference_read_through_the_operator_parsing_path():
                                       ("/models/Llama-3.2-1B-Instruct", "llama-3.2-1b")])
 def test_current_model_names_guess_their_catalog_key(name, key):
     assert S.parse_spec(with_("model.name", name)).model.architecture.key == key
+def test_pod_shaping_fields_parse():
+    doc = yaml.safe_load((ROOT / "examples" / "shaped-pods.yaml").read_text())
+    e = S.parse_spec(doc["spec"]).engine
+    assert e.shm_size == "16Gi" and e.model_cache == S.ModelCacheSpec("llama-70b-weights", "/model-cache", False)
+    assert e.startup_probe["failureThreshold"] == 240 and e.readiness_probe is None
+    assert e.env_from == ({"secretRef": {"name": "hf-token"}},)
+    assert e.pod_template["spec"]["runtimeClassName"] == "nvidia"
+    assert [m["name"] for m in e.volume_mounts] == ["chat-templates"]
+    # the defaults: no shaping, an empty template
+    bare = S.parse_spec(BASE).engine
+    assert bare.pod_template == {"metadata": {}, "spec": {}} and bare.shm_size is None and bare.model_cache is None
+
+
+def test_pod_shaping_errors_name_the_offending_key():
+    with pytest.raises(InputError) as exc:
+        S.parse_spec(_edit({"engine.podTemplate": {"metadata": {"labels": {"app.kubernetes.io/managed-by": "me"}}}}))
+    assert "sets app.kubernetes.io/managed-by, a label that kneecap manages" in str(exc.value)
+    with pytest.raises(InputError) as exc:
+        S.parse_spec(_edit({"engine.volumeMounts": [{"name": "weights", "mountPath": "/w"}]}))
+    assert "mounts weights, which is not a volume of spec.engine.podTemplate.spec.volumes" in str(exc.value)
+    with pytest.raises(InputError) as exc:
+        S.parse_spec(_edit({"engine.podTemplate": {"spec": {"volumes": [{"name": "dshm", "emptyDir": {}}]}}}))
+    assert "volume name dshm is reserved by kneecap" in str(exc.value)

@@ -38,7 +38,7 @@ def test_raw_queue_json_keys_and_values(capsys):
 def test_engine_json_and_plot(capsys, tmp_path):
     png = tmp_path / "gauss.png"
     code, out, _ = run_json(capsys, ["--rate", "2", *ENGINE, "--samples", "100000", "--slo-ttft-s", "0.6",
-                                     "--slo-tbt-s", "0.06", "--plot", str(png), "--sweep-points", "5"])
+                                     "--slo-tpot-s", "0.06", "--plot", str(png), "--sweep-points", "5"])
     assert code == 0
     assert 0 < out["ttft_s"]["p50"] < out["ttft_s"]["p95"] < out["ttft_s"]["p99"]
     assert 0 < out["tbt_s"]["p50"] < out["tbt_s"]["p95"] < out["tbt_s"]["p99"]
@@ -78,7 +78,6 @@ def test_catalog_keys_without_calibration_use_slim_defaults(capsys):
 
 @pytest.mark.parametrize("argv, field", [
     (["--rate", "-1", "--service-mean", "1"], "rate"),
-    (["--rate", "0.5", "--service-mean", "1", "--quantile", "0.9"], "quantile"),
     (["--rate", "0.5", "--service-mean", "1", "--samples", "10"], "samples"),
     (["--rate", "0.5", "--service-cv", "2"], "service_mean"),
     (["--rate", "0.5", "--prefill-s-per-token", "1e-5", "--decode-step-s", "0.01", "--output-mean", "10"], "input_mean"),
@@ -91,7 +90,42 @@ def test_catalog_keys_without_calibration_use_slim_defaults(capsys):
 def test_bad_arguments_exit_2_naming_the_field(capsys, argv, field):
     code, out, err = run_json(capsys, argv)
     assert code == 2 and out is None
-    assert json.loads(err.splitlines()[0])["field"] == field
+    (line,) = err.splitlines()  # reported once
+    assert json.loads(line) == {"error": json.loads(line)["error"], "field": field, "exitCode": 2}
+
+
+@pytest.mark.parametrize("q", ["0", "1", "1.5", "nan", "high"])
+def test_a_quantile_outside_0_1_is_a_usage_error_reported_once(capsys, q):
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", "--rate", "0.5", "--service-mean", "1", "--quantile", q, "--json"])
+    out, err = capsys.readouterr()
+    assert exc.value.code == 2 and out == ""
+    (line,) = err.splitlines()
+    assert json.loads(line)["field"] == "quantile" and "expected a quantile in (0, 1)" in json.loads(line)["error"]
+
+
+def test_any_quantile_mm1_sojourn(capsys):
+    """M/M/1 at ρ = 0.5 (μ = 1): the sojourn is exponential with rate μ − λ, so its q-quantile is
+    −ln(1 − q)/(μ − λ) and the rate meeting a sojourn SLO s at q is μ + ln(1 − q)/s."""
+    code, out, _ = run_json(capsys, ["--rate", "0.5", "--service-mean", "1", "--samples", "200000", "--seed", "3",
+                                     "--slo-ttft-s", "10", "--quantile", "0.9", "--sweep-points", "0"])
+    assert code == 0 and out["quantile"] == 0.9
+    assert out["ttft_s"]["p90"] == pytest.approx(math.log(10) / 0.5, rel=0.05)
+    assert out["ttft_s"]["ci95_halfwidth"]["p90"] > 0
+    assert out["sustainable_rate_rps"] == pytest.approx(1 - math.log(10) / 10, rel=0.03)
+    main(["simulate", "--rate", "0.5", "--service-mean", "1", "--samples", "20000", "--quantile", "0.9",
+          "--sweep-points", "0"])
+    text = capsys.readouterr().out
+    assert "p90" in text.splitlines()[0] and "±95% CI of p90" in text
+
+
+def test_the_old_tbt_spelling_still_works_with_a_warning(capsys):
+    code, out, err = run_json(capsys, ["--rate", "2", *ENGINE, "--samples", "20000", "--slo-tbt-s", "0.06",
+                                       "--sweep-points", "0"])
+    assert code == 0 and "--slo-tbt-s is deprecated, use --slo-tpot-s" in err
+    code2, out2, _ = run_json(capsys, ["--rate", "2", *ENGINE, "--samples", "20000", "--slo-tpot-s", "0.06",
+                                       "--sweep-points", "0"])
+    assert out["sustainable_rate_rps"] == out2["sustainable_rate_rps"]
 
 
 def test_argparse_errors_exit_2():

@@ -10,8 +10,10 @@ import decimal
 import json
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
+import yaml
 
 from kneecap.control import spec as S
 from kneecap.control.quantity import canonical_quantity, parse_quantity
@@ -19,6 +21,8 @@ from kneecap.control.reconcile import replicas_owner
 from kneecap.demo.kubeapi import LLMD, KubeAPIThread
 from kneecap.errors import InputError
 from tests.support.operator_harness import DEPLOY, MINIMAL_SPEC as SPEC
+
+ROOT = Path(__file__).resolve().parents[2]
 
 NS = "faithful"
 
@@ -329,7 +333,9 @@ def test_malformed_quantities(bad):
 @pytest.mark.parametrize("engine", [
     {},
     {"podAnnotations": {"a": "b"}, "env": [{"name": "X", "value": "1"}]},
-    {"resources": {"limits": {"cpu": 1, "memory": "1024Mi"}, "requests": {"cpu": 0.5}}},
+    {"resources": {"limits": {"cpu": 1, "memory": "1024Mi"}, "requests": {"cpu": "0.5"}}},
+    {k: v for k, v in yaml.safe_load((ROOT / "examples" / "shaped-pods.yaml").read_text())["spec"]["engine"].items()
+     if k != "image"},
 ])
 def test_the_operators_deployment_reads_back_unchanged(kube, engine):
     """reconcile patches when its desired Deployment is not in sync with the live one: after a create

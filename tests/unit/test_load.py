@@ -103,9 +103,9 @@ def _recording_twin(*flags: str):
     seen = []
     add = twin.engine.add_request
 
-    def add_request(prompt_tokens, max_tokens, arrival_s=None, request_id=None):
+    def add_request(prompt_tokens, max_tokens, arrival_s=None, request_id=None, **kwargs):
         seen.append((prompt_tokens, max_tokens, arrival_s))
-        return add(prompt_tokens, max_tokens, arrival_s=arrival_s, request_id=request_id)
+        return add(prompt_tokens, max_tokens, arrival_s=arrival_s, request_id=request_id, **kwargs)
 
     twin.engine.add_request = add_request
     return twin, seen

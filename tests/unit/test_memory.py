@@ -122,3 +122,20 @@ def test_every_profile_row_within_two_percent(profiles_csv):
                              int(r["max_num_seqs"]), budget)
         worst = max(worst, abs(split.kv_capacity_tokens / int(r["kv_capacity_tokens"]) - 1))
     assert worst < 0.02
+
+
+def test_memory_cli_token_budget_follows_the_served_context(capsys):
+    """data/real-h100/profiles.csv: llama-2-7b served at max_model_len 2048 (its context is 4096),
+    max_num_seqs 64, no token budget given: vLLM reported 90544 KV tokens. The budget is vLLM's
+    default for the served context (2048), not the model's (4096)."""
+    base = ["memory", "--model", "llama-2-7b", "--gpu", "h100-64gb", "--max-num-seqs", "64", "--json"]
+    assert main([*base, "--max-model-len", "2048"]) == 0
+    served = json.loads(capsys.readouterr().out)
+    assert served["max_num_batched_tokens"] == 2048 and served["max_model_len"] == 2048
+    assert served["kv_capacity_tokens"] == pytest.approx(90544, rel=0.0005)
+    assert main(base) == 0
+    context = json.loads(capsys.readouterr().out)
+    assert context["max_num_batched_tokens"] == 4096
+    assert abs(context["kv_capacity_tokens"] / 90544 - 1) > 0.003  # the error --max-model-len removes
+    assert main([*base, "--max-model-len", "8192"]) == 2
+    assert "expected 1 to 4096 (the context of llama-2-7b)" in capsys.readouterr().err

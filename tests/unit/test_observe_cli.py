@@ -88,3 +88,14 @@ async def test_bad_input_exits_2_naming_the_field(args, field):
     rc, out, err = await _cli(*args, "--json")
     assert rc == 2
     assert json.loads(err.splitlines()[0])["field"] == field
+
+
+async def test_every_scrape_failing_exits_1():
+    """Nothing answered (port 9: discard, closed here): the windows are printed as scrape errors
+    and the exit code says the command observed nothing."""
+    rc, out, err = await _cli("http://127.0.0.1:9", "--interval", "0.2", "--count", "2", "--timeout", "1", "--json")
+    assert rc == 1, err
+    lines = [json.loads(x) for x in out.splitlines()]
+    assert len(lines) == 2 and all(x["reason"].startswith("scrape_error:connection") for x in lines)
+    rc, out, err = await _cli("http://127.0.0.1:9", "--interval", "0.2", "--count", "1", "--timeout", "1")
+    assert rc == 1 and "every scrape of http://127.0.0.1:9/metrics failed" in err

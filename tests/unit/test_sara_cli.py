@@ -13,7 +13,10 @@ BASE = ["plan", "--model", "llama-3.1-8b", "--gpu", "a100-80gb", "--budget-per-h
 
 
 def _run(capsys, argv):
-    rc = main(argv)
+    try:
+        rc = main(argv)
+    except SystemExit as exc:  # a usage error (argparse: a flag's type)
+        rc = exc.code
     out, err = capsys.readouterr()
     return rc, out, err
 

@@ -126,3 +126,33 @@ async def test_an_engine_failure_answers_500_instead_of_hanging():
         resp = await asyncio.wait_for(c.post("/v1/completions", json={"prompt": "a", "max_tokens": 2}), 5)
         assert resp.status == 500 and "no progress" in (await resp.json())["error"]["message"]
         assert (await c.get("/health")).status == 500
+
+
+def test_twin_json_lines_startup_and_stop(tmp_path):
+    """`kneecap twin --json`: stdout carries only JSON lines: the vLLM flags it ignores, then where
+    it serves and the engine's shape; after SIGTERM, that it stopped."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.support.vllm_server import free_port
+
+    root, port = Path(__file__).resolve().parents[2], free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "kneecap", "twin", "meta-llama/Llama-3.1-8B-Instruct", "--json",
+                             "--host", "127.0.0.1", "--port", str(port), "--max-num-seqs", "32",
+                             "--enable-prefix-caching"],
+                            cwd=root, env=dict(os.environ, PYTHONPATH=str(root / "operator")),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ignored = json.loads(proc.stdout.readline())
+        serving = json.loads(proc.stdout.readline())
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rest, err = proc.communicate(timeout=30)
+    assert ignored == {"event": "ignoredFlags", "flags": ["--enable-prefix-caching"]}
+    assert serving["event"] == "serving" and serving["url"] == f"http://127.0.0.1:{port}"
+    assert serving["arch"] == "llama-3.1-8b" and serving["max_num_seqs"] == 32 and serving["num_gpu_blocks"] > 0
+    assert [json.loads(x) for x in rest.splitlines()] == [{"event": "stopped"}]
+    assert proc.returncode == 0, err

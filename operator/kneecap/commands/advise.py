@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from kneecap.commands import common
 from kneecap.commands.predict import load_calibration
 from kneecap.errors import InputError
 from kneecap.model import bca, memory
@@ -30,7 +31,7 @@ def add_arguments(p):
     p.add_argument("--chunked-prefill-tokens", type=int, default=None, metavar="T",
                    help="chunked prefill on with this max_num_batched_tokens (caps the running batch)")
     p.add_argument("--plot", metavar="PNG", default=None, help="write throughput and latency vs batch")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    common.add_json(p)
 
 
 def run(args) -> int:

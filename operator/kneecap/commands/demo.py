@@ -13,6 +13,7 @@ import json
 import sys
 from pathlib import Path
 
+from kneecap.commands import common
 from kneecap.errors import InputError
 
 HELP = "run kneecap end to end on an embedded cluster (twin pods, load, the real operator)"
@@ -44,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
                         help="memory fraction the pods start with")
     parser.add_argument("--efficiency-floor", type=float, default=d.efficiency_floor, help="BCA ε (eq. 13)")
-    parser.add_argument("--slo-tpot", type=float, default=d.slo_tpot_s, help="TPOT SLO, seconds (ITL p95)")
+    common.add_slo(parser, tpot=d.slo_tpot_s, with_ttft=False, old_tpot=("--slo-tpot",))
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--adopt", action="store_true",
                         help="tune an existing Deployment (spec.targetRef): first create a plain vLLM Deployment as a "
@@ -52,7 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "kneecap changed in its pod template (only the managed flags)")
     parser.add_argument("--out", type=Path, default=Path("kneecap-demo"),
                         help="directory for trajectory.png, run.json and the twins' logs")
-    parser.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    parser.add_argument("--disaggregated", action="store_true",
+                        help="a prefill and a decode pool (KV transfer) behind a P/D router; the cap followed is "
+                             "the decode pool's")
+    common.add_json(parser, "print the summary as one JSON object")
 
 
 def config_from_args(args):
@@ -65,8 +69,8 @@ def config_from_args(args):
                       output_cv=args.output_cv, duration_s=args.duration, time_scale=args.time_scale,
                       interval_s=args.interval, cooldown_s=args.cooldown, max_num_seqs=args.max_num_seqs,
                       gpu_memory_utilization=args.gpu_memory_utilization, efficiency_floor=args.efficiency_floor,
-                      slo_tpot_s=args.slo_tpot, max_concurrency=args.max_concurrency, seed=args.seed,
-                      adopt=args.adopt)
+                      slo_tpot_s=args.slo_tpot_s, max_concurrency=args.max_concurrency, seed=args.seed,
+                      adopt=args.adopt, disaggregated=args.disaggregated)
 
 
 def run(args) -> int:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import sys
 
+from kneecap.commands import common
 from kneecap.errors import InputError
 
 HELP = ("send open-loop Poisson/bursty completion load, or replay a trace; print achieved rate and latency "
@@ -44,7 +45,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-stream", dest="stream", action="store_false",
                         help="one response per request instead of a token stream (no client-side TTFT; far "
                              "less CPU for client and server)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    common.add_json(parser)
 
 
 def _fmt(p: dict) -> str:

@@ -10,6 +10,7 @@ import time
 from dataclasses import asdict
 from urllib.parse import urlsplit
 
+from kneecap.commands import common
 from kneecap.errors import InputError
 
 HELP = "scrape vLLM /metrics and print one observation line per window (JSON lines with --json)"
@@ -21,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count", type=int, default=0, help="stop after N windows (default: run until Ctrl-C)")
     parser.add_argument("--timeout", type=float, default=5.0, help="scrape timeout, seconds (default 5)")
     parser.add_argument("--max-bytes", type=int, default=8 << 20, help="response size cap (default 8 MiB)")
-    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    common.add_json(parser, "one JSON object per line (a window or a scrape error); exit 1 when every scrape failed")
 
 
 def _metrics_url(url: str) -> str:
@@ -67,13 +68,16 @@ async def _loop(urls: list[str], interval_s: float, count: int, timeout_s: float
             return exc
 
     windows = 0
+    scraped = False  # any scrape answered: exit 1 when none ever did
     async with aiohttp.ClientSession() as session:
         start = await asyncio.gather(*(one(session, u) for u in urls))
+        scraped = any(not isinstance(s, Exception) for s in start)
         between: list[list] = [[] for _ in urls]
         t0 = time.monotonic()
         while count <= 0 or windows < count:
             await asyncio.sleep(min(sample_s, max(0.0, t0 + interval_s - time.monotonic())))
             snaps = await asyncio.gather(*(one(session, u) for u in urls))
+            scraped = scraped or any(not isinstance(s, Exception) for s in snaps)
             if time.monotonic() - t0 < interval_s - 1e-3:
                 for b, s in zip(between, snaps):
                     if not isinstance(s, Exception):
@@ -91,7 +95,11 @@ async def _loop(urls: list[str], interval_s: float, count: int, timeout_s: float
                 print(_line("pool", observe_pool(pairs).observation, as_json), flush=True)
             start, between, t0 = snaps, [[] for _ in urls], time.monotonic()
             windows += 1
-    return 0
+    if scraped:
+        return common.EXIT_OK
+    if not as_json:
+        print(f"kneecap observe: every scrape of {', '.join(urls)} failed", file=sys.stderr)
+    return common.EXIT_FAILED
 
 
 def run(args: argparse.Namespace) -> int:
@@ -108,4 +116,4 @@ def run(args: argparse.Namespace) -> int:
         return asyncio.run(_loop(urls, args.interval, args.count, args.timeout, args.max_bytes, args.json))
     except KeyboardInterrupt:
         print("", file=sys.stderr)
-        return 130
+        return common.EXIT_INTERRUPTED

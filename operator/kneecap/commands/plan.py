@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kneecap.commands import common
 from kneecap.errors import InputError
 
 HELP = "size prefill/KV/decode pools for p-quantile TTFT/KV/TPOT SLOs under a $/h budget (SARA)"
@@ -29,10 +30,9 @@ def add_arguments(p):
     p.add_argument("--output-cv", type=float, default=1.0, help="output length CV (1 = exponential)")
     p.add_argument("--tail", choices=("light", "heavy"), default="heavy",
                    help="input length law: heavy = log-normal, light = gamma (exponential at CV 1)")
-    p.add_argument("--slo-ttft-s", type=float, default=0.5)
-    p.add_argument("--slo-kv-s", type=float, default=0.15)
-    p.add_argument("--slo-tpot-s", type=float, default=0.04)
-    p.add_argument("--quantile", type=float, default=0.95, help="SLO quantile p_SLO")
+    common.add_slo(p, ttft=0.5, tpot=0.04)
+    p.add_argument("--slo-kv-s", type=float, default=0.15, metavar="S", help="KV-transfer SLO, seconds (default 0.15)")
+    common.add_quantile(p)
     p.add_argument("--p-mem", type=float, default=0.99)
     p.add_argument("--p-join", type=float, default=0.99)
     p.add_argument("--budget-per-hour", type=float, required=True, help="cost budget C_max, $/h")
@@ -44,7 +44,7 @@ def add_arguments(p):
     p.add_argument("--colocated-gpus", type=int, default=1, help="GPUs per colocated replica")
     p.add_argument("--exhaustive", action="store_true", help="also run the exhaustive reference and report the gap")
     p.add_argument("--plot", metavar="PNG", help="write goodput vs budget (SARA, and exhaustive if asked)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    common.add_json(p)
 
 
 def _finite(name, value, positive=True):

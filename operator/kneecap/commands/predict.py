@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 
+from kneecap.commands import common
 from kneecap.commands.fit import read_text
 from kneecap.errors import InputError
 from kneecap.model import calibrate, profiles
@@ -18,7 +19,7 @@ def add_arguments(p):
     p.add_argument("calibration", metavar="CALIB.json")
     p.add_argument("points", metavar="POINTS.csv", help="rows with model, batch, input_len, output_len")
     p.add_argument("-o", "--output", required=True, metavar="OUT.csv")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    common.add_json(p)
 
 
 def load_calibration(path: str) -> calibrate.Calibration:

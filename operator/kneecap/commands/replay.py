@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from kneecap.commands import common
 from kneecap.errors import InputError
 
 HELP = "replay a request trace (Azure LLM format or arrival_s,input_tokens,output_tokens) against serving policies"
@@ -28,9 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=d.model, help=f"model served (default {d.model})")
     parser.add_argument("--arch", default=None, help="catalog model shape (default: guessed from --model)")
     parser.add_argument("--gpu", default=d.gpu, help=f"catalog GPU of each pod (default {d.gpu})")
-    parser.add_argument("--slo-ttft-s", type=float, default=d.slo_ttft_s, help="TTFT SLO, seconds")
-    parser.add_argument("--slo-tpot-s", type=float, default=d.slo_tpot_s, help="TPOT SLO, seconds")
-    parser.add_argument("--quantile", type=float, default=d.quantile, help="SLO quantile (default 0.95)")
+    common.add_slo(parser, ttft=d.slo_ttft_s, tpot=d.slo_tpot_s)
+    common.add_quantile(parser, d.quantile)
     parser.add_argument("--compress", type=float, default=1.0,
                         help="time compression: arrivals come this many times faster (default 1)")
     parser.add_argument("--min-replicas", type=int, default=d.min_replicas)
@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a stopping pod finishes its requests for this long")
     parser.add_argument("--interrupted", choices=("lost", "retried"), default=k.interrupted,
                         help="requests a stopping pod still holds after the grace period")
-    parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    common.add_json(parser, "print the report as one JSON object")
     parser.add_argument("--plot", type=Path, default=None, help="write a PNG of the runs over time")
 
 

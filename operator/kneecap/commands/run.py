@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
+
+from kneecap.commands import common
 
 HELP = "run the operator: reconcile LLMDeployments and keep vLLM at the knee"
 
@@ -29,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="timer wake-up period: each resource acts every spec.control.interval, "
                              "to within half a tick (default 10)")
     parser.add_argument("--verbose", action="store_true")
+    common.add_json(parser, "log as JSON lines on stdout (kopf's JSON format, with the object each line is about)")
 
 
 def _check(args) -> None:
@@ -49,8 +53,14 @@ def run(args) -> int:
     from kneecap.control.handlers import OperatorConfig, build_registry
     from kneecap.control.metrics import OperatorMetrics
 
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.json:
+        kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.JSON)
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler, logging.StreamHandler):
+                handler.setStream(sys.stdout)
+    else:
+        logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not args.verbose:
         logging.getLogger("kopf.objects").addFilter(_quiet_timer_successes)
     metrics = OperatorMetrics()

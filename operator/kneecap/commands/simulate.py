@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kneecap.commands import common
 from kneecap.errors import InputError
 from kneecap.model import gauss
 
@@ -66,14 +67,13 @@ def add_arguments(p) -> None:
     q.add_argument("--service-cv", type=float, help="raw queue: service CV (log-normal unless --service-dist)")
     q.add_argument("--service-dist", choices=("exp", "det", "lognormal", "gamma"), help="raw queue service law")
     s = p.add_argument_group("SLO and sampling")
-    s.add_argument("--slo-ttft-s", type=float, help="TTFT SLO (raw queue: sojourn SLO), seconds")
-    s.add_argument("--slo-tbt-s", type=float, help="TBT (time between tokens) SLO, seconds")
-    s.add_argument("--quantile", type=float, default=0.95, help="SLO quantile: 0.5, 0.95 or 0.99")
+    common.add_slo(s, old_tpot=("--slo-tbt-s",))  # raw queue: --slo-ttft-s is the sojourn SLO
+    common.add_quantile(s)
     s.add_argument("--samples", type=int, default=10**6, help="simulated requests (all replications)")
     s.add_argument("--replications", type=int, default=8, help="independent replications for the CIs")
     s.add_argument("--sweep-points", type=int, default=12, help="rates in the λ sweep (0: none)")
     s.add_argument("--seed", type=int, default=0, help="random seed")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    common.add_json(p)
     p.add_argument("--plot", metavar="PNG", help="write TTFT/TBT distributions and the λ sweep")
 
 
@@ -143,11 +143,7 @@ def _length(field: str, mean, cv, histogram: str | None = None) -> gauss.LengthD
 
 
 def _check(args) -> None:
-    if args.quantile in (50, 95, 99):
-        args.quantile = args.quantile / 100
-    if args.quantile not in gauss.QUANTILES:
-        raise InputError("quantile", f"expected 0.5, 0.95 or 0.99, got {args.quantile!r}")
-    for name in ("rate", "slo_ttft_s", "slo_tbt_s", "service_mean"):
+    for name in ("rate", "slo_ttft_s", "slo_tpot_s", "service_mean"):
         v = getattr(args, name)
         if v is not None and not (math.isfinite(v) and v > 0):
             raise InputError(name, f"expected a positive number, got {v!r}")
@@ -264,7 +260,7 @@ def run(args) -> int:
             result = gauss.simulate(
                 workload, coef, args.rate, rng=rng, servers=args.servers, burst_cv=args.burst_cv,
                 samples=args.samples, replications=args.replications, slo_ttft_s=args.slo_ttft_s,
-                slo_tbt_s=args.slo_tbt_s, quantile=args.quantile, sweep_points=args.sweep_points)
+                slo_tbt_s=args.slo_tpot_s, quantile=args.quantile, sweep_points=args.sweep_points)
     except gauss.Infeasible as exc:
         if args.json:
             print(json.dumps({"feasible": False, "infeasible": str(exc), "stage": exc.stage, **exc.details}))
@@ -272,15 +268,20 @@ def run(args) -> int:
             print(str(exc))
         return 1
     if args.plot:
-        _plot(args.plot, result, args.slo_ttft_s, args.slo_tbt_s)
+        _plot(args.plot, result, args.slo_ttft_s, args.slo_tpot_s)
     if args.json:
         print(json.dumps({**_to_json(result, mode, args.seed, coef), "service_model": source}))
         return 0
     rows = [("TTFT" if mode == "engine" else "sojourn", result.ttft), ("TBT", result.tbt), ("wait", result.wait)]
-    print(f"{'metric':8} {'mean':>10} {'p50':>10} {'p95':>10} {'p99':>10}   (s, ±95% CI of p95)")
+    q = result.quantile
+    levels = (0.5, 0.95, 0.99) if q in gauss.QUANTILES else tuple(sorted((0.5, 0.95, 0.99, q)))
+    head = " ".join(f"{gauss.quantile_name(x):>10}" for x in levels)
+    print(f"{'metric':8} {'mean':>10} {head}   (s, ±95% CI of {gauss.quantile_name(q)})")
     for name, st in rows:
         if st is not None:
-            print(f"{name:8} {st.mean:10.4g} {st.p50:10.4g} {st.p95:10.4g} {st.p99:10.4g}   ±{st.p95_ci:.2g}")
+            cells = " ".join(f"{st.quantile(x):10.4g}" for x in levels)
+            ci = st.pq_ci if st.q is not None else {0.5: st.p50_ci, 0.95: st.p95_ci, 0.99: st.p99_ci}[q]
+            print(f"{name:8} {st.mean:10.4g} {cells}   ±{ci:.2g}")
     print(f"service rate μ·k   {result.service_rate_rps:.4g} req/s   (ρ = {result.utilisation:.3f})")
     print(f"stability limit    {result.stable_rate_rps:.4g} req/s   ({result.stable_binding})")
     print(f"sustainable λ*     {result.sustainable_rate_rps:.4g} req/s   ({result.sustainable_binding})")

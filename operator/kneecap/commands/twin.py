@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import signal
 import sys
 import types
 from pathlib import Path
 
+from kneecap.commands import common
+from kneecap.commands.common import human_int
 from kneecap.errors import InputError
 
 HELP = "serve a vLLM-compatible twin with GPU-scale batching, KV cache and step times"
@@ -33,18 +36,6 @@ VLLM_SWITCHES = {
     "--disable-sliding-window", "--enable-sleep-mode", "--async-scheduling", "--no-async-scheduling",
 }
 
-_SUFFIX = {"k": 10**3, "K": 2**10, "m": 10**6, "M": 2**20, "g": 10**9, "G": 2**30, "t": 10**12, "T": 2**40}
-
-
-def human_int(text: str) -> int:
-    """vLLM's human-readable integers: ``4096``, ``1k`` (10³), ``1K`` (2¹⁰), ``8G`` (2³⁰)."""
-    s = str(text).strip()
-    try:
-        if s and s[-1] in _SUFFIX:
-            return int(float(s[:-1]) * _SUFFIX[s[-1]])
-        return int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer like 4096, 32k or 8G, got {text!r}") from None
 
 
 def _bool(text: str) -> bool:
@@ -93,10 +84,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="mixed prefill/decode steps under the token budget (default on, as vLLM V1)")
     parser.add_argument("--no-enable-chunked-prefill", dest="enable_chunked_prefill", action="store_false",
                         help="V0-style whole-prompt prefill steps")
+    parser.add_argument("--kv-transfer-config", help="vLLM's KV-transfer JSON: its kv_role (kv_producer, "
+                                                     "kv_consumer, kv_both) makes a disaggregated prefill or decode twin")
+    parser.add_argument("--kv-transfer-gib-s", type=float, default=25.0,
+                        help="twin: KV link bandwidth a decode twin reads remote KV at, GiB/s")
     parser.add_argument("--arch", help="twin: catalog model shape (default: from the model name)")
     parser.add_argument("--gpu", default="h100-80gb", help="twin: catalog GPU (default h100-80gb)")
     parser.add_argument("--time-scale", type=float, default=1.0, help="twin: run X times faster than real time")
     parser.add_argument("--seed", type=int, default=0, help="twin: seed for generated text")
+    common.add_json(parser, "twin: JSON lines on stdout (serving, with the engine's shape; ignoredFlags; stopped)")
     parser.add_argument("--sim-clock-anchor", metavar="WALL:SIM",
                         help="twin: put the simulated clock (kneecap_twin_sim_time_seconds, X-Kneecap-Sim-Time) on "
                              "the clock that read SIM seconds at unix time WALL and runs --time-scale times faster "
@@ -131,6 +127,7 @@ def build_server(args):
     """The :class:`TwinServer` the flags describe (no I/O)."""
     from kneecap.model.hardware import get_gpu
     from kneecap.sim.engine import engine_config
+    from kneecap.sim.kv_transfer import kv_role
     from kneecap.sim.server import TwinServer
 
     model = args.model or args.model_pos
@@ -143,8 +140,11 @@ def build_server(args):
                         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                         num_gpu_blocks_override=args.num_gpu_blocks_override,
                         enable_chunked_prefill=args.enable_chunked_prefill)
+    if not args.kv_transfer_gib_s > 0:
+        raise InputError("kv_transfer_gib_s", f"expected GiB/s > 0, got {args.kv_transfer_gib_s}")
     return TwinServer(cfg, args.served_model_name or [model], time_scale=args.time_scale, seed=args.seed,
-                      root_model=model, sim_clock_anchor=parse_anchor(args.sim_clock_anchor))
+                      root_model=model, sim_clock_anchor=parse_anchor(args.sim_clock_anchor),
+                      kv_role=kv_role(args.kv_transfer_config), kv_transfer_gib_s=args.kv_transfer_gib_s)
 
 
 def parse_anchor(text: str | None) -> tuple[float, float] | None:
@@ -167,8 +167,11 @@ def run(args) -> int:
         raise InputError("port", f"expected 1..65535, got {args.port}")
     server = build_server(args)
     if getattr(args, "ignored_flags", None):
-        print(f"INFO: kneecap twin ignores vLLM flags it does not model: {' '.join(args.ignored_flags)}",
-              file=sys.stderr, flush=True)
+        if args.json:
+            print(json.dumps({"event": "ignoredFlags", "flags": list(args.ignored_flags)}), flush=True)
+        else:
+            print(f"INFO: kneecap twin ignores vLLM flags it does not model: {' '.join(args.ignored_flags)}",
+                  file=sys.stderr, flush=True)
 
     async def main() -> None:
         task = asyncio.current_task()
@@ -176,9 +179,10 @@ def run(args) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, task.cancel)
         try:
-            await serve(server, args.host, args.port)
+            await serve(server, args.host, args.port, json_lines=args.json)
         except asyncio.CancelledError:
-            pass
+            if args.json:
+                print(json.dumps({"event": "stopped"}), flush=True)
 
     try:
         asyncio.run(main())

@@ -15,6 +15,9 @@ from typing import Any
 from kneecap.control.quantity import canonical_quantity
 
 _QUANTITY_MAPS = ("limits", "requests")
+_QUANTITY_FIELDS = frozenset({"sizeLimit"})  # emptyDir's
+# non-pointer Go fields with omitempty: their zero value is not stored, so it equals absent
+_OMITTED_ZEROS = {"readOnly": False, "initialDelaySeconds": 0}
 # pointer-to-struct fields whose empty value means something (``emptyDir: {}`` is a volume
 # source): the API server keeps them
 _MEANINGFUL_EMPTY = frozenset({"emptyDir"})
@@ -42,13 +45,23 @@ def _canonical(value: Any) -> Any:
         return value  # not a quantity: the API would reject it; compare as written
 
 
+_MISSING = object()
+
+
+def omitted_zero(key: str, value: Any) -> bool:
+    """A non-pointer omitempty field at its zero value (`readOnly: false`): the API server does not store it."""
+    zero = _OMITTED_ZEROS.get(key, _MISSING)
+    return zero is not _MISSING and type(value) is type(zero) and value == zero
+
+
 def normalised(obj: Any, _key: str | None = None, _parent: str | None = None) -> Any:
     """`without_empty(obj)` with the values of every ``resources.limits`` / ``resources.requests``
-    in canonical quantity form."""
+    and ``sizeLimit`` in canonical quantity form, and omitempty zeros (``readOnly: false``) dropped."""
     if isinstance(obj, dict):
         quantities = _key in _QUANTITY_MAPS and _parent == "resources"
-        out = {k: _canonical(v) if quantities else normalised(v, k, _key) for k, v in obj.items()}
-        return {k: v for k, v in out.items() if not _empty(v, k)}
+        out = {k: _canonical(v) if quantities or k in _QUANTITY_FIELDS else normalised(v, k, _key)
+               for k, v in obj.items()}
+        return {k: v for k, v in out.items() if not _empty(v, k) and not omitted_zero(k, v)}
     if isinstance(obj, list):
         return [normalised(v, None, _key) for v in obj]
     return obj

@@ -32,6 +32,12 @@ MANAGED_FLAGS = (MAX_NUM_SEQS, GPU_MEMORY_UTILIZATION, KV_CACHE_MEMORY_BYTES, "-
 RUN_AS_USER = 1000
 VLLM_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization
 HOME = "/home/vllm"
+SHM = "/dev/shm"
+# A model load (download, weights to GPU, CUDA-graph capture) can take many minutes: the startup
+# probe allows 30 (180 x 10 s) before the kubelet restarts the container; liveness then restarts a
+# container whose /health has not answered for a minute.
+STARTUP_PERIOD_S, STARTUP_FAILURES = 10, 180
+LIVENESS_PERIOD_S, LIVENESS_TIMEOUT_S, LIVENESS_FAILURES = 10, 5, 6
 
 
 @dataclass(frozen=True)
@@ -155,6 +161,21 @@ def user_args(extra_args) -> list[str]:
     return out
 
 
+def probes(spec: LLMDeploymentSpec) -> dict:
+    """The vLLM container's probes: spec.engine's where given, else GETs of /health that let a
+    long model load finish (startup) and restart a hung server (liveness)."""
+    health = {"path": "/health", "port": spec.engine.port}
+    e = spec.engine
+    return {
+        "startupProbe": e.startup_probe or {"httpGet": dict(health), "periodSeconds": STARTUP_PERIOD_S,
+                                            "failureThreshold": STARTUP_FAILURES},
+        "livenessProbe": e.liveness_probe or {"httpGet": dict(health), "periodSeconds": LIVENESS_PERIOD_S,
+                                              "timeoutSeconds": LIVENESS_TIMEOUT_S,
+                                              "failureThreshold": LIVENESS_FAILURES},
+        "readinessProbe": e.readiness_probe or {"httpGet": dict(health), "periodSeconds": 5},
+    }
+
+
 def container(spec: LLMDeploymentSpec, role: str, settings: EngineSettings) -> dict:
     port = spec.engine.port
     c = {
@@ -163,12 +184,22 @@ def container(spec: LLMDeploymentSpec, role: str, settings: EngineSettings) -> d
         "command": list(spec.engine.command),
         "args": vllm_argv_tail(spec, role, settings),
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
-        "readinessProbe": {"httpGet": {"path": "/health", "port": port}, "periodSeconds": 5},
+        **probes(spec),
     }
     user_env = [dict(e) for e in spec.engine.env]
     own = {e.get("name") for e in user_env}
-    c["env"] = [e for e in ({"name": "HOME", "value": HOME},) if e["name"] not in own] + user_env
+    defaults = [{"name": "HOME", "value": HOME}]
+    if spec.engine.model_cache is not None:
+        defaults.append({"name": "HF_HOME", "value": spec.engine.model_cache.mount_path})
+    c["env"] = [e for e in defaults if e["name"] not in own] + user_env
+    c["envFrom"] = [dict(e) for e in spec.engine.env_from]
     c["volumeMounts"] = [{"name": "home", "mountPath": HOME}]
+    if spec.engine.shm_size is not None:
+        c["volumeMounts"].append({"name": "dshm", "mountPath": SHM})
+    if (cache := spec.engine.model_cache) is not None:
+        c["volumeMounts"].append({"name": "model-cache", "mountPath": cache.mount_path,
+                                  **({"readOnly": True} if cache.read_only else {})})
+    c["volumeMounts"] += [dict(m) for m in spec.engine.volume_mounts]
     if spec.engine.resources:
         c["resources"] = dict(spec.engine.resources)
     # restricted Pod Security profile: no privilege escalation, no capabilities
@@ -177,16 +208,60 @@ def container(spec: LLMDeploymentSpec, role: str, settings: EngineSettings) -> d
     return c
 
 
+def volumes(spec: LLMDeploymentSpec) -> list[dict]:
+    """kneecap's volumes ($HOME, /dev/shm, the model cache), then spec.engine.podTemplate's."""
+    out: list[dict] = [{"name": "home", "emptyDir": {}}]
+    if spec.engine.shm_size is not None:
+        out.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.engine.shm_size}})
+    if (cache := spec.engine.model_cache) is not None:
+        out.append({"name": "model-cache",
+                    "persistentVolumeClaim": {"claimName": cache.claim_name,
+                                              **({"readOnly": True} if cache.read_only else {})}})
+    return out + [dict(v) for v in (spec.engine.pod_template.get("spec") or {}).get("volumes", ())]
+
+
 def pod_spec(spec: LLMDeploymentSpec, role: str, settings: EngineSettings) -> dict:
-    """The pool's pod: non-root with the runtime's default seccomp profile, no API token
-    (vLLM never calls the Kubernetes API), a writable $HOME for vLLM's caches."""
+    """The pool's pod: spec.engine.podTemplate's fields (tolerations, nodeSelector, affinity,
+    pull secrets, service account, runtime and priority class) around kneecap's container and
+    volumes. Non-root with the runtime's default seccomp profile unless the template's
+    securityContext says otherwise (its keys replace kneecap's); no API token (vLLM never calls
+    the Kubernetes API); a writable $HOME for vLLM's caches."""
+    user = dict(spec.engine.pod_template.get("spec") or {})
+    security = {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,
+                "fsGroup": RUN_AS_USER, "seccompProfile": {"type": "RuntimeDefault"}}
     return {
+        **user,
         "automountServiceAccountToken": False,
-        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,
-                            "fsGroup": RUN_AS_USER, "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": {**security, **(user.get("securityContext") or {})},
         "containers": [container(spec, role, settings)],
-        "volumes": [{"name": "home", "emptyDir": {}}],
+        "volumes": volumes(spec),
     }
+
+
+# pod fields only spec.engine.podTemplate sets (and `serviceAccount`, the deprecated mirror the API
+# server copies serviceAccountName from); container fields only spec.engine sets
+TEMPLATE_POD_FIELDS = ("tolerations", "nodeSelector", "affinity", "imagePullSecrets", "serviceAccountName",
+                       "serviceAccount", "runtimeClassName", "priorityClassName")
+TEMPLATE_CONTAINER_FIELDS = ("envFrom",)
+
+
+def removed_template_fields(desired: dict, live: dict) -> dict:
+    """Pod-spec fields the live Deployment's template has and the desired one no longer does, as
+    merge-patch nulls (a merge patch keeps what it does not name); {} when none. A container
+    field dropped is returned as the desired container list (lists are replaced whole)."""
+    want_pod, live_pod = desired["spec"]["template"]["spec"], live["spec"]["template"]["spec"]
+    out: dict = {k: None for k in TEMPLATE_POD_FIELDS if k in live_pod and k not in want_pod}
+    want_c, live_c = vllm_container(desired), vllm_container(live)
+    if any(k in live_c and k not in want_c for k in TEMPLATE_CONTAINER_FIELDS):
+        out["containers"] = want_pod["containers"]
+    return out
+
+
+def pod_metadata(spec: LLMDeploymentSpec, name: str, role: str) -> dict:
+    """The template's labels (kneecap's win) and annotations (spec.engine.podAnnotations win)."""
+    meta = spec.engine.pod_template.get("metadata") or {}
+    return {"labels": {**(meta.get("labels") or {}), **labels(name, role)},
+            "annotations": {**(meta.get("annotations") or {}), **spec.engine.pod_annotations}}
 
 
 def deployment(owner: dict, spec: LLMDeploymentSpec, pool: Pool, settings: EngineSettings) -> dict:
@@ -210,7 +285,7 @@ def deployment(owner: dict, spec: LLMDeploymentSpec, pool: Pool, settings: Engin
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": spec.rollout.max_surge,
                                                                     "maxUnavailable": spec.rollout.max_unavailable}},
             "template": {
-                "metadata": {"labels": lab, "annotations": dict(spec.engine.pod_annotations)},
+                "metadata": pod_metadata(spec, name, pool.role),
                 "spec": pod_spec(spec, pool.role, settings),
             },
         },

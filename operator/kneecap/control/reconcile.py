@@ -215,7 +215,7 @@ async def _reconcile_pool(kube: KubeClient, reads: ApiReads, owner: dict, spec: 
         bounds = M.pool_bounds(spec, pool.role)
         settings = M.EngineSettings(settings.max_num_seqs, settings.gpu_memory_utilization,
                                     settings.kv_cache_memory_bytes, bounds.clamp(settings.replicas))
-    key = _sync_key(owner, live, spec, pool, settings, ownership.external)
+    key = _sync_key(owner, live, pool, settings, ownership.external)
     patched = False
     if key is None or key not in _IN_SYNC:
         desired = M.deployment(owner, spec, pool, settings)
@@ -226,8 +226,12 @@ async def _reconcile_pool(kube: KubeClient, reads: ApiReads, owner: dict, spec: 
                 "spec": {"template": desired["spec"]["template"]}}
         if not ownership.external:
             want["spec"]["replicas"] = desired["spec"]["replicas"]
-        patched = not in_sync(want, live)
+        removed = M.removed_template_fields(desired, live)
+        patched = not in_sync(want, live) or bool(removed)
         if patched:
+            if removed:  # what the spec dropped (a toleration list, a nodeSelector) leaves the live template too
+                want["spec"]["template"] = {**want["spec"]["template"],
+                                            "spec": {**want["spec"]["template"]["spec"], **removed}}
             live = await kube.patch(deployments_path(ns, pool.name), want)
         elif key is not None:
             if len(_IN_SYNC) >= _IN_SYNC_MAX:
@@ -237,24 +241,20 @@ async def _reconcile_pool(kube: KubeClient, reads: ApiReads, owner: dict, spec: 
 
 
 # Deployments found in sync with what the builder makes, keyed by everything the builder and
-# the comparison read (the live object's resourceVersion included): a steady pool is compared
+# the comparison read (the owner's generation for its spec, the live object's resourceVersion): a steady pool is compared
 # once, not on every tick (the semantic diff walks the whole Deployment). Bounded.
 _IN_SYNC: dict[tuple, None] = {}
 _IN_SYNC_MAX = 8192
 
 
-def _sync_key(owner: dict, live: dict, spec: LLMDeploymentSpec, pool: M.Pool, settings: M.EngineSettings,
-              external: bool) -> tuple | None:
+def _sync_key(owner: dict, live: dict, pool: M.Pool, settings: M.EngineSettings, external: bool) -> tuple | None:
+    """The owner's generation stands for its spec (None: an API without generations, or
+    without resourceVersions: compare every time)."""
     meta, lmeta = owner["metadata"], live.get("metadata") or {}
-    if not lmeta.get("resourceVersion"):
+    if not lmeta.get("resourceVersion") or meta.get("generation") is None:
         return None
-    key = (meta.get("namespace"), meta.get("name"), meta.get("uid"), lmeta.get("uid"), lmeta["resourceVersion"],
-           spec, pool, settings, external)
-    try:
-        hash(key)
-    except TypeError:  # a spec holding a mapping: compare every time
-        return None
-    return key
+    return (meta.get("namespace"), meta.get("name"), meta.get("uid"), meta["generation"], lmeta.get("uid"),
+            lmeta["resourceVersion"], pool, settings, external)
 
 
 async def _reconcile_service(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec, pool: M.Pool,

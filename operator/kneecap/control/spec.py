@@ -128,6 +128,15 @@ class AcceleratorSpec:
 
 
 @dataclass(frozen=True)
+class ModelCacheSpec:
+    """A PersistentVolumeClaim mounted as the Hugging Face cache."""
+
+    claim_name: str
+    mount_path: str
+    read_only: bool
+
+
+@dataclass(frozen=True)
 class EngineSpec:
     image: str
     port: int
@@ -139,6 +148,16 @@ class EngineSpec:
     env: tuple[dict, ...] = field(default=(), compare=False)
     resources: dict = field(default_factory=dict, compare=False)
     pod_annotations: dict = field(default_factory=dict, compare=False)
+    # the managed container's other Kubernetes fields and the pod around it (core/v1 shapes,
+    # validated by the CRD's generated schema); probes None take the builder's defaults
+    env_from: tuple[dict, ...] = field(default=(), compare=False)
+    volume_mounts: tuple[dict, ...] = field(default=(), compare=False)
+    startup_probe: dict | None = field(default=None, compare=False)
+    liveness_probe: dict | None = field(default=None, compare=False)
+    readiness_probe: dict | None = field(default=None, compare=False)
+    pod_template: dict = field(default_factory=dict, compare=False)
+    shm_size: str | None = None
+    model_cache: ModelCacheSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -363,7 +382,13 @@ def parse_spec(raw: Mapping | None, config_map: Mapping | None = None) -> LLMDep
             image=e["image"], port=e["port"], max_num_seqs=e["maxNumSeqs"],
             gpu_memory_utilization=float(e["gpuMemoryUtilization"]), memory_knob=e["memoryKnob"],
             command=tuple(e["command"]), extra_args=tuple(e["extraArgs"]), env=tuple(e["env"]),
-            resources=e["resources"], pod_annotations=e["podAnnotations"]),
+            resources=e["resources"], pod_annotations=e["podAnnotations"],
+            env_from=tuple(e.get("envFrom", ())), volume_mounts=tuple(e.get("volumeMounts", ())),
+            startup_probe=e.get("startupProbe"), liveness_probe=e.get("livenessProbe"),
+            readiness_probe=e.get("readinessProbe"), pod_template=e["podTemplate"],
+            shm_size=None if e.get("shmSize") is None else str(e["shmSize"]),
+            model_cache=None if "modelCache" not in e else ModelCacheSpec(
+                e["modelCache"]["claimName"], e["modelCache"]["mountPath"], e["modelCache"]["readOnly"])),
         targets=_targets(s.get("targetRef")),
         topology=TopologySpec(
             mode=t["mode"], replicas_managed_by=t["replicasManagedBy"],

@@ -55,6 +55,10 @@ def _typename(value: Any) -> str:
     return {str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
 
 
+def _schema_type(schema: Mapping) -> str:
+    return "integer,string" if schema.get("x-kubernetes-int-or-string") else schema["type"]
+
+
 def _type_ok(value: Any, schema: Mapping) -> bool:
     if schema.get("x-kubernetes-int-or-string"):
         return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
@@ -77,7 +81,7 @@ class Walk:
     def value(self, value: Any, schema: Mapping, path: str) -> Any:
         if not _type_ok(value, schema):
             self.causes.append(invalid(path, _typename(value),
-                                       f"{path} in body must be of type {schema['type']}: {show(_typename(value))}"))
+                                       f"{path} in body must be of type {_schema_type(schema)}: {show(_typename(value))}"))
             return value
         n_before = len(self.causes)
         if schema.get("type") == "integer" and isinstance(value, float):
@@ -132,6 +136,9 @@ class Walk:
         props = schema.get("properties") or {}
         extra = schema.get("additionalProperties")
         keep_unknown = schema.get("x-kubernetes-preserve-unknown-fields") or extra is True
+        if "maxProperties" in schema and len(value) > schema["maxProperties"]:
+            self.causes.append(Cause(path, "FieldValueTooMany",
+                                     f"Too many: {len(value)}: must have at most {schema['maxProperties']} items"))
         out: dict = {}
         for key, v in value.items():
             sub = props.get(key, extra if isinstance(extra, dict) else None)

@@ -20,6 +20,7 @@ import json
 import re
 from typing import Any
 
+from kneecap.control.drift import omitted_zero as _omitted_zero
 from kneecap.control.quantity import canonical_quantity
 from kneecap.control.validation import Cause, invalid
 from kneecap.errors import InputError
@@ -109,7 +110,7 @@ def drop_empty(value: Any, key: str = "") -> Any:
         out = {}
         for k, v in value.items():
             v = drop_empty(v, k)
-            if v is None or v == [] or (v == {} and k in _MAP_FIELDS):
+            if v is None or v == [] or (v == {} and k in _MAP_FIELDS) or _omitted_zero(k, v):
                 continue
             out[k] = v
         return out
@@ -160,8 +161,25 @@ def _container_defaults(c: dict) -> None:
                                   "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'") from None
 
 
+def _volume_defaults(volume: dict) -> None:
+    """defaultMode 0644 of projected files (SetDefaults_*VolumeSource); emptyDir's sizeLimit canonical."""
+    for source in ("configMap", "secret", "downwardAPI", "projected"):
+        if isinstance(volume.get(source), dict):
+            volume[source].setdefault("defaultMode", 0o644)
+    empty_dir = volume.get("emptyDir")
+    if isinstance(empty_dir, dict) and "sizeLimit" in empty_dir:
+        try:
+            empty_dir["sizeLimit"] = canonical_quantity(empty_dir["sizeLimit"])
+        except InputError:
+            raise DecodeError("quantities must match the regular expression "
+                              "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'") from None
+
+
 def pod_spec_defaults(spec: dict) -> None:
     spec.setdefault("restartPolicy", "Always")
+    for volume in spec.get("volumes") or []:
+        if isinstance(volume, dict):
+            _volume_defaults(volume)
     spec.setdefault("dnsPolicy", "ClusterFirst")
     spec.setdefault("schedulerName", "default-scheduler")
     spec.setdefault("terminationGracePeriodSeconds", 30)

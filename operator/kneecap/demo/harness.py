@@ -37,13 +37,14 @@ from typing import Callable
 import aiohttp
 
 from kneecap.control import vllm_args as V
-from kneecap.control.manifests import GPU_MEMORY_UTILIZATION, MAX_NUM_SEQS, vllm_container
+from kneecap.control.manifests import GPU_MEMORY_UTILIZATION, MAX_NUM_SEQS, pool_name, vllm_container
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.control.status import parse_iso
 from kneecap.demo.clock import TwinClock, twin_time_scrape
 # the emulated API (kmock, the `demo` extra) is imported where a run starts: DemoConfig and
 # `kneecap demo --help` work without it
 from kneecap.demo.report import BEHIND_RATIO
+from kneecap.demo.pd_router import PDRouter
 from kneecap.demo.router import Router
 from kneecap.errors import InputError
 from kneecap.sim.server import SIM_TIME_HEADER
@@ -85,6 +86,12 @@ class DemoConfig:
     seed: int = 0
     tick_s: float = 0.25  # wall seconds between the operator's timer wake-ups
     adopt: bool = False  # tune a user's existing Deployment (spec.targetRef) instead of running kneecap's own
+    disaggregated: bool = False  # a prefill and a decode pool behind the P/D router (demo.pd_router)
+
+    @property
+    def pool(self) -> str:
+        """The Deployment whose cap the demo follows: the one pool, or the decode pool."""
+        return pool_name(NAME, "decode" if self.disaggregated else "server")
 
     def check(self) -> None:
         for name in ("rate_rps", "input_mean", "output_mean", "duration_s", "time_scale", "interval_s"):
@@ -95,6 +102,8 @@ class DemoConfig:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise InputError(name, f"expected a non-negative number, got {v!r}")
+        if self.adopt and self.disaggregated:
+            raise InputError("adopt", "the adopt demo tunes one colocated Deployment; drop --disaggregated")
         if self.duration_s < (self.warmup_intervals + 2) * self.interval_s:
             raise InputError("duration_s", f"expected at least {(self.warmup_intervals + 2) * self.interval_s:g}s "
                                            f"(warm-up of {self.warmup_intervals} intervals + 2 intervals), "
@@ -112,8 +121,9 @@ class DemoConfig:
 
 
 def served_deployment(cfg: DemoConfig) -> str:
-    """The Deployment whose pods serve: the user's (--adopt) or kneecap's own."""
-    return USER_DEPLOYMENT if cfg.adopt else NAME
+    """The Deployment whose cap the demo follows: the user's (--adopt), else kneecap's pool (the
+    decode pool when disaggregated)."""
+    return USER_DEPLOYMENT if cfg.adopt else cfg.pool
 
 
 def user_deployment(cfg: DemoConfig, namespace: str = NS) -> dict:
@@ -156,7 +166,9 @@ def llmdeployment(cfg: DemoConfig, name: str = NAME, namespace: str = NS) -> dic
             "model": model,
             "accelerator": {"type": cfg.gpu},
             **pods,
-            "topology": {"mode": "colocated", "replicas": {"min": 1, "max": 1}},
+            "topology": ({"mode": "disaggregated", "prefill": {"min": 1, "max": 1}, "decode": {"min": 1, "max": 1},
+                          "kvTransfer": {"connector": "NixlConnector"}} if cfg.disaggregated
+                         else {"mode": "colocated", "replicas": {"min": 1, "max": 1}}),
             "slo": slo,
             "batching": {"efficiencyFloor": cfg.efficiency_floor},
             "control": {"mode": "enforce", "allowDowntime": True,  # one twin pod: a restart is downtime
@@ -258,6 +270,7 @@ class DemoResult:
     operator_metrics: str
     twin_time_ratio: float  # twin seconds per time_scale × wall second while the load ran (1: on time)
     twin_behind_s: float  # simulated seconds the twins lost against time_scale × the wall clock
+    routed_prefill_decode: int = 0  # requests the P/D router sent through a prefill then a decode twin
     summary: dict = field(default_factory=dict)
     user_deployment: dict | None = None  # --adopt: the user's Deployment as created, before kneecap saw it
     objects: dict = field(default_factory=dict)  # names of the Deployments and Services at the end
@@ -411,12 +424,18 @@ async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: TwinClock,
     from kneecap.demo.kubeapi import LLMD
     from kneecap.demo.kubelet import DEPLOY, Kubelet
 
-    def endpoints(_deployment: str, urls: list[str]) -> None:
-        router.set_endpoints(urls)
-        on_endpoints(urls)
-
-    router = await Router(clock=clock).start()
     from kneecap.control.spec import parse_spec
+
+    if cfg.disaggregated:
+        router = await PDRouter(clock=clock).start()
+        route = router.on_endpoints
+    else:
+        router = await Router(clock=clock).start()
+        route = lambda _d, urls: router.set_endpoints(urls)  # noqa: E731
+
+    def endpoints(deployment: str, urls: list[str]) -> None:
+        route(deployment, urls)
+        on_endpoints(urls)
 
     spec = parse_spec(llmdeployment(cfg)["spec"])
     kubelet = Kubelet(kube, NS, cfg.time_scale, on_endpoints=endpoints,
@@ -434,7 +453,7 @@ async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: TwinClock,
             await asyncio.to_thread(kube.create, LLMD, llmdeployment(cfg))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 120
-        while not router.endpoints:  # the first pod is up
+        while not router.endpoints:  # the first pod (of each pool) is up
             if kubelet_task.done():
                 kubelet_task.result()
             if loop.time() > deadline:
@@ -472,7 +491,7 @@ async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: TwinClock,
         await kubelet_task
         await follow_task
         await router.stop()
-    return rows, report, kubelet, ratio, behind, user
+    return rows, report, kubelet, ratio, behind, user, len(getattr(router, "routed", ()))
 
 
 def run_demo(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = lambda row: None,
@@ -498,7 +517,7 @@ def run_demo(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = lambda row
         op = OperatorThread(kube.url, NS, clock=clock, tick_s=cfg.tick_s, metrics=metrics,
                             scrape=twin_time_scrape(clock)).start()
         try:
-            rows, report, kubelet, ratio, behind, user = asyncio.run(
+            rows, report, kubelet, ratio, behind, user, routed = asyncio.run(
                 _main(cfg, kube, clock, on_row, on_warning, log_dir, on_endpoints))
         finally:
             op.stop()
@@ -509,7 +528,7 @@ def run_demo(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = lambda row
     load = {k: v for k, v in report.items() if k != "records"}
     res = DemoResult(cfg, rows, llmd_obj, deploy, history, sum(kubelet.restarts.values()),
                      sum(kubelet.started.values()), copy.deepcopy(kubelet.events), load,
-                     time.monotonic() - wall0, op.metrics.exposition().decode(), ratio, behind,
+                     time.monotonic() - wall0, op.metrics.exposition().decode(), ratio, behind, routed,
                      user_deployment=user, objects=objects)
     from kneecap.demo.report import summarize
 

@@ -88,6 +88,8 @@ def summarize(res) -> dict:
         "twin_time_ratio": round(res.twin_time_ratio, 3), "twin_behind_s": round(res.twin_behind_s, 1),
         "twins_fell_behind": res.twin_time_ratio < BEHIND_RATIO,
         **adopted_summary(res),
+        "disaggregated": cfg.disaggregated, "pool": cfg.pool,
+        "requests_prefill_then_decode": res.routed_prefill_decode,
     }
 
 
@@ -146,6 +148,8 @@ def summary_text(s: dict) -> str:
         f" (TPOT {_f(s['slo_tpot_s'], 'g')}s, ITL p95 {_f(s['itl_p95_converged_s'] and s['itl_p95_converged_s'] * 1e3, '.1f')} ms)",
         f"  restarts     {s['restarts']} pod restart(s)",
         *adopted_lines(s),
+        *([f"  P/D path     {s['requests_prefill_then_decode']} request(s) prefilled on the prefill pool, their KV "
+           f"read and decoded on {s['pool']}"] if s["disaggregated"] else []),
         twin_time_line(s),
     ])
 

@@ -22,8 +22,37 @@ from kneecap.sim.server import SIM_TIME_HEADER
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "host"}
 
 
-class Router:
+class Front:
+    """An HTTP front on 127.0.0.1 with one upstream session (no connection limit, no total
+    timeout: responses stream for as long as generation takes)."""
+
+    def __init__(self) -> None:
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def _serve(self, app: web.Application, port: int | None) -> None:
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                              timeout=aiohttp.ClientTimeout(total=None))
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        self.port = port or free_port()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+
+class Router(Front):
     def __init__(self, wait_for_endpoint_s: float = 120.0, drain_timeout_s: float = 60.0, clock=None):
+        super().__init__()
         self.clock = clock
         self.endpoints: list[str] = []
         self.inflight: dict[str, int] = {}
@@ -32,13 +61,6 @@ class Router:
         self.drain_timeout_s = drain_timeout_s
         self._rr = itertools.count()
         self._changed = asyncio.Event()
-        self._session: aiohttp.ClientSession | None = None
-        self._runner: web.AppRunner | None = None
-        self.port = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
     def set_endpoints(self, urls: list[str]) -> None:
         self.endpoints = list(urls)
@@ -67,12 +89,18 @@ class Router:
     async def _proxy(self, request: web.Request) -> web.StreamResponse:
         url = await self._endpoint()
         body = await request.read()
-        self.inflight[url] = self.inflight.get(url, 0) + 1
         self.forwarded += 1
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        return await self.forward(self._session, request, url, request.method, request.path_qs, data=body,
+                                  headers=headers)
+
+    async def forward(self, session: aiohttp.ClientSession, request: web.Request, url: str, method: str, path: str,
+                      what: str = "upstream", **kwargs) -> web.StreamResponse:
+        """Send the request on to endpoint `url` (counted in flight for `drain`) and stream its
+        answer back unchanged; a 502 naming `what` when the endpoint cannot be reached."""
+        self.inflight[url] = self.inflight.get(url, 0) + 1
         try:
-            headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
-            async with self._session.request(request.method, url + request.path_qs, data=body,
-                                             headers=headers) as up:
+            async with session.request(method, url + path, **kwargs) as up:
                 resp = web.StreamResponse(status=up.status, headers={
                     k: v for k, v in up.headers.items() if k.lower() not in HOP_HEADERS})
                 await resp.prepare(request)
@@ -81,7 +109,7 @@ class Router:
                 await resp.write_eof()
                 return resp
         except aiohttp.ClientError as exc:
-            return web.json_response({"error": {"message": f"upstream {url}: {exc}", "code": 502}}, status=502)
+            return web.json_response({"error": {"message": f"{what} {url}: {exc}", "code": 502}}, status=502)
         finally:
             self.inflight[url] -= 1
 
@@ -89,20 +117,9 @@ class Router:
         return web.Response(headers={SIM_TIME_HEADER: repr(self.clock())})
 
     async def start(self, port: int | None = None) -> "Router":
-        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                              timeout=aiohttp.ClientTimeout(total=None))
         app = web.Application(client_max_size=64 * 1024 * 1024)
         if self.clock is not None:
             app.router.add_get("/health", self._health)
         app.router.add_route("*", "/{tail:.*}", self._proxy)
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        self.port = port or free_port()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        await self._serve(app, port)
         return self
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-        if self._session is not None:
-            await self._session.close()

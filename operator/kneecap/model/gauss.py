@@ -39,7 +39,7 @@ of the engine step in flight before its prompt runs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Union
 
 import numpy as np
@@ -575,31 +575,49 @@ class LatencyStats:
     p50_ci: float
     p95_ci: float
     p99_ci: float
+    # the SLO quantile when it is none of p50/p95/p99 (any q in (0, 1)), else None
+    q: float | None = None
+    pq: float = math.nan
+    pq_ci: float = math.nan
 
     def quantile(self, q: float) -> float:
+        if q == self.q:
+            return self.pq
         return {0.5: self.p50, 0.95: self.p95, 0.99: self.p99}[q]
 
     def to_dict(self) -> dict:
         """JSON-safe: a CI that cannot be estimated (one non-empty replication) is None."""
         ci = {"mean": self.mean_ci, "p50": self.p50_ci, "p95": self.p95_ci, "p99": self.p99_ci}
-        return {"mean": self.mean, "p50": self.p50, "p95": self.p95, "p99": self.p99,
-                "ci95_halfwidth": {k: (v if math.isfinite(v) else None) for k, v in ci.items()}}
+        out = {"mean": self.mean, "p50": self.p50, "p95": self.p95, "p99": self.p99}
+        if self.q is not None:
+            out[quantile_name(self.q)] = self.pq
+            ci[quantile_name(self.q)] = self.pq_ci
+        return {**out, "ci95_halfwidth": {k: (v if math.isfinite(v) else None) for k, v in ci.items()}}
 
 
-def latency_stats(groups: list[np.ndarray]) -> LatencyStats:
-    """Stats over replications (a list of 1-D sample arrays, one per replication)."""
+def quantile_name(q: float) -> str:
+    """0.95 -> 'p95', 0.9 -> 'p90', 0.975 -> 'p97.5'."""
+    return f"p{round(q * 100, 6):g}"
+
+
+def latency_stats(groups: list[np.ndarray], q: float | None = None) -> LatencyStats:
+    """Stats over replications (a list of 1-D sample arrays, one per replication); `q`, an SLO
+    quantile other than p50/p95/p99, is summarised too."""
     from scipy.special import stdtrit  # Student t quantile; lighter import than scipy.stats
 
     pooled = np.concatenate(groups)
     if pooled.size == 0:
         raise InputError("samples", "no samples to summarise")
-    qs = np.quantile(pooled, QUANTILES)
-    per = np.array([[g.mean(), *np.quantile(g, QUANTILES)] for g in groups if g.size])
+    extra = q is not None and q not in QUANTILES
+    levels = QUANTILES + ((q,) if extra else ())
+    qs = np.quantile(pooled, levels)
+    per = np.array([[g.mean(), *np.quantile(g, levels)] for g in groups if g.size])
     if per.shape[0] > 1:
         half = stdtrit(per.shape[0] - 1, 0.975) * per.std(axis=0, ddof=1) / math.sqrt(per.shape[0])
     else:
-        half = np.full(4, float("inf"))
-    return LatencyStats(float(pooled.mean()), *map(float, qs), *map(float, half))
+        half = np.full(len(levels) + 1, float("inf"))
+    stats = LatencyStats(float(pooled.mean()), *map(float, qs[:3]), *map(float, half[:4]))
+    return replace(stats, q=q, pq=float(qs[3]), pq_ci=float(half[4])) if extra else stats
 
 
 @dataclass(frozen=True)
@@ -901,8 +919,8 @@ def _check_common(rate_rps, servers, samples, replications, quantile):
         raise InputError("replications", f"expected an integer ≥ 2 (CIs need several), got {replications!r}")
     if not isinstance(samples, (int, np.integer)) or samples < 100 * replications:
         raise InputError("samples", f"expected an integer ≥ 100·replications = {100 * replications}, got {samples!r}")
-    if quantile not in QUANTILES:
-        raise InputError("quantile", f"expected one of {QUANTILES}, got {quantile!r}")
+    if not (isinstance(quantile, (int, float)) and 0 < quantile < 1):
+        raise InputError("quantile", f"expected a quantile in (0, 1), got {quantile!r}")
     return rate
 
 
@@ -935,15 +953,15 @@ def _finish(draws, coef, moments, rate, servers, replications, chains, warm, slo
             quantile, sweep_points, search_samples, stable_rps, stable_stage, rng_plot):
     ttft, tbt, W, S, op = _evaluate(draws, coef, moments, rate, servers, warm)
     # group chains into replications: (chains, kept) -> (replications, chains/replications·kept)
-    ttft_stats = latency_stats(_groups(ttft, replications))
-    wait_stats = latency_stats(_groups(W, replications))
-    service_stats = latency_stats(_groups(S, replications))
+    ttft_stats = latency_stats(_groups(ttft, replications), quantile)
+    wait_stats = latency_stats(_groups(W, replications), quantile)
+    service_stats = latency_stats(_groups(S, replications), quantile)
     tbt_stats = None
     e2e_stats = None
     if tbt is not None and np.any(tbt >= 0):
-        tbt_stats = latency_stats(_groups(tbt, replications, tbt >= 0))
+        tbt_stats = latency_stats(_groups(tbt, replications, tbt >= 0), quantile)
         out = draws.out[:, draws.out.shape[1] - ttft.shape[1]:]
-        e2e_stats = latency_stats(_groups(ttft + (out - 1.0) * np.maximum(tbt, 0.0), replications))  # GAUSS §3.7
+        e2e_stats = latency_stats(_groups(ttft + (out - 1.0) * np.maximum(tbt, 0.0), replications), quantile)  # GAUSS §3.7
     sd = _search_draws(draws, search_samples, servers, warm)
     lam_star, binding, note = _sustainable(sd, coef, moments, servers, warm, stable_rps, stable_stage,
                                            slo_ttft_s, slo_tbt_s, quantile)

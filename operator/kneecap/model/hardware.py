@@ -68,8 +68,10 @@ GPUS: dict[str, GPU] = {g.key: g for g in [
         "AMD Instinct MI300X data sheet: FP16/BF16 1,307.4 TFLOPS dense, 192 GB HBM3 5.3 TB/s"),
 ]}
 
-ALIASES = {"h100": "h100-80gb", "h100-sxm-80gb": "h100-80gb", "h100-sxm": "h100-80gb", "h100-sxm5": "h100-80gb",
-           "h100-pcie": "h100-pcie-80gb", "h200-141gb": "h200", "b200-180gb": "b200", "a100": "a100-80gb",
+# Unambiguous other spellings only: a family name alone ("h100", "a100") has several variants
+# whose memory and bandwidth differ, so it is an error that lists them (get_gpu).
+ALIASES = {"h100-sxm-80gb": "h100-80gb", "h100-sxm": "h100-80gb", "h100-sxm5": "h100-80gb",
+           "h100-pcie": "h100-pcie-80gb", "h200-141gb": "h200", "b200-180gb": "b200",
            "a100-sxm-80gb": "a100-80gb", "a100-sxm-40gb": "a100-40gb", "l40s-48gb": "l40s", "l4-24gb": "l4",
            "a10g-24gb": "a10g", "a10-24gb": "a10", "mi300x-192gb": "mi300x"}
 
@@ -83,6 +85,9 @@ def get_gpu(key: "str | GPU", /, **overrides) -> GPU:
     k = key.key if isinstance(key, GPU) else str(key).strip().lower()
     k = ALIASES.get(k, k)
     if not isinstance(key, GPU) and k not in GPUS:
+        variants = sorted(g for g in GPUS if g.startswith(k + "-"))
+        if variants:
+            raise InputError("gpu", f"ambiguous GPU {key!r}: say which variant, one of {', '.join(variants)}")
         raise InputError("gpu", f"unknown GPU {key!r}; expected one of {', '.join(sorted(GPUS))}")
     bad = set(overrides) - _OVERRIDABLE
     if bad:

@@ -674,7 +674,10 @@ def combine(parts: Sequence[WindowDeltas]) -> Observation | NoObservation:
         lens[k] = (h.mean(), h.cv(), h.quantile(QUANTILE))  # type: ignore[union-attr]
     lat = {k: mean_p95(k) for k in ("ttft", "itl", "tpot", "e2e", "queue_time", "prefill_time", "decode_time")}
     if lat["itl"][0] is None:
-        return NoObservation(Reason.INVALID_VALUE, "itl: histogram count 0")
+        if math.fsum(total["generation_tokens"]) > finished:
+            return NoObservation(Reason.INVALID_VALUE, "itl: histogram count 0")
+        # one token per request (a disaggregated prefill pool, max_tokens 1): no interval between tokens
+        lat["itl"] = (0.0, 0.0)
     inference = [p.histograms["inference_time"] for p in parts]
     little = (
         _mean(h.sum / p.window_s for h, p in zip(inference, parts))  # type: ignore[union-attr]

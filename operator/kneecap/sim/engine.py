@@ -56,6 +56,7 @@ class SimRequest:
     last_token_s: float | None = None
     finish_s: float | None = None
     finished_reason: str | None = None
+    external_tokens: int = 0  # prompt tokens whose KV came from a remote prefill (disaggregated)
 
     @property
     def to_compute(self) -> int:
@@ -189,9 +190,15 @@ class Engine:
 
     # ---------------------------------------------------------------- requests
     def add_request(self, prompt_tokens: int, max_tokens: int, arrival_s: float | None = None,
-                    request_id: str | None = None) -> SimRequest:
-        """Queue a request arriving at ``arrival_s`` (default: now). Checks it can ever run."""
+                    request_id: str | None = None, prefilled_tokens: int = 0) -> SimRequest:
+        """Queue a request arriving at ``arrival_s`` (default: now). Checks it can ever run.
+
+        ``prefilled_tokens``: prompt tokens whose KV arrived from elsewhere (a prefill instance,
+        disaggregated serving); they take cache blocks at admission but no compute. A preempted
+        request recomputes them, as vLLM does."""
         prompt_tokens = _positive_int(prompt_tokens, "prompt")
+        if not (isinstance(prefilled_tokens, int) and 0 <= prefilled_tokens < prompt_tokens):
+            raise InputError("prefilled_tokens", f"expected 0 … {prompt_tokens - 1}, got {prefilled_tokens!r}")
         max_tokens = _positive_int(max_tokens, "max_tokens")
         cfg = self.config
         if prompt_tokens + max_tokens > cfg.max_model_len:
@@ -202,7 +209,8 @@ class Engine:
             raise InputError("max_tokens", f"request needs {prompt_tokens + max_tokens} KV tokens but the cache "
                                            f"holds {usable * cfg.block_size}")
         arrival = self.now_s if arrival_s is None else float(arrival_s)
-        req = SimRequest(request_id or f"cmpl-{next(self._ids)}", prompt_tokens, max_tokens, arrival)
+        req = SimRequest(request_id or f"cmpl-{next(self._ids)}", prompt_tokens, max_tokens, arrival,
+                         num_computed=prefilled_tokens, external_tokens=prefilled_tokens)
         if arrival > self.now_s:
             heapq.heappush(self._future, (arrival, next(self._ids), req))
         else:
@@ -242,6 +250,7 @@ class Engine:
         self.free_blocks += victim.num_blocks
         victim.num_blocks = 0
         victim.num_computed = 0
+        victim.external_tokens = 0  # recomputed here from now on
         victim.num_preemptions += 1
         victim.state = WAITING
         self.waiting.appendleft(victim)
@@ -289,7 +298,7 @@ class Engine:
             n = min(req.to_compute, budget)
             if whole_prompts and n < req.to_compute:
                 break
-            need = _blocks_for(n, cfg.block_size)
+            need = _blocks_for(req.num_computed + n, cfg.block_size)  # with KV that arrived prefilled
             if self.free_blocks - need < watermark:
                 break
             self.waiting.popleft()

@@ -101,8 +101,8 @@ class TwinMetrics:
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.").labels(**labels)
         by_source = counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", ["source"])
         self.prompt_local = by_source.labels(source="local_compute", **labels)
-        for source in ("local_cache_hit", "external_kv_transfer"):
-            by_source.labels(source=source, **labels)
+        by_source.labels(source="local_cache_hit", **labels)
+        self.prompt_external = by_source.labels(source="external_kv_transfer", **labels)
         counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).").labels(**labels)
         self.generation_tokens = counter("vllm:generation_tokens", "Number of generation tokens processed.").labels(**labels)
         success = counter("vllm:request_success", "Count of successfully processed requests.", ["finished_reason"])
@@ -163,7 +163,9 @@ class TwinMetrics:
         for req, first, interval in result.tokens:
             if first:
                 self.prompt_tokens.inc(req.prompt_tokens)
-                self.prompt_local.inc(req.prompt_tokens)
+                self.prompt_local.inc(req.prompt_tokens - req.external_tokens)
+                if req.external_tokens:
+                    self.prompt_external.inc(req.external_tokens)
                 self.prefix_queries.inc(req.prompt_tokens)
                 self.h_ttft.observe(req.first_token_s - req.arrival_s)
             else:

@@ -20,6 +20,11 @@ at the first and runs ``time_scale`` times faster (the demo puts every twin on i
 Tokens: a string prompt has one token per whitespace-separated word; a list of token ids has
 one per id. The twin has no EOS: every request generates exactly ``max_tokens`` tokens
 (``finish_reason`` "length"), as a real server does with ``ignore_eos``.
+
+Disaggregated serving: with a ``kv_role`` (vLLM's ``--kv-transfer-config``) the twin takes
+``kv_transfer_params`` as vLLM's NixlConnector does (:mod:`kneecap.sim.kv_transfer`); such
+responses also carry ``kneecap_timing`` (arrival, scheduled, first token, finish on the exported
+clock, and for a decode the remote prefill's finish).
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ import uuid
 from aiohttp import web
 
 from kneecap.errors import InputError
+from kneecap.model.arch import GIB
+from kneecap.sim import kv_transfer as kvt
+from kneecap.model.memory import block_round_tokens
 from kneecap.sim.engine import Engine, EngineConfig, SimRequest
 from kneecap.sim.metrics import VLLM_VERSION, TwinMetrics
 
@@ -72,7 +80,8 @@ class TwinServer:
 
     def __init__(self, config: EngineConfig, served_model_names: list[str], time_scale: float = 1.0,
                  seed: int = 0, root_model: str | None = None,
-                 sim_clock_anchor: tuple[float, float] | None = None):
+                 sim_clock_anchor: tuple[float, float] | None = None, kv_role: str | None = None,
+                 kv_transfer_gib_s: float = 25.0):
         if not (isinstance(time_scale, (int, float)) and time_scale > 0):
             raise InputError("time_scale", f"expected a positive number, got {time_scale!r}")
         if not served_model_names:
@@ -94,6 +103,12 @@ class TwinServer:
         self.sim_clock_anchor = sim_clock_anchor
         self.sim_origin_s = 0.0  # kneecap_twin_sim_time_seconds at sim_now() == 0
         self.failed: str | None = None  # why the engine stopped, if it did
+        self.kv_role = kv_role  # None | kv_producer | kv_consumer | kv_both
+        self.kv_transfer_gib_s = float(kv_transfer_gib_s)
+        self.engine_id = uuid.uuid4().hex
+        self._hold_kv: set[SimRequest] = set()  # prefills whose KV waits for a remote decode
+        self.held_kv: dict[str, kvt.HeldKV] = {}
+        self._session = None  # aiohttp.ClientSession reading remote KV (decode)
 
     # ------------------------------------------------------------------ time
     def sim_now(self) -> float:
@@ -142,9 +157,32 @@ class TwinServer:
                 if req in self._token_streams:
                     self._streams[req].put_nowait(("token", req.output_tokens))
             for req in result.finished:
+                if req in self._hold_kv:
+                    self._hold(req)
                 q = self._streams.get(req)
                 if q is not None:
                     q.put_nowait(("done", req.finished_reason))
+
+    def _hold(self, req: SimRequest) -> None:
+        """Keep a finished prefill's prompt blocks for the decode instance (they were freed in
+        this very step, so they are free now); drop holds past their timeout."""
+        self._hold_kv.discard(req)
+        engine = self.engine
+        for rid, held in list(self.held_kv.items()):
+            if held.held_until_s < engine.now_s:
+                self._release(rid)
+        blocks = int(block_round_tokens(req.prompt_tokens, self.config.block_size)) // self.config.block_size
+        engine.free_blocks -= blocks
+        self.held_kv[req.request_id] = kvt.HeldKV(req.request_id, req.prompt_tokens, blocks,
+                                                  self.sim_origin_s + req.finish_s, req.finish_s + kvt.HOLD_TIMEOUT_S)
+
+    def _release(self, request_id: str) -> kvt.HeldKV | None:
+        held = self.held_kv.pop(request_id, None)
+        if held is not None:
+            self.engine.free_blocks += held.blocks
+            if self._wake is not None:
+                self._wake.set()
+        return held
 
     async def _startup(self, app: web.Application) -> None:
         self._wake = asyncio.Event()
@@ -161,6 +199,8 @@ class TwinServer:
         response.headers[SIM_TIME_HEADER] = repr(self.sim_time_s())
 
     async def _cleanup(self, app: web.Application) -> None:
+        if self._session is not None:
+            await self._session.close()
         if self._driver:
             self._driver.cancel()
             try:
@@ -176,6 +216,7 @@ class TwinServer:
         app.router.add_get("/ping", self.health)
         app.router.add_get("/version", self.version)
         app.router.add_get("/metrics", self.metrics_handler)
+        app.router.add_get(kvt.KV_PATH + "{request_id}", self.read_kv)
         app.on_startup.append(self._startup)
         app.on_cleanup.append(self._cleanup)
         app.on_response_prepare.append(self._stamp)
@@ -184,6 +225,32 @@ class TwinServer:
     # ------------------------------------------------------------------ handlers
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=500 if self.failed else 200)
+
+    async def read_kv(self, request: web.Request) -> web.Response:
+        """A decode instance reads a held prefill's KV (NIXL's read, emulated): the blocks are freed."""
+        held = self._release(request.match_info["request_id"])
+        if held is None:
+            return _error(404, f"no KV held for request {request.match_info['request_id']}", "NotFoundError")
+        return web.json_response({"request_id": held.request_id, "prompt_tokens": held.prompt_tokens,
+                                  "blocks": held.blocks, "finish_s": held.finish_s})
+
+    async def _read_remote_kv(self, params: dict, prompt_tokens: int) -> dict:
+        import aiohttp
+
+        url = kvt.remote_source(params)
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+        try:
+            async with self._session.get(url) as resp:
+                kv = await resp.json(content_type=None)
+                if resp.status != 200:
+                    raise InputError("kv_transfer_params", f"no KV at {url}: {resp.status} {kv}")
+        except (aiohttp.ClientError, asyncio.TimeoutError, json.JSONDecodeError) as exc:
+            raise InputError("kv_transfer_params", f"cannot read KV from {url}: {exc}") from None
+        if kv.get("prompt_tokens") != prompt_tokens:
+            raise InputError("kv_transfer_params", f"the remote KV holds {kv.get('prompt_tokens')} prompt tokens, "
+                                                   f"the request has {prompt_tokens}")
+        return kv
 
     async def version(self, request: web.Request) -> web.Response:
         return web.json_response({"version": VLLM_VERSION})
@@ -219,14 +286,34 @@ class TwinServer:
         max_tokens = body.get("max_tokens", DEFAULT_MAX_TOKENS)
         if max_tokens is None:
             max_tokens = DEFAULT_MAX_TOKENS
+        params = body.get("kv_transfer_params")
+        params = params if isinstance(params, dict) else {}
+        timing: dict | None = None
         try:
             prompt_tokens = count_prompt_tokens(body.get("prompt"))
             if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
                 raise InputError("max_tokens", f"expected a positive integer, got {max_tokens!r}")
-            req = self.engine.add_request(prompt_tokens, max_tokens, arrival_s=self.sim_now(),
-                                          request_id=f"cmpl-{uuid.uuid4().hex}")
+            arrival_s, prefilled = self.sim_now(), 0
+            if params.get("do_remote_prefill"):
+                if self.kv_role not in ("kv_consumer", "kv_both"):
+                    raise InputError("kv_transfer_params", f"do_remote_prefill needs a kv_consumer (kv_role {self.kv_role})")
+                kv = await self._read_remote_kv(params, prompt_tokens)
+                # the prompt's KV arrives over the KV link once it exists (never before the remote
+                # prefill finished, whatever this twin's clock says); the last prompt token is recomputed
+                ready_s = max(self.sim_now(), kv["finish_s"] - self.sim_origin_s)
+                arrival_s = ready_s + prompt_tokens * self.config.arch.kv_bytes_per_token / (
+                    self.kv_transfer_gib_s * GIB)
+                prefilled, timing = prompt_tokens - 1, {"remote_prefill_finish_s": kv["finish_s"]}
+            elif params.get("do_remote_decode"):
+                if self.kv_role not in ("kv_producer", "kv_both"):
+                    raise InputError("kv_transfer_params", f"do_remote_decode needs a kv_producer (kv_role {self.kv_role})")
+                timing = {}
+            req = self.engine.add_request(prompt_tokens, max_tokens, arrival_s=arrival_s,
+                                          request_id=f"cmpl-{uuid.uuid4().hex}", prefilled_tokens=prefilled)
         except InputError as exc:
             return _error(400, str(exc), param=exc.field)
+        if params.get("do_remote_decode"):
+            self._hold_kv.add(req)
         self.metrics.on_request(req)
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[req] = queue
@@ -239,7 +326,7 @@ class TwinServer:
         try:
             if stream:
                 return await self._stream(request, req, queue, name, include_usage)
-            return await self._complete(req, queue, name)
+            return await self._complete(req, queue, name, request if timing is not None else None, timing)
         except (asyncio.CancelledError, ConnectionResetError):
             if req.state != "finished":
                 self.engine.abort(req)
@@ -253,7 +340,8 @@ class TwinServer:
         return {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + req.output_tokens,
                 "completion_tokens": req.output_tokens, "prompt_tokens_details": None}
 
-    async def _complete(self, req: SimRequest, queue: asyncio.Queue, name: str) -> web.Response:
+    async def _complete(self, req: SimRequest, queue: asyncio.Queue, name: str,
+                        request: web.Request | None = None, timing: dict | None = None) -> web.Response:
         while True:
             kind, value = await queue.get()
             if kind == "done":
@@ -261,12 +349,23 @@ class TwinServer:
         if value == "error":
             return _error(500, f"engine stopped: {self.failed}", "InternalServerError")
         text = "".join(self._text(req, k) for k in range(req.output_tokens))
-        return web.json_response({
+        out = {
             "id": req.request_id, "object": "text_completion", "created": int(time.time()), "model": name,
             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": value, "stop_reason": None,
                          "prompt_logprobs": None}],
             "usage": self._usage(req),
-        })
+        }
+        if timing is not None:  # a disaggregated request: when each phase ran, on the exported clock
+            o = self.sim_origin_s
+            out["kneecap_timing"] = {**timing, "arrival_s": o + req.arrival_s, "scheduled_s": o + req.scheduled_s,
+                                     "first_token_s": o + req.first_token_s, "finish_s": o + req.finish_s}
+        held = self.held_kv.get(req.request_id)
+        if held is not None and request is not None:
+            out["kv_transfer_params"] = {
+                "do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": self.engine_id,
+                "remote_block_ids": list(range(held.blocks)), "remote_host": request.url.host,
+                "remote_port": request.url.port, "remote_request_id": req.request_id, "tp_size": 1}
+        return web.json_response(out)
 
     async def _stream(self, request: web.Request, req: SimRequest, queue: asyncio.Queue, name: str,
                       include_usage: bool) -> web.StreamResponse:
@@ -298,14 +397,19 @@ class TwinServer:
         return resp
 
 
-async def serve(server: TwinServer, host: str, port: int, ready_message: bool = True) -> None:
-    """Run until cancelled."""
+async def serve(server: TwinServer, host: str, port: int, ready_message: bool = True, json_lines: bool = False) -> None:
+    """Run until cancelled. The ready message: a line on stderr, or (`json_lines`) a JSON object
+    ``{"event": "serving", ...}`` on stdout."""
     runner = web.AppRunner(server.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    if ready_message:
-        cfg = server.config
+    cfg = server.config
+    if json_lines:
+        print(json.dumps({"event": "serving", "model": server.names[0], "arch": cfg.arch.key, "gpu": cfg.gpu.key,
+                          "max_num_seqs": cfg.max_num_seqs, "num_gpu_blocks": cfg.num_gpu_blocks,
+                          "time_scale": server.time_scale, "url": f"http://{host}:{port}"}), flush=True)
+    elif ready_message:
         print(f"INFO: kneecap twin serving {server.names[0]} ({cfg.arch.key} on {cfg.gpu.key}, "
               f"max_num_seqs={cfg.max_num_seqs}, num_gpu_blocks={cfg.num_gpu_blocks}, "
               f"time_scale={server.time_scale}) on http://{host}:{port}", file=sys.stderr, flush=True)
