@@ -9,6 +9,8 @@ maps them, so status keys stay consistent wherever they are written:
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 _SUFFIXES = (  # longest first
     (("tok", "s"), "TokensPerSecond"),
     (("rps",), "RequestsPerSecond"),
@@ -18,6 +20,7 @@ _WORDS = {"len": "length", "pred": "predicted", "gib": "GiB", "cv": "CV"}
 _WHOLE = {"request_rate_rps": "requestsPerSecond", "t_end_s": "windowEndUnixSeconds"}
 
 
+@lru_cache(maxsize=1024)  # a few dozen names, converted on every status write
 def status_key(name: str) -> str:
     """camelCase status key for a snake_case field name (module docstring)."""
     if name in _WHOLE:

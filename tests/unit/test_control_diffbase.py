@@ -29,13 +29,17 @@ def _variants():
     yield rs
 
 
+@pytest.mark.parametrize("extra", [None, [("spec",)], [("spec", "engine")], [("status", "phase")],
+                                   [("metadata", "finalizers")]])
 @pytest.mark.parametrize("body", list(_variants()))
-def test_essence_equals_kopfs(body):
+def test_essence_equals_kopfs(body, extra):
+    """kopf passes the handlers' fields (the spec handler's ``field="spec"``) as extra fields."""
     ours = SpecDiffBaseStorage(prefix="kneecap.io", key="last-handled-configuration")
     kopfs = kopf.AnnotationsDiffBaseStorage(prefix="kneecap.io", key="last-handled-configuration")
-    got = ours.build(body=kopf.Body(copy.deepcopy(body)))
-    assert got == kopfs.build(body=kopf.Body(copy.deepcopy(body)))
-    assert "status" not in got and "managedFields" not in got.get("metadata", {})
+    got = ours.build(body=kopf.Body(copy.deepcopy(body)), extra_fields=extra)
+    assert got == kopfs.build(body=kopf.Body(copy.deepcopy(body)), extra_fields=extra)
+    if not extra or extra[0][0] == "spec":
+        assert "status" not in got and "managedFields" not in got.get("metadata", {})
 
 
 def test_essence_is_a_copy():

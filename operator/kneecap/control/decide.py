@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Sequence
 
 import numpy as np
@@ -260,9 +260,8 @@ class Recommendation:
                               self.replicas)
 
     def to_status(self) -> dict:
-        d = asdict(self)
-        d.pop("allocation")
-        return {status_key(k): _round(v) for k, v in d.items()}
+        # the fields are scalars (no deep copy as asdict would make); the allocation has its own key
+        return {status_key(f.name): _round(getattr(self, f.name)) for f in fields(self) if f.name != "allocation"}
 
 
 def _round(v):

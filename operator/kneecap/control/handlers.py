@@ -105,7 +105,8 @@ class SpecDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
     watch event, and the status (observation ring) and managedFields are most of it."""
 
     def build(self, *, body, extra_fields=None):
-        if extra_fields:  # a handler that watches a status field: kopf's own way
+        extra_fields = list(extra_fields or [])
+        if any(f and f[0] in ("status", "metadata") for f in extra_fields):  # what the lean copy drops
             return super().build(body=body, extra_fields=extra_fields)
         meta = body.get("metadata") or {}
         lean = {k: v for k, v in body.items() if k not in ("status", "metadata")}
