@@ -261,7 +261,7 @@ def dashboard() -> dict:
                target(f"sum(increase(kneecap_restarts_total{{{K}}}[1h]))", "restarts in the last hour", "B"),
                target(f"sum(rate(kneecap_scrape_failures_total{{{K}}}[$__rate_interval]))", "scrape failures/s", "C"),
                target(f"max(kneecap_observation_consecutive_failures{{{K}}})", "failed observations in a row", "D"),
-               target("sum by (verb, resource, code) (rate(kneecap_api_errors_total[$__rate_interval]))",
+               target("sum by (verb, resource, code) (rate(kneecap_api_errors_total[$__rate_interval])) or on() vector(0)",
                       "API errors/s {{verb}} {{resource}} {{code}}", "E")],
               (16, 37, 8, 8), min_=0),
     ]

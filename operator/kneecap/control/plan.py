@@ -376,8 +376,8 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float) -> Pl
     _api_errors(t)
 
     for p in g.pools:
-        if p.scrape_errors:
-            t.m.inc("scrape_failures", *labels, amount=p.scrape_errors)
+        # counted from the first tick (0 while every scrape succeeds): a rate query has a series
+        t.m.inc("scrape_failures", *labels, amount=p.scrape_errors)
         t.m.set("replicas", p.state.settings.replicas, *labels, p.role)
         t.m.set("applied_max_num_seqs", p.state.settings.max_num_seqs, *labels, p.role)
         t.m.set("applied_memory_fraction", p.state.settings.gpu_memory_utilization, *labels, p.role)
