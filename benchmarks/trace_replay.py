@@ -15,6 +15,8 @@ the peak needs at least three (the sweep below measures the count).
 Goals (reported as measured, met or not): kneecap's good requests per GPU-hour ≥ 97% of the
 oracle's and ≥ 1.2× that of defaults+hpa, at an SLO attainment no lower than either; ≤ 1
 restart per replica-hour; no flapping (no setting revisited within the cooldown).
+Also reported: the requests kneecap serves outside the SLO (and which baselines miss them too),
+and an upper bound on what any replica autoscaler could reach against defaults+hpa.
 Writes trace_replay.{json,md,png} to results/.
 """
 
@@ -71,9 +73,9 @@ def autoscaling_bound(trace: Trace, cfg: ReplayConfig, hpa_good_per_gpu_hour: fl
     fewest replicas at which that window alone (replayed from empty pods, so nothing queued from
     the window before) serves every request within both SLOs ("strict", 100% attainment) or meets
     the SLO quantiles ("quantile"). "free": replicas change at no cost; "with load": each replica
-    added also holds its GPU for the model-load delay first; "with load, cooldown": besides, a
-    scale-down waits the cooldown since the last change (the cheapest such schedule, found by
-    dynamic programming over windows)."""
+    added also holds its GPU for the model-load delay first; "with load, cooldown": besides, no
+    scale-down within the cooldown of a scale-up (kneecap's rule, ``plan.stabilised_replicas``;
+    the cheapest such schedule, found by dynamic programming over windows)."""
     width_s = cfg.window_s
     load_s = cfg.kubelet.load_delay_s(get_arch(cfg.architecture))
     k = (trace.arrival_s // width_s).astype(int)
@@ -121,8 +123,8 @@ def autoscaling_bound(trace: Trace, cfg: ReplayConfig, hpa_good_per_gpu_hour: fl
 def _cheapest_schedule(need: list[int], widths: np.ndarray, load_s: float, cooldown_s: float,
                        max_replicas: int) -> tuple[list[int], float]:
     """The replica schedule with the fewest GPU-seconds that runs at least ``need`` in every window,
-    pays ``load_s`` per replica added and scales down only ``cooldown_s`` after its last change.
-    State: (replicas, seconds since the last change at the window's start, capped at the cooldown)."""
+    pays ``load_s`` per replica added and scales down only ``cooldown_s`` after its last scale-up.
+    State: (replicas, seconds since the last scale-up at the window's start, capped at the cooldown)."""
     best = {(r, cooldown_s): (r * float(widths[0]), [r]) for r in range(need[0], max_replicas + 1)}
     for w in range(1, len(need)):
         nxt: dict = {}
@@ -131,7 +133,7 @@ def _cheapest_schedule(need: list[int], widths: np.ndarray, load_s: float, coold
             for r2 in range(need[w], max_replicas + 1):
                 if r2 < r and elapsed < cooldown_s:
                     continue
-                s2 = elapsed if r2 == r else 0.0
+                s2 = 0.0 if r2 > r else elapsed
                 c2 = cost + r2 * float(widths[w]) + max(r2 - r, 0) * load_s
                 key = (r2, s2)
                 if key not in nxt or c2 < nxt[key][0]:
@@ -139,6 +141,37 @@ def _cheapest_schedule(need: list[int], widths: np.ndarray, load_s: float, coold
         best = nxt
     cost, plan = min(best.values())
     return plan, cost
+
+
+def missed_requests(cfg: ReplayConfig, runs: dict) -> dict:
+    """Which requests kneecap serves outside the SLO, and whether each baseline misses them too."""
+    missed = {}
+    for p, r in runs.items():
+        ttft, tpot = latencies(r.requests)
+        missed[p] = (ttft > cfg.slo_ttft_s) | (tpot > cfg.slo_tpot_s)
+    if "kneecap" not in missed:
+        return {}
+    rq = runs["kneecap"].requests
+    ttft, tpot = latencies(rq)
+    idx = np.flatnonzero(missed["kneecap"])
+    return {"count": int(idx.size),
+            "also_missed_by": {p: int(m[idx].sum()) for p, m in missed.items() if p != "kneecap"},
+            "first": [{"request": int(i), "arrival_s": round(float(rq.arrival_s[i]), 2),
+                       "input_tokens": int(rq.input_tokens[i]), "output_tokens": int(rq.output_tokens[i]),
+                       "ttft_s": round(float(ttft[i]), 3) if np.isfinite(ttft[i]) else None,
+                       "tpot_s": round(float(tpot[i]), 4) if np.isfinite(tpot[i]) else None} for i in idx[:10]]}
+
+
+def _misses_line(m: dict) -> str:
+    if not m:
+        return ""
+    if not m["count"]:
+        return "kneecap serves every request within both SLOs."
+    shared = ", ".join(f"{p} {n}" for p, n in m["also_missed_by"].items())
+    ms = lambda v: "—" if v is None else f"{v * 1e3:.3g}"  # noqa: E731
+    which = "; ".join(f"#{x['request']} at {x['arrival_s']} s ({x['input_tokens']}→{x['output_tokens']} tokens, "
+                      f"TTFT {x['ttft_s']} s, TPOT {ms(x['tpot_s'])} ms)" for x in m["first"])
+    return (f"kneecap serves {m['count']} requests outside the SLO (of them also missed by: {shared}): {which}.")
 
 
 def markdown(report: dict, gl: dict, cpu_s: float) -> str:
@@ -169,6 +202,8 @@ def markdown(report: dict, gl: dict, cpu_s: float) -> str:
         f"({report['simulated_s'] / max(cpu_s, 1e-9):.0f}× real time) on {platform.machine()} "
         f"({platform.python_implementation()} {platform.python_version()}).",
         "",
+        _misses_line(report["kneecap_misses"]),
+        "",
         "Is 1.2× defaults+hpa reachable? An upper bound: an autoscaling oracle at the defaults' engine "
         "settings that knows each 60 s window's arrivals and runs the fewest replicas serving that window "
         "(replayed alone from empty pods: optimistic) within the SLO: every request (strict, 100% "
@@ -193,6 +228,7 @@ def main(argv=None) -> int:
     cpu_s = time.process_time() - cpu0
     report = out["report"]
     report["compress"] = args.compress
+    report["kneecap_misses"] = missed_requests(CONFIG, out["runs"])
     report["autoscaling_bound"] = autoscaling_bound(trace, CONFIG,
                                                     report["policies"]["defaults+hpa"]["good_per_gpu_hour"])
     gl = goals(report)

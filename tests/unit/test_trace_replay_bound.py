@@ -25,6 +25,15 @@ def test_cooldown_forbids_the_quick_scale_down_and_the_oracle_starts_high_instea
     assert gpu_s == pytest.approx(4 * 60.0 * 2 + 2 * 60.0 * 6)
 
 
+def test_scale_downs_one_after_another_do_not_wait_only_a_scale_up_starts_the_cooldown():
+    need = [5, 4, 3, 2, 2, 2, 2, 2]
+    plan, gpu_s = _cheapest_schedule(need, WIDTHS, 37.0, 300.0, 8)
+    assert plan == need
+    assert gpu_s == pytest.approx(sum(need) * 60.0)
+    plan, _ = _cheapest_schedule([2, 5, 2, 2, 2, 2, 2, 2], WIDTHS, 37.0, 300.0, 8)
+    assert plan == [5, 5, 2, 2, 2, 2, 2, 2]  # starting at the peak is cheaper than loading 3 pods and holding 300 s
+
+
 def test_every_window_gets_at_least_its_need():
     rng = np.random.default_rng(1)
     need = list(rng.integers(1, 6, 12))
