@@ -71,10 +71,11 @@ def autoscaling_bound(trace: Trace, cfg: ReplayConfig, hpa_good_per_gpu_hour: fl
                       settings: list[tuple[int, float]]) -> dict:
     """An upper bound on good requests per GPU-hour for any replica autoscaler on one of the engine
     ``settings`` (cap, memory): an oracle that knows each report window's arrivals runs, in each
-    window, the fewest replicas at which, on the best of the settings, that window alone (replayed from empty pods, so nothing queued from
-    the window before) serves every request within both SLOs ("strict", 100% attainment) or meets
-    the SLO quantiles ("quantile"). "free": replicas change at no cost; "with load": each replica
-    added also holds its GPU for the model-load delay first; "with load, cooldown": besides, no
+    window, the fewest replicas at which, on the best of the settings, that window alone (replayed
+    from empty pods, so nothing queued from the window before) serves every request within both
+    SLOs ("strict", 100% attainment) or meets the SLO quantiles ("quantile"). "free": replicas
+    change at no cost; "with load": each replica added also holds its GPU for the model-load delay
+    first; "with load, cooldown": besides, no
     scale-down within the cooldown of a scale-up (kneecap's rule, ``plan.stabilised_replicas``;
     the cheapest such schedule, found by dynamic programming over windows)."""
     width_s = cfg.window_s
@@ -123,9 +124,9 @@ def autoscaling_bound(trace: Trace, cfg: ReplayConfig, hpa_good_per_gpu_hour: fl
                                                                cfg.max_replicas)}
         for cost, (plan, g_s) in schedules.items():
             gph = good_n / (g_s / 3600.0)
+            vs_hpa = round(gph / hpa_good_per_gpu_hour, 4) if hpa_good_per_gpu_hour else None
             out[f"{rule}, {cost}"] = {"replicas": list(plan), "gpu_hours": round(g_s / 3600.0, 4), "good": good_n,
-                                      "good_per_gpu_hour": round(gph, 1),
-                                      "vs_hpa": round(gph / hpa_good_per_gpu_hour, 4) if hpa_good_per_gpu_hour else None}
+                                      "good_per_gpu_hour": round(gph, 1), "vs_hpa": vs_hpa}
     return out
 
 
@@ -223,7 +224,8 @@ def markdown(report: dict, gl: dict, cpu_s: float) -> str:
         _misses_line(report["kneecap_misses"]),
         "",
         "Is 1.2× defaults+hpa reachable? An upper bound: an autoscaling oracle on the defaults' or the "
-        "oracle's engine settings that knows each 60 s window's arrivals and runs the fewest replicas serving that window "
+        "oracle's engine settings that knows each 60 s window's arrivals and runs the fewest replicas serving "
+        "that window "
         "(replayed alone from empty pods: optimistic) within the SLO: every request (strict, 100% "
         "attainment) or the p95 quantiles.",
         "",
