@@ -7,7 +7,7 @@ from pathlib import Path
 COLUMNS = [  # (header, key or function of a policy's scores, format)
     ("policy", lambda s: s["policy"], "{}"),
     ("goodput req/s", "goodput_rps", "{:.2f}"),
-    ("SLO att. (req)", "slo_attainment_requests", "{:.1%}"),
+    ("SLO att. (req)", "slo_attainment_requests", "{:.2%}"),
     ("SLO att. (win)", "slo_attainment_windows", "{:.1%}"),
     ("TTFT p50/p95/p99 s", lambda s: "/".join(_f(s["ttft_s"][q], "{:.3g}") for q in ("p50", "p95", "p99")), "{}"),
     ("TPOT p50/p95/p99 ms", lambda s: "/".join(_f(None if s["tpot_s"][q] is None else 1e3 * s["tpot_s"][q], "{:.3g}")
