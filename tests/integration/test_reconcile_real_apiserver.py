@@ -184,7 +184,7 @@ async def test_a_spec_change_patches_once_and_keeps_the_applied_record(kube):
 async def test_dropping_pod_shaping_fields_removes_them_from_the_live_template(kube):
     """A merge patch keeps what it does not name: the tolerations, nodeSelector, service account...
     that the spec no longer has are sent as nulls, once, and the template is then in sync."""
-    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "shaped-pods.yaml").read_text())
+    doc = llmdeployment(ROOT / "examples" / "shaped-pods.yaml")
     ns = doc["metadata"]["namespace"]
     kube.add_namespace(ns)
     owner = kube.create(LLMD, doc)

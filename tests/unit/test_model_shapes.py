@@ -27,7 +27,7 @@ def test_catalog_has_the_current_families_and_gpus():
             "deepseek-v3"} <= set(CATALOG)
     assert {"l4", "a10g", "l40s", "a100-40gb", "a100-80gb", "h100-80gb", "h100-pcie-80gb", "h100-64gb", "h200",
             "b200", "mi300x"} <= set(GPUS)
-    assert get_gpu("h100") is GPUS["h100-80gb"] and get_gpu("H100-64GB") is GPUS["h100-64gb"]
+    assert get_gpu("h100-sxm") is GPUS["h100-80gb"] and get_gpu("H100-64GB") is GPUS["h100-64gb"]
     assert get_arch("Qwen/Qwen3-30B-A3B") is CATALOG["qwen3-30b-a3b"]
     assert get_arch("mistralai/Mixtral-8x7B-Instruct-v0.1") is CATALOG["mixtral-8x7b"]
 
