@@ -11,6 +11,7 @@ cooldown is in the twin's seconds however far it lags, and waits are counted in 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,7 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from kneecap.demo.clock import SimClock, TwinClock, free_port, scaled_scrape, twin_time_scrape  # noqa: F401
+from kneecap.demo.clock import (  # noqa: F401 (SimClock, scaled_scrape, free_port re-exported)
+    SIM_TIME_GAUGE, SimClock, TwinClock, free_port, scaled_scrape, twin_time_scrape,
+)
 from kneecap.sim.loadgen import arrival_times
 from kneecap.sim.server import SIM_TIME_HEADER
 
@@ -115,6 +118,16 @@ class TwinTime:
     def scrape(self):
         """The operator's scrape: stamped with the scraped twin's own clock."""
         return twin_time_scrape(self.clock, timeout_s=self.scrape_timeout_s)
+
+    def served_time(self, url: str, page: str) -> float:
+        """The twin's clock in the /metrics `page` it served at `url` (heard by this clock); this
+        clock's time when the page has none."""
+        found = re.search(rf"^{SIM_TIME_GAUGE}(?:{{[^}}]*}})? (\S+)$", page, flags=re.M)
+        if found is None:
+            return self()
+        sim = float(found.group(1))
+        self.clock.heard(url.removesuffix("/metrics"), sim, time.time())
+        return sim
 
     def start(self, twin: Twin) -> Twin:
         """Start `twin` on this clock (held while the process starts: that is the machine's time)."""
