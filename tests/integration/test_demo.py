@@ -92,7 +92,8 @@ def test_adopt_demo_tunes_the_users_deployment_and_changes_nothing_else(tmp_path
     """`kneecap demo --adopt`: the user's Deployment (labels, a toleration, a volume, its own args
     with --max-num-seqs 256) serves first; kneecap, pointed at it by spec.targetRef, moves the cap
     and leaves every other field of the pod template as the user wrote it."""
-    cfg = DemoConfig(duration_s=160.0, time_scale=5.0, interval_s=10.0, cooldown_s=30.0, warmup_intervals=2,
+    # a 120 s cooldown is the horizon a restart (31 s modelled) must pay over: over 30 s it does not
+    cfg = DemoConfig(duration_s=160.0, time_scale=5.0, interval_s=10.0, cooldown_s=120.0, warmup_intervals=2,
                      adopt=True)
     res = run_demo(cfg, log_dir=tmp_path)
     s = res.summary
