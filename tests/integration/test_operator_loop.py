@@ -269,6 +269,14 @@ def test_restart_keeps_calibration_and_observations_and_does_not_restart_pods(ku
     assert after["applied"]["time"] == before["applied"]["time"]
 
 
+def applied_snapshot(kube, name: str):
+    """(status, decode Deployment, prefill Deployment) once an apply is recorded, read twice alike."""
+    read = lambda: (status(kube, name), kube.get(DEPLOY, NS, f"{name}-decode"),  # noqa: E731
+                    kube.get(DEPLOY, NS, f"{name}-prefill"))
+    first = read()
+    return first if (first[0].get("applied") or {}).get("time") and read() == first else None
+
+
 def test_disaggregated_enforce_sets_decode_cap_and_sara_prefill_pool(kube, sim, twin):
     from kneecap.control.policy import step_limit
 
@@ -292,8 +300,9 @@ def test_disaggregated_enforce_sets_decode_cap_and_sara_prefill_pool(kube, sim, 
             procs += [sim.load(prefill.url, [(0.6, 80.0)], seed=7)] + drive(sim, twin)
             st = wait_for(lambda: (lambda s: s if (s.get("allocation") or {}).get("prefillDecision") else None)(
                 status(kube, "dis")), timeout_s=120, what="a SARA allocation")
-            wait_for(lambda: (status(kube, "dis").get("applied") or {}).get("time"), timeout_s=60, what="apply")
-            st = status(kube, "dis")
+            # the first apply's status and Deployments, read with no write in between: the load keeps
+            # changing, and a later tick may size the prefill pool again
+            st, dec, pre_deploy = wait_for(lambda: applied_snapshot(kube, "dis"), timeout_s=60, what="apply")
     finally:
         stop(procs)
         prefill.stop()
@@ -301,11 +310,10 @@ def test_disaggregated_enforce_sets_decode_cap_and_sara_prefill_pool(kube, sim, 
     alloc = st["allocation"]
     assert alloc["prefillReplicas"] >= 1 and alloc["decodeReplicas"] >= 1 and alloc["kvBandwidthGiBps"] > 0
     assert set(alloc["binding"]) >= {"prefill", "kv", "decode"}
-    dec = kube.get(DEPLOY, NS, "dis-decode")
     assert V.container_flag(dec["spec"]["template"]["spec"]["containers"][0], "--max-num-seqs") == "16"
     expected = step_limit(3, min(max(alloc["prefillReplicas"], 1), 4), 2)
-    assert kube.get(DEPLOY, NS, "dis-prefill")["spec"]["replicas"] == expected
-    pre = kube.get(DEPLOY, NS, "dis-prefill")["spec"]["template"]["spec"]["containers"][0]
+    assert pre_deploy["spec"]["replicas"] == expected
+    pre = pre_deploy["spec"]["template"]["spec"]["containers"][0]
     assert V.container_flag(pre, "--max-num-seqs") == "8"  # BCA sets the decode pool's cap only
     if expected != 3:
         assert st["applied"]["prefill"]["replicas"] == expected and alloc["prefillDecision"]["reason"] == "Applied"
