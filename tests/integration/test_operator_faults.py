@@ -91,7 +91,7 @@ def run_operator(kube, metrics: OperatorMetrics, sim: TwinTime, edit: list | Non
 
 def test_unusable_metrics_hold_every_decision_and_degraded_names_them(kube, sim, twin):
     metrics, edit = OperatorMetrics(), [None]
-    procs = []
+    procs = drive(sim, twin)
     try:
         with run_operator(kube, metrics, sim, edit) as runner:
             # a 30 s cooldown (6 ticks): with usable windows the loop would step the cap again (×2)
@@ -100,7 +100,6 @@ def test_unusable_metrics_hold_every_decision_and_degraded_names_them(kube, sim,
             kube.create(LLMD, resource("bad", "enforce", cooldown="30s", control={"releasedMemoryValue": 100},
                                        batching={"efficiencyFloor": 0.02}))
             add_pod(kube, "bad", twin)
-            procs += drive(sim, twin)
             wait_for(lambda: len(kube.history(DEPLOY, NS, "bad")) >= 2, timeout_s=120, what="a first patch")
             seen = []
             for fault, code in FAULT_PAGES:
@@ -141,12 +140,11 @@ def test_a_status_write_lost_after_a_patch_keeps_the_cooldown(kube, sim, twin):
     # the first status write after the Deployment patch that applies a decision fails
     FaultyAPI.ARM[("PATCH", r"/deployments/cool$", A.APPLIED_ANNOTATION)] = {
         ("PATCH", r"/llmdeployments/cool/status$", None): [500, "etcdserver: request timed out", 1]}
-    procs = []
+    procs = drive(sim, twin)
     try:
         with run_operator(kube, metrics, sim) as runner:
             kube.create(LLMD, resource("cool", "enforce", cooldown="600s", batching={"efficiencyFloor": 0.02}))
             add_pod(kube, "cool", twin)
-            procs += drive(sim, twin)
             wait_for(lambda: len(kube.history(DEPLOY, NS, "cool")) >= 2, timeout_s=120, what="a patch")
             wait_for(lambda: events(kube, "StatusWriteFailed", "cool"), timeout_s=60, what="the failed write")
             st = wait_for(lambda: (lambda s: s if s.get("lastDecision", {}).get("reason") == "Cooldown" else None)(
@@ -175,12 +173,11 @@ def test_a_refused_deployment_patch_is_visible_and_the_loop_keeps_observing(kube
     metrics = OperatorMetrics()
     msg = 'admission webhook "policy.example.com" denied the request: containers must not change'
     FaultyAPI.FAULTS[("PATCH", r"/deployments/deny$", A.APPLIED_ANNOTATION)] = [422, msg, None]
-    procs = []
+    procs = drive(sim, twin)
     try:
         with run_operator(kube, metrics, sim) as runner:
             kube.create(LLMD, resource("deny", "enforce", cooldown="600s", batching={"efficiencyFloor": 0.02}))
             add_pod(kube, "deny", twin)
-            procs += drive(sim, twin)
             st = wait_for(lambda: (lambda s: s if condition(s, "ApiError").get("status") == "True" else None)(
                 status(kube, "deny")), timeout_s=120, what="ApiError")
             n_obs = len(st["observations"])
@@ -205,13 +202,12 @@ def test_a_refused_service_is_visible_and_the_loop_observes_without_acting(kube,
     msg = 'Service "svc" is invalid: metadata.name: Invalid value: must be a DNS-1035 label'
     FaultyAPI.FAULTS[("POST", r"/services$", None)] = [422, msg, None]
     metrics = OperatorMetrics()
-    procs = []
+    procs = drive(sim, twin)
     try:
         with run_operator(kube, metrics, sim) as runner:
             kube.create(LLMD, resource("svc", "enforce", cooldown="600s", batching={"efficiencyFloor": 0.02}))
             wait_for(lambda: kube.get(DEPLOY, NS, "svc"), timeout_s=60, what="the Deployment")
             add_pod(kube, "svc", twin)
-            procs += drive(sim, twin)
             st = wait_for(lambda: (lambda s: s if len(s.get("observations") or []) >= 4
                                    and s.get("recommendation") else None)(status(kube, "svc")),
                           timeout_s=120, what="observations and a recommendation")

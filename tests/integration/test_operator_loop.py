@@ -73,9 +73,11 @@ def add_pod(kube, name: str, twin: Twin, role: str = "server", pod: str | None =
 
 
 def drive(sim: TwinTime, twin: Twin):
-    """Low then high load, so the pool runs at two batch levels (SLIM needs more than one). Started
-    once the operator watches the pod: it sees both phases however long it took to start."""
-    return [sim.load(twin.url, [(0.6, 25.0), (6.0, 60.0)], seed=1)]
+    """Low then high load, so the pool runs at two batch levels (SLIM needs more than one); returns
+    10 s (on the twin's clock) before the high load starts."""
+    procs = [sim.load(twin.url, [(0.6, 25.0), (6.0, 60.0)], seed=1)]
+    sim.wait(15.0)
+    return procs
 
 
 def stop(procs):
@@ -92,12 +94,11 @@ def calibrated(kube, name):
 
 def test_advise_records_but_never_patches(kube, sim, twin):
     metrics = OperatorMetrics()
-    procs = []
+    procs = drive(sim, twin)
     try:
         with operator(kube, config(sim, metrics)) as runner:
             kube.create(LLMD, resource("adv", "advise"))
             add_pod(kube, "adv", twin)
-            procs += drive(sim, twin)
             st = wait_for(lambda: calibrated(kube, "adv"), timeout_s=120, what="calibration")
             wait_for(lambda: events(kube, "Advised", "adv"), timeout_s=60, what="an Advised event")
             st = status(kube, "adv")
@@ -145,13 +146,12 @@ def test_advise_records_but_never_patches(kube, sim, twin):
 
 def test_enforce_patches_within_step_limit_and_respects_cooldown(kube, sim, twin):
     metrics = OperatorMetrics()
-    procs = []
+    procs = drive(sim, twin)
     try:
         with operator(kube, config(sim, metrics)) as runner:
             # a low efficiency floor puts BCA's cap far above 8, so the ×2 step limit binds
             kube.create(LLMD, resource("enf", "enforce", cooldown="600s", batching={"efficiencyFloor": 0.02}))
             add_pod(kube, "enf", twin)
-            procs += drive(sim, twin)
             wait_for(lambda: len(kube.history(DEPLOY, NS, "enf")) >= 2, timeout_s=120, what="a patch")
             applied_at = sim()
             # keep ticking (interval 5 s) well inside the 600 s cooldown
@@ -177,12 +177,11 @@ def test_enforce_patches_within_step_limit_and_respects_cooldown(kube, sim, twin
 
 
 def test_scrape_failure_keeps_last_good_state_and_sets_degraded(kube, sim, twin):
-    procs = []
+    procs = drive(sim, twin)
     try:
         with operator(kube, config(sim)) as runner:
             kube.create(LLMD, resource("deg", "enforce", cooldown="600s"))
             add_pod(kube, "deg", twin)
-            procs += drive(sim, twin)
             good = wait_for(lambda: calibrated(kube, "deg"), timeout_s=120, what="calibration")
             wait_for(lambda: len(kube.history(DEPLOY, NS, "deg")) >= 2, timeout_s=60, what="first patch")
             versions_before = len(kube.history(DEPLOY, NS, "deg"))
@@ -205,14 +204,13 @@ def test_scrape_failure_keeps_last_good_state_and_sets_degraded(kube, sim, twin)
 
 def test_worse_fit_keeps_last_good_calibration_and_sets_degraded(kube, sim, twin):
     slow = sim.start(Twin(MODEL, ARCH, "l4", max_num_seqs=8, time_scale=SCALE))  # same model, a much slower GPU
-    procs = []
+    procs = drive(sim, twin)
     try:
         with operator(kube, config(sim)) as runner:
             res = resource("fit", "enforce", cooldown="600s")
             res["spec"]["control"].update(maxFitError=0.3, observationHistory=12)
             kube.create(LLMD, res)
             add_pod(kube, "fit", twin)
-            procs += drive(sim, twin)
             good = wait_for(lambda: calibrated(kube, "fit"), timeout_s=120, what="calibration")
             # the good fit's own decision (cap 8 is far below the knee) lands first; then the cooldown holds
             wait_for(lambda: len(kube.history(DEPLOY, NS, "fit")) >= 2, timeout_s=60, what="first patch")
@@ -239,12 +237,11 @@ def test_worse_fit_keeps_last_good_calibration_and_sets_degraded(kube, sim, twin
 
 
 def test_restart_keeps_calibration_and_observations_and_does_not_restart_pods(kube, sim, twin):
-    procs = []
+    procs = drive(sim, twin)
     try:
         with operator(kube, config(sim)) as first:
             kube.create(LLMD, resource("rst", "enforce", cooldown="600s"))
             add_pod(kube, "rst", twin)
-            procs += drive(sim, twin)
             wait_for(lambda: calibrated(kube, "rst"), timeout_s=120, what="calibration")
             wait_for(lambda: len(kube.history(DEPLOY, NS, "rst")) >= 2, timeout_s=60, what="first patch")
         before = status(kube, "rst")
@@ -281,7 +278,7 @@ def test_disaggregated_enforce_sets_decode_cap_and_sara_prefill_pool(kube, sim, 
     from kneecap.control.policy import step_limit
 
     prefill = sim.start(Twin(MODEL, ARCH, GPU, max_num_seqs=8, time_scale=SCALE))
-    procs = []
+    procs = [sim.load(prefill.url, [(0.6, 80.0)], seed=7)] + drive(sim, twin)
     try:
         with operator(kube, config(sim)) as runner:
             kube.create(LLMD, resource("dis", "enforce", cooldown="600s",
@@ -297,7 +294,6 @@ def test_disaggregated_enforce_sets_decode_cap_and_sara_prefill_pool(kube, sim, 
             assert code == 200
             add_pod(kube, "dis", twin, role="decode")
             add_pod(kube, "dis", prefill, role="prefill", pod="dis-p-0")
-            procs += [sim.load(prefill.url, [(0.6, 80.0)], seed=7)] + drive(sim, twin)
             st = wait_for(lambda: (lambda s: s if (s.get("allocation") or {}).get("prefillDecision") else None)(
                 status(kube, "dis")), timeout_s=120, what="a SARA allocation")
             # the first apply's status and Deployments, read with no write in between: the load keeps
