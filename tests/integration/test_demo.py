@@ -92,7 +92,8 @@ def test_adopt_demo_tunes_the_users_deployment_and_changes_nothing_else(tmp_path
     """`kneecap demo --adopt`: the user's Deployment (labels, a toleration, a volume, its own args
     with --max-num-seqs 256) serves first; kneecap, pointed at it by spec.targetRef, moves the cap
     and leaves every other field of the pod template as the user wrote it."""
-    cfg = DemoConfig(duration_s=160.0, time_scale=5.0, interval_s=10.0, cooldown_s=30.0, warmup_intervals=2,
+    # a 120 s cooldown is the horizon a restart (31 s modelled) must pay over: over 30 s it does not
+    cfg = DemoConfig(duration_s=160.0, time_scale=5.0, interval_s=10.0, cooldown_s=120.0, warmup_intervals=2,
                      adopt=True)
     res = run_demo(cfg, log_dir=tmp_path)
     s = res.summary
@@ -142,7 +143,7 @@ def test_disaggregated_demo_routes_prefill_then_decode_and_tunes_the_decode_pool
     kv_consumer) behind the P/D router; every completed request went prefill -> KV -> decode, the
     operator observes both pools (the prefill pool's windows have no inter-token interval) and
     moves the decode pool's cap."""
-    cfg = DemoConfig(duration_s=160.0, time_scale=5.0, interval_s=10.0, cooldown_s=30.0, warmup_intervals=2,
+    cfg = DemoConfig(duration_s=160.0, time_scale=5.0, interval_s=10.0, cooldown_s=120.0, warmup_intervals=2,
                      disaggregated=True)
     res = run_demo(cfg, log_dir=tmp_path, on_warning=lambda line: None)
     s = res.summary

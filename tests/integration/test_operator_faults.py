@@ -17,7 +17,6 @@ function that edits the twin's real page) and in the API server's answers (a Kub
 from __future__ import annotations
 
 import re
-import time
 
 import aiohttp
 import pytest
@@ -28,11 +27,11 @@ from kneecap.control.handlers import OperatorConfig
 from kneecap.control.loop import WINDOW_FAMILIES
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.observe.scrape import parse_metrics
-from tests.integration.test_operator_loop import SCALE, add_pod, drive, resource, stop, twin  # noqa: F401 (fixture)
+from tests.integration.test_operator_loop import add_pod, drive, resource, sim, stop, twin  # noqa: F401 (fixtures)
 from tests.support.faulty_api import FaultyAPI
 from tests.support.kmock_api import LLMD, KubeAPIThread
 from tests.support.operator_harness import DEPLOY, NS, condition, events, operator, status, wait_for
-from tests.support.twins import SimClock
+from tests.support.twins import TwinTime
 
 pytestmark = pytest.mark.slow
 
@@ -72,48 +71,51 @@ FAULT_PAGES = [(nan_running, "invalid_value:vllm:num_requests_running"), (garbag
                (no_ttft_family, "missing_metric:vllm:time_to_first_token_seconds")]
 
 
-def editing_scrape(clock: SimClock, edit: list):
-    """A scrape of the twin's real page through ``edit[0]`` (None: as served), at the operator's clock."""
+def editing_scrape(sim: TwinTime, edit: list):
+    """A scrape of the twin's real page through ``edit[0]`` (None: as served), stamped with the
+    twin's clock as served."""
     async def scrape(url: str):
-        async with aiohttp.ClientSession() as s, s.get(url, timeout=aiohttp.ClientTimeout(total=2)) as r:
+        timeout = aiohttp.ClientTimeout(total=sim.scrape_timeout_s)
+        async with aiohttp.ClientSession() as s, s.get(url, timeout=timeout) as r:
             text = await r.text()
         page = edit[0](text) if edit[0] else text
-        return parse_metrics(page, url=url, t_s=clock(), keep=WINDOW_FAMILIES)
+        return parse_metrics(page, url=url, t_s=sim.served_time(url, text), keep=WINDOW_FAMILIES)
     return scrape
 
 
-def run_operator(kube, metrics: OperatorMetrics, clock: SimClock, edit: list | None = None):
-    """The operator on ``kube``, scraping through :func:`editing_scrape`, at the twin's clock."""
-    return operator(kube, OperatorConfig(tick_s=0.1, now=clock, scrape=editing_scrape(clock, edit or [None]),
+def run_operator(kube, metrics: OperatorMetrics, sim: TwinTime, edit: list | None = None):
+    """The operator on ``kube``, scraping through :func:`editing_scrape`, on the twin's clock."""
+    return operator(kube, OperatorConfig(tick_s=0.1, now=sim, scrape=editing_scrape(sim, edit or [None]),
                                          metrics=metrics))
 
 
-def test_unusable_metrics_hold_every_decision_and_degraded_names_them(kube, twin):
-    metrics, clock, edit = OperatorMetrics(), SimClock(SCALE), [None]
-    procs = drive(twin)
+def test_unusable_metrics_hold_every_decision_and_degraded_names_them(kube, sim, twin):
+    metrics, edit = OperatorMetrics(), [None]
+    procs = drive(sim, twin)
     try:
-        with run_operator(kube, metrics, clock, edit) as runner:
-            # a 1 s cooldown: with usable windows the loop would keep stepping the cap (×2 each tick);
-            # a restart weighed over a 1 s horizon pays only with released memory valued at the most
-            kube.create(LLMD, resource("bad", "enforce", cooldown="1s", control={"releasedMemoryValue": 100},
+        with run_operator(kube, metrics, sim, edit) as runner:
+            # a 30 s cooldown (6 ticks): with usable windows the loop would step the cap again (×2)
+            # well before the faults are over; a restart (31 s modelled) weighed over a 30 s horizon
+            # pays with released memory valued at the most
+            kube.create(LLMD, resource("bad", "enforce", cooldown="30s", control={"releasedMemoryValue": 100},
                                        batching={"efficiencyFloor": 0.02}))
             add_pod(kube, "bad", twin)
-            wait_for(lambda: len(kube.history(DEPLOY, NS, "bad")) >= 2, timeout_s=40, what="a first patch")
+            wait_for(lambda: len(kube.history(DEPLOY, NS, "bad")) >= 2, timeout_s=120, what="a first patch")
             seen = []
             for fault, code in FAULT_PAGES:
                 edit[0] = fault
                 st = wait_for(lambda: (lambda s: s if code in condition(s, "Degraded").get("message", "") else None)(
-                    status(kube, "bad")), timeout_s=20, what=f"Degraded naming {code}")
+                    status(kube, "bad")), timeout_s=60, what=f"Degraded naming {code}")
                 # (a tick that scraped before the edit may still have added a window: count from here)
                 versions, ring, t_fault = (len(kube.history(DEPLOY, NS, "bad")), st["observations"],
                                            st["lastDecision"]["time"])
-                wait_for(lambda: status(kube, "bad")["lastDecision"]["time"] > t_fault, timeout_s=10,
+                wait_for(lambda: status(kube, "bad")["lastDecision"]["time"] > t_fault, timeout_s=60,
                          what="another tick")
                 st = status(kube, "bad")
                 seen.append((st, versions, ring, len(kube.history(DEPLOY, NS, "bad"))))
             edit[0] = None
             healthy = wait_for(lambda: (lambda s: s if condition(s, "Degraded").get("reason") == "Healthy" else None)(
-                status(kube, "bad")), timeout_s=20, what="usable windows again")
+                status(kube, "bad")), timeout_s=60, what="usable windows again")
     finally:
         stop(procs)
     assert runner.exit_code == 0, runner.output
@@ -133,22 +135,21 @@ def test_unusable_metrics_hold_every_decision_and_degraded_names_them(kube, twin
     assert events(kube, "MetricsUnusable", "bad")[0]["type"] == "Warning"
 
 
-def test_a_status_write_lost_after_a_patch_keeps_the_cooldown(kube, twin):
+def test_a_status_write_lost_after_a_patch_keeps_the_cooldown(kube, sim, twin):
     metrics = OperatorMetrics()
     # the first status write after the Deployment patch that applies a decision fails
     FaultyAPI.ARM[("PATCH", r"/deployments/cool$", A.APPLIED_ANNOTATION)] = {
         ("PATCH", r"/llmdeployments/cool/status$", None): [500, "etcdserver: request timed out", 1]}
-    clock = SimClock(SCALE)
-    procs = drive(twin)
+    procs = drive(sim, twin)
     try:
-        with run_operator(kube, metrics, clock) as runner:
+        with run_operator(kube, metrics, sim) as runner:
             kube.create(LLMD, resource("cool", "enforce", cooldown="600s", batching={"efficiencyFloor": 0.02}))
             add_pod(kube, "cool", twin)
-            wait_for(lambda: len(kube.history(DEPLOY, NS, "cool")) >= 2, timeout_s=40, what="a patch")
-            wait_for(lambda: events(kube, "StatusWriteFailed", "cool"), timeout_s=10, what="the failed write")
+            wait_for(lambda: len(kube.history(DEPLOY, NS, "cool")) >= 2, timeout_s=120, what="a patch")
+            wait_for(lambda: events(kube, "StatusWriteFailed", "cool"), timeout_s=60, what="the failed write")
             st = wait_for(lambda: (lambda s: s if s.get("lastDecision", {}).get("reason") == "Cooldown" else None)(
-                status(kube, "cool")), timeout_s=20, what="a Cooldown decision")
-            time.sleep(1.5)  # several more ticks inside the cooldown
+                status(kube, "cool")), timeout_s=60, what="a Cooldown decision")
+            sim.wait(15.0)  # several more ticks inside the cooldown
             st = status(kube, "cool")
     finally:
         stop(procs)
@@ -168,20 +169,19 @@ def test_a_status_write_lost_after_a_patch_keeps_the_cooldown(kube, twin):
     assert events(kube, "StatusWriteFailed", "cool")[0]["type"] == "Warning"
 
 
-def test_a_refused_deployment_patch_is_visible_and_the_loop_keeps_observing(kube, twin):
+def test_a_refused_deployment_patch_is_visible_and_the_loop_keeps_observing(kube, sim, twin):
     metrics = OperatorMetrics()
     msg = 'admission webhook "policy.example.com" denied the request: containers must not change'
     FaultyAPI.FAULTS[("PATCH", r"/deployments/deny$", A.APPLIED_ANNOTATION)] = [422, msg, None]
-    clock = SimClock(SCALE)
-    procs = drive(twin)
+    procs = drive(sim, twin)
     try:
-        with run_operator(kube, metrics, clock) as runner:
+        with run_operator(kube, metrics, sim) as runner:
             kube.create(LLMD, resource("deny", "enforce", cooldown="600s", batching={"efficiencyFloor": 0.02}))
             add_pod(kube, "deny", twin)
             st = wait_for(lambda: (lambda s: s if condition(s, "ApiError").get("status") == "True" else None)(
-                status(kube, "deny")), timeout_s=40, what="ApiError")
+                status(kube, "deny")), timeout_s=120, what="ApiError")
             n_obs = len(st["observations"])
-            wait_for(lambda: len(status(kube, "deny")["observations"]) > n_obs, timeout_s=10, what="more windows")
+            wait_for(lambda: len(status(kube, "deny")["observations"]) > n_obs, timeout_s=60, what="more windows")
             st = status(kube, "deny")
     finally:
         stop(procs)
@@ -198,20 +198,19 @@ def test_a_refused_deployment_patch_is_visible_and_the_loop_keeps_observing(kube
     assert got[("kneecap_decisions_total", (("name", "deny"), ("namespace", NS), ("reason", "ApplyFailed")))] >= 1
 
 
-def test_a_refused_service_is_visible_and_the_loop_observes_without_acting(kube, twin):
+def test_a_refused_service_is_visible_and_the_loop_observes_without_acting(kube, sim, twin):
     msg = 'Service "svc" is invalid: metadata.name: Invalid value: must be a DNS-1035 label'
     FaultyAPI.FAULTS[("POST", r"/services$", None)] = [422, msg, None]
     metrics = OperatorMetrics()
-    clock = SimClock(SCALE)
-    procs = drive(twin)
+    procs = drive(sim, twin)
     try:
-        with run_operator(kube, metrics, clock) as runner:
+        with run_operator(kube, metrics, sim) as runner:
             kube.create(LLMD, resource("svc", "enforce", cooldown="600s", batching={"efficiencyFloor": 0.02}))
-            wait_for(lambda: kube.get(DEPLOY, NS, "svc"), timeout_s=20, what="the Deployment")
+            wait_for(lambda: kube.get(DEPLOY, NS, "svc"), timeout_s=60, what="the Deployment")
             add_pod(kube, "svc", twin)
             st = wait_for(lambda: (lambda s: s if len(s.get("observations") or []) >= 4
                                    and s.get("recommendation") else None)(status(kube, "svc")),
-                          timeout_s=40, what="observations and a recommendation")
+                          timeout_s=120, what="observations and a recommendation")
     finally:
         stop(procs)
     assert runner.exit_code == 0, runner.output

@@ -25,7 +25,9 @@ import yaml
 from kneecap.demo.kubelet import add_owned_pod
 from tests.support.kmock_api import LLMD, KubeAPIThread
 from tests.support.twins import Twin, free_port, load
-from tests.unit.test_ship_observability import PROMETHEUS_SYNTHETIC, alert_rules, dashboard, dashboard_queries, metric_names
+from tests.unit.test_ship_observability import (
+    PROMETHEUS_SYNTHETIC, alert_rules, assert_old_names_only_as_fallback, dashboard, dashboard_queries,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kneecap"
@@ -106,11 +108,11 @@ def served_names_check(op_text: str, twin_text: str) -> None:
     allowed = set().union(*served.values())
     seen = set()
     for where, expr in dashboard_queries(dashboard()):
-        names = metric_names(expr)
+        names = assert_old_names_only_as_fallback(f"dashboard {where}", expr, {"vllm": served["twin"]})
         assert names <= allowed, f"dashboard {where}: {names - allowed} not served by the operator or the twin"
         seen |= names
     for name, rule in alert_rules().items():
-        names = metric_names(rule["expr"])
+        names = assert_old_names_only_as_fallback(f"alert {name}", rule["expr"], {"vllm": served["twin"]})
         assert names <= allowed, f"alert {name}: {names - allowed} not served by the operator or the twin"
         seen |= names
     assert seen & served["operator"] and seen & served["twin"]
