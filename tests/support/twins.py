@@ -91,26 +91,6 @@ def load(url: str, rate: float, duration_s: float, input_mean: int = 200, output
 
 def _load_process(url: str, args: list[str], stderr=subprocess.DEVNULL) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "operator"))
-    return subprocess.Popen([*KNEECAP, "load", url, "--rate", str(rate), "--duration", str(duration_s),
-                             "--input-mean", str(input_mean), "--output-mean", str(output_mean),
-                             "--seed", str(seed), "--json"],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
-async def post_completions(url: str, body: dict, n: int) -> list[dict]:
-    """`n` concurrent POSTs of `body` to `url`/v1/completions; their JSON answers (each a 200)."""
-    import asyncio
-
-    import aiohttp
-
-    async with aiohttp.ClientSession() as s:
-        async def one() -> dict:
-            async with s.post(url + "/v1/completions", json=body) as r:
-                assert r.status == 200, await r.text()
-                return await r.json()
-        return list(await asyncio.gather(*(one() for _ in range(n))))
-
-
     return subprocess.Popen([*KNEECAP, "load", url, *args, "--json"],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
 
@@ -210,3 +190,17 @@ class TwinTime:
         self._thread.join(5)
         for path in self._files:
             os.unlink(path)
+
+
+async def post_completions(url: str, body: dict, n: int) -> list[dict]:
+    """`n` concurrent POSTs of `body` to `url`/v1/completions; their JSON answers (each a 200)."""
+    import asyncio
+
+    import aiohttp
+
+    async with aiohttp.ClientSession() as s:
+        async def one() -> dict:
+            async with s.post(url + "/v1/completions", json=body) as r:
+                assert r.status == 200, await r.text()
+                return await r.json()
+        return list(await asyncio.gather(*(one() for _ in range(n))))
