@@ -105,3 +105,35 @@ def test_a_status_write_that_fails_is_merged_into_the_next_and_reported():
     assert (etype, reason) == ("Warning", "StatusWriteFailed") and "HTTP 500: etcd timed out" in message
     assert metrics.registry.get_sample_value(
         "kneecap_api_errors_total", {"verb": "patch", "resource": "llmdeployments/status", "code": "500"}) == 1.0
+
+
+class _ReadsFailingOnce:
+    """Deployment reads that fail once (the reconcile) and then answer (the read-only fallback)."""
+
+    def __init__(self, deploy: dict):
+        self.deploy, self.calls = deploy, 0
+
+    async def hpas(self, ns):
+        return []
+
+    async def pods(self, ns, instance, role):
+        return []
+
+    async def deployment(self, ns, name):
+        self.calls += 1
+        if self.calls == 1:
+            from kneecap.control.kube import ApiError
+            raise ApiError(503, {"message": "etcd timeout"}, f"GET deployments/{name}")
+        return self.deploy
+
+
+def test_after_a_failed_reconcile_only_a_deployment_kneecap_owns_is_observed():
+    from tests.unit.test_control_plan import OWNER
+    ours = live_pool().deployment
+    theirs = {**ours, "metadata": {**ours["metadata"], "ownerReferences": [], "labels": {"app": "payments"}}}
+    for deploy, pools in ((ours, 1), (theirs, 0)):
+        ctx = L.LoopContext(kube=None, metrics=OperatorMetrics(), event=lambda *a: None,
+                            reads=_ReadsFailingOnce(deploy), scrape=lambda url: None)
+        g, _ = asyncio.run(L.gather(ctx, {**OWNER, "spec": {}}, SPEC, L.LoopMemory()))
+        assert g.reconcile_failed and g.api_failures and g.api_failures[0].code == 503
+        assert len(g.pools) == pools  # the foreign one is neither scraped nor planned for

@@ -178,7 +178,7 @@ async def _live_pools(ctx: LoopContext, owner: dict, spec: LLMDeploymentSpec) ->
             live = await ctx.reader.deployment(ns, pool.name)
         except API_EXCEPTIONS:
             live = None
-        if live is not None:
+        if live is not None and R.owns(owner, live):  # someone else's is not observed either
             start = M.initial_settings(spec, pool.role)
             out.append(R.PoolState(pool, live, M.live_settings(live, start), R.replicas_owner(spec, live, hpas)))
     return out
