@@ -154,12 +154,17 @@ async def test_every_example_is_patched_zero_times_over_100_passes(kube, example
         await client.close()
 
 
+def _created(kube, example: str) -> dict:
+    """An example's LLMDeployment, created in its namespace on the faithful API."""
+    doc = llmdeployment(ROOT / "examples" / example)
+    kube.add_namespace(doc["metadata"]["namespace"])
+    return kube.create(LLMD, doc)
+
+
 async def test_a_spec_change_patches_once_and_keeps_the_applied_record(kube):
     """The control loop's `kneecap.io/applied` annotation survives reconcile's merge patches."""
-    doc = llmdeployment(ROOT / "examples" / "colocated.yaml")
-    ns = doc["metadata"]["namespace"]
-    kube.add_namespace(ns)
-    owner = kube.create(LLMD, doc)
+    owner = _created(kube, "colocated.yaml")
+    ns = owner["metadata"]["namespace"]
     client = KubeClient(kube.url)
     try:
         spec = parse_spec(owner["spec"])
@@ -184,10 +189,8 @@ async def test_a_spec_change_patches_once_and_keeps_the_applied_record(kube):
 async def test_dropping_pod_shaping_fields_removes_them_from_the_live_template(kube):
     """A merge patch keeps what it does not name: the tolerations, nodeSelector, service account...
     that the spec no longer has are sent as nulls, once, and the template is then in sync."""
-    doc = llmdeployment(ROOT / "examples" / "shaped-pods.yaml")
-    ns = doc["metadata"]["namespace"]
-    kube.add_namespace(ns)
-    owner = kube.create(LLMD, doc)
+    owner = _created(kube, "shaped-pods.yaml")
+    ns = owner["metadata"]["namespace"]
     client = KubeClient(kube.url)
     try:
         (pool,) = (await R.reconcile(client, owner, parse_spec(owner["spec"]))).pools

@@ -483,10 +483,7 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float) -> Pl
         rollout_in_progress=any(s.rollout_in_progress for s in states),
         n_observations=len(observations), scrape_ok=True, fit_ok=cal_out.ok, fit_message=cal_out.message,
         replicas_external=external, restart=restart_cost)
-    adopted = pools[role].adoption
-    engine = ((T.find_container(pools[role].deployment, adopted.container) if adopted is not None else None)
-              or M.vllm_container(pools[role].deployment))
-    round_cap = None if cudagraph.eager(engine) else (
+    round_cap = None if cudagraph.eager(pools[role].engine_container) else (
         lambda cap: cudagraph.round_cap(cap, spec.batching.min_max_num_seqs, spec.batching.max_max_num_seqs))
     d = policy.guard(cur, policy.Proposal(r.settings, r.throughput_gain, r.memory_gain), spec.control,
                      spec.batching, M.pool_bounds(spec, role), state,

@@ -92,6 +92,12 @@ class PoolState:
     adoption: T.Adoption | None = None  # spec.targetRef: the user's Deployment (None: kneecap's own)
 
     @property
+    def engine_container(self) -> dict:
+        """The live vLLM container: the adopted one by name, else kneecap's (manifests.vllm_container)."""
+        found = T.find_container(self.deployment, self.adoption.container) if self.adoption is not None else None
+        return found or M.vllm_container(self.deployment)
+
+    @property
     def rollout_in_progress(self) -> bool:
         """Deployment controller has not caught up, or not all replicas run the new template."""
         d, st = self.deployment, self.deployment.get("status") or {}
