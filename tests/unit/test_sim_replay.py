@@ -116,3 +116,34 @@ def test_replay_options_are_checked_before_any_run(tmp_path, capsys, flags, fiel
         rc = exc.code
     assert rc == 2
     assert json.loads(capsys.readouterr().err.splitlines()[0])["field"] == field
+
+
+def test_compression_for_peak_is_the_least_factor_that_needs_the_replicas(tmp_path):
+    """The factor found is the edge: at it the defaults on N − 1 pods miss the SLO over the trace,
+    one less and they meet it (so the peak-sized pool grows to N exactly there)."""
+    from kneecap.sim.replay import DEFAULT_CAP, DEFAULT_MEMORY, compression_for_peak, slo_met
+    from kneecap.sim.trace import compress
+
+    trace = read_trace(_trace(tmp_path, 6.0, 60.0))
+    cfg = ReplayConfig(max_replicas=4)
+    k = compression_for_peak(trace, cfg, 2)
+    assert k > 1
+
+    def met(factor: int, replicas: int) -> bool:
+        return slo_met(cfg, run_policy(compress(trace, factor), cfg, "static",
+                                       static=(DEFAULT_CAP, DEFAULT_MEMORY, replicas)).requests)
+    assert not met(k, 1) and met(k - 1, 1)
+    assert met(k, 2)  # two pods serve it: the peak needs exactly two
+    assert compression_for_peak(trace, cfg, 1) == 1
+
+
+def test_replay_peak_replicas_option(tmp_path, capsys):
+    p = _trace(tmp_path, 6.0, 60.0)
+    report = json.loads(_replay_json([str(p), "--peak-replicas", "2", "--policy", "defaults", "--max-replicas", "4"]))
+    assert report["compress"] > 1 and report["compress_for_peak_replicas"] == 2
+    assert report["policies"]["defaults"]["settings"]["replicas"] >= 2
+    with pytest.raises(SystemExit) as e:  # one way to say the compression
+        cli.main(["replay", str(p), "--compress", "2", "--peak-replicas", "2"])
+    assert e.value.code == 2
+    assert cli.main(["replay", str(p), "--peak-replicas", "5", "--max-replicas", "4", "--json"]) == 2
+    assert json.loads(capsys.readouterr().err.splitlines()[-1])["field"] == "peak-replicas"

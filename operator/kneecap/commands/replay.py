@@ -31,8 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", default=d.gpu, help=f"catalog GPU of each pod (default {d.gpu})")
     common.add_slo(parser, ttft=d.slo_ttft_s, tpot=d.slo_tpot_s)
     common.add_quantile(parser, d.quantile)
-    parser.add_argument("--compress", type=float, default=1.0,
-                        help="time compression: arrivals come this many times faster (default 1)")
+    squeeze = parser.add_mutually_exclusive_group()
+    squeeze.add_argument("--compress", type=float, default=1.0,
+                         help="time compression: arrivals come this many times faster (default 1)")
+    squeeze.add_argument("--peak-replicas", type=int, default=None, metavar="N",
+                         help="instead of --compress: the least whole compression at which the defaults need at "
+                              "least N replicas for the trace's peak (found by replaying it)")
     parser.add_argument("--min-replicas", type=int, default=d.min_replicas)
     parser.add_argument("--max-replicas", type=int, default=d.max_replicas)
     parser.add_argument("--start-replicas", type=int, default=None,
@@ -92,24 +96,29 @@ def config_from_args(args):
 
 def run(args) -> int:
     from kneecap.sim import replay_report as rep
-    from kneecap.sim.replay import POLICIES, replay, series
+    from kneecap.sim.replay import POLICIES, compression_for_peak, replay, series
     from kneecap.sim.trace import compress, read_trace
 
     cfg = config_from_args(args)
     cfg.check()
-    trace = compress(read_trace(args.trace), args.compress)
+    raw = read_trace(args.trace)
+    factor = args.compress if args.peak_replicas is None else compression_for_peak(raw, cfg, args.peak_replicas)
+    trace = compress(raw, factor)
     policies = tuple(dict.fromkeys(args.policy or POLICIES))
     out = replay(trace, cfg, policies)
     report = out["report"]
-    report["compress"] = args.compress
+    report["compress"] = factor
+    if args.peak_replicas is not None:
+        report["compress_for_peak_replicas"] = args.peak_replicas
     if args.plot is not None:
         rep.plot(report, {p: series(cfg, r) for p, r in out["runs"].items()}, args.plot,
-                 title=f"{Path(trace.source).name} ×{args.compress:g}: {cfg.architecture} on {cfg.gpu}")
+                 title=f"{Path(trace.source).name} ×{factor:g}: {cfg.architecture} on {cfg.gpu}")
     if args.json:
         print(json.dumps(report, sort_keys=True))
         return 0
     t = report["trace"]
-    print(f"{t['source']}: {t['requests']} requests over {t['span_s']:.0f} s (compressed ×{args.compress:g}), "
+    how = "" if args.peak_replicas is None else f": the least at which the peak needs ≥ {args.peak_replicas} replicas"
+    print(f"{t['source']}: {t['requests']} requests over {t['span_s']:.0f} s (compressed ×{factor:g}{how}), "
           f"{cfg.architecture} on {cfg.gpu}, SLO p{cfg.quantile * 100:g} TTFT ≤ {cfg.slo_ttft_s:g} s, "
           f"TPOT ≤ {cfg.slo_tpot_s * 1e3:g} ms")
     print(rep.table_text(report))

@@ -39,7 +39,7 @@ from kneecap.sim.cluster import (DONE, LOST, REJECTED, MissBudget, OperatorDrive
                                  llmd_path)
 from kneecap.sim.hpa import HorizontalPodAutoscaler, HPASpec
 from kneecap.sim.kubelet_virtual import KubeletConfig
-from kneecap.sim.trace import Trace
+from kneecap.sim.trace import Trace, compress
 
 POLICIES = ("kneecap", "defaults", "defaults+hpa", "oracle")
 NAME = "llm"
@@ -399,6 +399,45 @@ def peak_sized_replicas(trace: Trace, cfg: ReplayConfig, sweep: Sweep) -> int:
     """The defaults' fixed pool: the fewest replicas meeting the SLO over the trace (else the max)."""
     r = sweep.smallest_feasible(trace, cfg, DEFAULT_CAP, DEFAULT_MEMORY, cfg.min_replicas)
     return r if r is not None else cfg.max_replicas
+
+
+MAX_COMPRESSION = 1024
+
+
+def compression_for_peak(trace: Trace, cfg: ReplayConfig, replicas: int) -> int:
+    """The least whole factor at which the defaults' peak-sized pool (:func:`peak_sized_replicas`)
+    has at least ``replicas`` pods: the defaults on ``replicas − 1`` pods no longer meet the SLO.
+    The least such factor keeps the trace's time scale closest to the physical ones that do not
+    compress (model load, the HPA's and the operator's windows). Feasibility is taken as
+    monotone in the factor: doubling finds a bracket, bisection the edge."""
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise InputError("peak-replicas", f"expected a positive integer, got {replicas!r}")
+    if replicas > cfg.max_replicas:
+        raise InputError("peak-replicas", f"expected at most --max-replicas ({cfg.max_replicas}), got {replicas}")
+    if replicas <= cfg.min_replicas:
+        return 1
+    cache: dict[int, bool] = {}
+
+    def needs(k: int) -> bool:  # the defaults on replicas − 1 pods miss the SLO at ×k
+        if k not in cache:
+            part = compress(trace, k)
+            n = len(part)
+            budget = MissBudget(cfg.slo_ttft_s, cfg.slo_tpot_s, n - math.ceil(cfg.quantile * n))
+            run = run_policy(part, cfg, "static", static=(DEFAULT_CAP, DEFAULT_MEMORY, replicas - 1), budget=budget)
+            cache[k] = not slo_met(cfg, run.requests)
+        return cache[k]
+
+    hi = 1
+    while not needs(hi):
+        if hi >= MAX_COMPRESSION:
+            raise InputError("peak-replicas", f"even ×{MAX_COMPRESSION} the defaults serve the trace's peak on "
+                                              f"{replicas - 1} replica(s); ask for fewer")
+        hi *= 2
+    lo = hi // 2  # needs(lo) is False (or lo = 0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if needs(mid) else (mid, hi)
+    return hi
 
 
 def oracle(trace: Trace, cfg: ReplayConfig, sweep: Sweep, peak: int) -> tuple[int, float, int]:
