@@ -164,6 +164,31 @@ def test_colocated_replicas_follow_the_rate_through_gauss(profiles_csv):
     assert n10 > n1 and a10["costPerHour"] == pytest.approx(4.0 * n10)
 
 
+def test_a_rate_served_within_the_slo_is_a_floor_under_gauss(profiles_csv):
+    """A ring window that met the SLO at a per-pod rate above GAUSS's λ* sets λ* (binding
+    "served"); one that missed, one with shorter requests, or one below λ* leaves GAUSS's."""
+    cal, obs = _opt_fit(profiles_csv)
+    spec = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb", "costPerHour": 4},
+                       "engine": {"image": "vllm", "maxNumSeqs": 64}, "slo": {"ttftSeconds": 1.0, "tpotSeconds": 0.05}})
+    n0, _, a0 = decide.colocated_replicas(spec, cal, obs)
+    lam = a0["sustainableRequestsPerSecondPerReplica"]
+    fast = replace(obs, pods=2, request_rate_rps=2 * 3 * lam, ttft_p95_s=0.4, itl_p95_s=0.02, e2e_p95_s=5.0)
+    assert decide.served_rate_per_replica(spec, [fast], obs) == pytest.approx(3 * lam)
+    for other in (replace(fast, itl_p95_s=0.06), replace(fast, ttft_p95_s=1.5),
+                  replace(fast, input_len_mean=0.7 * obs.input_len_mean),
+                  replace(fast, output_len_mean=0.7 * obs.output_len_mean)):
+        assert decide.served_rate_per_replica(spec, [other], obs) is None
+    served = decide.served_rate_per_replica(spec, [fast, obs], obs)
+    big = replace(obs, request_rate_rps=12 * lam)
+    n_model, bind_model, _ = decide.colocated_replicas(spec, cal, big)
+    n, bind, a = decide.colocated_replicas(spec, cal, big, served_rps=served)
+    assert bind == "served" and a["sustainableRequestsPerSecondPerReplica"] == pytest.approx(3 * lam, rel=1e-5)
+    assert a["servedRequestsPerSecondPerReplica"] == pytest.approx(3 * lam, rel=1e-5)
+    assert n < n_model and bind_model != "served"
+    low, low_bind, _ = decide.colocated_replicas(spec, cal, big, served_rps=0.5 * lam)
+    assert (low, low_bind) == (n_model, bind_model)
+
+
 def test_disaggregated_allocation_from_sara(profiles_csv):
     cal, obs = _opt_fit(profiles_csv)
     spec = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb", "costPerHour": 4},

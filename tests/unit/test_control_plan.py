@@ -282,6 +282,36 @@ def test_a_scale_up_is_immediate_and_a_scale_down_waits_for_the_window(want, wan
     assert n == replicas and hist == kept
 
 
+def test_a_scale_down_waits_for_a_window_of_recommendations():
+    """A pool just taken over (or whose history was lost) does not shrink on one window: the
+    scale-down window must hold ``min_recommendations``; a scale-up never waits."""
+    args = (NOW, 45.0, 300.0)
+    assert P.stabilised_replicas(2, 2, [], 4, *args, min_recommendations=3) == (4, [[NOW, 2]])
+    two = [[NOW - 15, 2]]
+    assert P.stabilised_replicas(2, 2, two, 4, *args, min_recommendations=3)[0] == 4
+    three = [[NOW - 30, 3], [NOW - 15, 2]]
+    assert P.stabilised_replicas(2, 2, three, 4, *args, min_recommendations=3)[0] == 3
+    assert P.stabilised_replicas(6, 6, [], 4, *args, min_recommendations=3)[0] == 6
+    spec = parse_spec({**RAW, "control": {**RAW["control"], "interval": "15s", "cooldown": "300s"}})
+    assert P.min_scale_down_recommendations(spec, 37.5) == 3
+    assert P.min_scale_down_recommendations(spec, 90.0) == 6
+
+
+def test_a_pool_is_not_shrunk_before_it_was_watched_for_a_cooldown():
+    from types import SimpleNamespace as W
+
+    spec = parse_spec({**RAW, "control": {**RAW["control"], "interval": "15s", "cooldown": "300s",
+                                          "observationHistory": 24}})
+    ring = [W(t_end_s=NOW - 15 * k, window_s=15.0) for k in range(10)]  # 150 s watched
+    assert not P.watched_long_enough(spec, ring, NOW)
+    assert not P.watched_long_enough(spec, [], NOW)
+    ring = [W(t_end_s=NOW - 15 * k, window_s=15.0) for k in range(20)]  # 300 s
+    assert P.watched_long_enough(spec, ring, NOW)
+    short = parse_spec({**RAW, "control": {**RAW["control"], "interval": "15s", "cooldown": "300s",
+                                           "observationHistory": 5, "minObservations": 3}})
+    assert P.watched_long_enough(short, ring[:5], NOW)  # a full ring is as far back as it can see
+
+
 def test_the_scale_down_window_is_the_restart_time_within_three_windows_and_the_cooldown():
     spec = parse_spec({**RAW, "control": {**RAW["control"], "interval": "15s", "cooldown": "300s"}})
     assert P.scale_down_window_s(spec, 37.5) == 45.0  # three 15 s windows

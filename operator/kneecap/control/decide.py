@@ -337,20 +337,44 @@ def _gauss_rate(arch_key: str, gpu_key: str, cal: calibrate.Calibration, obs: Ob
     return (*out, False)
 
 
+def served_rate_per_replica(spec: LLMDeploymentSpec, ring, latest: Observation) -> float | None:
+    """The highest per-pod request rate of a ring window that met every declared SLO at its p95s
+    with requests at least 80% as long as ``latest``'s (input and output): a rate the pool has
+    been measured to serve (None: no such window, or no SLO declared)."""
+    best = None
+    for o in ring:
+        checks = [(spec.slo.ttft_s, o.ttft_p95_s), (spec.slo.tpot_s, o.itl_p95_s), (spec.slo.e2e_s, o.e2e_p95_s)]
+        checks = [(slo, v) for slo, v in checks if slo is not None and v is not None]
+        if (not checks or any(not (v <= slo) for slo, v in checks) or o.pods < 1
+                or o.input_len_mean < 0.8 * latest.input_len_mean or o.output_len_mean < 0.8 * latest.output_len_mean):
+            continue
+        r = o.request_rate_rps / o.pods
+        if math.isfinite(r) and (best is None or r > best):
+            best = r
+    return best
+
+
 def colocated_replicas(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs: Observation,
-                       seed: int = 0) -> tuple[int, str, dict]:
-    """GAUSS: per-replica SLO-sustainable rate λ*, replicas = ⌈headroom·λ/λ*⌉ (clamped later)."""
+                       seed: int = 0, served_rps: float | None = None) -> tuple[int, str, dict]:
+    """GAUSS: per-replica SLO-sustainable rate λ*, replicas = ⌈headroom·λ/λ*⌉ (clamped later).
+
+    ``served_rps``: a per-pod rate measured within the SLO (:func:`served_rate_per_replica`);
+    λ* is never below it: where the fitted model says a pod cannot do what it has just been
+    seen doing, the measurement wins (a fit on a narrow batch range can be far off)."""
     from kneecap.model.sara import plan_colocated
 
     rate = max(obs.request_rate_rps, 1e-6)
     pods = max(obs.pods, 1)
     lam_star, binding, reused = _gauss_rate(spec.model.architecture, spec.accelerator.gpu, cal, obs,
                                             spec.slo.ttft_s, spec.slo.tpot_s, spec.slo.quantile, seed)
+    if served_rps is not None and served_rps > 0 and (lam_star is None or served_rps > lam_star):
+        lam_star, binding = served_rps, "served"
     if lam_star is None:
         return pods, binding, {}
     cp = plan_colocated(lam_star, spec.accelerator.count, max(spec.accelerator.cost_per_hour, 1e-9),
                         rate_rps=RATE_HEADROOM * rate, budget_per_hour=spec.max_cost_per_hour)
     alloc = {"replicas": cp.replicas, "sustainableRequestsPerSecondPerReplica": round(lam_star, 6),
+             "servedRequestsPerSecondPerReplica": None if served_rps is None else round(served_rps, 6),
              "observedRequestsPerSecond": round(rate, 6), "goodputRequestsPerSecond": round(cp.goodput_rps, 6),
              "costPerHour": round(cp.cost_per_hour, 4), "binding": binding if cp.binding == "rate" else cp.binding,
              "feasible": cp.feasible, "message": cp.message, "gaussRunReused": reused}

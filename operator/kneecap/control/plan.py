@@ -452,7 +452,8 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float) -> Pl
     cur, external = pools[role].settings, pools[role].ownership.external
     restart_cost = _restart_cost(t, pools[role], latest)
     try:
-        replicas, rbind, alloc = _replicas(t, cal_out.calibration, latest, cur.replicas, restart_cost.restart_s)
+        replicas, rbind, alloc = _replicas(t, cal_out.calibration, latest, cur.replicas, restart_cost.restart_s,
+                                           observations)
         r = decide.recommend(spec, role, cal_out.calibration, latest, cur,
                              replicas=replicas, replicas_binding=rbind, allocation=alloc)
     except Exception as exc:  # noqa: BLE001 - a model failure must not take the operator down
@@ -649,14 +650,16 @@ def _prefill_replicas(t: _Tick, pre: R.PoolState, want: int, state: policy.Guard
 
 
 def stabilised_replicas(want: int, want_down: int, history, current: int, now_s: float, window_s: float,
-                        cooldown_s: float) -> tuple[int, list]:
+                        cooldown_s: float, min_recommendations: int = 1) -> tuple[int, list]:
     """(replicas, the history to keep in ``status.scaleDownRecommendations``).
 
     A pool grows to ``want`` at once. It shrinks only to the highest scale-down recommendation
-    (sized for the rate plus the hysteresis band) of the last ``window_s``, and never within
-    ``cooldown_s`` of growing (a scale-up is kept in the history for the cooldown: no count is
-    left and taken again within it). ``history``: ``[[unixSeconds, replicas], ...]``, a third
-    element 1 marking a scale-up; unreadable entries are dropped."""
+    (sized for the rate plus the hysteresis band) of the last ``window_s``, once that window
+    holds ``min_recommendations`` of them (a pool just taken over, or whose history was lost,
+    does not shrink on one window), and never within ``cooldown_s`` of growing (a scale-up is
+    kept in the history for the cooldown: no count is left and taken again within it).
+    ``history``: ``[[unixSeconds, replicas], ...]``, a third element 1 marking a scale-up;
+    unreadable entries are dropped."""
     kept = []
     for e in history or []:
         try:
@@ -668,8 +671,8 @@ def stabilised_replicas(want: int, want_down: int, history, current: int, now_s:
     if want > current:
         return want, kept + [[now_s, int(want), 1]]
     kept.append([now_s, int(want_down)])
-    if want == current:
-        return want, kept
+    if want == current or sum(len(e) == 2 for e in kept) < min_recommendations:
+        return current, kept
     return min(current, max(want, *(e[1] for e in kept))), kept
 
 
@@ -678,6 +681,22 @@ def scale_down_window_s(spec: LLMDeploymentSpec, restart_s: float) -> float:
     costs its GPU-seconds; one started again costs ``restart_s`` of them loading before it serves:
     the ski-rental break-even), at least three control windows, at most the cooldown."""
     return min(spec.control.cooldown_s, max(restart_s, 3.0 * spec.control.interval_s))
+
+
+def watched_long_enough(spec: LLMDeploymentSpec, ring, now_s: float) -> bool:
+    """Whether the pool's windows in the ring reach a cooldown back (or fill the ring): before
+    that, its traffic's swings are unknown and it is not shrunk (a pool just taken over is
+    sized for a peak kneecap has not seen)."""
+    if len(ring) >= spec.control.observation_history:
+        return True
+    starts = [o.t_end_s - o.window_s for o in ring]
+    return bool(starts) and now_s - min(starts) >= spec.control.cooldown_s
+
+
+def min_scale_down_recommendations(spec: LLMDeploymentSpec, restart_s: float) -> int:
+    """Recommendations a scale-down window must hold before a pool shrinks: one per control
+    interval it spans (at least three, as the window spans at least three)."""
+    return max(3, int(scale_down_window_s(spec, restart_s) // spec.control.interval_s))
 
 
 def _restart_cost(t: _Tick, pool: R.PoolState, obs: Observation) -> restart.RestartCost:
@@ -705,21 +724,25 @@ def _restart_cost(t: _Tick, pool: R.PoolState, obs: Observation) -> restart.Rest
                                t.spec.control.released_memory_value)
 
 
-def _replicas(t: _Tick, cal, obs: Observation, current: int, restart_s: float):
+def _replicas(t: _Tick, cal, obs: Observation, current: int, restart_s: float, ring=()):
     spec = t.spec
     if spec.disaggregated:
         alloc = decide.disaggregated_allocation(spec, cal, obs)
         return alloc["decodeReplicas"], "sara:" + str(alloc["binding"].get("decode", "")), alloc
-    n, binding, alloc = decide.colocated_replicas(spec, cal, obs)
+    served = decide.served_rate_per_replica(spec, ring, obs)
+    n, binding, alloc = decide.colocated_replicas(spec, cal, obs, served_rps=served)
     if alloc:  # GAUSS found λ*: outside the hysteresis band only, a scale-down stabilised (stabilised_replicas)
         band = lambda f: decide.colocated_replicas(  # noqa: E731
-            spec, cal, dataclasses.replace(obs, request_rate_rps=obs.request_rate_rps * f))[0]
+            spec, cal, dataclasses.replace(obs, request_rate_rps=obs.request_rate_rps * f), served_rps=served)[0]
         n_down = band(1.0 + spec.control.hysteresis)
         if n > current:
             n = max(current, band(1.0 / (1.0 + spec.control.hysteresis)))
         n, t.out["scaleDownRecommendations"] = stabilised_replicas(
             n, n_down, t.status.get("scaleDownRecommendations"), current, t.now_s,
-            scale_down_window_s(spec, restart_s), spec.control.cooldown_s)
+            scale_down_window_s(spec, restart_s), spec.control.cooldown_s,
+            min_recommendations=min_scale_down_recommendations(spec, restart_s))
+        if n < current and not watched_long_enough(spec, ring, t.now_s):
+            n = current
         alloc = {**alloc, "replicas": n}
     return n, "gauss:" + str(binding), alloc
 
