@@ -384,7 +384,7 @@ async def run(args) -> dict:
     server = start_server(model_dir, tmp / "vllm.log", SERVER_ARGS)
     points = []
     try:
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        async with loadgen.client_session() as session:
             url = server.base_url
             model = await loadgen.discover_model(session, url)
             await _burst(session, url, model, 64, 16, 8, 0)  # warm-up

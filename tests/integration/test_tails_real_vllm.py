@@ -46,7 +46,7 @@ async def test_gauss_p95_tpot_matches_real_vllm(tails_server):
     from kneecap.observe.hf_config import load_hf_config
 
     server, model_dir = tails_server
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+    async with bench.loadgen.client_session() as session:
         model = await bench.loadgen.discover_model(session, server.base_url)
         await bench._burst(session, server.base_url, model, 64, 16, 8, 0)  # warm-up
         point = await bench.run_point(session, server.base_url, model, load_hf_config(model_dir), "light", 0.3, 0, 0,

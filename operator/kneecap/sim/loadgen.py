@@ -138,6 +138,15 @@ def _percentiles(values: list[float]) -> dict:
             "p95": float(np.percentile(a, 95)), "p99": float(np.percentile(a, 99)), "max": float(a.max())}
 
 
+def client_session(**kwargs) -> aiohttp.ClientSession:
+    """The session a load is sent with: unbounded concurrency and no kept-alive connections. A
+    server closes an idle connection after its keep-alive timeout (uvicorn: 5 s); a client whose
+    event loop is busy may not have read that close yet and send on the dead connection (aiohttp:
+    ``ServerDisconnectedError``, a failed request that the server never saw). A fresh loopback
+    connection per request costs far less than one token step."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True), **kwargs)
+
+
 def completions_url(url: str) -> str:
     u = url.rstrip("/")
     if u.endswith("/v1/completions"):
@@ -322,7 +331,7 @@ async def run_schedule(url: str, arrivals_s, prompts, outputs, *, seed: int = 0,
     endpoint = completions_url(url)
     own = session is None
     if own:
-        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        session = client_session()
     clock = None
     try:
         if model is None:
