@@ -479,7 +479,8 @@ async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: TwinClock,
                 last = stamp
                 decided = parse_iso(stamp[0])  # the operator's clock when it decided (this loop may notice late)
                 t = max((decided if decided is not None else clock()) - t0, 0.0)
-                phase = "warmup" if t < cfg.warmup_s else "steady"
+                # the row's window ends at t: the warm-up's while most of it lies before the steady load
+                phase = "warmup" if t - cfg.interval_s / 2 < cfg.warmup_s else "steady"
                 row = _row(t, st, dep, sum(kubelet.restarts.values()), phase)
                 rows.append(row)
                 on_row(row)
