@@ -72,6 +72,33 @@ def test_step_limit_x2_and_memory_recomputed():
     assert P.step_limit(3, 100, 2) == 6 and P.step_limit(3, 1, 2) == 2
 
 
+def test_a_step_limited_restart_is_weighed_on_the_step_it_takes():
+    """The full recommendation (cap 8) would gain 30%; the step the guard applies (cap 32)
+    gains 1%: the restart is weighed on the 1% (and held), not on the 30%."""
+    from kneecap.control.restart import RestartCost
+
+    rc = RestartCost(restart_s=40.0, source="Modelled", pool_tok_s=10_000.0, pods=2, horizon_s=600.0,
+                     memory_value=0.0)
+    state = replace(OK, restart=rc)
+    seen = []
+
+    def gains_for(target):
+        seen.append(target)
+        return (0.01, 0.5) if target.max_num_seqs == 32 else (0.3, 0.8)
+
+    d = P.guard(CUR, P.Proposal(EngineSettings(8, 0.2, None, 2), 0.3, 0.8), SPEC.control, SPEC.batching,
+                SPEC.topology.replicas, state, lambda cap: (0.4, None), gains_for=gains_for)
+    assert seen == [EngineSettings(32, 0.4, None, 2)]
+    assert (d.action, d.reason) == (P.HOLD, "RestartNotWorthIt")
+    assert d.restart["gainTokens"] == round(0.01 * 10_000 * 600) < d.restart["costTokens"] == 400_000
+    assert "+1.0%" in d.message
+    # not step limited: the proposal's own gains are weighed (gains_for is not asked)
+    seen.clear()
+    d = P.guard(CUR, P.Proposal(EngineSettings(48, 0.4, None, 2), 0.3, 0.8), SPEC.control, SPEC.batching,
+                SPEC.topology.replicas, state, lambda cap: (0.4, None), gains_for=gains_for)
+    assert seen == [] and d.action == P.APPLY and d.restart["gainTokens"] == round(0.3 * 10_000 * 600)
+
+
 def test_clamp_to_bounds():
     spec = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb"},
                        "engine": {"image": "vllm", "maxNumSeqs": 64},

@@ -56,6 +56,23 @@ def test_a_restart_is_applied_only_when_its_gain_over_the_horizon_exceeds_the_to
     assert f"{gain_tokens} tokens gained over the 300s horizon vs 320000 lost" in d.message
 
 
+def test_a_capacity_gain_pays_only_where_the_pool_turns_work_away(curve):  # noqa: F811
+    """20% more capacity at the cap pays the restart (480k > 320k) only while the cap or the KV
+    cache limits the pool (batch at the cap, cache full, preemptions); elsewhere it adds no
+    tokens (a loss still counts, and so does released memory at its value)."""
+    idle = replace(_cost(), saturated=False)
+    d = _guard(EngineSettings(192, 0.7, None, 4), 0.20, 0.0, idle)
+    assert (d.action, d.reason) == (policy.HOLD, "RestartNotWorthIt") and d.restart["gainTokens"] == 0
+    assert d.restart["saturated"] is False and "neither the cap nor the KV cache" in d.message
+    assert idle.gain_tokens(-0.05, 0.30) == pytest.approx(0.25 * 8000 * 300)
+    assert _guard(EngineSettings(192, 0.7, None, 4), 0.20, 0.0, _cost()).action == policy.APPLY
+    light = replace(observation(curve[32]), max_batch=20.0, kv_usage_max=0.3, preemptions=0.0, queue_len=5.0)
+    assert not restart.saturated(light, 256)  # prompts waiting for prefill: the cap does not bind
+    assert restart.saturated(replace(light, max_batch=256.0), 256)
+    assert restart.saturated(replace(light, kv_usage_max=0.95), 256)
+    assert restart.saturated(replace(light, preemptions=2.0), 256)
+
+
 def test_a_replica_change_still_applies_alone_when_the_flags_are_held():
     d = _guard(EngineSettings(192, 0.7, None, 6), 0.05, cost=_cost())
     assert d.action == policy.APPLY and d.target == EngineSettings(256, 0.9, None, 6)

@@ -428,6 +428,31 @@ def e2e_bound_s(spec: LLMDeploymentSpec, obs: Observation) -> float | None:
     return min(bounds) if bounds else None
 
 
+def _throughputs(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs: Observation, current: EngineSettings,
+                 cap: int, u: float) -> tuple[float, float]:
+    """Calibrated SLIM tokens/s per pod at the live settings and at (cap, u), each with the KV
+    capacity its memory holds (eq. 6)."""
+    arch, gpu = get_arch(spec.model.architecture), spec.accelerator.gpu
+    cur_kv = _kv_capacity_tokens(spec, obs, current.gpu_memory_utilization, current.max_num_seqs)
+    new_kv = _kv_capacity_tokens(spec, obs, u, cap)
+    thr, _ = calibrate.predict(cal, arch, gpu, np.array([current.max_num_seqs, cap], float),
+                               obs.input_len_mean, obs.output_len_mean, output_cv=obs.output_len_cv,
+                               kv_capacity_tokens=np.array([max(cur_kv, 1), max(new_kv, 1)], float))
+    return float(thr[0]), float(thr[1])
+
+
+def gains(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs: Observation, current: EngineSettings,
+          target: EngineSettings) -> tuple[float, float]:
+    """(throughput gain, memory released) of ``target`` over ``current``, as :func:`recommend`
+    predicts them for its own cap."""
+    gpu = spec.accelerator.gpu
+    cur_thr, new_thr = _throughputs(spec, cal, obs, current, target.max_num_seqs, target.gpu_memory_utilization)
+    released = memory.released_bytes(gpu.memory_bytes * current.gpu_memory_utilization,
+                                      gpu.memory_bytes * target.gpu_memory_utilization)
+    return (new_thr / cur_thr - 1.0 if cur_thr > 0 else 0.0,
+            max(released, 0.0) / (gpu.memory_bytes * current.gpu_memory_utilization))
+
+
 def recommend(spec: LLMDeploymentSpec, role: str, cal: calibrate.Calibration, obs: Observation,
               current: EngineSettings, *, replicas: int | None = None, replicas_binding: str = "unchanged",
               allocation: dict | None = None) -> Recommendation:
@@ -443,12 +468,7 @@ def recommend(spec: LLMDeploymentSpec, role: str, cal: calibrate.Calibration, ob
                      output_cv=obs.output_len_cv, length_std_tok=ctx_std)
     cap = int(res.cap)
     u, kvb, kv_bytes = memory_for_cap(spec, obs, cap)
-    cur_kv = _kv_capacity_tokens(spec, obs, current.gpu_memory_utilization, current.max_num_seqs)
-    new_kv = _kv_capacity_tokens(spec, obs, u, cap)
-    thr, _ = calibrate.predict(cal, arch, gpu, np.array([current.max_num_seqs, cap], float),
-                               obs.input_len_mean, obs.output_len_mean, output_cv=obs.output_len_cv,
-                               kv_capacity_tokens=np.array([max(cur_kv, 1), max(new_kv, 1)], float))
-    cur_thr, new_thr = float(thr[0]), float(thr[1])
+    cur_thr, new_thr = _throughputs(spec, cal, obs, current, cap, u)
     released = memory.released_bytes(gpu.memory_bytes * current.gpu_memory_utilization, gpu.memory_bytes * u)
     return Recommendation(
         pool=role, max_num_seqs=cap, gpu_memory_utilization=float(u), kv_cache_memory_bytes=kvb,

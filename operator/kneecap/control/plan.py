@@ -488,7 +488,8 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float) -> Pl
         lambda cap: cudagraph.round_cap(cap, spec.batching.min_max_num_seqs, spec.batching.max_max_num_seqs))
     d = policy.guard(cur, policy.Proposal(r.settings, r.throughput_gain, r.memory_gain), spec.control,
                      spec.batching, M.pool_bounds(spec, role), state,
-                     memory_for_cap=lambda cap: decide.memory_for_cap(spec, latest, cap)[:2], round_cap=round_cap)
+                     memory_for_cap=lambda cap: decide.memory_for_cap(spec, latest, cap)[:2], round_cap=round_cap,
+                     gains_for=lambda target: decide.gains(spec, cal_out.calibration, latest, cur, target))
     if d.action == policy.APPLY and spec.enforce:
         _apply_primary(t, pools[role], d, cur, external)
     elif d.action == policy.APPLY:
@@ -721,7 +722,7 @@ def _restart_cost(t: _Tick, pool: R.PoolState, obs: Observation) -> restart.Rest
         source = restart.MODELLED
     return restart.RestartCost(seconds, source, obs.prompt_tok_s + obs.generation_tok_s, pool.settings.replicas,
                                t.spec.control.cooldown_s, restart.leaves_no_ready_pod(pool.deployment),
-                               t.spec.control.released_memory_value)
+                               t.spec.control.released_memory_value, saturated=restart.saturated(obs, pool.settings.max_num_seqs))
 
 
 def _replicas(t: _Tick, cal, obs: Observation, current: int, restart_s: float, ring=()):

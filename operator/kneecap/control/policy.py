@@ -85,12 +85,16 @@ def guard(
     state: GuardState,
     memory_for_cap: Callable[[int], tuple[float, int | None]] | None = None,
     round_cap: Callable[[int], int] | None = None,
+    gains_for: Callable[[EngineSettings], tuple[float, float]] | None = None,
 ) -> Decision:
     """Decide whether to move `current` toward `proposal`. Pure; see the module docstring.
 
     `memory_for_cap(cap) -> (gpu_memory_utilization, kv_cache_memory_bytes)` recomputes the
     memory setting when the step limit or rounding changes the cap, so KV always matches the
     cap applied. `round_cap(cap)`: the cap the engine runs well (a CUDA-graph capture size).
+    `gains_for(settings) -> (throughput_gain, memory_gain)`: the predicted gains of the settings
+    applied when step limiting or rounding moves them off the proposal: a restart is weighed
+    against what it brings, not what the full recommendation would.
     """
     want = proposal.settings
     hold = lambda reason, msg, target=current: Decision(HOLD, reason, msg, target)  # noqa: E731
@@ -115,6 +119,10 @@ def guard(
     if limited_cap != want.max_num_seqs and memory_for_cap is not None:
         gmu, kvb = memory_for_cap(limited_cap)
     target = EngineSettings(limited_cap, gmu, kvb, limited_replicas)
+    if gains_for is not None and (target.max_num_seqs, target.gpu_memory_utilization) != (
+            want.max_num_seqs, want.gpu_memory_utilization):
+        proposal = replace(proposal, settings=target, **dict(zip(("throughput_gain", "memory_gain"),
+                                                                  gains_for(target))))
     d = lambda action, reason, msg: Decision(action, reason, msg, target, clamped, step_limited)  # noqa: E731
     note = (" (clamped to bounds)" if clamped else "") + (f" (step limited to ×{control.max_step_factor:g})"
                                                           if step_limited else "")
@@ -155,7 +163,9 @@ def guard(
         return d(APPLY, "Recommended", summary)
     record = rc.to_status(proposal.throughput_gain, proposal.memory_gain)
     numbers = (f"{record['gainTokens']} tokens gained over the {rc.horizon_s:.0f}s horizon vs {record['costTokens']} "
-               f"lost restarting {rc.pods} pod(s) × {rc.restart_s:.0f}s ({rc.source.lower()})")
+               f"lost restarting {rc.pods} pod(s) × {rc.restart_s:.0f}s ({rc.source.lower()})"
+               + ("" if rc.saturated else "; neither the cap nor the KV cache limits the pool now, so more "
+                                          "capacity at the cap adds no tokens"))
     held = None
     if rc.downtime and not control.allow_downtime:
         held = ("RestartNeedsDowntime",

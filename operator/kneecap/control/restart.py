@@ -98,6 +98,7 @@ class RestartCost:
     horizon_s: float  # how long a change is kept (the cooldown)
     downtime: bool = False  # the rollout leaves the pool with no Ready pod
     memory_value: float = 1.0  # tokens a released memory fraction is worth, per token of the pool's throughput
+    saturated: bool = True  # the cap or the KV cache limits the pool: more capacity serves more tokens
 
     @property
     def cost_tokens(self) -> float:
@@ -106,11 +107,25 @@ class RestartCost:
 
     def gain_tokens(self, throughput_gain: float, memory_gain: float = 0.0) -> float:
         """Tokens the relative throughput gain (a loss nets against it) and the released memory
-        fraction (at ``memory_value``) add over the horizon; never below 0."""
-        return max(throughput_gain + self.memory_value * max(memory_gain, 0.0), 0.0) * self.pool_tok_s * self.horizon_s
+        fraction (at ``memory_value``) add over the horizon; never below 0. The predicted gain is
+        in capacity (SLIM at the cap): where neither the cap nor the KV cache limits the pool, a
+        gain at the cap adds no tokens (a loss still counts)."""
+        tg = throughput_gain if self.saturated else min(throughput_gain, 0.0)
+        return max(tg + self.memory_value * max(memory_gain, 0.0), 0.0) * self.pool_tok_s * self.horizon_s
 
     def to_status(self, throughput_gain: float, memory_gain: float = 0.0) -> dict:
         return {"restartSeconds": round(self.restart_s, 1), "restartSource": self.source,
                 "gainTokens": round(self.gain_tokens(throughput_gain, memory_gain)),
                 "costTokens": round(self.cost_tokens),
-                "horizonSeconds": round(self.horizon_s, 1), "podsRestarted": self.pods, "downtime": self.downtime}
+                "horizonSeconds": round(self.horizon_s, 1), "podsRestarted": self.pods, "downtime": self.downtime,
+                "saturated": self.saturated}
+
+
+KV_FULL = 0.9  # KV-cache usage at which the cache, not the arrivals, limits the batch
+
+
+def saturated(obs, cap: int) -> bool:
+    """Whether the engine settings limit the window's pool (so more capacity at a cap serves more
+    tokens): the running batch reached the cap, the KV cache filled, or requests were preempted.
+    Requests waiting for a prefill a compute-bound pool has not reached do not count."""
+    return obs.max_batch >= cap or obs.kv_usage_max >= KV_FULL or (obs.preemptions or 0.0) > 0.0
