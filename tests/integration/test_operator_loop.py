@@ -216,6 +216,11 @@ def test_worse_fit_keeps_last_good_calibration_and_sets_degraded(kube, sim, twin
             wait_for(lambda: len(kube.history(DEPLOY, NS, "fit")) >= 2, timeout_s=60, what="first patch")
             versions = len(kube.history(DEPLOY, NS, "fit"))
             stop(procs)
+            # the fast engine drains (its last windows are fast-engine data a refit may still take);
+            # once the operator reads it idle, every window with traffic after the switch is the
+            # slow engine's, however late the operator sees the new annotation
+            wait_for(lambda: status(kube, "fit")["lastDecision"]["reason"] == "Idle", timeout_s=90,
+                     what="the fast engine idle")
             # the pod now reports the slow engine: the same batches give a fraction of the tokens/s
             switched = datetime.fromtimestamp(sim(), timezone.utc)  # fits carry the operator's clock
             kube.patch("v1/pods", NS, "fit-0", {"metadata": {"annotations": {

@@ -46,3 +46,14 @@ def test_a_second_run_gives_the_same_rows(run):
     again = run_demo_virtual(CFG)
     assert [asdict(r) for r in again.rows] == [asdict(r) for r in run.rows]
     assert again.kubelet_events == run.kubelet_events
+
+
+def test_the_start_up_throughput_counts_only_windows_of_the_steady_load(run):
+    """A window is the warm-up's while most of it lies before the steady load, so the summary's
+    throughput at the start-up flags is not pulled down by a light window."""
+    assert [CFG.phase_of(t) for t in (10.0, 20.0, 24.9, 25.1, 30.0)] == ["warmup"] * 3 + ["steady"] * 2
+    steady = [r for r in run.rows if r.phase == "steady"]
+    assert steady and all(r.t_s - CFG.interval_s / 2 >= CFG.warmup_s for r in steady)
+    before = [r.throughput_tok_s for r in steady if r.max_num_seqs == 256 and r.throughput_tok_s]
+    light = [r.throughput_tok_s for r in run.rows if r.phase == "warmup" and r.throughput_tok_s]
+    assert before and light and min(before) > 2 * max(light)

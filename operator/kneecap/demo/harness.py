@@ -119,6 +119,11 @@ class DemoConfig:
     def warmup_s(self) -> float:
         return self.warmup_intervals * self.interval_s
 
+    def phase_of(self, t_s: float) -> str:
+        """The load phase of the window that ends at ``t_s``: the warm-up's while most of it lies
+        before the steady load (a light window must not count as the start-up flags' throughput)."""
+        return "warmup" if t_s - self.interval_s / 2 < self.warmup_s else "steady"
+
 
 def served_deployment(cfg: DemoConfig) -> str:
     """The Deployment whose cap the demo follows: the user's (--adopt), else kneecap's pool (the
@@ -479,9 +484,7 @@ async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: TwinClock,
                 last = stamp
                 decided = parse_iso(stamp[0])  # the operator's clock when it decided (this loop may notice late)
                 t = max((decided if decided is not None else clock()) - t0, 0.0)
-                # the row's window ends at t: the warm-up's while most of it lies before the steady load
-                phase = "warmup" if t - cfg.interval_s / 2 < cfg.warmup_s else "steady"
-                row = _row(t, st, dep, sum(kubelet.restarts.values()), phase)
+                row = _row(t, st, dep, sum(kubelet.restarts.values()), cfg.phase_of(t))
                 rows.append(row)
                 on_row(row)
             await asyncio.sleep(min(0.25, cfg.interval_s / cfg.time_scale / 4))

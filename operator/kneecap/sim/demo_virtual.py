@@ -63,7 +63,7 @@ def run_demo_virtual(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = la
             history.append(copy.deepcopy(dep))
         st = (api.peek(llmd_path(ns, NAME)) or {}).get("status") or {}
         if st.get("lastDecision"):
-            row = _row(t, st, dep, cluster.kubelet.stats.restarts, "warmup" if t < cfg.warmup_s else "steady")
+            row = _row(t, st, dep, cluster.kubelet.stats.restarts, cfg.phase_of(t))
             rows.append(row)
             on_row(row)
 
