@@ -189,6 +189,21 @@ def test_a_rate_served_within_the_slo_is_a_floor_under_gauss(profiles_csv):
     assert (low, low_bind) == (n_model, bind_model)
 
 
+def test_the_tpot_slo_reads_the_per_request_tpot_and_falls_back_to_itl(profiles_csv):
+    """vLLM's per-request TPOT p95 is what a TPOT SLO means (and what GAUSS predicts); ITL p95
+    (every token's gap, stalls included) is read only where the engine does not export it."""
+    from kneecap.control.plan import slo_met
+
+    _, obs = _opt_fit(profiles_csv)
+    spec = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb"},
+                       "engine": {"image": "vllm", "maxNumSeqs": 64}, "slo": {"ttftSeconds": 1.0, "tpotSeconds": 0.05}})
+    stalls = replace(obs, ttft_p95_s=0.2, itl_p95_s=0.11, tpot_p95_s=0.03)
+    assert slo_met(spec, stalls) == (True, "TTFT p95 0.2s ≤ 1s, TPOT p95 0.03s ≤ 0.05s")
+    assert slo_met(spec, replace(stalls, tpot_p95_s=None))[0] is False  # only ITL: the stricter read
+    assert decide.served_rate_per_replica(spec, [stalls], obs) == pytest.approx(obs.request_rate_rps)
+    assert decide.served_rate_per_replica(spec, [replace(stalls, tpot_p95_s=None)], obs) is None
+
+
 def test_disaggregated_allocation_from_sara(profiles_csv):
     cal, obs = _opt_fit(profiles_csv)
     spec = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb", "costPerHour": 4},

@@ -337,15 +337,25 @@ def _gauss_rate(arch_key: str, gpu_key: str, cal: calibrate.Calibration, obs: Ob
     return (*out, False)
 
 
+def slo_checks(spec: LLMDeploymentSpec, o) -> list[tuple[float, float, str]]:
+    """(target, the window's p95, name) of each declared SLO the window (an Observation or a ring
+    entry) measured. TPOT is per request (vLLM's ``request_time_per_output_token``), the SLO's
+    definition and what GAUSS predicts; an engine that does not export it is read by its ITL p95
+    (every token's gap: never below the per-request p95, so a stricter check)."""
+    tpot = getattr(o, "tpot_p95_s", None)
+    checks = [(spec.slo.ttft_s, o.ttft_p95_s, "TTFT"), (spec.slo.tpot_s, o.itl_p95_s if tpot is None else tpot, "TPOT"),
+              (spec.slo.e2e_s, o.e2e_p95_s, "E2E")]
+    return [(slo, v, n) for slo, v, n in checks if slo is not None and v is not None]
+
+
 def served_rate_per_replica(spec: LLMDeploymentSpec, ring, latest: Observation) -> float | None:
     """The highest per-pod request rate of a ring window that met every declared SLO at its p95s
     with requests at least 80% as long as ``latest``'s (input and output): a rate the pool has
     been measured to serve (None: no such window, or no SLO declared)."""
     best = None
     for o in ring:
-        checks = [(spec.slo.ttft_s, o.ttft_p95_s), (spec.slo.tpot_s, o.itl_p95_s), (spec.slo.e2e_s, o.e2e_p95_s)]
-        checks = [(slo, v) for slo, v in checks if slo is not None and v is not None]
-        if (not checks or any(not (v <= slo) for slo, v in checks) or o.pods < 1
+        checks = slo_checks(spec, o)
+        if (not checks or any(not (v <= slo) for slo, v, _ in checks) or o.pods < 1
                 or o.input_len_mean < 0.8 * latest.input_len_mean or o.output_len_mean < 0.8 * latest.output_len_mean):
             continue
         r = o.request_rate_rps / o.pods

@@ -224,9 +224,7 @@ def workload_from_status(status: dict, role: str) -> Observation | None:
 
 
 def slo_met(spec: LLMDeploymentSpec, o: Observation | St.RingEntry) -> tuple[bool, str] | None:
-    checks = [(spec.slo.ttft_s, o.ttft_p95_s, "TTFT"), (spec.slo.tpot_s, o.itl_p95_s, "TPOT"),
-              (spec.slo.e2e_s, o.e2e_p95_s, "E2E")]
-    checks = [(slo, v, n) for slo, v, n in checks if slo is not None and v is not None]
+    checks = decide.slo_checks(spec, o)
     if not checks:
         return None
     missed = [f"{n} p95 {v:.3g}s > {slo:g}s" for slo, v, n in checks if v > slo]

@@ -83,7 +83,7 @@ def rounded(values: dict[str, Any], digits: int = 6) -> dict[str, Any]:
 class RingEntry:
     """What the observation ring keeps of a window's Observation: what SLIM is fitted on (batch,
     lengths, tokens/s per pod), the p95 latencies SLO attainment counts, the rate and when. The
-    ring is re-sent with every status write and re-read with every watch event, so it keeps 16 of
+    ring is re-sent with every status write and re-read with every watch event, so it keeps 17 of
     the 40 fields; the whole latest window is ``status.workload``. Field names are
     Observation's, so the fit and the SLO checks read either."""
 
@@ -103,6 +103,7 @@ class RingEntry:
     e2e_p95_s: float
     mean_batch_little: float | None = None
     kv_capacity_tokens: float | None = None
+    tpot_p95_s: float | None = None  # per-request TPOT, where the engine exports it
 
 
 RING_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RingEntry))
