@@ -73,8 +73,9 @@ def test_step_limit_x2_and_memory_recomputed():
 
 
 def test_a_step_limited_restart_is_weighed_on_the_step_it_takes():
-    """The full recommendation (cap 8) would gain 30%; the step the guard applies (cap 32)
-    gains 1%: the restart is weighed on the 1% (and held), not on the 30%."""
+    """A step-limited change is weighed on the smaller gain of the step it takes and of the
+    recommendation it leads to: the step (cap 32) gains 1% where the recommendation (cap 8)
+    would gain 30%, so the 1% is weighed (and held)."""
     from kneecap.control.restart import RestartCost
 
     rc = RestartCost(restart_s=40.0, source="Modelled", pool_tok_s=10_000.0, pods=2, horizon_s=600.0,
@@ -92,6 +93,12 @@ def test_a_step_limited_restart_is_weighed_on_the_step_it_takes():
     assert (d.action, d.reason) == (P.HOLD, "RestartNotWorthIt")
     assert d.restart["gainTokens"] == round(0.01 * 10_000 * 600) < d.restart["costTokens"] == 400_000
     assert "+1.0%" in d.message
+    # a step that pays by itself toward a recommendation that does not (cap 8 loses half the
+    # throughput): held on the recommendation's gain
+    d = P.guard(CUR, P.Proposal(EngineSettings(8, 0.2, None, 2), -0.5, 0.8), SPEC.control, SPEC.batching,
+                SPEC.topology.replicas, state, lambda cap: (0.4, None), gains_for=lambda target: (0.3, 0.5))
+    assert (d.action, d.reason) == (P.HOLD, "RestartNotWorthIt") and d.restart["gainTokens"] == 0
+    assert "steps toward (cap 8) predicts throughput -50.0%" in d.message
     # not step limited: the proposal's own gains are weighed (gains_for is not asked)
     seen.clear()
     d = P.guard(CUR, P.Proposal(EngineSettings(48, 0.4, None, 2), 0.3, 0.8), SPEC.control, SPEC.batching,

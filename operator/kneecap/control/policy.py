@@ -93,9 +93,12 @@ def guard(
     memory setting when the step limit or rounding changes the cap, so KV always matches the
     cap applied. `round_cap(cap)`: the cap the engine runs well (a CUDA-graph capture size).
     `gains_for(settings) -> (throughput_gain, memory_gain)`: the predicted gains of the settings
-    applied when step limiting or rounding moves them off the proposal: a restart is weighed
-    against what it brings, not what the full recommendation would.
+    applied when step limiting or rounding moves them off the proposal. A restart is then
+    weighed on the smaller gain of the step and of the recommendation it leads to: a step that
+    brings nothing itself is not taken for its destination, nor one toward a destination that
+    does not pay.
     """
+    full = proposal
     want = proposal.settings
     hold = lambda reason, msg, target=current: Decision(HOLD, reason, msg, target)  # noqa: E731
     if not state.scrape_ok:
@@ -162,6 +165,10 @@ def guard(
     if flags_same or rc is None:
         return d(APPLY, "Recommended", summary)
     record = rc.to_status(proposal.throughput_gain, proposal.memory_gain)
+    if full is not proposal and rc.gain_tokens(full.throughput_gain, full.memory_gain) < record["gainTokens"]:
+        record = rc.to_status(full.throughput_gain, full.memory_gain)
+        summary += (f"; the recommendation it steps toward (cap {full.settings.max_num_seqs}) predicts throughput "
+                    f"{full.throughput_gain:+.1%}, memory released {full.memory_gain:.1%}")
     numbers = (f"{record['gainTokens']} tokens gained over the {rc.horizon_s:.0f}s horizon vs {record['costTokens']} "
                f"lost restarting {rc.pods} pod(s) × {rc.restart_s:.0f}s ({rc.source.lower()})"
                + ("" if rc.saturated else "; neither the cap nor the KV cache limits the pool now, so more "
