@@ -133,13 +133,15 @@ async def test_kv_saturation_shows_usage_and_preemptions(vllm_server):
     # grows to 4 blocks (440 tokens): the scheduler preempts (recompute) to make room, and the
     # cache sits at 6/7 or 7/7 for most of the run. The gauge is only seen when a scrape lands;
     # on a busy 2-core machine scrapes are slow and can all fall in a transition (CI once saw
-    # only 4/7 with 40-token prompts), so the load is sent again (at most 3 rounds) until one
-    # sample sees the top. What is under test is the observation, not the sampling luck.
-    n = 40
-    prompt_lens = [140] * n
-    output_lens = [300] * n
+    # only 4/7 with 40-token prompts; with two CPU burners beside it, a scrape took seconds and
+    # three rounds of 40 saw the cache at 0 or 3/7 only), so the load is sent again, twice as
+    # many requests each round (a run twice as long at the top), until one sample sees the top
+    # (at most 4 rounds). What is under test is the observation, not the sampling luck.
     rounds = []
-    for seed in (2, 3, 4):
+    for k, seed in enumerate((2, 3, 4, 8)):
+        n = 40 * 2**k
+        prompt_lens = [140] * n
+        output_lens = [300] * n
         prev, between, cur, responses = await _run_load(vllm_server, prompt_lens, output_lens, seed=seed, sample_every_s=0.02)
         usage = [g[2] for g in _gauges(between)]
         rounds.append(usage)
