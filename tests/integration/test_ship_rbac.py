@@ -179,9 +179,10 @@ def operator_lifecycle(monkeypatch, scope: list[str]) -> set[tuple[str, str, str
             wait_for(lambda: kube.get(DEPLOY, NS, "llama") is None and kube.get(DEPLOY, NS, "llama-decode"),
                      what="disaggregated pools")
             kube.delete(LLMD, NS, "llama")
-            # 45 s only bounds a hang: kopf sees the deletion on its watch, which reconnects every
+            # 120 s only bounds a hang: kopf sees the deletion on its watch, which reconnects every
             # 10 s here (server_timeout), and stops the resource's timer before the delete handler
-            wait_for(lambda: kube.get(LLMD, NS, "llama") is None, timeout_s=45.0, what="finalizer removed")
+            # (beside two CPU burners 45 s once ran out)
+            wait_for(lambda: kube.get(LLMD, NS, "llama") is None, timeout_s=120.0, what="finalizer removed")
             time.sleep(0.5)
         assert runner.exit_code == 0, runner.output
         calls = {a for a in (authorisation(*r) for r in kube.api.recorded) if a is not None}
