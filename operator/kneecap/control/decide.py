@@ -455,12 +455,16 @@ def gains(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs: Observation,
           target: EngineSettings) -> tuple[float, float]:
     """(throughput gain, memory released) of ``target`` over ``current``, as :func:`recommend`
     predicts them for its own cap."""
-    gpu = spec.accelerator.gpu
     cur_thr, new_thr = _throughputs(spec, cal, obs, current, target.max_num_seqs, target.gpu_memory_utilization)
-    released = memory.released_bytes(gpu.memory_bytes * current.gpu_memory_utilization,
-                                      gpu.memory_bytes * target.gpu_memory_utilization)
     return (new_thr / cur_thr - 1.0 if cur_thr > 0 else 0.0,
-            max(released, 0.0) / (gpu.memory_bytes * current.gpu_memory_utilization))
+            _released(spec, current, target.gpu_memory_utilization)[1])
+
+
+def _released(spec: LLMDeploymentSpec, current: EngineSettings, u: float) -> tuple[float, float]:
+    """(bytes released, their fraction of the live reservation) moving the live memory to ``u``."""
+    gpu = spec.accelerator.gpu
+    released = memory.released_bytes(gpu.memory_bytes * current.gpu_memory_utilization, gpu.memory_bytes * u)
+    return released, max(released, 0.0) / (gpu.memory_bytes * current.gpu_memory_utilization)
 
 
 def recommend(spec: LLMDeploymentSpec, role: str, cal: calibrate.Calibration, obs: Observation,
@@ -479,7 +483,7 @@ def recommend(spec: LLMDeploymentSpec, role: str, cal: calibrate.Calibration, ob
     cap = int(res.cap)
     u, kvb, kv_bytes = memory_for_cap(spec, obs, cap)
     cur_thr, new_thr = _throughputs(spec, cal, obs, current, cap, u)
-    released = memory.released_bytes(gpu.memory_bytes * current.gpu_memory_utilization, gpu.memory_bytes * u)
+    released, memory_gain = _released(spec, current, u)
     return Recommendation(
         pool=role, max_num_seqs=cap, gpu_memory_utilization=float(u), kv_cache_memory_bytes=kvb,
         kv_gib=kv_bytes / GIB, released_gib=released / GIB,
@@ -488,6 +492,6 @@ def recommend(spec: LLMDeploymentSpec, role: str, cal: calibrate.Calibration, ob
         pred_e2e_s=float(res.pred_e2e_s), efficiency=float(res.efficiency), knee_batch=float(res.knee_batch),
         binding=str(res.binding), replicas_binding=replicas_binding,
         throughput_gain=new_thr / cur_thr - 1.0 if cur_thr > 0 else 0.0,
-        memory_gain=max(released, 0.0) / (gpu.memory_bytes * current.gpu_memory_utilization),
+        memory_gain=memory_gain,
         allocation=dict(allocation or {}),
     )

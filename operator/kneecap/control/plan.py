@@ -720,7 +720,8 @@ def _restart_cost(t: _Tick, pool: R.PoolState, obs: Observation) -> restart.Rest
         source = restart.MODELLED
     return restart.RestartCost(seconds, source, obs.prompt_tok_s + obs.generation_tok_s, pool.settings.replicas,
                                t.spec.control.cooldown_s, restart.leaves_no_ready_pod(pool.deployment),
-                               t.spec.control.released_memory_value, saturated=restart.saturated(obs, pool.settings.max_num_seqs))
+                               t.spec.control.released_memory_value,
+                               saturated=restart.saturated(obs, pool.settings.max_num_seqs))
 
 
 def _replicas(t: _Tick, cal, obs: Observation, current: int, restart_s: float, ring=()):
