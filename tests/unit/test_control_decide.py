@@ -345,6 +345,11 @@ def test_gauss_inputs_are_the_service_times_gauss_simulates():
     assert runs.find("k", inputs_for(coef, 202.0, 0.32, 101.0, 0.5)) == (1.5, "ttft")
     assert runs.find("k", inputs_for(coef, 202.0, 0.40, 101.0, 0.5)) is None  # CV moved by 0.1
     assert runs.find("other", x) is None
+    # a warm start takes the closest run however far: the nearest of two, or none for a new key
+    runs.add("k", inputs_for(coef, 400.0, 0.3, 100.0, 0.5), (0.9, "tbt"))
+    assert runs.nearest("k", inputs_for(coef, 300.0, 0.3, 100.0, 0.5)) == (0.9, "tbt")
+    assert runs.nearest("k", inputs_for(coef, 250.0, 0.3, 100.0, 0.5)) == (1.5, "ttft")
+    assert runs.nearest("other", x) is None
 
 
 def _mape_of(cal, obs):

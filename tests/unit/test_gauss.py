@@ -297,6 +297,46 @@ def test_engine_simulation_tail_grows_with_load_and_finds_lambda_star():
     assert k2.wait.mean < r.wait.mean
 
 
+def _counting_evaluations(monkeypatch):
+    calls = []
+    real = g._evaluate
+    monkeypatch.setattr(g, "_evaluate", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
+    return calls
+
+
+def test_sustainable_rate_alone_is_simulates_lambda_star_and_a_hint_only_saves_evaluations(monkeypatch):
+    kw = dict(samples=20_000, replications=4, slo_ttft_s=0.6, slo_tbt_s=0.06)
+    full = g.simulate(WL, COEF, 1e-3, rng=rng(3), search_samples=20_000, **kw)
+    calls = _counting_evaluations(monkeypatch)
+    cold = g.sustainable_rate(WL, COEF, rng=rng(3), **kw)
+    cold_calls = len(calls)
+    # the same draws and bisection: simulate's λ* exactly (both to 0.1%)
+    assert cold.rate_rps == full.sustainable_rate_rps and cold.binding == full.sustainable_binding
+    assert cold.stable_rate_rps == full.stable_rate_rps and cold.note is None
+    for hint in (0.98 * cold.rate_rps, 1.03 * cold.rate_rps, 0.7 * cold.rate_rps, 1.4 * cold.rate_rps):
+        calls.clear()
+        warm = g.sustainable_rate(WL, COEF, rng=rng(3), hint_rps=hint, **kw)
+        assert warm.rate_rps == pytest.approx(cold.rate_rps, rel=2e-3) and warm.binding == cold.binding
+        assert len(calls) <= cold_calls
+    calls.clear()
+    g.sustainable_rate(WL, COEF, rng=rng(3), hint_rps=1.02 * cold.rate_rps, **kw)
+    assert len(calls) <= cold_calls - 4  # inside ±5%: a 10% bracket, not [0, stability limit]
+    coarse = g.sustainable_rate(WL, COEF, rng=rng(3), rel_tol=0.01, **kw)
+    assert coarse.rate_rps == pytest.approx(cold.rate_rps, rel=0.011)
+    # a hint past the stability limit, or an SLO no load meets, still gives the cold answers
+    assert g.sustainable_rate(WL, COEF, rng=rng(3), hint_rps=10 * cold.stable_rate_rps, **kw).rate_rps == cold.rate_rps
+    none = g.sustainable_rate(WL, COEF, rng=rng(3), samples=20_000, slo_ttft_s=0.001, hint_rps=cold.rate_rps)
+    assert none.rate_rps == 0.0 and none.note.startswith("infeasible: prefill stage: ")
+
+
+@pytest.mark.parametrize("kwargs, field", [(dict(rel_tol=0.0), "rel_tol"), (dict(hint_rps=-1.0), "hint_rps"),
+                                           (dict(slo_tbt_s=0.0), "slo_tbt_s"), (dict(samples=10), "samples")])
+def test_bad_sustainable_rate_arguments_name_the_field(kwargs, field):
+    with pytest.raises(InputError) as exc:
+        g.sustainable_rate(WL, COEF, rng=rng(), **{"samples": 20_000, "slo_ttft_s": 0.6, **kwargs})
+    assert exc.value.field == field
+
+
 # ------------------------------------------------------------------ infeasible inputs
 
 

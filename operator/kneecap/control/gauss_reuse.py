@@ -1,7 +1,7 @@
 """GAUSS's per-replica SLO-sustainable rate λ*, reused while its inputs stay put.
 
-A GAUSS run (Algorithm 1 with its λ bisection) costs ~15-30 ms of CPU; at 200 deployments and
-a 30 s interval, running it every window is most of an operator's CPU. λ* is a smooth function
+A GAUSS λ search (Algorithm 1's bisection) costs ~0.1 s of CPU; at 200 deployments and a 30 s
+interval, running it every window would be most of an operator's CPU. λ* is a smooth function
 of what GAUSS sees: the service times the calibrated SLIM gives at the workload's lengths
 (prefill of a prompt; the decode step d(B, C) = p + q·C/B + r·B + s·C, GAUSS §3.3, which at
 C = B·context is a + b·B) and the length distributions. So a previous run's λ* is reused when
@@ -10,7 +10,8 @@ change in λ* is then of the same order, well inside the 20% rate headroom the r
 is sized with. A refit that barely moves the curve, a window whose mean lengths wobble by 1%,
 or another deployment of the same model and GPU with the same SLO all reuse the run.
 
-The store is process memory (lost on restart: the first window after it runs GAUSS again),
+A run outside tolerance still starts its bisection from the nearest past run's λ*
+(:meth:`GaussRuns.nearest`). The store is process memory (lost on restart: the first window after it runs GAUSS again),
 bounded per key and in keys.
 """
 
@@ -67,23 +68,32 @@ class GaussRuns:
         self.hits = 0
         self.misses = 0
 
-    def find(self, key: tuple, inputs: GaussInputs):
-        """The result of the closest past run whose inputs are all within tolerance, or None."""
+    def _deviation(self, key: tuple, inputs: GaussInputs):
         entry = self._runs.get(key)
         if entry is None:
-            self.misses += 1
             return None
         self._runs.move_to_end(key)
         rel, cvs, results = entry
         x = inputs.relative()
         # largest relative deviation per past run; a zero input matches only a (near-)zero one
         dev = np.max(np.abs(rel - x) / np.maximum(np.maximum(np.abs(rel), np.abs(x)), 1e-12), axis=1)
-        ok = (dev <= self.rel_tol) & np.all(np.abs(cvs - np.array(inputs.cvs)) <= self.cv_tol, axis=1)
-        if not ok.any():
+        return dev, np.max(np.abs(cvs - np.array(inputs.cvs)), axis=1), results
+
+    def find(self, key: tuple, inputs: GaussInputs):
+        """The result of the closest past run whose inputs are all within tolerance, or None."""
+        found = self._deviation(key, inputs)
+        ok = None if found is None else (found[0] <= self.rel_tol) & (found[1] <= self.cv_tol)
+        if ok is None or not ok.any():
             self.misses += 1
             return None
         self.hits += 1
-        return results[int(np.argmin(np.where(ok, dev, np.inf)))]
+        return found[2][int(np.argmin(np.where(ok, found[0], np.inf)))]
+
+    def nearest(self, key: tuple, inputs: GaussInputs):
+        """The result of the past run of ``key`` with the closest inputs, however far (None: no run):
+        a warm start for the next run, not an answer."""
+        found = self._deviation(key, inputs)
+        return None if found is None else found[2][int(np.argmin(found[0] + found[1]))]
 
     def add(self, key: tuple, inputs: GaussInputs, result) -> None:
         rel, cvs = inputs.relative()[None, :], np.array(inputs.cvs, dtype=float)[None, :]
