@@ -10,8 +10,6 @@ timeouts only bound a hang.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
-
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -202,6 +200,14 @@ def test_scrape_failure_keeps_last_good_state_and_sets_degraded(kube, sim, twin)
     assert events(kube, "ScrapeFailed", "deg")[0]["type"] == "Warning"
 
 
+def _slow_data_rejected(kube, name, switched_s):
+    """The status once a refit is rejected with at least two of the slow engine's windows in the ring."""
+    st = status(kube, name)
+    after = [o for o in st.get("observations") or [] if o["windowEndUnixSeconds"] > switched_s]
+    return st if (condition(st, "Degraded").get("reason") == "BadFit"
+                  and condition(st, "Calibrated").get("reason") == "FitRejected" and len(after) >= 2) else None
+
+
 def test_worse_fit_keeps_last_good_calibration_and_sets_degraded(kube, sim, twin):
     slow = sim.start(Twin(MODEL, ARCH, "l4", max_num_seqs=8, time_scale=SCALE))  # same model, a much slower GPU
     procs = drive(sim, twin)
@@ -216,27 +222,26 @@ def test_worse_fit_keeps_last_good_calibration_and_sets_degraded(kube, sim, twin
             wait_for(lambda: len(kube.history(DEPLOY, NS, "fit")) >= 2, timeout_s=60, what="first patch")
             versions = len(kube.history(DEPLOY, NS, "fit"))
             stop(procs)
-            # the fast engine drains (its last windows are fast-engine data a refit may still take);
-            # once the operator reads it idle, every window with traffic after the switch is the
-            # slow engine's, however late the operator sees the new annotation
             wait_for(lambda: status(kube, "fit")["lastDecision"]["reason"] == "Idle", timeout_s=90,
                      what="the fast engine idle")
             # the pod now reports the slow engine: the same batches give a fraction of the tokens/s
-            switched = datetime.fromtimestamp(sim(), timezone.utc)  # fits carry the operator's clock
+            switched_s = sim()  # ring windows carry the operator's clock
             kube.patch("v1/pods", NS, "fit-0", {"metadata": {"annotations": {
                 "kneecap.io/metrics-url": slow.url + "/metrics"}}})
             procs = [sim.load(slow.url, [(0.3, 80.0)], seed=3)]
-            st = wait_for(lambda: (lambda s: s if condition(s, "Degraded").get("reason") == "BadFit" else None)(
-                status(kube, "fit")), timeout_s=90, what="Degraded BadFit")
+            st = wait_for(lambda: _slow_data_rejected(kube, "fit", switched_s), timeout_s=120,
+                          what="Degraded BadFit on the slow engine's windows")
     finally:
         stop(procs)
         slow.stop()
     assert runner.exit_code == 0, runner.output
     assert condition(st, "Calibrated")["status"] == "False"
-    assert condition(st, "Calibrated")["reason"] == "FitRejected"
-    # the last good fit is kept: no fit made after the switch was accepted
-    assert datetime.fromisoformat(st["calibration"]["createdTime"]) <= switched + timedelta(seconds=1)
-    assert st["calibration"]["parameters"] and good["calibration"]["parameters"]
+    # the fit kept is the last one accepted: a refit on a ring whose error stays within
+    # maxFitError may take in a first slow window (the mean error decides), a rejected one never
+    accepted = [v["status"]["calibration"] for v in kube.history(LLMD, NS, "fit")
+                if v and condition(v.get("status") or {}, "Calibrated").get("status") == "True"]
+    assert st["calibration"]["createdTime"] == accepted[-1]["createdTime"]
+    assert st["calibration"]["parameters"] == accepted[-1]["parameters"] and good["calibration"]["parameters"]
     assert st["lastDecision"]["reason"] in ("BadFit", "ScrapeFailed", "WaitingForData")
     assert len(kube.history(DEPLOY, NS, "fit")) == versions  # nothing applied on a rejected fit
 
