@@ -1012,6 +1012,20 @@ def _finish(draws, coef, moments, rate, servers, replications, chains, warm, slo
         replications=replications, sweep=sweep, e2e=e2e_stats, ttft_sample_s=ttft.ravel()[sub], tbt_sample_s=tbt_sub)
 
 
+def _engine_draws(workload, coef, rng, servers, burst_cv, samples, replications, **positive):
+    """(draws, moments, chains, warm, stability limit, its stage) of an engine simulation, after
+    checking ``coef`` and that each of ``positive`` (name: value or None) is positive."""
+    for name, v in positive.items():
+        if v is not None:
+            _positive(name, v)
+    if not isinstance(coef, ServiceCoefficients):
+        raise InputError("coef", f"expected ServiceCoefficients, got {type(coef).__name__}")
+    chains, kept, warm = _layout(samples, replications, servers)
+    draws = _with_prefill(_draw_llm(workload, chains, kept + warm, burst_cv, rng), coef)
+    moments = workload_moments(coef, draws.inp, draws.cached, draws.out)
+    return (draws, moments, chains, warm, *stability_limit_rps(coef, moments, servers))
+
+
 def simulate(
     workload: Workload | BucketWorkload, coef: ServiceCoefficients, rate_rps: float, *,
     rng: np.random.Generator, servers: int = 1, burst_cv: float = 1.0, samples: int = 10**6,
@@ -1027,15 +1041,8 @@ def simulate(
     no λ > 0 meets gives ``sustainable_rate_rps = 0`` and an ``infeasible: …`` note.
     """
     rate = _check_common(rate_rps, servers, samples, replications, quantile)
-    for name, v in (("slo_ttft_s", slo_ttft_s), ("slo_tbt_s", slo_tbt_s)):
-        if v is not None:
-            _positive(name, v)
-    if not isinstance(coef, ServiceCoefficients):
-        raise InputError("coef", f"expected ServiceCoefficients, got {type(coef).__name__}")
-    chains, kept, warm = _layout(samples, replications, servers)
-    draws = _with_prefill(_draw_llm(workload, chains, kept + warm, burst_cv, rng), coef)
-    moments = workload_moments(coef, draws.inp, draws.cached, draws.out)
-    stable_rps, stage = stability_limit_rps(coef, moments, servers)
+    draws, moments, chains, warm, stable_rps, stage = _engine_draws(
+        workload, coef, rng, servers, burst_cv, samples, replications, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s)
     if rate >= stable_rps:
         op_stage = stage
         raise Infeasible(op_stage, f"{rate:.4g} req/s is at or past the stability limit {stable_rps:.4g} req/s "
@@ -1067,17 +1074,11 @@ def sustainable_rate(
     the answer is the same λ* to ``rel_tol``; ``hint_rps`` (a λ* of nearby inputs) warm-starts
     the bisection. No SLO: λ* is the stability limit."""
     _check_common(1.0, servers, samples, replications, quantile)
-    for name, v in (("slo_ttft_s", slo_ttft_s), ("slo_tbt_s", slo_tbt_s), ("hint_rps", hint_rps)):
-        if v is not None:
-            _positive(name, v)
     if not (isinstance(rel_tol, (int, float)) and 0 < rel_tol < 1):
         raise InputError("rel_tol", f"expected a relative tolerance in (0, 1), got {rel_tol!r}")
-    if not isinstance(coef, ServiceCoefficients):
-        raise InputError("coef", f"expected ServiceCoefficients, got {type(coef).__name__}")
-    chains, kept, warm = _layout(samples, replications, servers)
-    draws = _with_prefill(_draw_llm(workload, chains, kept + warm, burst_cv, rng), coef)
-    moments = workload_moments(coef, draws.inp, draws.cached, draws.out)
-    stable_rps, stage = stability_limit_rps(coef, moments, servers)
+    draws, moments, _, warm, stable_rps, stage = _engine_draws(
+        workload, coef, rng, servers, burst_cv, samples, replications, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s,
+        hint_rps=hint_rps)
     lam, binding, note = _sustainable(draws, coef, moments, servers, warm, stable_rps, stage, slo_ttft_s,
                                       slo_tbt_s, quantile, rel_tol=rel_tol, hint_rps=hint_rps)
     return SustainableRate(float(lam), binding, float(stable_rps), note)
