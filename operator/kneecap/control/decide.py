@@ -306,8 +306,8 @@ GAUSS_RUNS = gauss_reuse.GaussRuns()  # λ* of past runs, reused while GAUSS's i
 
 def _gauss_rate(arch_key: str, gpu_key: str, cal: calibrate.Calibration, obs: Observation,
                 slo_ttft_s: float | None, slo_tbt_s: float | None, quantile: float,
-                seed: int) -> tuple[float | None, str, bool]:
-    """(λ* per replica, binding, reused) from GAUSS, or (None, why, reused) when infeasible.
+                seed: int) -> tuple[float, str, bool]:
+    """(λ* per replica, binding, reused) from GAUSS; λ* is 0 where no load meets the SLO.
 
     GAUSS's λ search runs on the calibrated SLIM mapped to d(B, C) at the window's lengths; a
     previous run whose inputs are all within tolerance (see :mod:`kneecap.control.gauss_reuse`)
@@ -329,8 +329,8 @@ def _gauss_rate(arch_key: str, gpu_key: str, cal: calibrate.Calibration, obs: Ob
                         output_tokens=gauss.LogNormalLength(lengths[2], lengths[3]))
     res = gauss.sustainable_rate(wl, coef, rng=np.random.default_rng(seed), samples=GAUSS_SAMPLES, replications=4,
                                  slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s, quantile=quantile,
-                                 rel_tol=GAUSS_REL_TOL, hint_rps=near[0] if near and near[0] else None)
-    out = (res.rate_rps, res.binding) if (slo_ttft_s or slo_tbt_s) else (0.8 * res.stable_rate_rps, res.binding)
+                                 rel_tol=GAUSS_REL_TOL, hint_rps=(near[0] or None) if near else None)
+    out = (res.rate_rps if (slo_ttft_s or slo_tbt_s) else 0.8 * res.stable_rate_rps, res.binding)
     GAUSS_RUNS.add(key, inputs, out)
     return (*out, False)
 
@@ -375,10 +375,8 @@ def colocated_replicas(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs:
     pods = max(obs.pods, 1)
     lam_star, binding, reused = _gauss_rate(spec.model.architecture, spec.accelerator.gpu, cal, obs,
                                             spec.slo.ttft_s, spec.slo.tpot_s, spec.slo.quantile, seed)
-    if served_rps is not None and served_rps > 0 and (lam_star is None or served_rps > lam_star):
+    if served_rps is not None and served_rps > lam_star:
         lam_star, binding = served_rps, "served"
-    if lam_star is None:
-        return pods, binding, {}
     cp = plan_colocated(lam_star, spec.accelerator.count, max(spec.accelerator.cost_per_hour, 1e-9),
                         rate_rps=RATE_HEADROOM * rate, budget_per_hour=spec.max_cost_per_hour)
     alloc = {"replicas": cp.replicas, "sustainableRequestsPerSecondPerReplica": round(lam_star, 6),

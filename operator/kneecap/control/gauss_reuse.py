@@ -11,8 +11,8 @@ is sized with. A refit that barely moves the curve, a window whose mean lengths 
 or another deployment of the same model and GPU with the same SLO all reuse the run.
 
 A run outside tolerance still starts its bisection from the nearest past run's λ*
-(:meth:`GaussRuns.nearest`). The store is process memory (lost on restart: the first window after it runs GAUSS again),
-bounded per key and in keys.
+(:meth:`GaussRuns.nearest`). The store is process memory (lost on restart: the first window
+after it runs GAUSS again), bounded per key and in keys.
 """
 
 from __future__ import annotations
