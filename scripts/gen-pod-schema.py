@@ -86,6 +86,24 @@ def in_list(values: list[str]) -> str:
     return "[" + ", ".join(f"'{v}'" for v in values) + "]"
 
 
+def quantities(requirements: dict, field: str) -> dict:
+    """ResourceRequirements whose limits/requests hold resource quantities (Kubernetes' CEL quantity
+    library, 1.29+), so a garbage value is refused at admission naming the key, not when the
+    Deployment is created; maps and values bounded for CEL's cost estimate."""
+    out = copy.deepcopy(requirements)
+    for section in ("limits", "requests"):
+        prop = out["properties"][section]
+        prop["maxProperties"] = MAX_ITEMS
+        prop["additionalProperties"] = {**prop["additionalProperties"], "maxLength": 64}
+        bad = "self.filter(k, !isQuantity(string(self[k])))[0]"
+        prop["x-kubernetes-validations"] = [{
+            "rule": "self.all(k, isQuantity(string(self[k])))",
+            "message": f"{field}.{section} values must be resource quantities (e.g. 1, 500m, 16Gi)",
+            "messageExpression": f"'{field}.{section}[' + {bad} + ']: ' + string(self[{bad}]) + "
+                                 "' is not a resource quantity (e.g. 1, 500m, 16Gi)'"}]
+    return out
+
+
 def engine_fields(defs: dict) -> dict:
     """The managed container's Kubernetes fields and `podTemplate`, keyed as in engine.properties."""
     labels = {"type": "object", "maxProperties": 64,
@@ -146,8 +164,8 @@ def engine_fields(defs: dict) -> dict:
         "env": {**listed("EnvVar", defs, "the vLLM container's environment (HOME is kneecap's unless set here)"),
                 "default": []},
         "envFrom": listed("EnvFromSource", defs, "ConfigMaps and Secrets whose keys become environment variables"),
-        "resources": {**core("ResourceRequirements", defs, "GPUs, CPU and memory of the vLLM container"),
-                      "default": {}},
+        "resources": {**quantities(core("ResourceRequirements", defs, "GPUs, CPU and memory of the vLLM container"),
+                                   "spec.engine.resources"), "default": {}},
         "volumeMounts": mounts,
         "startupProbe": core("Probe", defs, probe.format("a 30 min model load (GET /health every 10 s, 180 failures)")),
         "livenessProbe": core("Probe", defs, probe.format("1 min without /health (every 10 s, timeout 5 s, 6 failures)")),

@@ -153,14 +153,16 @@ async def observe_pool(ctx: LoopContext, mem: LoopMemory, ns: str, name: str, sp
     times (the pool's restart cost)."""
     try:
         if state.adoption is not None:
-            pods = R.ready(await ctx.reader.deployment_pods(ns, state.deployment))
+            every = await ctx.reader.deployment_pods(ns, state.deployment)
         else:
-            pods = await R.ready_pods(ctx.reader, ns, name, state.pool.role)
+            every = await ctx.reader.pods(ns, name, state.pool.role)
     except API_EXCEPTIONS as exc:
         return P.PoolWindow(state.pool.role, state, P.NO_PODS, f"pods not read: {ApiFailure.of(exc)}")
+    pods = R.ready(every)
     port = state.adoption.port if state.adoption is not None else spec.engine.port
     window = await observe_window(ctx, mem, spec, state, [u for u in (R.metrics_url(p, port) for p in pods) if u])
-    return replace(window, start_to_ready_s=tuple(restart.start_to_ready_s(pods)))
+    return replace(window, start_to_ready_s=tuple(restart.start_to_ready_s(pods)),
+                   unschedulable=R.unschedulable(every))
 
 
 async def _live_pools(ctx: LoopContext, owner: dict, spec: LLMDeploymentSpec) -> list[R.PoolState]:

@@ -57,6 +57,7 @@ class PoolWindow:
     observation: Observation | None = None
     scrape_errors: int = 0  # failed scrapes this tick
     start_to_ready_s: tuple[float, ...] = ()  # the Ready pods' creation → Ready times (restart.start_to_ready_s)
+    unschedulable: str = ""  # why the scheduler leaves a pod of the pool Pending (reconcile.unschedulable)
 
 
 @dataclass(frozen=True)
@@ -363,6 +364,9 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float) -> Pl
                                  for s in states)
     if g.missing_targets:
         t.condition(St.READY, False, "TargetMissing", "; ".join(g.missing_targets)[:900])
+    elif not ready and any(p.unschedulable for p in g.pools):
+        t.condition(St.READY, False, "PodsUnschedulable",
+                    "; ".join(f"{p.role}: {p.unschedulable}" for p in g.pools if p.unschedulable)[:900])
     else:
         t.condition(St.READY, ready, "PodsReady" if ready else "PodsNotReady",
                     "every pool has a ready replica" if ready else "a pool has no ready replica")

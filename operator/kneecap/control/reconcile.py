@@ -295,11 +295,6 @@ async def delete_owned(kube: KubeClient, owner: dict) -> list[str]:
             if await kube.delete(path_fn(ns, obj["metadata"]["name"]))]
 
 
-async def ready_pods(reads: ApiReads, ns: str, name: str, role: str) -> list[dict]:
-    """Running, Ready pods of the pool's own Deployment (through its ReplicaSets: `ApiReads.pods`)."""
-    return ready(await reads.pods(ns, name, role))
-
-
 def ready(pods: list[dict]) -> list[dict]:
     """The pods that are Running, Ready and not being deleted."""
     out = []
@@ -309,6 +304,16 @@ def ready(pods: list[dict]) -> list[dict]:
         if is_ready and st.get("phase", "Running") == "Running" and not p["metadata"].get("deletionTimestamp"):
             out.append(p)
     return out
+
+
+def unschedulable(pods: list[dict]) -> str:
+    """Why the scheduler cannot place the pool's pods (its PodScheduled=False/Unschedulable
+    message for the first such pod), or "" when none waits for that."""
+    for p in pods:
+        for c in (p.get("status") or {}).get("conditions") or []:
+            if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+                return f"pod {p['metadata'].get('name')} cannot be scheduled: {c.get('message') or 'no reason given'}"
+    return ""
 
 
 def metrics_url(pod: dict, port: int) -> str | None:

@@ -19,6 +19,9 @@ from typing import Any, Mapping
 
 import cel
 
+from kneecap.control.quantity import canonical_quantity
+from kneecap.errors import InputError
+
 _DATE_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
 _CEL_REASON = {"FieldValueInvalid": None, "FieldValueForbidden": "Forbidden",
                "FieldValueRequired": "Required value", "FieldValueDuplicate": "Duplicate value"}
@@ -196,8 +199,18 @@ def check(value: Any, schema: Mapping, path: str, unknown: str = "prune") -> tup
 
 # ---------------------------------------------------------------- CEL
 
-# Kubernetes' CEL string extensions (cel-go ext.Strings) that the CRD's rules use.
+def _is_quantity(text: str) -> bool:
+    """Kubernetes' CEL `isQuantity` (library.Quantity): the string parses as a resource quantity."""
+    try:
+        canonical_quantity(text)
+    except InputError:
+        return False
+    return True
+
+
+# Kubernetes' CEL string extensions (cel-go ext.Strings) and quantity library that the CRD's rules use.
 _FUNCTIONS = {
+    "isQuantity": _is_quantity,
     "split": lambda s, sep: s.split(sep),
     "replace": lambda s, old, new: s.replace(old, new),
     "substring": lambda s, start, end=None: s[start:end],

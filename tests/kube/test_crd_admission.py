@@ -1,0 +1,105 @@
+"""The CRD and the shipped examples on the real kube-apiserver: structural schema, CEL rules
+compiled within their cost budget, hostile specs refused at admission with the field named."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from kneecap.control.spec import parse_spec
+from kneecap.errors import InputError
+from tests.kube.conftest import kubectl
+from tests.support.control_plane import KubeClient
+from tests.support.examples import EXAMPLES, llmdeployment
+
+LLMD = "kneecap.io/v1alpha1/llmdeployments"
+NS = "admission"
+
+
+@pytest.fixture(scope="module")
+def ns(admin: KubeClient, crd_applied: dict) -> str:
+    admin.add_namespace(NS)
+    return NS
+
+
+def test_crd_is_established_structural_and_its_rules_compile(crd_applied: dict):
+    conditions = {c["type"]: c for c in crd_applied["status"]["conditions"]}
+    assert conditions["Established"]["status"] == "True", conditions
+    assert conditions["NamesAccepted"]["status"] == "True", conditions
+    # a non-structural schema or a rule over its cost budget is a condition (or a 422 on create)
+    assert "NonStructuralSchema" not in conditions, conditions["NonStructuralSchema"]
+    version = crd_applied["spec"]["versions"][0]
+    assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
+    assert version["subresources"] == {"status": {}}
+    stored = str(version["schema"])
+    assert "isQuantity(string(self[k]))" in stored and "self.volumeMounts.all(" in stored
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_accepted_by_server_side_dry_run(control_plane, ns, path):
+    namespace = llmdeployment(path)["metadata"]["namespace"]
+    control_plane.admin.add_namespace(namespace)
+    out = kubectl(control_plane, "apply", "--server-side", "--dry-run=server", "--field-manager=kubectl",
+                  "-f", str(path)).stdout
+    name = llmdeployment(path)["metadata"]["name"]
+    assert f"llmdeployment.kneecap.io/{name} serverside-applied (server dry run)" in out, out
+    # a dry run stores nothing
+    assert control_plane.admin.get(LLMD, namespace, name) is None
+
+
+def _hostile(mutate) -> dict:
+    obj = copy.deepcopy(llmdeployment(EXAMPLES[0]))
+    obj["metadata"] = {"name": "hostile", "namespace": NS}
+    mutate(obj["spec"])
+    return obj
+
+
+def _rejected(admin: KubeClient, obj: dict) -> dict:
+    code, body = admin.request("POST", admin.path(LLMD, NS), obj)
+    assert code == 422, (code, body)
+    assert body["reason"] == "Invalid", body
+    assert admin.get(LLMD, NS, obj["metadata"]["name"]) is None, "a rejected object was stored"
+    return body
+
+
+def _engine(spec: dict) -> dict:
+    return spec.setdefault("engine", {})
+
+
+@pytest.mark.parametrize(("field", "bad", "mutate"), [
+    ("spec.engine.resources.limits", "nvidia.com/gpu", lambda s: _engine(s).update(
+        resources={"limits": {"nvidia.com/gpu": "one"}})),
+    ("spec.engine.resources.requests", "memory", lambda s: _engine(s).update(
+        resources={"requests": {"cpu": "4", "memory": "16 gigs"}})),
+])
+def test_garbage_resource_quantity_is_refused_naming_the_key(admin, ns, field, bad, mutate):
+    body = _rejected(admin, _hostile(mutate))
+    (cause,) = [c for c in body["details"]["causes"] if c["field"] == field]
+    assert f"{field}[{bad}]" in cause["message"] and "is not a resource quantity" in cause["message"], cause
+    # the operator's own parser (which runs the same CRD rules) refuses it the same way
+    with pytest.raises(InputError, match=rf"{field}.*\[{bad}\].*is not a resource quantity"):
+        parse_spec(_hostile(mutate)["spec"])
+
+
+def test_a_valid_quantity_in_either_form_is_accepted(admin, ns):
+    obj = _hostile(lambda s: _engine(s).update(resources={"limits": {"nvidia.com/gpu": 1, "memory": "64Gi"},
+                                                         "requests": {"cpu": "500m"}}))
+    obj["metadata"]["name"] = "quantities-ok"
+    code, body = admin.request("POST", admin.path(LLMD, NS) + "?dryRun=All", obj)
+    assert code == 201, body
+    assert body["spec"]["engine"]["resources"]["limits"] == {"nvidia.com/gpu": 1, "memory": "64Gi"}
+
+
+@pytest.mark.parametrize("flag", ["--max-num-seqs=8", "--gpu_memory_utilization=0.5", "--max-num-se", "--port"])
+def test_managed_flag_in_extra_args_is_refused(admin, ns, flag):
+    body = _rejected(admin, _hostile(lambda s: _engine(s).update(extraArgs=["--enforce-eager", flag])))
+    fields = {c["field"]: c["message"] for c in body["details"]["causes"]}
+    assert "spec.engine.extraArgs[1]" in fields, fields
+    assert "sets a vLLM flag that kneecap manages" in fields["spec.engine.extraArgs[1]"]
+
+
+def test_strict_field_validation_names_an_unknown_field(admin, ns):
+    obj = _hostile(lambda s: s.update(colour="blue"))
+    code, body = admin.request("POST", admin.path(LLMD, NS) + "?fieldValidation=Strict", obj)
+    assert code == 400 and 'unknown field "spec.colour"' in body["message"], (code, body)
