@@ -116,6 +116,9 @@ def engine_fields(defs: dict) -> dict:
                                        "', a label that kneecap manages (it selects the pods by it)'"}]}
     volumes = listed("Volume", defs, "pod volumes (a model-cache PVC, a ConfigMap...); mount them with "
                                      "spec.engine.volumeMounts")
+    # names are DNS labels (the API server's pod validation); bounded here for CEL's cost estimate
+    # of the rules that match mounts to volumes
+    volumes["items"]["properties"]["name"]["maxLength"] = 63
     volumes["items"]["x-kubernetes-validations"] = [{
         "rule": f"!(self.name in {in_list(RESERVED_VOLUMES)})",
         "fieldPath": ".name",
@@ -156,6 +159,8 @@ def engine_fields(defs: dict) -> dict:
         },
     }
     mounts = listed("VolumeMount", defs, "the vLLM container's mounts of spec.engine.podTemplate.spec.volumes")
+    mounts["items"]["properties"]["name"]["maxLength"] = 63
+    mounts["items"]["properties"]["mountPath"]["maxLength"] = 4096
     mounts["items"]["x-kubernetes-validations"] = [{
         "rule": "self.mountPath != '/home/vllm'", "fieldPath": ".mountPath",
         "message": "/home/vllm is the container's $HOME, kneecap's volume"}]

@@ -11,7 +11,7 @@ from kneecap.control.spec import parse_spec
 from kneecap.errors import InputError
 from tests.kube.conftest import kubectl
 from tests.support.control_plane import KubeClient
-from tests.support.examples import EXAMPLES, llmdeployment
+from tests.support.examples import EXAMPLES, ROOT, llmdeployment
 
 LLMD = "kneecap.io/v1alpha1/llmdeployments"
 NS = "admission"
@@ -49,7 +49,7 @@ def test_example_accepted_by_server_side_dry_run(control_plane, ns, path):
 
 
 def _hostile(mutate) -> dict:
-    obj = copy.deepcopy(llmdeployment(EXAMPLES[0]))
+    obj = copy.deepcopy(llmdeployment(ROOT / "examples" / "colocated.yaml"))
     obj["metadata"] = {"name": "hostile", "namespace": NS}
     mutate(obj["spec"])
     return obj

@@ -97,19 +97,19 @@ def test_full_example_parses():
 
 
 @pytest.mark.parametrize("path,value,field,needle", [
-    ("topology.replicas", {"min": 5, "max": 2}, "spec.topology.replicas.min", "must be <= max (got 5 > 2)"),
-    ("topology.decode", {"min": 3, "max": 1}, "spec.topology.decode.min", "got 3 > 1"),
+    ("topology.replicas", {"min": 5, "max": 2}, "spec.topology.replicas.min", "spec.topology.replicas.min must be <= max"),
+    ("topology.decode", {"min": 3, "max": 1}, "spec.topology.decode.min", "spec.topology.decode.min must be <= max"),
     ("topology.mode", "split", "spec.topology.mode", 'Unsupported value: "split": supported values: "colocated", "disaggregated"'),
     ("topology.mode", "disaggregated", "spec.topology.kvTransfer", "required when"),
     ("engine.gpuMemoryUtilization", 1.5, "spec.engine.gpuMemoryUtilization", "should be less than or equal to 1"),
     ("engine.gpuMemoryUtilization", 0, "spec.engine.gpuMemoryUtilization", "should be greater than 0"),
     ("engine.maxNumSeqs", "lots", "spec.engine.maxNumSeqs", "must be of type integer"),
-    ("engine.maxNumSeqs", 2048, "spec.engine.maxNumSeqs", "= [1, 1024] (got 2048)"),
+    ("engine.maxNumSeqs", 2048, "spec.engine.maxNumSeqs", "must lie within [spec.batching.minMaxNumSeqs, spec.batching.maxMaxNumSeqs]"),
     ("engine.port", 70000, "spec.engine.port", "Invalid value: 70000: spec.engine.port in body should be less than or equal to 65535"),
     ("control.mode", "yolo", "spec.control.mode", "Unsupported value"),
     ("control.interval", "soon", "spec.control.interval", "should match"),
     ("control.minObservations", 0, "spec.control.minObservations", "should be greater than or equal to 1"),
-    ("batching", {"minMaxNumSeqs": 64, "maxMaxNumSeqs": 8}, "spec.batching.minMaxNumSeqs", "got 64 > 8"),
+    ("batching", {"minMaxNumSeqs": 64, "maxMaxNumSeqs": 8}, "spec.batching.minMaxNumSeqs", "spec.batching.minMaxNumSeqs must be <= maxMaxNumSeqs"),
     ("slo.quantile", 1.0, "spec.slo.quantile", "should be less than 1"),
     ("model.architecture", "gpt-9", "spec.model.architecture", "gpt-9"),
     ("accelerator.type", "tpu-v9", "spec.accelerator.type", "tpu-v9"),
@@ -190,7 +190,7 @@ MALFORMED = [
     ({"engine.extraArgs": ["--por=9000"]}, "spec.engine.extraArgs[0]"),
     ({"engine.extraArgs": ["--kv-cache-mem=1G"]}, "spec.engine.extraArgs[0]"),
     ({"engine.extraArgs": ["--kv-transfer-config.kv_connector", "X"]}, "spec.engine.extraArgs[0]"),
-    ({"engine.extraArgs": _many(129)}, "spec.engine.extraArgs"),
+    ({"engine.extraArgs": _many(65)}, "spec.engine.extraArgs"),
     ({"engine.extraArgs": ["x" * 4097]}, "spec.engine.extraArgs[0]"),
     ({"engine.command": ["vllm", "serve", "--max-num-seqs=4"]}, "spec.engine.command[2]"),
     ({"model.name": "--help"}, "spec.model.name"),
@@ -249,7 +249,7 @@ WELL_FORMED = [
     {"engine.extraArgs": ["--max-model-len", "4096", "--enable-prefix-caching", "-tp", "2", "--"]},
     {"engine.extraArgs": ["--hf-token=x", "--port-range-is-not-a-flag", "--served-model-name", "m"]},
     {"engine.extraArgs": ["--gpu=h100-80gb", "--max-num-batched-tokens=8192", "--kv-cache-dtype=fp8", "--h", "--p"]},
-    {"engine.extraArgs": _many(128)},
+    {"engine.extraArgs": _many(64)},
     {"engine.command": ["python", "-m", "vllm.entrypoints.openai.api_server"]},
     {"control.minObservations": 24, "control.maxObservationAge": "90s"},
     {"model.name": "/models/llama-3.1-8b"},
@@ -532,7 +532,7 @@ def test_pod_shaping_errors_name_the_offending_key():
     assert "sets app.kubernetes.io/managed-by, a label that kneecap manages" in str(exc.value)
     with pytest.raises(InputError) as exc:
         S.parse_spec(_edit({"engine.volumeMounts": [{"name": "weights", "mountPath": "/w"}]}))
-    assert "mounts weights, which is not a volume of spec.engine.podTemplate.spec.volumes" in str(exc.value)
+    assert "every spec.engine.volumeMounts[].name must name a volume of spec.engine.podTemplate.spec.volumes" in str(exc.value)
     with pytest.raises(InputError) as exc:
         S.parse_spec(_edit({"engine.podTemplate": {"spec": {"volumes": [{"name": "dshm", "emptyDir": {}}]}}}))
     assert "volume name dshm is reserved by kneecap" in str(exc.value)

@@ -139,7 +139,7 @@ def test_crd_reference_is_generated_from_the_schema():
 
 def test_docs_links_resolve():
     for doc in list((ROOT / "docs").glob("*.md")):
-        text = doc.read_text()
+        text = re.sub(r"`[^`\n]*`", "", doc.read_text())  # code spans (CEL rules, regexes) hold no links
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
             if target.startswith("http"):
                 continue
