@@ -10,7 +10,10 @@ Missing binaries are a failure, not a skip: CI builds them (scripts/setup-kube.s
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +28,8 @@ CRD_FILE = ROOT / "crds" / "llmdeployment.yaml"
 RELEASE = "kneecap"
 RELEASE_NS = "kneecap-system"
 SERVICE_ACCOUNT = "kneecap"  # the chart's fullname for release "kneecap"
-GPU_NODES = ("gpu-node-a", "gpu-node-b")
+# two tainted H100 nodes (a pod needs the GPU toleration) and one untainted pool
+GPU_NODES = (("gpu-node-a", 8, True), ("gpu-node-b", 8, True), ("gpu-node-c", 32, False))
 
 
 @pytest.fixture(scope="session")
@@ -35,8 +39,9 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory):
     except ControlPlaneUnavailable as exc:
         pytest.fail(str(exc), pytrace=False)
     try:
-        for node in GPU_NODES:
-            plane.add_gpu_node(node)
+        for node, gpus, tainted in GPU_NODES:
+            plane.add_gpu_node(node, gpus=gpus, taint=tainted,
+                               gpu_product="NVIDIA-H100-80GB-HBM3" if tainted else "NVIDIA-L40S")
         yield plane
     finally:
         plane.stop()
@@ -68,10 +73,14 @@ def helm(plane: ControlPlane, *args: str, check: bool = True) -> subprocess.Comp
 def crd_applied(control_plane: ControlPlane) -> dict:
     """crds/llmdeployment.yaml applied server-side and Established (structural, CEL compiled)."""
     kubectl(control_plane, "apply", "--server-side", "--field-manager=kneecap-test", "-f", str(CRD_FILE))
-    kubectl(control_plane, "wait", "--for=condition=Established", "--timeout=60s",
-            "crd/llmdeployments.kneecap.io")
-    return control_plane.admin.get("apiextensions.k8s.io/v1/customresourcedefinitions", None,
-                                   "llmdeployments.kneecap.io")
+
+    def established():
+        crd = control_plane.admin.get("apiextensions.k8s.io/v1/customresourcedefinitions", None,
+                                      "llmdeployments.kneecap.io")
+        conditions = (crd.get("status") or {}).get("conditions") or []
+        return crd if any(c["type"] == "Established" and c["status"] == "True" for c in conditions) else None
+
+    return control_plane.wait_for(established, 60, "the LLMDeployment CRD Established")
 
 
 @pytest.fixture(scope="session")
@@ -92,3 +101,60 @@ def chart_operator_args(chart: dict) -> list[str]:
     """The arguments the chart's operator Deployment gives `kneecap` (``run ...``)."""
     deployment = next(d for d in chart["documents"] if d["kind"] == "Deployment")
     return list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+class OperatorProcess:
+    """`kneecap run ARGS` out of process (as the chart's container runs it), logging to a file.
+
+    `stop()` sends SIGTERM (kopf releases its peering and exits); `kill()` sends SIGKILL, the
+    leader dying without a word."""
+
+    def __init__(self, args: list[str], kubeconfig: Path, log: Path, pod_id: str):
+        self.args, self.log, self.pod_id = args, log, pod_id
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "POD_ID": pod_id}
+        self.process = subprocess.Popen([sys.executable, "-m", "kneecap", *args], env=env,
+                                        stdout=log.open("ab"), stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        if self.alive():
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def kill(self) -> None:
+        if self.alive():
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+
+def with_ports(args: list[str], liveness: int, metrics: int) -> list[str]:
+    """The chart's `kneecap run` arguments with this machine's free ports (several operators
+    run side by side on one loopback)."""
+    out = []
+    for a in args:
+        if a.startswith("--liveness="):
+            a = f"--liveness={liveness}"
+        elif a.startswith("--metrics-port="):
+            a = f"--metrics-port={metrics}"
+        out.append(a)
+    return out
+
+
+@pytest.fixture(scope="session")
+def operator_kubeconfig(control_plane: ControlPlane, chart_installed: dict,
+                        tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A kubeconfig that authenticates as the chart's ServiceAccount (a TokenRequest token)."""
+    client = control_plane.client_as(RELEASE_NS, SERVICE_ACCOUNT)
+    return client.write_kubeconfig(tmp_path_factory.mktemp("operator") / "operator.kubeconfig")
+
+
+OPERATOR_USER = f"system:serviceaccount:{RELEASE_NS}:{SERVICE_ACCOUNT}"

@@ -536,3 +536,30 @@ def test_pod_shaping_errors_name_the_offending_key():
     with pytest.raises(InputError) as exc:
         S.parse_spec(_edit({"engine.podTemplate": {"spec": {"volumes": [{"name": "dshm", "emptyDir": {}}]}}}))
     assert "volume name dshm is reserved by kneecap" in str(exc.value)
+
+
+# [flag, the shortest abbreviation vLLM 0.32's argparse takes unambiguously]
+MANAGED_FLAG_ABBREVIATIONS = [("max-num-seqs", "max-num-se"), ("gpu-memory-utilization", "gpu-"),
+                              ("device-memory-utilization", "device-m"), ("kv-cache-memory-bytes", "kv-cache-mem"),
+                              ("port", "por"), ("host", "ho"), ("kv-transfer-config", "kv-t")]
+
+
+def test_managed_flag_regex_is_the_flag_table():
+    """The CRD's argv rule is one regex (its cost fits kube-apiserver's budget): each flag's
+    shortest abbreviation, then its other letters as nested optionals, '-' as '-' or '_'."""
+    def letter(c: str) -> str:
+        return "[-_]" if c == "-" else re.escape(c)
+
+    def prefixes(flag: str, shortest: str) -> str:
+        tail = ""
+        for c in reversed(flag[len(shortest):]):
+            tail = f"({letter(c)}{tail})?"
+        return "".join(letter(c) for c in shortest) + tail
+
+    want = "^--(" + "|".join(prefixes(f, s) for f, s in MANAGED_FLAG_ABBREVIATIONS) + ")([=.]|$)"
+    items = S.spec_schema()["properties"]["engine"]["properties"]["extraArgs"]["items"]
+    assert items["x-kubernetes-validations"][0]["rule"] == f"!self.matches('{want}')"
+    for flag, shortest in MANAGED_FLAG_ABBREVIATIONS:
+        for name in (flag, shortest, flag.replace("-", "_")):
+            assert re.match(want, f"--{name}=1") and re.match(want, f"--{name}"), name
+        assert not re.match(want, f"--{shortest[:-1]}=1") and not re.match(want, f"--{flag}x")
