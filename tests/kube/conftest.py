@@ -28,8 +28,10 @@ CRD_FILE = ROOT / "crds" / "llmdeployment.yaml"
 RELEASE = "kneecap"
 RELEASE_NS = "kneecap-system"
 SERVICE_ACCOUNT = "kneecap"  # the chart's fullname for release "kneecap"
-# two tainted H100 nodes (a pod needs the GPU toleration) and one untainted pool
-GPU_NODES = (("gpu-node-a", 8, True), ("gpu-node-b", 8, True), ("gpu-node-c", 32, False))
+# four tainted 8-GPU H100 nodes (a pod needs the GPU toleration) and one untainted pool
+GPU_NODES = (("gpu-node-a", 8, True), ("gpu-node-b", 8, True), ("gpu-node-d", 8, True), ("gpu-node-e", 8, True),
+             ("gpu-node-c", 32, False))
+H100_NODES = tuple(n for n, _, tainted in GPU_NODES if tainted)
 
 
 @pytest.fixture(scope="session")

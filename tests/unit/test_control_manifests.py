@@ -219,3 +219,21 @@ def test_a_template_that_skipped_validation_still_cannot_take_the_pool_labels():
     labels = d["spec"]["template"]["metadata"]["labels"]
     assert labels == {**M.labels("llama", "server"), "team": "a"}
     assert set(d["spec"]["selector"]["matchLabels"].items()) <= set(labels.items())
+
+
+def test_the_api_servers_service_account_mirror_is_not_a_removed_field():
+    """kube-apiserver copies serviceAccountName into the deprecated serviceAccount: while the spec
+    still names the account that mirror is not a field to remove (a patch every tick), and it
+    goes with serviceAccountName when the spec drops it."""
+    raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "shaped-pods.yaml").read_text())
+    owner = {"metadata": {"name": "llama-70b", "namespace": "serving", "uid": "u1"}, **raw}
+    spec = parse_spec(raw["spec"])
+    (pool,) = M.pools("llama-70b", spec)
+    desired = M.deployment(owner, spec, pool, M.initial_settings(spec, pool.role))
+    live = json.loads(json.dumps(desired))
+    live["spec"]["template"]["spec"]["serviceAccount"] = "vllm"  # as the API server stores it
+    assert M.removed_template_fields(desired, live) == {}
+    raw["spec"]["engine"]["podTemplate"]["spec"].pop("serviceAccountName")
+    spec = parse_spec(raw["spec"])
+    dropped = M.deployment(owner, spec, pool, M.initial_settings(spec, pool.role))
+    assert M.removed_template_fields(dropped, live) == {"serviceAccountName": None, "serviceAccount": None}

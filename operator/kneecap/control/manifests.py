@@ -250,7 +250,8 @@ def removed_template_fields(desired: dict, live: dict) -> dict:
     merge-patch nulls (a merge patch keeps what it does not name); {} when none. A container
     field dropped is returned as the desired container list (lists are replaced whole)."""
     want_pod, live_pod = desired["spec"]["template"]["spec"], live["spec"]["template"]["spec"]
-    out: dict = {k: None for k in TEMPLATE_POD_FIELDS if k in live_pod and k not in want_pod}
+    out: dict = {k: None for k in TEMPLATE_POD_FIELDS if k in live_pod and k not in want_pod
+                 and not (k == "serviceAccount" and "serviceAccountName" in want_pod)}  # the API's mirror
     want_c, live_c = vllm_container(desired), vllm_container(live)
     if any(k in live_c and k not in want_c for k in TEMPLATE_CONTAINER_FIELDS):
         out["containers"] = want_pod["containers"]
