@@ -239,6 +239,34 @@ class KubeClient:
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation} if propagation else None
         return self.request("DELETE", self.path(resource, namespace, name), body)[0]
 
+    def watch(self, resource: str, namespace: str | None, selector: str | None = None,
+              resource_version: str | None = None, timeout_s: int = 60):
+        """The watch stream of ``resource`` as (type, object) pairs, from `resource_version` on,
+        until the server closes it after `timeout_s`."""
+        q = {"watch": "1", "timeoutSeconds": str(timeout_s), "allowWatchBookmarks": "false"}
+        if selector:
+            q["labelSelector"] = selector
+        if resource_version:
+            q["resourceVersion"] = resource_version
+        headers = {"Accept": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        req = urllib.request.Request(self.url + self.path(resource, namespace) + "?" + urllib.parse.urlencode(q),
+                                     headers=headers)
+        with urllib.request.urlopen(req, timeout=timeout_s + 10, context=self._ssl) as resp:
+            for line in resp:
+                if line.strip():
+                    event = json.loads(line)
+                    yield event["type"], event["object"]
+
+    def list_version(self, resource: str, namespace: str | None = None, selector: str | None = None) -> str:
+        """The resourceVersion of a list: a watch from it misses nothing after the list."""
+        q = f"?labelSelector={urllib.parse.quote(selector)}" if selector else ""
+        code, body = self.request("GET", self.path(resource, namespace) + q)
+        if code != 200:
+            raise ApiError(code, body, f"list {resource}")
+        return body["metadata"]["resourceVersion"]
+
     def add_namespace(self, name: str) -> dict:
         code, body = self.request("POST", "/api/v1/namespaces",
                                   {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
@@ -500,6 +528,8 @@ class ControlPlane:
                 ev = json.loads(line)
                 if ev.get("stage") not in ("ResponseComplete", "Panic"):
                     continue
+                ev.setdefault("objectRef", {})  # (non-resource requests: /readyz, /version)
+                ev.setdefault("responseStatus", {"code": 0})
                 if user is None or ev.get("user", {}).get("username") == user:
                     events.append(ev)
         return events
