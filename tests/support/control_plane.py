@@ -328,8 +328,12 @@ class Component:
 class ControlPlane:
     """etcd + kube-apiserver + kube-controller-manager + kube-scheduler + kwok, on loopback."""
 
-    def __init__(self, workdir: Path, bin_dir: Path = KUBE_BIN):
-        missing = [b for b in BINARIES if not (bin_dir / b).is_file()]
+    def __init__(self, workdir: Path, bin_dir: Path = KUBE_BIN, apiserver: Path | None = None):
+        """`apiserver`: another kube-apiserver binary (an older release) for `start(api_only=True)`."""
+        self.apiserver_bin = apiserver or bin_dir / "kube-apiserver"
+        needed = BINARIES if apiserver is None else ("etcd",)
+        missing = [b for b in needed if not (bin_dir / b).is_file()] + (
+            [str(apiserver)] if apiserver is not None and not apiserver.is_file() else [])
         if missing:
             raise ControlPlaneUnavailable(
                 f"{', '.join(missing)} not in {bin_dir}: run scripts/setup-kube.sh (builds the control plane from "
@@ -354,14 +358,18 @@ class ControlPlane:
     # ------------------------------------------------------------------ processes
 
     def _component(self, name: str, argv: list[str]) -> Component:
-        comp = Component(name, [str(self.bin / name), *argv], self.dir / f"{name}.log")
+        binary = self.apiserver_bin if name == "kube-apiserver" else self.bin / name
+        comp = Component(name, [str(binary), *argv], self.dir / f"{name}.log")
         self.components[name] = comp
         return comp
 
-    def start(self, timeout_s: float = 120.0) -> "ControlPlane":
+    def start(self, timeout_s: float = 120.0, api_only: bool = False) -> "ControlPlane":
+        """Everything, or with `api_only` etcd and kube-apiserver alone (admission checks)."""
         try:
             self._start_etcd(timeout_s)
             self.start_apiserver(timeout_s)
+            if api_only:
+                return self
             self._start_controllers()
             self.wait_for(lambda: self._default_service_account(), timeout_s, "the default service account")
         except BaseException:
