@@ -1459,9 +1459,10 @@ def simulate(
         workload, coef, rng, servers, burst_cv, samples, replications, limits, slo_ttft_s=slo_ttft_s,
         slo_tbt_s=slo_tbt_s)
     if rate >= stable_rps:
-        op_stage = stage
-        raise Infeasible(op_stage, f"{rate:.4g} req/s is at or past the stability limit {stable_rps:.4g} req/s "
-                         f"({servers} server{'s' if servers > 1 else ''}; ρ ≥ 1)", stable_rate_rps=stable_rps)
+        why = {"batch": "the running set fills max_num_seqs", "kv": "the decode batch fills the KV cache"}
+        raise Infeasible(stage, f"{rate:.4g} req/s is at or past the stability limit {stable_rps:.4g} req/s "
+                         f"({servers} server{'s' if servers > 1 else ''}; {why.get(stage, 'ρ ≥ 1')})",
+                         stable_rate_rps=stable_rps)
     return _finish(draws, coef, moments, rate, servers, replications, chains, warm, slo_ttft_s, slo_tbt_s,
                    quantile, sweep_points, search_samples, stable_rps, stage, rng, limits)
 
