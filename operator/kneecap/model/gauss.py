@@ -81,6 +81,9 @@ import numpy as np
 from kneecap.errors import InputError
 
 QUANTILES = (0.5, 0.95, 0.99)
+# vLLM's defaults outside ≥ 70 GiB GPUs (memory.vllm_default_limits): batch cap and token budget
+DEFAULT_MAX_NUM_SEQS = 256
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 _BLOCK = 1 << 20  # Lindley block length: bounds temporaries to ~8 MiB per array
 
 
@@ -264,7 +267,7 @@ class ServiceCoefficients:
     decode_s_per_context_token: float = 0.0  # q, multiplies C/B
     decode_s_per_seq: float = 0.0  # r, multiplies B
     decode_s_per_resident_token: float = 0.0  # s, multiplies C (0 in the GAUSS form)
-    chunk_tokens: int = 2048  # vLLM max_num_batched_tokens, the step's token budget (chunk Δ = budget − decodes)
+    chunk_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS  # vLLM max_num_batched_tokens: chunks of budget − decodes
     request_overhead_s: float = 0.0
     prefill_packing: bool = True  # prompts waiting together share one step (vLLM); False: GAUSS's one per step
 
@@ -283,9 +286,6 @@ class ServiceCoefficients:
             raise InputError("prefill_s_per_token", "prefill costs are all zero; expected a positive prefill cost")
         if self.decode_step_s + self.decode_s_per_context_token + self.decode_s_per_seq + self.decode_s_per_resident_token <= 0:
             raise InputError("decode_step_s", "decode costs are all zero; expected a positive decode cost")
-
-
-DEFAULT_MAX_NUM_SEQS = 256  # vLLM's max_num_seqs outside ≥ 70 GiB GPUs (memory.vllm_default_limits)
 
 
 @dataclass(frozen=True)
@@ -365,7 +365,7 @@ def coefficients_from_slim(
     layers: int, hidden: int, kv_dim: int, ff_ratio: float, kv_bytes: float,
     peak_flops: float, bandwidth_bytes_s: float, b0: float = 0.0, form: str = "paper-a",
     t_step_s: float = 0.0, t_layer_s: float = 0.0, eta_w: float = 1.0, weight_bytes: float = 0.0,
-    chunk_tokens: int = 2048,
+    chunk_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
 ) -> ServiceCoefficients:
     """GAUSS coefficients from a calibrated SLIM (DESIGN §5.1, kneecap.model.slim), plain numbers in.
 
@@ -410,7 +410,8 @@ def coefficients_from_slim(
     )
 
 
-def coefficients_for(arch, gpu, params, form: str = "kneecap", chunk_tokens: int = 2048) -> ServiceCoefficients:
+def coefficients_for(arch, gpu, params, form: str = "kneecap",
+                     chunk_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> ServiceCoefficients:
     """:func:`coefficients_from_slim` from catalog objects (``kneecap.model.arch.ModelArch``,
     ``kneecap.model.hardware.GPU``) and SLIM parameters (``slim.SlimParams`` or its dict).
     d(B, C)'s step cost does not vary with B, so an MoE's step reads every routed expert (the
