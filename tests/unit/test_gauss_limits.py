@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict
 
 import numpy as np
@@ -13,22 +12,7 @@ from kneecap.model import gauss as g
 from kneecap.model.arch import get_arch
 from kneecap.model.hardware import get_gpu
 from kneecap.model.memory import memory_split
-
-COEF = g.ServiceCoefficients(prefill_s_per_token=3e-5, prefill_s_per_attended_token=1e-9, prefill_s_per_chunk=2e-3,
-                             decode_step_s=0.012, decode_s_per_context_token=1e-6, decode_s_per_seq=5e-4,
-                             decode_s_per_resident_token=4e-8, chunk_tokens=512, request_overhead_s=0.01)
-WL = g.Workload(g.LogNormalLength(800, 1.0), g.LogNormalLength(150, 1.0))
-
-
-def rng(seed=0):
-    return np.random.default_rng(seed)
-
-
-def erlang_c(k: int, a: float) -> float:
-    """P(wait) in M/M/k at offered load a = λ·E[H] (Erlang C)."""
-    head = sum(a**i / math.factorial(i) for i in range(k))
-    tail = a**k / math.factorial(k) * k / (k - a)
-    return tail / (head + tail)
+from tests.unit.test_gauss import COEF, WL, erlang_c, rng
 
 
 def naive_seat_starts(arrival, service, hold_after, seats):

@@ -165,6 +165,14 @@ def _positive(field_name: str, value: float, allow_zero: bool = False) -> float:
     return v
 
 
+def _count(field_name: str, value, allow_none: bool = False) -> None:
+    """A positive integer (or None where ``allow_none``), else InputError naming the field."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise InputError(field_name, f"expected a positive integer, got {value!r}")
+
+
 def lognormal_params(mean: float, cv: float) -> tuple[float, float]:
     """(μ, σ) of the log-normal with the given mean and CV (moment matching)."""
     sigma2 = math.log1p(cv * cv)
@@ -304,12 +312,10 @@ class EngineLimits:
     enable_prefix_caching: bool = True
 
     def __post_init__(self):
-        for name in ("max_num_seqs", "max_num_active_seqs", "kv_capacity_tokens", "block_size"):
-            v = getattr(self, name)
-            if v is None and name in ("max_num_active_seqs", "kv_capacity_tokens"):
-                continue
-            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise InputError(name, f"expected a positive integer, got {v!r}")
+        for name in ("max_num_seqs", "block_size"):
+            _count(name, getattr(self, name))
+        for name in ("max_num_active_seqs", "kv_capacity_tokens"):
+            _count(name, getattr(self, name), allow_none=True)
         if not isinstance(self.enable_prefix_caching, (bool, np.bool_)):
             raise InputError("enable_prefix_caching", f"expected true or false, got {self.enable_prefix_caching!r}")
 
@@ -336,18 +342,13 @@ def engine_limits_for(arch, gpu, *, max_num_seqs: int | None = None, max_num_act
     seqs, budget = memory.vllm_default_limits(gpu, True, arch.max_position or 2048)
     seqs = seqs if max_num_seqs is None else max_num_seqs
     budget = budget if max_num_batched_tokens is None else max_num_batched_tokens
-    for name, v in (("max_num_seqs", seqs), ("max_num_batched_tokens", budget), ("block_size", block_size)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise InputError(name, f"expected a positive integer, got {v!r}")
+    for name, v in (("max_num_seqs", seqs), ("max_num_batched_tokens", budget), ("block_size", block_size),
+                    ("num_gpu_blocks_override", num_gpu_blocks_override),
+                    ("kv_cache_memory_bytes", kv_cache_memory_bytes)):
+        _count(name, v, allow_none=True)
     if num_gpu_blocks_override is not None:
-        if isinstance(num_gpu_blocks_override, bool) or not isinstance(num_gpu_blocks_override, (int, np.integer)) \
-                or num_gpu_blocks_override < 1:
-            raise InputError("num_gpu_blocks_override", f"expected a positive integer, got {num_gpu_blocks_override!r}")
         blocks = int(num_gpu_blocks_override)
     elif kv_cache_memory_bytes is not None:
-        if isinstance(kv_cache_memory_bytes, bool) or not isinstance(kv_cache_memory_bytes, (int, np.integer)) \
-                or kv_cache_memory_bytes < 1:
-            raise InputError("kv_cache_memory_bytes", f"expected a positive number of bytes, got {kv_cache_memory_bytes!r}")
         blocks = int(kv_cache_memory_bytes // (block_size * arch.kv_bytes_per_token))
         if blocks < 1:
             raise InputError("kv_cache_memory_bytes", f"{kv_cache_memory_bytes} bytes hold no {block_size}-token block "
