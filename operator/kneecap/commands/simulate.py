@@ -195,7 +195,8 @@ def _to_json(r: gauss.GaussResult, mode: str, seed: int, coef, budget: int | Non
     if r.limits is not None:
         out.update(limits=common.limits_json(r.limits, budget), prefill_chunk_tokens=r.prefill_chunk_tokens,
                    admission_wait_s=_stats(r.admission_wait), admission_wait_probability=r.admission_wait_fraction,
-                   preempted_fraction=r.preempted_fraction, preemption_mean_s=r.preemption_mean_s)
+                   preempted_fraction=r.preempted_fraction, preemptions_per_request=r.preemptions_per_request,
+                   preemption_mean_s=r.preemption_mean_s)
     return out
 
 
@@ -308,7 +309,8 @@ def run(args) -> int:
               f"{result.prefill_chunk_tokens:g} beside the decodes), KV cache {kv}, prefix caching "
               f"{'on' if lim.enable_prefix_caching else 'off'}")
         print(f"limits' wait       P(wait) {result.admission_wait_fraction:.3g}; preempted "
-              f"{result.preempted_fraction:.3g} of requests, +{result.preemption_mean_s:.3g} s each")
+              f"{result.preempted_fraction:.3g} of requests ({result.preemptions_per_request:.3g} preemptions per "
+              f"request), +{result.preemption_mean_s:.3g} s each")
     print(f"service model      {source}")
     print(f"samples            {result.samples} in {result.replications} replications, seed {args.seed}")
     return 0

@@ -49,26 +49,30 @@ running requests are scheduled first, then waiting ones in FCFS order while the 
    requests 1..i−1. A request that finds the running set full waits in the queue, so the cap
    moves latency from TPOT (a batch of at most c) to TTFT. Departures depend on the decode
    windows and these on the starts: ``LIMIT_PASSES`` fixed-point passes, damped (seats held
-   for the mean of the last two passes' windows). On k servers the k
-   engines pool k·c seats (an approximation: a seat may free on another engine).
+   for the mean of the last two passes' windows). On k servers the k engines pool k·c seats
+   (an approximation: a seat may free on another engine).
 3. KV cache (``kv_capacity_tokens`` = num_gpu_blocks × block_size, from the memory split,
-   :func:`engine_limits_for`): a request's resident context is its uncached prompt plus half a
-   block of rounding from its start, growing one token per step of its decode; the longest
-   cached prefix is resident once. Admission also waits until the running set's resident
-   context R(t) leaves room for the prompt (vLLM allocates a step's blocks before scheduling
-   it). When R exceeds the cache just before a departure (R's local maxima) by X, the newest
-   admitted requests whose prompts cover X are preempted (vLLM V1 preempts the last of its
-   running list, recompute mode); each at most once, at the first such overflow in its life.
-   A preempted request recomputes its prompt and the tokens generated so far (§3.2 at Δ, its
-   cached prefix still cached, plus the chunk steps' decode batch): added to its TTFT when it
-   had no token yet, else to its decode time (TBT). First order: the re-admission wait and the
-   recompute's load on other requests are not modelled.
+   :func:`engine_limits_for`), event by event (:func:`_admit_kv`): a request's resident context
+   is its uncached prompt plus half a block of rounding from its start, growing one token per
+   step of its decode; the longest cached prefix is resident once. A request is admitted when,
+   besides a free seat, the running set's resident context R(t) leaves room for its prompt
+   (vLLM allocates a step's blocks before scheduling it) and no preempted request waits. When
+   R reaches the cache, the newest running request is preempted (vLLM V1 preempts the last of
+   its running list, recompute mode): it frees its blocks and waits at the front of the queue;
+   re-admitted once a departure leaves room for what it holds, it recomputes its prompt and
+   the tokens it had generated on a prefill slot (§3.2 at Δ, its cached prefix still cached,
+   the chunk steps carrying the batch) and decodes the rest, and may be preempted again. The
+   delay goes to its TTFT when it had no token yet, else to its decode time (TBT). Not
+   modelled: the recompute's chunk steps slowing other requests' decode steps.
 4. Prefix caching (``enable_prefix_caching``, vLLM V1's default on): cached prefix tokens cost
    no prefill, in whole blocks (vLLM hashes full blocks); off, every prompt token is computed.
 
-Mean-field stability adds the running set, ρ + B̄ < c, and the cache, B̄·(c̄ − c̄_cached +
-block/2) + shared prefix < capacity. A path on which no limit binds (no request starts with c
-others running, R never above the cache: :func:`_limits_bind`) is the uncapped path exactly.
+Mean-field stability adds the running set, ρ + B̄ < c, and the cache: the p99 of the resident
+context of B ~ Poisson(B̄) decoding sequences (compound Poisson: mean B̄·E[x], variance
+B̄·E[x²], x a sequence's own context plus half a block), plus the shared prefix, below the
+capacity (SARA's C2 at p_mem = 0.99; past it the engine twin thrashes in recompute). A path
+on which no limit binds (no request starts with c others running, R never above the cache:
+:func:`_limits_bind`) is the uncapped path exactly.
 """
 
 from __future__ import annotations
@@ -85,6 +89,8 @@ QUANTILES = (0.5, 0.95, 0.99)
 # vLLM's defaults outside ≥ 70 GiB GPUs (memory.vllm_default_limits): batch cap and token budget
 DEFAULT_MAX_NUM_SEQS = 256
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+KV_QUANTILE = 0.99  # the resident context's quantile the KV cache must hold to be stable (SARA p_mem)
+KV_Z = 2.3263478740408408  # Φ⁻¹(KV_QUANTILE)
 _BLOCK = 1 << 20  # Lindley block length: bounds temporaries to ~8 MiB per array
 
 
@@ -506,8 +512,11 @@ class WorkloadMoments:
     chunks: float  # E[n] at Δ = the whole budget
     output_tokens: float  # E[OL]
     context_tokens: float  # c̄: decode-time-weighted mean resident context per sequence
-    cached_tokens: float = 0.0  # E[cached prefix] (tokens whose prefill is skipped)
     shared_prefix_tokens: float = 0.0  # the longest cached prefix: its blocks are resident once
+    # a decoding sequence's own resident context (uncached prompt + tokens so far), decode-time
+    # weighted: mean and second moment (the KV cache's compound-Poisson load)
+    resident_tokens: float = 0.0
+    resident_m2_tokens2: float = 0.0
     # distinct (uncached, cached) prompt shapes and their counts: E[S_c], E[n] at any other Δ
     shapes: tuple = field(default=(), repr=False, compare=False)
 
@@ -527,9 +536,13 @@ def workload_moments(coef: ServiceCoefficients, inp, cached, out) -> WorkloadMom
     s = np.maximum(np.asarray(inp, dtype=np.float64).ravel() - c, 1.0)
     key, count = np.unique(s.astype(np.int64) << 32 | c.astype(np.int64), return_counts=True)
     shapes = ((key >> 32).astype(np.float64), (key & 0xFFFFFFFF).astype(np.float64), count.astype(np.float64))
+    # own context x = s + k, k uniform over the decode: E[x] = s + (OL + 1)/2, E[x²] ≈ s² + s·OL + OL²/3
+    own = np.asarray(inp, dtype=np.float64) - np.asarray(cached, dtype=np.float64)
+    weight = out / out.sum()
     return WorkloadMoments(float(compute.mean()), float(n.mean()), float(out.mean()),
-                           float((out * own_ctx).sum() / out.sum()), float(c.mean()), float(c.max(initial=0.0)),
-                           shapes)
+                           float((out * own_ctx).sum() / out.sum()), float(c.max(initial=0.0)),
+                           float((weight * (own + (out + 1.0) / 2.0)).sum()),
+                           float((weight * (own * own + own * out + out * out / 3.0)).sum()), shapes)
 
 
 @dataclass(frozen=True)
@@ -593,8 +606,8 @@ def operating_point(coef: ServiceCoefficients, m: WorkloadMoments, rate_per_serv
     """Mean decode batch by Little's law B̄ = λ_s·E[OL]·τ(B̄) (GAUSS §3.8, closed form since d is
     affine in B) at the chunk Δ = budget − ⌊B̄⌋ (a fixed point: a few iterations); raise
     Infeasible when decode (1 − ρ_c − λ·E[OL]·(r + s·c̄) ≤ 0), prefill (ρ = λ·E[S] ≥ 1), the
-    batch cap (ρ + B̄ ≥ slots) or the KV cache (B̄·(c̄ − c̄_cached + block/2) + shared prefix ≥
-    capacity) is unstable."""
+    batch cap (ρ + B̄ ≥ slots) or the KV cache (the p99 of the decode batch's resident context
+    at capacity: module docstring) is unstable."""
     lam = float(rate_per_server_rps)
     budget = float(coef.chunk_tokens)
     delta, tried = budget, []
@@ -620,12 +633,17 @@ def operating_point(coef: ServiceCoefficients, m: WorkloadMoments, rate_per_serv
             raise Infeasible("batch", f"the running set needs ρ + B̄ = {rho + b:.4g} ≥ {slots} sequences "
                              f"(max_num_seqs) at {lam:.4g} req/s per server", utilisation=(rho + b) / slots)
         if limits.kv_capacity_tokens is not None:
-            per_seq = m.context_tokens - m.cached_tokens + limits.block_size / 2.0
-            need = b * per_seq + m.shared_prefix_tokens
+            # resident context of B ~ Poisson(B̄) sequences: compound Poisson, mean B̄·E[x], variance
+            # B̄·E[x²] (x own context + half a block); its KV_QUANTILE must fit, else recompute
+            # preemption thrashes (SARA's C2 at p_mem, normal approximation; checked on the twin)
+            half = limits.block_size / 2.0
+            mean_x = m.resident_tokens + half
+            m2_x = m.resident_m2_tokens2 + 2.0 * half * m.resident_tokens + half * half
+            need = b * mean_x + KV_Z * math.sqrt(b * m2_x) + m.shared_prefix_tokens
             if need >= limits.kv_capacity_tokens:
-                raise Infeasible("kv", f"the decode batch B̄ = {b:.4g} holds {need:.4g} KV tokens on average, ≥ the "
-                                 f"cache's {limits.kv_capacity_tokens} at {lam:.4g} req/s per server",
-                                 utilisation=need / limits.kv_capacity_tokens)
+                raise Infeasible("kv", f"the resident context of the decode batch (B̄ = {b:.4g}) reaches {need:.4g} "
+                                 f"tokens at its p{KV_QUANTILE * 100:g}, ≥ the cache's {limits.kv_capacity_tokens} "
+                                 f"at {lam:.4g} req/s per server", utilisation=need / limits.kv_capacity_tokens)
     return OperatingPoint(lam, b, dbar, tau, f, compute / max(chunks, 1e-300), service, rho, delta, compute, chunks,
                           rho + b)
 
@@ -836,8 +854,9 @@ class GaussResult:
     prefill_chunk_tokens: float | None = None  # Δ = budget − ⌊B̄⌋ at this rate
     admission_wait: LatencyStats | None = None  # the wait the batch cap and the KV cache add
     admission_wait_fraction: float | None = None  # P(that wait > 0)
-    preempted_fraction: float | None = None  # requests preempted (recompute) per request
-    preemption_mean_s: float | None = None  # latency a preemption adds to its request, mean
+    preempted_fraction: float | None = None  # share of requests preempted (recompute) at least once
+    preemptions_per_request: float | None = None
+    preemption_mean_s: float | None = None  # latency preemptions add to a preempted request, mean
 
 
 # --------------------------------------------------------------------------- engine
@@ -898,8 +917,9 @@ class _Limited:
     """What the engine's limits did to the kept requests of one evaluation."""
 
     admission_wait_s: np.ndarray  # queueing delay the batch cap and the KV cache add (W − W uncapped)
-    preempted: np.ndarray  # bool: preempted (recompute) once
-    preemption_s: np.ndarray  # latency the recompute adds to a preempted request (0 elsewhere)
+    preemptions: np.ndarray  # times each request was preempted (recompute)
+    first_token_delay_s: np.ndarray  # what preemptions before the first token add to TTFT
+    decode_delay_s: np.ndarray  # what preemptions after it add to the decode time
 
 
 LIMIT_PASSES = 3  # fixed-point passes of admission ↔ decode windows once a limit binds (p95 TTFT within ~3%)
@@ -936,7 +956,7 @@ def _evaluate(draws: _Draws, coef: ServiceCoefficients | None, moments: Workload
     tbt_all = tbt_of(W_all, S, slot_steps, lag) if (want_tbt or limits is not None) else None
     limited = None
     if limits is not None:
-        W_all, S, lag, tbt_all, limited, pre_first = _apply_limits(
+        W_all, S, lag, tbt_all, limited = _apply_limits(
             coef, moments, op, limits, draws, inter, servers, full_s, S, shared, lag, n, W_all, tbt_all, tbt_of, warm)
     W = W_all[:, warm:]
     ttft = W + S[:, warm:] + coef.request_overhead_s  # GAUSS §3.7
@@ -947,17 +967,16 @@ def _evaluate(draws: _Draws, coef: ServiceCoefficients | None, moments: Workload
         # for a fixed length), the engine being busy with probability 1 − e^{−B̄} (PASTA)
         busy = -math.expm1(-op.decode_batch)
         ttft = ttft + np.where(W == 0.0, draws.u_residual[:, warm:] * op.decode_step_s * busy, 0.0)
+    preempted = limited is not None and limited.preemptions.any()
+    if preempted:  # waiting for re-admission and the recompute delay the first token, or the later ones
+        ttft = ttft + limited.first_token_delay_s
     tbt = None
     if want_tbt:
         tbt = tbt_all[:, warm:]
         out = draws.out[:, warm:]
-        if limited is not None and limited.preempted.any():
-            # the recompute of a preempted request delays its first token, or its later ones (§ limits)
-            ttft = ttft + np.where(pre_first, limited.preemption_s, 0.0)
-            tbt = tbt + np.where(pre_first, 0.0, limited.preemption_s) / np.maximum(out - 1.0, 1.0)
+        if preempted:
+            tbt = tbt + limited.decode_delay_s / np.maximum(out - 1.0, 1.0)
         tbt = np.where(out >= 2.0, tbt, -1.0)  # one output token: no TBT
-    elif limited is not None and limited.preempted.any():
-        ttft = ttft + np.where(pre_first, limited.preemption_s, 0.0)
     return ttft, tbt, W, S[:, warm:], op, limited
 
 
@@ -1014,8 +1033,8 @@ def _tbt_mean_field(coef, moments, op, inp, out, z_batch, z_chunk, slots=None):
 def _apply_limits(coef, moments, op, limits, draws, inter, servers, full_s, S, shared, lag, chunks, W_all, tbt_all,
                   tbt_of, warm):
     """The path under the batch cap and the KV cache (module docstring, "Engine limits"):
-    (W, S, lag, TBT for every column, _Limited on the kept columns, whether each kept preemption
-    comes before the first token). Unchanged where no limit binds on the uncapped path."""
+    (W, S, lag, TBT for every column, _Limited on the kept columns). Unchanged where no limit
+    binds on the uncapped path."""
     arrival = np.cumsum(inter, axis=1)
     out = draws.out
     slots = servers * limits.slots  # k engines behind one queue pool their running sets
@@ -1023,24 +1042,31 @@ def _apply_limits(coef, moments, op, limits, draws, inter, servers, full_s, S, s
     if limits.kv_capacity_tokens is not None:  # the longest cached prefix is resident once
         kv = servers * limits.kv_capacity_tokens - moments.shared_prefix_tokens
     prompt = draws.inp - draws.cached + limits.block_size / 2.0  # own blocks, half a block rounding
+    steps = np.maximum(out - 1.0, 0.0)
 
     def windows(W_all, S, lag, tbt_all):  # (start, first token, departure, tokens/s of KV growth)
         start = arrival + W_all
         first = start + S + lag
-        decoding = out >= 2.0
-        return (start, first, first + np.where(decoding, (out - 1.0) * tbt_all, 0.0),
-                np.where(decoding, 1.0 / np.maximum(tbt_all, 1e-300), 0.0))
+        return (start, first, first + np.where(steps > 0, steps * tbt_all, 0.0),
+                np.where(steps > 0, 1.0 / np.maximum(tbt_all, 1e-300), 0.0))
 
     start, first, dep, growth = windows(W_all, S, lag, tbt_all)
     kept = (slice(None), slice(warm, None))
     none = np.zeros(out[kept].shape)
     if not _limits_bind(start, first, dep, prompt, growth, slots, kv):
-        return W_all, S, lag, tbt_all, _Limited(none, none.astype(bool), none), none.astype(bool)
+        return W_all, S, lag, tbt_all, _Limited(none, none, none, none)
     unshared = np.zeros(S.shape, dtype=bool) if shared is None else shared
+    if kv is not None:  # a preempted request recomputes its prompt and the tokens it has (§3.2 at Δ, §3.4)
+        top_s, top_n = prefill_compute_s(coef, draws.inp + steps, draws.cached, op.chunk_tokens)
+        redo = (full_s, top_s + top_n * op.decode_step_s, steps)
     hold = dep - first
     for k in range(LIMIT_PASSES):
-        p, p0, S_used, switched = _admit(arrival, S, full_s, unshared, lag, hold, servers, slots, kv,
-                                         prompt, growth)
+        if kv is None:
+            p, p0, S_used, switched = _admit(arrival, S, full_s, unshared, lag, hold, servers, slots)
+            preemptions = first_delay = decode_delay = np.zeros(S.shape)
+        else:
+            p, p0, S_used, switched, preemptions, first_delay, decode_delay = _admit_kv(
+                arrival, S, full_s, unshared, lag, hold, servers, slots, kv, prompt, growth, *redo)
         lag_now = lag
         if shared is not None:
             now = shared & ~switched  # a request the limits held back no longer shares its predecessor's step
@@ -1054,31 +1080,22 @@ def _apply_limits(coef, moments, op, limits, draws, inter, servers, full_s, S, s
         # the next pass holds seats for the mean of the last two decode windows: the plain
         # iteration oscillates (long holds queue requests, which shortens the next pass's holds)
         hold = 0.5 * (hold + dep - first) if k else dep - first
-    admission = (p - p0)[kept]
-    preempted, cost, pre_first = none.astype(bool), none, none.astype(bool)
-    if kv is not None:
-        victim, at_s = _preemptions(start, first, dep, prompt, growth, kv)
-        if victim.any():
-            generated = np.clip((at_s - first) * growth, 0.0, np.maximum(out - 1.0, 0.0))
-            redo_s, redo_n = prefill_compute_s(coef, draws.inp + generated, draws.cached, op.chunk_tokens)
-            redo_s = np.where(victim, redo_s + redo_n * op.decode_step_s, 0.0)  # GAUSS §3.4 for the recompute
-            preempted, cost, pre_first = victim[kept], redo_s[kept], (victim & (at_s < first))[kept]
-    return W_new, S_used, lag_now, tbt_all, _Limited(admission, preempted, cost), pre_first
+    return W_new, S_used, lag_now, tbt_all, _Limited((p - p0)[kept], preemptions[kept], first_delay[kept],
+                                                     decode_delay[kept])
 
 
-def _admit(arrival, service, unshared_service, shared, lag, decode, servers, slots, kv, prompt, growth):
-    """Prefill starts p_i under FCFS with ``servers`` prefill slots, ``slots`` running-set
-    seats and a KV cache of ``kv`` tokens, per chain (the recurrence of the module docstring):
+def _admit(arrival, service, unshared_service, shared, lag, decode, servers, slots):
+    """Prefill starts p_i under FCFS with ``servers`` prefill slots and ``slots`` running-set
+    seats, per chain (the recurrence of the module docstring):
 
-        p_i = max(a_i, e_i, h_i, κ_i),  e_i the earliest free prefill slot, h_i the earliest
-        free seat (Kiefer–Wolfowitz over seats: a heap of their free times), κ_i the first time
-        the resident context R(t) of the running set leaves room for the prompt.
+        p_i = max(a_i, e_i, h_i),  e_i the earliest free prefill slot, h_i the earliest free
+        seat (Kiefer–Wolfowitz over seats: a heap of their free times).
 
     A seat is held from p_i to the departure p_i + S_i + lag_i + decode_i. Also returns the
-    starts p0 of the prefill slots alone (no cap, no KV), the service used (a request the
-    limits hold back pays its own first chunk step: it no longer shares a predecessor's) and
-    which requests that happened to. A Python loop with O(log k) heap steps per request."""
-    from heapq import heappop, heappush, heapreplace
+    starts p0 of the prefill slots alone (no cap), the service used (a request the cap holds
+    back pays its own first chunk step: it no longer shares a predecessor's) and which
+    requests that happened to. A Python loop with O(log k) heap steps per request."""
+    from heapq import heapreplace
 
     chains, n = arrival.shape
     p_out, p0_out = np.empty_like(arrival), np.empty_like(arrival)
@@ -1086,39 +1103,147 @@ def _admit(arrival, service, unshared_service, shared, lag, decode, servers, slo
     for row in range(chains):
         a, s_l, u_l = arrival[row].tolist(), service[row].tolist(), unshared_service[row].tolist()
         sh, lg, dc = shared[row].tolist(), lag[row].tolist(), decode[row].tolist()
-        r0, g = prompt[row].tolist(), growth[row].tolist()
         pre, pre0, seats = [0.0] * servers, [0.0] * servers, [0.0] * slots
         p, p0, used, switched = [0.0] * n, [0.0] * n, list(s_l), [False] * n
-        running, first_l = [], [0.0] * n  # KV: (departure, i) of the running set, and first tokens
-        base = rate = rate_at = 0.0  # R(t) = base + rate·t − rate_at: Σ r0 + Σ g·(t − first)
         for i in range(n):
             ai = a[i]
             t0 = pre0[0] if pre0[0] > ai else ai
             heapreplace(pre0, t0 + s_l[i])
             free = pre[0] if pre[0] > ai else ai
             t = seats[0] if seats[0] > free else free
-            if kv is not None:
-                while running and running[0][0] <= t:
-                    _, j = heappop(running)
-                    base, rate, rate_at = base - r0[j], rate - g[j], rate_at - g[j] * first_l[j]
-                while running and base + rate * t - rate_at + r0[i] > kv:  # wait for the next departure
-                    t, j = heappop(running)
-                    base, rate, rate_at = base - r0[j], rate - g[j], rate_at - g[j] * first_l[j]
             si, lag_i = s_l[i], lg[i]
             if t > free and sh[i]:
                 si, lag_i = u_l[i], 0.0
                 used[i], switched[i] = si, True
             heapreplace(pre, t + si)
-            end = t + si
-            dep = end + lag_i + dc[i]
-            heapreplace(seats, dep)
-            if kv is not None:
-                first_l[i] = end + lag_i
-                heappush(running, (dep, i))
-                base, rate, rate_at = base + r0[i], rate + g[i], rate_at + g[i] * first_l[i]
+            heapreplace(seats, t + si + lag_i + dc[i])
             p[i], p0[i] = t, t0
         p_out[row], p0_out[row], s_out[row], sw_out[row] = p, p0, used, switched
     return p_out, p0_out, s_out, sw_out
+
+
+def _admit_kv(arrival, service, unshared_service, shared, lag, decode, servers, slots, kv, prompt, growth,
+              redo_first_s, redo_last_s, steps):
+    """:func:`_admit` with a KV cache of ``kv`` tokens, event by event per chain (module
+    docstring, "KV cache"). The running set's resident context is R(t) = Σ r_j + g_j·(t − f_j)
+    (r_j resident at its admission, g_j = 1/τ_j tokens/s from its first token f_j). A request
+    is admitted when a seat is free, no preempted request waits and R leaves room for its
+    prompt; when R reaches ``kv`` the newest running request is preempted (recompute): it
+    frees its blocks and waits at the front of the queue; re-admitted when a departure leaves
+    room, it recomputes its prompt and the k tokens it had on a prefill slot (``redo_first_s``
+    + (``redo_last_s`` − ``redo_first_s``)·k/``steps``) and decodes the rest. Returns (p, p0,
+    service used, switched, preemptions, first-token delay, decode delay per request)."""
+    from heapq import heappop, heappush, heapreplace
+
+    inf = math.inf
+    chains, n = arrival.shape
+    outs = [np.empty_like(arrival), np.empty_like(arrival), service.copy(), np.zeros(arrival.shape, dtype=bool),
+            np.zeros(arrival.shape), np.zeros(arrival.shape), np.zeros(arrival.shape)]
+    for row in range(chains):
+        a, s_l, u_l = arrival[row].tolist(), service[row].tolist(), unshared_service[row].tolist()
+        sh, lg, dc, r0, g = (x[row].tolist() for x in (shared, lag, decode, prompt, growth))
+        lo, hi, st = redo_first_s[row].tolist(), redo_last_s[row].tolist(), steps[row].tolist()
+        pre, pre0 = [0.0] * servers, [0.0] * servers
+        p, p0, used, switched = [0.0] * n, [0.0] * n, list(s_l), [False] * n
+        preempted, first, token, done, gone = [0] * n, [0.0] * n, [inf] * n, [0.0] * n, [0.0] * n
+        resident, gen, live = list(r0), [0] * n, [False] * n
+        running, order, waiting = [], [], []  # departures (t, i, gen); admission order; preempted
+        state = [0.0, 0.0, 0.0, 0, 0.0]  # Σ r, Σ g, Σ g·f over the running set, seats taken, clock
+
+        def enter(j, t_start, slot_s, lag_s):  # j takes a prefill slot at t_start, then decodes
+            heapreplace(pre, t_start + slot_s)
+            first[j] = t_start + slot_s + lag_s
+            if token[j] == inf:  # its first token comes at the end of this (re)computed prefill
+                token[j] = first[j]
+            rest = dc[j] * (1.0 - done[j] / st[j]) if st[j] else 0.0
+            heappush(running, (first[j] + rest, j, gen[j]))
+            live[j] = True
+            order.append(j)
+            state[0] += resident[j]
+            state[1] += g[j]
+            state[2] += g[j] * first[j]
+            state[3] += 1
+
+        def leave(j):
+            live[j] = False
+            state[0] -= resident[j]
+            state[1] -= g[j]
+            state[2] -= g[j] * first[j]
+            state[3] -= 1
+
+        def next_departure():
+            while running and gen[running[0][1]] != running[0][2]:
+                heappop(running)  # a preempted request's old departure
+            return running[0][0] if running else inf
+
+        def advance(until):  # departures, preemptions and re-admissions up to ``until``
+            while True:
+                d = next_departure()
+                base, rate, rate_at, taken, now = state
+                over = inf  # when R(t) = base + rate·t − rate_at reaches the cache
+                if taken > 1:
+                    if rate > 0.0:
+                        over = max(now, (kv - base + rate_at) / rate)
+                    elif base - rate_at > kv:
+                        over = now
+                if min(d, over) > until or d == over == inf:
+                    return
+                if over < d:  # preempt the newest running request (vLLM: the last of its running list)
+                    state[4] = over
+                    v = order.pop()
+                    while not live[v]:
+                        v = order.pop()
+                    leave(v)
+                    gen[v] += 1
+                    if over < token[v]:
+                        token[v] = inf  # no token yet: the prompt is recomputed in full
+                    else:
+                        done[v] = min(done[v] + max(over - first[v], 0.0) * g[v], st[v])
+                    resident[v] = r0[v] + done[v]
+                    preempted[v] += 1
+                    waiting.append(v)
+                    continue
+                _, j, _ = heappop(running)
+                leave(j)
+                gone[j] = state[4] = d
+                while waiting and state[3] < slots:  # the preempted go first, the last preempted first
+                    v = waiting[-1]
+                    if state[3] and state[0] + state[1] * d - state[2] + resident[v] > kv:
+                        break
+                    waiting.pop()
+                    redo = lo[v] + (hi[v] - lo[v]) * (done[v] / st[v] if st[v] else 0.0)
+                    enter(v, max(d, pre[0]), redo, 0.0)
+
+        last = 0.0
+        for i in range(n):
+            ai = a[i]
+            t0 = pre0[0] if pre0[0] > ai else ai
+            heapreplace(pre0, t0 + s_l[i])
+            free = max(ai, pre[0], last)  # FCFS: never before its predecessor
+            t = free
+            while True:
+                advance(t)
+                if pre[0] > t:  # a re-admitted request took the prefill slot
+                    t = pre[0]
+                    continue
+                base, rate, rate_at, taken, _ = state
+                if not waiting and taken < slots and (not taken or base + rate * t - rate_at + r0[i] <= kv):
+                    break
+                t = max(t, next_departure())  # wait for the next departure
+            si, lag_i = s_l[i], lg[i]
+            if t > free and sh[i]:
+                si, lag_i = u_l[i], 0.0
+                used[i], switched[i] = si, True
+            state[4] = last = t
+            enter(i, t, si, lag_i)
+            p[i], p0[i] = t, t0
+        advance(inf)
+        own_first = [p[j] + used[j] + (0.0 if switched[j] else lg[j]) for j in range(n)]
+        delay_first = [token[j] - own_first[j] if preempted[j] else 0.0 for j in range(n)]
+        delay_decode = [gone[j] - token[j] - dc[j] if preempted[j] else 0.0 for j in range(n)]
+        for arr, vals in zip(outs, (p, p0, used, switched, preempted, delay_first, delay_decode)):
+            arr[row] = vals
+    return tuple(outs)
 
 
 def _resident_tokens(t, start, first, dep, prompt, growth, at_departure: bool):
@@ -1153,34 +1278,6 @@ def _limits_bind(start, first, dep, prompt, growth, slots, kv) -> bool:
                     or _resident_tokens(dep[row], *args, at_departure=True).max(initial=0.0) > kv):
                 return True
     return False
-
-
-def _preemptions(start, first, dep, prompt, growth, kv):
-    """(preempted, when) per request (module docstring, "KV cache"): where the resident context
-    just before a departure exceeds ``kv`` by X, the newest admitted requests whose prompts
-    cover X are preempted (vLLM preempts the last of its running list); each at most once, at
-    the first overflow while it runs."""
-    victim = np.zeros(start.shape, dtype=bool)
-    at_s = np.zeros(start.shape)
-    for row in range(start.shape[0]):
-        args = (start[row], first[row], dep[row], prompt[row], growth[row])
-        excess = _resident_tokens(dep[row], *args, at_departure=True) - kv
-        over = excess > 0.0
-        if not over.any():
-            continue
-        t_over = dep[row][over]
-        newest = np.searchsorted(start[row], t_over, side="right") - 1
-        cum = np.concatenate(([0.0], np.cumsum(prompt[row])))
-        oldest = np.clip(np.searchsorted(cum, cum[newest + 1] - excess[over], side="right") - 1, 0, newest)
-        marks = np.zeros(start.shape[1] + 1)
-        np.add.at(marks, oldest, 1.0)
-        np.add.at(marks, newest + 1, -1.0)
-        t_sorted = np.sort(t_over)
-        k = np.searchsorted(t_sorted, start[row], side="left")  # the first overflow at or after its start
-        when = t_sorted[np.minimum(k, t_sorted.size - 1)]
-        hit = (np.cumsum(marks[:-1]) > 0.0) & (k < t_sorted.size) & (when < dep[row])
-        victim[row], at_s[row] = hit, np.where(hit, when, 0.0)
-    return victim, at_s
 
 
 def _occupancy_integral(starts, ends):
@@ -1250,6 +1347,7 @@ def _tbt_sample_path(coef, moments, op, inter, W, S, slot_steps, lag, inp, out, 
             tau = span / np.maximum(steps_end - steps_first + (span - busy) / d, 1e-12)
         tbt[row] = tau
     return tbt
+
 
 
 def _groups(x: np.ndarray, replications: int, valid: np.ndarray | None = None) -> list[np.ndarray]:
@@ -1412,12 +1510,13 @@ def _limit_fields(limited: _Limited | None, limits: EngineLimits | None, op, rep
     """GaussResult's engine-limit fields from one evaluation (None without limits)."""
     if limited is None:
         return {}
-    preempted = limited.preempted
+    preempted = limited.preemptions > 0
+    delay_s = limited.first_token_delay_s + limited.decode_delay_s
     return dict(limits=limits, prefill_chunk_tokens=op.chunk_tokens,
                 admission_wait=latency_stats(_groups(limited.admission_wait_s, replications), quantile),
                 admission_wait_fraction=float(np.mean(limited.admission_wait_s > 0.0)),
-                preempted_fraction=float(preempted.mean()),
-                preemption_mean_s=float(limited.preemption_s[preempted].mean()) if preempted.any() else 0.0)
+                preempted_fraction=float(preempted.mean()), preemptions_per_request=float(limited.preemptions.mean()),
+                preemption_mean_s=float(delay_s[preempted].mean()) if preempted.any() else 0.0)
 
 
 def _engine_draws(workload, coef, rng, servers, burst_cv, samples, replications, limits, **positive):
@@ -1466,7 +1565,7 @@ def simulate(
         workload, coef, rng, servers, burst_cv, samples, replications, limits, slo_ttft_s=slo_ttft_s,
         slo_tbt_s=slo_tbt_s)
     if rate >= stable_rps:
-        why = {"batch": "the running set fills max_num_seqs", "kv": "the decode batch fills the KV cache"}
+        why = {"batch": "the running set fills max_num_seqs", "kv": "the KV cache cannot hold the decode batch"}
         raise Infeasible(stage, f"{rate:.4g} req/s is at or past the stability limit {stable_rps:.4g} req/s "
                          f"({servers} server{'s' if servers > 1 else ''}; {why.get(stage, 'ρ ≥ 1')})",
                          stable_rate_rps=stable_rps)
