@@ -1053,8 +1053,11 @@ def _apply_limits(coef, moments, op, limits, draws, inter, servers, full_s, S, s
     start, first, dep, growth = windows(W_all, S, lag, tbt_all)
     kept = (slice(None), slice(warm, None))
     none = np.zeros(out[kept].shape)
-    if not _limits_bind(start, first, dep, prompt, growth, slots, kv):
+    seats_bind, kv_binds = _limits_bind(start, first, dep, prompt, growth, slots, kv)
+    if not (seats_bind or kv_binds):
         return W_all, S, lag, tbt_all, _Limited(none, none, none, none)
+    if not kv_binds:
+        kv = None  # a cache the uncapped path never fills holds the capped one too (fewer run at once)
     unshared = np.zeros(S.shape, dtype=bool) if shared is None else shared
     if kv is not None:  # a preempted request recomputes its prompt and the tokens it has (§3.2 at Δ, §3.4)
         top_s, top_n = prefill_compute_s(coef, draws.inp + steps, draws.cached, op.chunk_tokens)
@@ -1262,22 +1265,22 @@ def _resident_tokens(t, start, first, dep, prompt, growth, at_departure: bool):
     return held + grown - gone
 
 
-def _limits_bind(start, first, dep, prompt, growth, slots, kv) -> bool:
-    """Whether a limit binds anywhere on a path: a request starts with ≥ ``slots`` others still
-    running (#{j < i: dep_j > p_i} = i − #{j: dep_j ≤ p_i}, as later requests start later), or
-    the resident context exceeds ``kv`` just after an admission or just before a departure (its
-    local maxima: R only grows between departures)."""
+def _limits_bind(start, first, dep, prompt, growth, slots, kv) -> tuple[bool, bool]:
+    """Whether the seats and the KV cache bind anywhere on a path: a request starts with ≥
+    ``slots`` others still running (#{j < i: dep_j > p_i} = i − #{j: dep_j ≤ p_i}, as later
+    requests start later); the resident context exceeds ``kv`` just after an admission or just
+    before a departure (its local maxima: R only grows between departures)."""
     n = start.shape[1]
+    seats = cache = False
     for row in range(start.shape[0]):
-        running = np.arange(n) - np.searchsorted(np.sort(dep[row]), start[row], side="right")
-        if running.max(initial=0) >= slots:
-            return True
-        if kv is not None:
+        if not seats:
+            running = np.arange(n) - np.searchsorted(np.sort(dep[row]), start[row], side="right")
+            seats = bool(running.max(initial=0) >= slots)
+        if kv is not None and not cache:
             args = (start[row], first[row], dep[row], prompt[row], growth[row])
-            if (_resident_tokens(start[row], *args, at_departure=False).max(initial=0.0) > kv
-                    or _resident_tokens(dep[row], *args, at_departure=True).max(initial=0.0) > kv):
-                return True
-    return False
+            cache = bool(_resident_tokens(start[row], *args, at_departure=False).max(initial=0.0) > kv
+                         or _resident_tokens(dep[row], *args, at_departure=True).max(initial=0.0) > kv)
+    return seats, cache
 
 
 def _occupancy_integral(starts, ends):
