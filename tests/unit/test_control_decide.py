@@ -189,6 +189,31 @@ def test_a_rate_served_within_the_slo_is_a_floor_under_gauss(profiles_csv):
     assert (low, low_bind) == (n_model, bind_model)
 
 
+def test_replicas_are_sized_at_the_cap_and_memory_they_apply(profiles_csv):
+    """GAUSS's λ* per replica is found with the engine's own limits at the settings the pool
+    would run: a tight cap queues requests for a seat (TTFT) and a small reservation fills the
+    KV cache, each lowering λ* and raising the replica count."""
+    from kneecap.model.arch import get_arch
+    from kneecap.model.hardware import get_gpu
+    from kneecap.model.memory import memory_split
+
+    cal, obs = _opt_fit(profiles_csv)
+    spec = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb", "costPerHour": 4},
+                       "engine": {"image": "vllm", "maxNumSeqs": 64}, "slo": {"ttftSeconds": 1.0, "tpotSeconds": 0.05}})
+    runs = {s: decide.colocated_replicas(spec, cal, obs, settings=s) for s in (
+        EngineSettings(256, 0.9, None, 1), EngineSettings(16, 0.9, None, 1), EngineSettings(256, 0.06, None, 1),
+        EngineSettings(256, 0.9, 2 * 2**30, 1))}
+    (wide, tight, small, sized) = runs.values()
+    lam = lambda run: run[2]["sustainableRequestsPerSecondPerReplica"]  # noqa: E731
+    arch, gpu = get_arch("opt-1.3b"), get_gpu("h100-64gb")  # the pod's measured non-KV memory (§5.3)
+    kv_0_9 = memory_split(arch, gpu, 0.9, 256, measured_non_kv_bytes=decide.measured_non_kv_bytes(arch, gpu, obs))
+    kv_0_9 = kv_0_9.kv_capacity_tokens
+    assert wide[2]["gaussMaxNumSeqs"] == 256 and wide[2]["gaussKvCacheTokens"] == kv_0_9
+    assert tight[2]["gaussMaxNumSeqs"] == 16 and lam(tight) < 0.5 * lam(wide) and tight[0] > wide[0]
+    assert small[1] == "kv" and lam(small) < 0.5 * lam(wide) and small[0] > wide[0]
+    assert sized[2]["gaussKvCacheTokens"] == 2 * 2**30 // arch.kv_bytes_per_token // 16 * 16
+
+
 def test_the_tpot_slo_reads_the_per_request_tpot_and_falls_back_to_itl(profiles_csv):
     """vLLM's per-request TPOT p95 is what a TPOT SLO means (and what GAUSS predicts); ITL p95
     (every token's gap, stalls included) is read only where the engine does not export it."""

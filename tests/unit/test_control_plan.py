@@ -82,6 +82,18 @@ def test_a_fresh_window_in_enforce_patches_once_with_the_applied_record_in_the_s
         P.MetricUpdate("set", "observation_consecutive_failures", LABELS, 0.0)]
 
 
+def test_replicas_are_sized_by_gauss_at_the_cap_and_memory_recommended(curve):
+    from kneecap.control import decide
+
+    status, ring = ring_status(curve)
+    obs = replace(observation(curve[32]), t_end_s=NOW)
+    p = P.plan(gathered(P.PoolWindow("server", live_pool(), P.OBSERVED, observation=obs), ring), status, SPEC, NOW)
+    rec, alloc = p.status["recommendation"], p.status["allocation"]
+    assert alloc["gaussMaxNumSeqs"] == rec["maxNumSeqs"] != 32  # the recommended cap, not the live one
+    assert alloc["gaussKvCacheTokens"] == decide._kv_capacity_tokens(SPEC, obs, rec["gpuMemoryUtilization"],
+                                                                     rec["maxNumSeqs"])
+
+
 @pytest.mark.parametrize("outcome, message, reason", [
     (P.UNUSABLE, "http://10.0.0.1:8000/metrics: invalid_value:vllm:num_requests_running", "MetricsUnusable"),
     (P.UNUSABLE, "http://10.0.0.1:8000/metrics: truncated:vllm:e2e_request_latency_seconds_bucket",

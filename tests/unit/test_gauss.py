@@ -247,11 +247,16 @@ def test_operating_point_obeys_littles_law():
     m = g.workload_moments(COEF, inp, cached, out)
     op = g.operating_point(COEF, m, 2.0)
     assert op.decode_batch == pytest.approx(2.0 * m.output_tokens * op.mean_step_s, rel=1e-9)
+    # the running decodes take their budget tokens first: chunks of Δ = 512 − ⌊B̄⌋ (B̄ ≈ 5)
+    assert op.chunk_tokens == 512 - math.floor(op.decode_batch) < 512
+    compute, chunks = g.prefill_compute_s(COEF, inp, cached, op.chunk_tokens)
+    assert (op.prefill_compute_s, op.chunks) == pytest.approx((compute.mean(), chunks.mean()), rel=1e-12)
+    assert op.chunks > m.chunks
     # a decoding request sees itself plus B̄ others: τ = d(1 + B̄, (1 + B̄)·c̄)/(1 − ρ_c)
     tagged = g.decode_step_s(COEF, 1 + op.decode_batch, (1 + op.decode_batch) * m.context_tokens)
-    assert op.mean_step_s == pytest.approx(tagged / (1 - 2.0 * m.prefill_compute_s), rel=1e-12)
+    assert op.mean_step_s == pytest.approx(tagged / (1 - 2.0 * op.prefill_compute_s), rel=1e-12)
     assert op.utilisation == pytest.approx(2.0 * op.mean_service_s)
-    tau_sys = op.decode_step_s / (1 - 2.0 * m.prefill_compute_s)  # engine steps, empty batches cost p
+    tau_sys = op.decode_step_s / (1 - 2.0 * op.prefill_compute_s)  # engine steps, empty batches cost p
     assert op.chunk_step_fraction == pytest.approx(op.utilisation * tau_sys / (op.mean_chunk_s + op.decode_step_s),
                                                    rel=1e-9)
 

@@ -176,3 +176,60 @@ def test_e2e_quantiles_and_prefill_packing_switch(capsys):
     code, paper, _ = run_json(capsys, [*argv, "--no-prefill-packing"])
     assert code == 0 and paper["coefficients"]["prefill_packing"] is False
     assert paper["ttft_s"]["p99"] > packed["ttft_s"]["p99"]
+
+
+@pytest.mark.parametrize("argv, field", [
+    (["--max-num-seqs", "0"], "max_num_seqs"),
+    (["--max-num-active-seqs", "-1"], "max_num_active_seqs"),
+    (["--max-num-batched-tokens", "128"], "max_num_batched_tokens"),  # below vLLM's default cap 256
+    (["--kv-cache-memory-bytes", "4G"], "kv_cache_memory_bytes"),  # explicit coefficients: no KV bytes per token
+    (["--num-gpu-blocks-override", "0"], "num_gpu_blocks_override"),
+    (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization"),
+    (["--block-size", "0"], "block_size"),
+])
+def test_bad_engine_limits_exit_2_naming_the_flag(capsys, argv, field):
+    code, out, err = run_json(capsys, ["--rate", "1", *ENGINE, "--samples", "1000", "--sweep-points", "0", *argv])
+    assert code == 2 and out is None
+    (line,) = err.splitlines()
+    assert json.loads(line)["field"] == field
+
+
+def test_memory_flags_are_mutually_exclusive(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", "--rate", "1", "--model", "llama-3.1-8b", "--gpu", "a100-80gb", "--input-mean", "100",
+              "--output-mean", "10", "--gpu-memory-utilization", "0.5", "--kv-cache-memory-bytes", "4G", "--json"])
+    (line,) = capsys.readouterr().err.splitlines()
+    assert exc.value.code == 2 and "not allowed with argument" in json.loads(line)["error"]
+
+
+def test_engine_limits_default_to_vllms_and_move_latency(capsys):
+    """vLLM's defaults per GPU; a tight --max-num-seqs moves latency from TPOT to TTFT; a small
+    KV cache (--num-gpu-blocks-override) preempts; prefix caching off recomputes --cached-tokens."""
+    wl = ["--input-mean", "2000", "--output-mean", "300", "--samples", "40000", "--sweep-points", "0"]
+    code, big, _ = run_json(capsys, ["--rate", "1", "--model", "llama-3.1-8b", "--gpu", "h100-80gb", *wl])
+    assert code == 0 and big["limits"]["max_num_seqs"] == 1024 and big["limits"]["max_num_batched_tokens"] == 8192
+    assert big["coefficients"]["chunk_tokens"] == 8192 and big["limits"]["kv_capacity_tokens"] > 100_000
+    assert big["admission_wait_probability"] == 0.0 and big["preempted_fraction"] == 0.0
+    base = ["--rate", "3", *ENGINE, "--samples", "100000", "--sweep-points", "0"]
+    code, free, _ = run_json(capsys, base)
+    assert code == 0 and free["limits"] == {"max_num_seqs": 256, "max_num_active_seqs": None,
+                                            "max_num_batched_tokens": 2048, "kv_capacity_tokens": None,
+                                            "block_size": 16, "enable_prefix_caching": True}
+    code, tight, _ = run_json(capsys, [*base, "--max-num-seqs", "10"])
+    assert code == 0 and tight["limits"]["max_num_seqs"] == 10
+    assert tight["ttft_s"]["p95"] > 2 * free["ttft_s"]["p95"] and tight["tbt_s"]["p95"] < free["tbt_s"]["p95"]
+    assert tight["admission_wait_probability"] > 0.05 and tight["admission_wait_s"]["mean"] > 0
+    code, small, _ = run_json(capsys, [*base, "--num-gpu-blocks-override", "1500"])
+    assert code == 0 and small["limits"]["kv_capacity_tokens"] == 24_000 and small["preempted_fraction"] > 0
+    assert small["preemption_mean_s"] > 0 and small["e2e_s"]["mean"] > free["e2e_s"]["mean"]
+    cached = [*base, "--cached-tokens", "400"]
+    code, on, _ = run_json(capsys, cached)
+    code, off, _ = run_json(capsys, [*cached, "--no-enable-prefix-caching"])
+    assert on["ttft_s"]["p50"] < off["ttft_s"]["p50"] and off["limits"]["enable_prefix_caching"] is False
+
+
+def test_the_old_chunk_tokens_spelling_still_works_with_a_warning(capsys):
+    code, out, err = run_json(capsys, ["--rate", "1", *ENGINE, "--samples", "1000", "--sweep-points", "0",
+                                       "--chunk-tokens", "1024"])
+    assert code == 0 and "--chunk-tokens is deprecated, use --max-num-batched-tokens" in err
+    assert out["coefficients"]["chunk_tokens"] == 1024 == out["limits"]["max_num_batched_tokens"]

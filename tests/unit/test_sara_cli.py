@@ -114,3 +114,32 @@ def test_calibration_file_sets_prefill_time(capsys, tmp_path):
     assert calibrated["prefill_replicas"] >= 1
     rc, _, err = _run(capsys, BASE + ["--json", "--calibration", str(path), "--gpu", "h100-80gb"])
     assert rc == 2 and json.loads(err.splitlines()[0])["field"] == "calibration"
+
+
+def test_plan_colocated_by_gauss_with_the_engine_limits(capsys):
+    """GAUSS's λ* per replica is checked at the cap it would run with: a tight --max-num-seqs
+    lowers it (more replicas), even under a looser TTFT SLO; --max-num-seqs also bounds the
+    decode pool's max_num_seqs."""
+    argv = BASE + ["--colocated-gauss", "--samples", "20000", "--json"]
+    rc, out, _ = _run(capsys, argv + ["--max-num-seqs", "64"])
+    wide = json.loads(out)
+    assert rc == 0 and wide["max_num_seqs"] <= 64
+    c = wide["colocated"]
+    assert c["limits"]["max_num_seqs"] == 64 and c["limits"]["max_num_batched_tokens"] == 2048  # vLLM on an A100
+    assert c["limits"]["kv_capacity_tokens"] > 100_000 and 0 < c["sustainable_rate_per_replica_rps"]
+    rc, out, _ = _run(capsys, argv + ["--max-num-seqs", "3", "--slo-ttft-s", "2"])
+    tight = json.loads(out)["colocated"]
+    assert tight["rate_binding"] in ("ttft_slo", "batch") and tight["limits"]["max_num_seqs"] == 3
+    assert tight["sustainable_rate_per_replica_rps"] < c["sustainable_rate_per_replica_rps"]
+
+
+@pytest.mark.parametrize("extra, field", [
+    (["--kv-cache-memory-bytes", "4G"], "kv_cache_memory_bytes"),
+    (["--cached-tokens", "100"], "cached_tokens"),
+    (["--max-num-seqs", "0"], "max_num_seqs"),
+    (["--colocated-gauss", "--colocated-rate-per-replica", "4"], "colocated_rate_per_replica"),
+])
+def test_plan_engine_limits_need_the_colocated_gauss_plan(capsys, extra, field):
+    rc, out, err = _run(capsys, BASE + extra + ["--json"])
+    assert rc == 2 and out == ""
+    assert json.loads(err.splitlines()[0])["field"] == field

@@ -78,3 +78,62 @@ def add_slo(parser, *, ttft: float | None = None, tpot: float | None = None, wit
                         help="time-per-output-token SLO, seconds" + (f" (default {tpot:g})" if tpot else ""))
     for old in old_tpot:
         parser.add_argument(old, dest="slo_tpot_s", type=float, action=_DeprecatedAlias, new="--slo-tpot-s")
+
+
+def add_engine_limits(group) -> None:
+    """vLLM's own limits under vLLM's names, each defaulting to what vLLM does (GAUSS models
+    them: ``kneecap.model.gauss.EngineLimits``)."""
+    group.add_argument("--max-num-seqs", type=int, help="vLLM's batch cap (default: vLLM's, 1024 on ≥ 70 GiB GPUs "
+                                                          "but A100, else 256)")
+    group.add_argument("--max-num-active-seqs", type=int, help="vLLM ≥ 0.31's admission cap on the running set "
+                                                                 "(default: none; the smaller cap binds)")
+    group.add_argument("--max-num-batched-tokens", type=human_int,
+                       help="token budget per step (default: vLLM's, 8192 on ≥ 70 GiB GPUs but A100, else 2048)")
+    memory = group.add_mutually_exclusive_group()
+    memory.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                        help="fraction of GPU memory vLLM takes; the KV cache is what weights and buffers leave "
+                             "(needs --model and --gpu)")
+    memory.add_argument("--kv-cache-memory-bytes", type=human_int, help="KV cache size (e.g. 20G; needs --model)")
+    group.add_argument("--num-gpu-blocks-override", type=int, help="KV cache in blocks (overrides the memory flags)")
+    group.add_argument("--block-size", type=int, default=16)
+    group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                       help="cached prefix tokens (--cached-tokens) cost no prefill (vLLM V1's default: on)")
+
+
+def engine_limits(args, arch=None, gpu=None):
+    """(GAUSS EngineLimits, token budget) from the flags of :func:`add_engine_limits`. With a
+    catalog model and GPU, vLLM's defaults for the GPU and its memory split; without, vLLM's
+    defaults off large GPUs (256 sequences, 2048 tokens) and a KV cache only from
+    --num-gpu-blocks-override."""
+    from kneecap.errors import InputError
+    from kneecap.model import gauss
+
+    for name in ("max_num_seqs", "max_num_active_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes",
+                 "num_gpu_blocks_override", "block_size"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            raise InputError(name, f"expected a positive integer, got {v}")
+    u = args.gpu_memory_utilization
+    if not (math.isfinite(u) and 0 < u <= 1):
+        raise InputError("gpu_memory_utilization", f"expected a fraction in (0, 1], got {u}")
+    if arch is not None and gpu is not None:
+        return gauss.engine_limits_for(
+            arch, gpu, max_num_seqs=args.max_num_seqs, max_num_active_seqs=args.max_num_active_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens, gpu_memory_utilization=u,
+            kv_cache_memory_bytes=args.kv_cache_memory_bytes, num_gpu_blocks_override=args.num_gpu_blocks_override,
+            block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching)
+    if args.kv_cache_memory_bytes is not None:
+        raise InputError("kv_cache_memory_bytes", "--kv-cache-memory-bytes needs --model and --gpu (KV bytes per "
+                                                  "token); or give --num-gpu-blocks-override")
+    blocks = args.num_gpu_blocks_override
+    limits = gauss.EngineLimits(args.max_num_seqs or gauss.DEFAULT_MAX_NUM_SEQS, args.max_num_active_seqs,
+                                None if blocks is None else blocks * args.block_size, args.block_size,
+                                args.enable_prefix_caching)
+    return limits, args.max_num_batched_tokens or gauss.DEFAULT_MAX_NUM_BATCHED_TOKENS
+
+
+def limits_json(limits, budget_tokens: int) -> dict:
+    """The engine limits a GAUSS run used, under vLLM's names."""
+    return {"max_num_seqs": limits.max_num_seqs, "max_num_active_seqs": limits.max_num_active_seqs,
+            "max_num_batched_tokens": budget_tokens, "kv_capacity_tokens": limits.kv_capacity_tokens,
+            "block_size": limits.block_size, "enable_prefix_caching": limits.enable_prefix_caching}

@@ -1,4 +1,8 @@
-"""`kneecap plan`: SARA pool sizing for disaggregated serving under quantile SLOs and a budget."""
+"""`kneecap plan`: SARA pool sizing for disaggregated serving under quantile SLOs and a budget.
+
+With ``--colocated-gauss`` it also plans a colocated pool whose per-replica sustainable rate
+λ* GAUSS finds for the SLOs with the engine's own limits (vLLM's flags, ``common.add_engine_limits``);
+``--max-num-seqs`` also bounds the decode pool's max_num_seqs SARA chooses."""
 
 from __future__ import annotations
 
@@ -39,11 +43,19 @@ def add_arguments(p):
     p.add_argument("--prefill-cost", type=float, help="$/h per prefill GPU (default: the GPU catalog cost)")
     p.add_argument("--decode-cost", type=float, help="$/h per decode GPU (default: the GPU catalog cost)")
     p.add_argument("--kv-cost-per-gibps", type=float, default=0.1, help="$/h per GiB/s of KV link")
-    p.add_argument("--colocated-rate-per-replica", type=float, metavar="RPS",
-                   help="also plan a colocated pool from this per-replica sustainable rate λ* (e.g. GAUSS)")
+    colocated = p.add_mutually_exclusive_group()
+    colocated.add_argument("--colocated-rate-per-replica", type=float, metavar="RPS",
+                           help="also plan a colocated pool from this per-replica sustainable rate λ* (e.g. GAUSS)")
+    colocated.add_argument("--colocated-gauss", action="store_true",
+                           help="also plan a colocated pool, λ* per replica from GAUSS (log-normal lengths) with the "
+                                "engine limits below")
     p.add_argument("--colocated-gpus", type=int, default=1, help="GPUs per colocated replica")
     p.add_argument("--exhaustive", action="store_true", help="also run the exhaustive reference and report the gap")
     p.add_argument("--plot", metavar="PNG", help="write goodput vs budget (SARA, and exhaustive if asked)")
+    limits = p.add_argument_group("engine limits (vLLM's flags; --colocated-gauss, and --max-num-seqs for SARA)")
+    common.add_engine_limits(limits)
+    limits.add_argument("--cached-tokens", type=float, default=0.0, help="cached prefix tokens per request")
+    limits.add_argument("--samples", type=int, default=200_000, help="--colocated-gauss: simulated requests")
     common.add_json(p)
 
 
@@ -65,10 +77,8 @@ def _prefill_from_coeffs(text: str):
     return lambda il: a + b * np.asarray(il, dtype=float) + c * np.asarray(il, dtype=float) ** 2
 
 
-def _prefill_from_calibration(path: str, arch, gpu, m_p: int):
-    """Prefill of one request (batch 1) from a calibrated SLIM: F_pre/(η_c·m_p·F_max), floored by
-    streaming the weights at η_m·m_p·B_HBM (SLIM eqs 7–8 with B = 1)."""
-    from kneecap.model import calibrate, slim
+def _calibration(path: str, gpu):
+    from kneecap.model import calibrate
 
     try:
         text = Path(path).read_text()
@@ -77,7 +87,15 @@ def _prefill_from_calibration(path: str, arch, gpu, m_p: int):
     cal = calibrate.Calibration.from_json(text)
     if cal.gpu != gpu.key:
         raise InputError("calibration", f"calibrated on {cal.gpu}, but --gpu is {gpu.key}")
-    params = cal.slim_params
+    return cal
+
+
+def _prefill_from_calibration(path: str, arch, gpu, m_p: int):
+    """Prefill of one request (batch 1) from a calibrated SLIM: F_pre/(η_c·m_p·F_max), floored by
+    streaming the weights at η_m·m_p·B_HBM (SLIM eqs 7–8 with B = 1)."""
+    from kneecap.model import slim
+
+    params = _calibration(path, gpu).slim_params
     aa = slim.arch_arrays(arch)
     eta_c = float(params.eta_c)
     eta_m = float(getattr(params, "eta_m", 1.0) or 1.0)
@@ -103,6 +121,14 @@ def build(args):
     _finite("kv_cost_per_gibps", args.kv_cost_per_gibps, positive=False)
     if args.calibration and args.prefill_coeffs:
         raise InputError("calibration", "give --calibration or --prefill-coeffs, not both")
+    if not args.colocated_gauss:
+        for name in ("max_num_active_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes", "num_gpu_blocks_override"):
+            if getattr(args, name) is not None:
+                raise InputError(name, f"--{name.replace('_', '-')} applies to the colocated GAUSS plan: add --colocated-gauss")
+        if args.cached_tokens:
+            raise InputError("cached_tokens", "--cached-tokens applies to the colocated GAUSS plan: add --colocated-gauss")
+    if args.max_num_seqs is not None and args.max_num_seqs < 1:
+        raise InputError("max_num_seqs", f"expected a positive integer, got {args.max_num_seqs}")
     workload = sara.make_workload(args.input_mean, args.input_cv, args.output_mean, args.output_cv, args.tail)
     slo = sara.SLO(args.slo_ttft_s, args.slo_kv_s, args.slo_tpot_s, args.quantile, args.p_mem, args.p_join)
     costs = sara.Costs(args.prefill_cost or gpu.cost_per_hour, args.decode_cost or gpu.cost_per_hour,
@@ -114,7 +140,31 @@ def build(args):
     elif args.calibration:
         service = _prefill_from_calibration(args.calibration, arch, gpu, m_p)
     return sara.build_problem(arch, gpu, workload, slo, costs, prefill_service_s=service,
-                              prefill_gpus_per_replica=m_p)
+                              prefill_gpus_per_replica=m_p, max_num_seqs_cap=args.max_num_seqs or sara.MAX_NUM_SEQS_CAP)
+
+
+def colocated_gauss_rate(args, pb) -> dict:
+    """λ* of one colocated replica from GAUSS (what `kneecap simulate` runs) at the SLOs, with the
+    calibrated SLIM (or its uncalibrated defaults) and the engine's limits."""
+    from kneecap.model import gauss
+    from kneecap.model.slim import SlimParams
+
+    form, params = ("kneecap", SlimParams())
+    if args.calibration:
+        cal = _calibration(args.calibration, pb.gpu)
+        form, params = cal.form, cal.slim_params
+    limits, budget = common.engine_limits(args, pb.arch, pb.gpu)
+    coef = gauss.coefficients_for(pb.arch, pb.gpu, params, form=form, chunk_tokens=budget)
+    _finite("cached_tokens", args.cached_tokens, positive=False)
+    wl = gauss.Workload(gauss.LogNormalLength(args.input_mean, args.input_cv),
+                        gauss.LogNormalLength(args.output_mean, args.output_cv),
+                        gauss.FixedLength(args.cached_tokens) if args.cached_tokens else None)
+    res = gauss.sustainable_rate(wl, coef, rng=np.random.default_rng(0), samples=args.samples,
+                                 slo_ttft_s=args.slo_ttft_s, slo_tbt_s=args.slo_tpot_s, quantile=args.quantile,
+                                 limits=limits)
+    return {"sustainable_rate_per_replica_rps": res.rate_rps, "rate_binding": res.binding,
+            "stable_rate_per_replica_rps": res.stable_rate_rps, "note": res.note,
+            "limits": common.limits_json(limits, budget)}
 
 
 def _plot(path, pb, budget, with_exhaustive):
@@ -156,10 +206,12 @@ def run(args) -> int:
             "prefill_replicas", "decode_replicas", "kv_bandwidth_gibps", "max_num_seqs", "cost_per_hour")}
         out["gap_pct"] = (100.0 * (ex.goodput_rps - result.goodput_rps) / ex.goodput_rps
                           if ex.goodput_rps > 0 else 0.0)
-    if args.colocated_rate_per_replica is not None:
-        colo = sara.plan_colocated(args.colocated_rate_per_replica, args.colocated_gpus,
-                                   pb.costs.decode_gpu_per_hour, budget_per_hour=args.budget_per_hour)
-        out["colocated"] = colo.to_dict()
+    if args.colocated_rate_per_replica is not None or args.colocated_gauss:
+        found = colocated_gauss_rate(args, pb) if args.colocated_gauss else {}
+        lam = found.get("sustainable_rate_per_replica_rps", args.colocated_rate_per_replica)
+        colo = sara.plan_colocated(lam, args.colocated_gpus, pb.costs.decode_gpu_per_hour,
+                                   budget_per_hour=args.budget_per_hour)
+        out["colocated"] = {**colo.to_dict(), **found}
     if result.feasible:
         mu, sd = sara.decode_batch_stats(pb, result.goodput_rps, result.allocation.decode_replicas)
         a = result.allocation
@@ -211,3 +263,8 @@ def _print(out, pb):
         c = out["colocated"]
         print(f"colocated          {c['replicas']} replica(s), {c['goodput_rps']:.3f} req/s at {c['cost_per_hour']:.2f} $/h"
               if c["feasible"] else c["message"])
+        if "limits" in c:
+            lim = c["limits"]
+            print(f"colocated λ*       {c['sustainable_rate_per_replica_rps']:.4g} req/s per replica "
+                  f"({c['rate_binding']}; GAUSS at max_num_seqs {lim['max_num_seqs']}, KV "
+                  f"{lim['kv_capacity_tokens']} tokens)")

@@ -9,6 +9,10 @@ Two modes:
 * raw queue (``--service-mean``): a G/G/k FCFS queue for textbook checks; ``ttft_s`` is the
   sojourn W + S and ``tbt_s`` quantiles are null.
 
+The engine's own limits take vLLM's flags and defaults (``common.add_engine_limits``): the
+batch cap, the token budget, the KV cache from the memory split and prefix caching; the JSON
+reports them (``limits``), the wait they add (``admission_wait_s``) and the preemptions.
+
 Exit codes: 0 ok, 2 bad input, 1 when the rate is at or past the stability limit (the answer
 is an ``infeasible: <stage> stage: …`` message; with ``--json`` a JSON object with
 ``feasible: false``, ``infeasible`` and ``stage``).
@@ -46,9 +50,11 @@ def add_arguments(p) -> None:
     g.add_argument("--calibration", metavar="CALIB.json", help="SLIM calibration written by `kneecap fit`")
     for name, text in _COEF_FLAGS.items():
         g.add_argument("--" + name.replace("_", "-"), type=float, metavar="S", help=text)
-    g.add_argument("--chunk-tokens", type=int, default=2048, help="prefill chunk Δ (vLLM max_num_batched_tokens)")
+    g.add_argument("--chunk-tokens", dest="max_num_batched_tokens", type=common.human_int,
+                   action=common._DeprecatedAlias, new="--max-num-batched-tokens")
     g.add_argument("--no-prefill-packing", dest="prefill_packing", action="store_false",
                    help="GAUSS's paper prefill slot: one prompt per step (default: waiting prompts share a step, as vLLM)")
+    common.add_engine_limits(p.add_argument_group("engine limits (vLLM's flags; engine mode)"))
     w = p.add_argument_group("workload")
     w.add_argument("--rate", type=float, required=True, help="arrival rate, requests/s")
     w.add_argument("--input-mean", type=float, help="mean prompt tokens")
@@ -78,10 +84,9 @@ def add_arguments(p) -> None:
 
 
 def _coefficients(args):
-    """(coefficients, where they came from). Explicit coefficient flags override catalog values."""
+    """(coefficients, where they came from, limits, token budget). Explicit coefficient flags
+    override catalog values; the budget is vLLM's for the GPU unless --max-num-batched-tokens."""
     explicit = {n: getattr(args, n) for n in _COEF_FLAGS if getattr(args, n) is not None}
-    if args.chunk_tokens is None or args.chunk_tokens < 1:
-        raise InputError("chunk_tokens", f"expected a positive integer, got {args.chunk_tokens!r}")
     if args.calibration or args.model or args.gpu:
         from dataclasses import replace
 
@@ -105,15 +110,17 @@ def _coefficients(args):
             raise InputError("model", "a catalog model key is required (--model)")
         if not gpu_key:
             raise InputError("gpu", "a catalog GPU key is required (--gpu)")
-        coef = gauss.coefficients_for(get_arch(model), get_gpu(gpu_key), params, form=form,
-                                      chunk_tokens=args.chunk_tokens)
-        return replace(coef, **explicit, prefill_packing=args.prefill_packing), source
+        arch, gpu = get_arch(model), get_gpu(gpu_key)
+        limits, budget = common.engine_limits(args, arch, gpu)
+        coef = gauss.coefficients_for(arch, gpu, params, form=form, chunk_tokens=budget)
+        return replace(coef, **explicit, prefill_packing=args.prefill_packing), source, limits, budget
     if not explicit:
         raise InputError("model", "engine mode needs --model/--gpu (optionally --calibration CALIB.json) or explicit "
                          "coefficients (--prefill-s-per-token, --decode-step-s, …); or use --service-mean for a raw queue")
-    coef = gauss.ServiceCoefficients(**{"prefill_s_per_token": 0.0, **explicit}, chunk_tokens=args.chunk_tokens,
+    limits, budget = common.engine_limits(args)
+    coef = gauss.ServiceCoefficients(**{"prefill_s_per_token": 0.0, **explicit}, chunk_tokens=budget,
                                      prefill_packing=args.prefill_packing)
-    return coef, "explicit coefficients"
+    return coef, "explicit coefficients", limits, budget
 
 
 def _histogram(field: str, text: str) -> gauss.HistogramLength:
@@ -169,7 +176,7 @@ def _stats(s: gauss.LatencyStats | None) -> dict:
     return s.to_dict()
 
 
-def _to_json(r: gauss.GaussResult, mode: str, seed: int, coef) -> dict:
+def _to_json(r: gauss.GaussResult, mode: str, seed: int, coef, budget: int | None = None) -> dict:
     out = {
         "feasible": True, "mode": mode, "rate_rps": r.rate_rps, "servers": r.servers, "quantile": r.quantile,
         "ttft_s": _stats(r.ttft), "tbt_s": _stats(r.tbt), "e2e_s": _stats(r.e2e), "wait_s": _stats(r.wait), "service_s": _stats(r.service),
@@ -185,6 +192,11 @@ def _to_json(r: gauss.GaussResult, mode: str, seed: int, coef) -> dict:
     if coef is not None:
         from dataclasses import asdict
         out["coefficients"] = asdict(coef)
+    if r.limits is not None:
+        out.update(limits=common.limits_json(r.limits, budget), prefill_chunk_tokens=r.prefill_chunk_tokens,
+                   admission_wait_s=_stats(r.admission_wait), admission_wait_probability=r.admission_wait_fraction,
+                   preempted_fraction=r.preempted_fraction, preemptions_per_request=r.preemptions_per_request,
+                   preemption_mean_s=r.preemption_mean_s)
     return out
 
 
@@ -241,7 +253,7 @@ def _plot(path: str, r: gauss.GaussResult, slo_ttft, slo_tbt) -> None:
 def run(args) -> int:
     _check(args)
     rng = np.random.default_rng(args.seed)
-    coef, source = None, "raw queue"
+    coef, source, budget = None, "raw queue", None
     try:
         if args.service_mean is not None:
             mode = "queue"
@@ -252,7 +264,7 @@ def run(args) -> int:
                 slo_s=args.slo_ttft_s, quantile=args.quantile, sweep_points=args.sweep_points)
         else:
             mode = "engine"
-            coef, source = _coefficients(args)
+            coef, source, limits, budget = _coefficients(args)
             workload = gauss.Workload(
                 _length("input", args.input_mean, args.input_cv, args.input_histogram),
                 _length("output", args.output_mean, args.output_cv, args.output_histogram),
@@ -260,7 +272,7 @@ def run(args) -> int:
             result = gauss.simulate(
                 workload, coef, args.rate, rng=rng, servers=args.servers, burst_cv=args.burst_cv,
                 samples=args.samples, replications=args.replications, slo_ttft_s=args.slo_ttft_s,
-                slo_tbt_s=args.slo_tpot_s, quantile=args.quantile, sweep_points=args.sweep_points)
+                slo_tbt_s=args.slo_tpot_s, quantile=args.quantile, sweep_points=args.sweep_points, limits=limits)
     except gauss.Infeasible as exc:
         if args.json:
             print(json.dumps({"feasible": False, "infeasible": str(exc), "stage": exc.stage, **exc.details}))
@@ -270,9 +282,10 @@ def run(args) -> int:
     if args.plot:
         _plot(args.plot, result, args.slo_ttft_s, args.slo_tpot_s)
     if args.json:
-        print(json.dumps({**_to_json(result, mode, args.seed, coef), "service_model": source}))
+        print(json.dumps({**_to_json(result, mode, args.seed, coef, budget), "service_model": source}))
         return 0
-    rows = [("TTFT" if mode == "engine" else "sojourn", result.ttft), ("TBT", result.tbt), ("wait", result.wait)]
+    rows = [("TTFT" if mode == "engine" else "sojourn", result.ttft), ("TBT", result.tbt), ("wait", result.wait),
+            ("limits", result.admission_wait)]
     q = result.quantile
     levels = (0.5, 0.95, 0.99) if q in gauss.QUANTILES else tuple(sorted((0.5, 0.95, 0.99, q)))
     head = " ".join(f"{gauss.quantile_name(x):>10}" for x in levels)
@@ -289,6 +302,15 @@ def run(args) -> int:
         print(result.sustainable_note)
     if result.decode_batch is not None:
         print(f"mean decode batch  {result.decode_batch:.3g}")
+    if result.limits is not None:
+        lim = result.limits
+        kv = "unbounded" if lim.kv_capacity_tokens is None else f"{lim.kv_capacity_tokens} tokens"
+        print(f"engine limits      max_num_seqs {lim.slots}, max_num_batched_tokens {budget} (chunks of "
+              f"{result.prefill_chunk_tokens:g} beside the decodes), KV cache {kv}, prefix caching "
+              f"{'on' if lim.enable_prefix_caching else 'off'}")
+        print(f"limits' wait       P(wait) {result.admission_wait_fraction:.3g}; preempted "
+              f"{result.preempted_fraction:.3g} of requests ({result.preemptions_per_request:.3g} preemptions per "
+              f"request), +{result.preemption_mean_s:.3g} s each")
     print(f"service model      {source}")
     print(f"samples            {result.samples} in {result.replications} replications, seed {args.seed}")
     return 0

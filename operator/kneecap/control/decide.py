@@ -304,23 +304,44 @@ def _kv_capacity_tokens(spec: LLMDeploymentSpec, obs: Observation, u: float, cap
 GAUSS_RUNS = gauss_reuse.GaussRuns()  # λ* of past runs, reused while GAUSS's inputs stay within 2.5%
 
 
+def gauss_limits(spec: LLMDeploymentSpec, obs: Observation, settings: EngineSettings | None):
+    """GAUSS's engine limits of a pool at ``settings``: its cap and the KV cache its memory
+    setting holds (the memory split, §5.3, with the pod's measured non-KV memory); None
+    settings: vLLM's default cap and no KV limit."""
+    from kneecap.model import gauss
+
+    if settings is None:
+        return gauss.DEFAULT_LIMITS
+    if settings.kv_cache_memory_bytes:
+        arch = get_arch(spec.model.architecture)
+        blocks = settings.kv_cache_memory_bytes // (memory.DEFAULT_BLOCK_SIZE * arch.kv_bytes_per_token)
+        kv = int(blocks) * memory.DEFAULT_BLOCK_SIZE
+    else:
+        kv = _kv_capacity_tokens(spec, obs, settings.gpu_memory_utilization, settings.max_num_seqs)
+    return gauss.EngineLimits(max_num_seqs=int(settings.max_num_seqs), kv_capacity_tokens=max(int(kv), 1))
+
+
 def _gauss_rate(arch_key: str, gpu_key: str, cal: calibrate.Calibration, obs: Observation,
                 slo_ttft_s: float | None, slo_tbt_s: float | None, quantile: float,
-                seed: int) -> tuple[float, str, bool]:
+                seed: int, limits=None) -> tuple[float, str, bool]:
     """(λ* per replica, binding, reused) from GAUSS; λ* is 0 where no load meets the SLO.
 
-    GAUSS's λ search runs on the calibrated SLIM mapped to d(B, C) at the window's lengths; a
-    previous run whose inputs are all within tolerance (see :mod:`kneecap.control.gauss_reuse`)
-    is reused instead, and the nearest one warm-starts the search otherwise: a cold search is
-    ~9 evaluations of 20k samples (~0.1 s of CPU), a warm one ~5."""
+    GAUSS's λ search runs on the calibrated SLIM mapped to d(B, C) at the window's lengths,
+    with the engine's ``limits`` (:func:`gauss_limits`); a previous run whose inputs are all
+    within tolerance (see :mod:`kneecap.control.gauss_reuse`) is reused instead, and the
+    nearest one warm-starts the search otherwise: a cold search is ~9 evaluations of 20k
+    samples (~0.1 s of CPU), a warm one ~5."""
     from kneecap.model import gauss
 
     arch, gpu = get_arch(arch_key), get_gpu(gpu_key)
-    coef = gauss.coefficients_for(arch, gpu, cal.params, form=cal.form)  # SLIM -> d(B, C) (GAUSS §3.3)
+    limits = gauss.DEFAULT_LIMITS if limits is None else limits
+    # SLIM -> d(B, C) (GAUSS §3.3); vLLM refuses a token budget below the cap
+    coef = gauss.coefficients_for(arch, gpu, cal.params, form=cal.form,
+                                  chunk_tokens=max(gauss.DEFAULT_MAX_NUM_BATCHED_TOKENS, limits.slots))
     lengths = (max(obs.input_len_mean, 1.0), max(obs.input_len_cv, 0.05),
                max(obs.output_len_mean, 1.0), max(obs.output_len_cv, 0.05))
-    inputs = gauss_reuse.inputs_for(coef, *lengths)
-    key = (arch_key, gpu_key, cal.form, slo_ttft_s, slo_tbt_s, quantile, seed)
+    inputs = gauss_reuse.inputs_for(coef, *lengths, kv_tokens=limits.kv_capacity_tokens)
+    key = (arch_key, gpu_key, cal.form, slo_ttft_s, slo_tbt_s, quantile, seed, limits.slots)
     hit = GAUSS_RUNS.find(key, inputs)
     if hit is not None:
         return (*hit, True)
@@ -329,7 +350,7 @@ def _gauss_rate(arch_key: str, gpu_key: str, cal: calibrate.Calibration, obs: Ob
                         output_tokens=gauss.LogNormalLength(lengths[2], lengths[3]))
     res = gauss.sustainable_rate(wl, coef, rng=np.random.default_rng(seed), samples=GAUSS_SAMPLES, replications=4,
                                  slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s, quantile=quantile,
-                                 rel_tol=GAUSS_REL_TOL, hint_rps=(near[0] or None) if near else None)
+                                 rel_tol=GAUSS_REL_TOL, hint_rps=(near[0] or None) if near else None, limits=limits)
     out = (res.rate_rps if (slo_ttft_s or slo_tbt_s) else 0.8 * res.stable_rate_rps, res.binding)
     GAUSS_RUNS.add(key, inputs, out)
     return (*out, False)
@@ -363,18 +384,22 @@ def served_rate_per_replica(spec: LLMDeploymentSpec, ring, latest: Observation) 
 
 
 def colocated_replicas(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs: Observation,
-                       seed: int = 0, served_rps: float | None = None) -> tuple[int, str, dict]:
+                       seed: int = 0, served_rps: float | None = None,
+                       settings: EngineSettings | None = None) -> tuple[int, str, dict]:
     """GAUSS: per-replica SLO-sustainable rate λ*, replicas = ⌈headroom·λ/λ*⌉ (clamped later).
 
-    ``served_rps``: a per-pod rate measured within the SLO (:func:`served_rate_per_replica`);
-    λ* is never below it: where the fitted model says a pod cannot do what it has just been
-    seen doing, the measurement wins (a fit on a narrow batch range can be far off)."""
+    λ* is GAUSS's at the cap and memory ``settings`` the pool would run with (the
+    recommendation's: :func:`gauss_limits`). ``served_rps``: a per-pod rate measured within the
+    SLO (:func:`served_rate_per_replica`); λ* is never below it: where the fitted model says a
+    pod cannot do what it has just been seen doing, the measurement wins (a fit on a narrow
+    batch range can be far off)."""
     from kneecap.model.sara import plan_colocated
 
     rate = max(obs.request_rate_rps, 1e-6)
     pods = max(obs.pods, 1)
+    limits = gauss_limits(spec, obs, settings)
     lam_star, binding, reused = _gauss_rate(spec.model.architecture, spec.accelerator.gpu, cal, obs,
-                                            spec.slo.ttft_s, spec.slo.tpot_s, spec.slo.quantile, seed)
+                                            spec.slo.ttft_s, spec.slo.tpot_s, spec.slo.quantile, seed, limits)
     if served_rps is not None and served_rps > lam_star:
         lam_star, binding = served_rps, "served"
     cp = plan_colocated(lam_star, spec.accelerator.count, max(spec.accelerator.cost_per_hour, 1e-9),
@@ -383,7 +408,8 @@ def colocated_replicas(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs:
              "servedRequestsPerSecondPerReplica": None if served_rps is None else round(served_rps, 6),
              "observedRequestsPerSecond": round(rate, 6), "goodputRequestsPerSecond": round(cp.goodput_rps, 6),
              "costPerHour": round(cp.cost_per_hour, 4), "binding": binding if cp.binding == "rate" else cp.binding,
-             "feasible": cp.feasible, "message": cp.message, "gaussRunReused": reused}
+             "feasible": cp.feasible, "message": cp.message, "gaussRunReused": reused,
+             "gaussMaxNumSeqs": limits.slots, "gaussKvCacheTokens": limits.kv_capacity_tokens}
     return (cp.replicas if cp.feasible else pods), alloc["binding"], alloc
 
 

@@ -4,7 +4,8 @@ A GAUSS λ search (Algorithm 1's bisection) costs ~0.1 s of CPU; at 200 deployme
 interval, running it every window would be most of an operator's CPU. λ* is a smooth function
 of what GAUSS sees: the service times the calibrated SLIM gives at the workload's lengths
 (prefill of a prompt; the decode step d(B, C) = p + q·C/B + r·B + s·C, GAUSS §3.3, which at
-C = B·context is a + b·B) and the length distributions. So a previous run's λ* is reused when
+C = B·context is a + b·B), the length distributions and the KV cache (the batch cap, an
+integer the operator sets, is part of the key). So a previous run's λ* is reused when
 every one of those inputs is within ``REL_TOL`` of the run's (CVs within ``CV_TOL``): the
 change in λ* is then of the same order, well inside the 20% rate headroom the replica count
 is sized with. A refit that barely moves the curve, a window whose mean lengths wobble by 1%,
@@ -35,17 +36,20 @@ class GaussInputs:
     ``service_s``: prefill seconds of a mean and a 4× mean prompt, the fixed per-request
     overhead, and the decode step's intercept a = p + q·ctx and slope b = r + s·ctx per
     sequence at the mean context ctx (GAUSS §3.2-3.3). ``lengths``: mean input and output
-    tokens. ``cvs``: their coefficients of variation."""
+    tokens. ``cvs``: their coefficients of variation. ``kv_tokens``: the engine's KV cache (0:
+    no limit; the batch cap is part of the key)."""
 
     service_s: tuple[float, ...]
     lengths: tuple[float, float]
     cvs: tuple[float, float]
+    kv_tokens: float = 0.0
 
     def relative(self) -> np.ndarray:
-        return np.array(self.service_s + self.lengths, dtype=float)
+        return np.array(self.service_s + self.lengths + (self.kv_tokens,), dtype=float)
 
 
-def inputs_for(coef, input_len: float, input_cv: float, output_len: float, output_cv: float) -> GaussInputs:
+def inputs_for(coef, input_len: float, input_cv: float, output_len: float, output_cv: float,
+               kv_tokens: float | None = None) -> GaussInputs:
     """:class:`GaussInputs` of a workload on an engine described by GAUSS ``ServiceCoefficients``."""
     from kneecap.model import gauss
 
@@ -54,11 +58,12 @@ def inputs_for(coef, input_len: float, input_cv: float, output_len: float, outpu
     a_s = coef.decode_step_s + coef.decode_s_per_context_token * ctx  # d(B, B·ctx) = a + b·B (GAUSS §3.3)
     b_s = coef.decode_s_per_seq + coef.decode_s_per_resident_token * ctx
     return GaussInputs((float(prefill_s[0]), float(prefill_s[1]), float(coef.request_overhead_s), float(a_s),
-                        float(b_s)), (float(input_len), float(output_len)), (float(input_cv), float(output_cv)))
+                        float(b_s)), (float(input_len), float(output_len)), (float(input_cv), float(output_cv)),
+                       float(kv_tokens or 0.0))
 
 
 class GaussRuns:
-    """Past GAUSS results by key (model, GPU, form, SLO, quantile), found by input tolerance."""
+    """Past GAUSS results by key (model, GPU, form, SLO, quantile, cap), found by input tolerance."""
 
     def __init__(self, rel_tol: float = REL_TOL, cv_tol: float = CV_TOL, max_keys: int = MAX_KEYS,
                  max_runs_per_key: int = MAX_RUNS_PER_KEY):

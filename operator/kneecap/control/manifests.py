@@ -80,7 +80,7 @@ def initial_settings(spec: LLMDeploymentSpec, role: str) -> EngineSettings:
     b = pool_bounds(spec, role)
     if spec.engine is None:  # an adopted Deployment: vLLM's own defaults stand for the flags its argv lacks
         from kneecap.model.hardware import get_gpu
-        from kneecap.sim.engine import vllm_default_limits
+        from kneecap.model.memory import vllm_default_limits
 
         seqs, _ = vllm_default_limits(spec.accelerator.gpu, True, 2048)
         return EngineSettings(seqs, VLLM_GPU_MEMORY_UTILIZATION, None, replicas=b.clamp(max(b.min, 1)))

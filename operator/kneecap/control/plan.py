@@ -454,10 +454,11 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float) -> Pl
     cur, external = pools[role].settings, pools[role].ownership.external
     restart_cost = _restart_cost(t, pools[role], latest)
     try:
+        r = decide.recommend(spec, role, cal_out.calibration, latest, cur)
+        # replicas sized at the cap and memory the recommendation applies (GAUSS's engine limits)
         replicas, rbind, alloc = _replicas(t, cal_out.calibration, latest, cur.replicas, restart_cost.restart_s,
-                                           observations)
-        r = decide.recommend(spec, role, cal_out.calibration, latest, cur,
-                             replicas=replicas, replicas_binding=rbind, allocation=alloc)
+                                           observations, settings=r.settings)
+        r = dataclasses.replace(r, replicas=int(replicas), replicas_binding=rbind, allocation=dict(alloc or {}))
     except Exception as exc:  # noqa: BLE001 - a model failure must not take the operator down
         log.exception("decision failed for %s/%s", *labels)
         t.condition(St.DEGRADED, True, "ModelError", f"{type(exc).__name__}: {exc}"[:900])
@@ -728,16 +729,17 @@ def _restart_cost(t: _Tick, pool: R.PoolState, obs: Observation) -> restart.Rest
                                saturated=restart.saturated(obs, pool.settings.max_num_seqs))
 
 
-def _replicas(t: _Tick, cal, obs: Observation, current: int, restart_s: float, ring=()):
+def _replicas(t: _Tick, cal, obs: Observation, current: int, restart_s: float, ring=(), settings=None):
     spec = t.spec
     if spec.disaggregated:
         alloc = decide.disaggregated_allocation(spec, cal, obs)
         return alloc["decodeReplicas"], "sara:" + str(alloc["binding"].get("decode", "")), alloc
     served = decide.served_rate_per_replica(spec, ring, obs)
-    n, binding, alloc = decide.colocated_replicas(spec, cal, obs, served_rps=served)
+    n, binding, alloc = decide.colocated_replicas(spec, cal, obs, served_rps=served, settings=settings)
     if alloc:  # GAUSS found λ*: outside the hysteresis band only, a scale-down stabilised (stabilised_replicas)
         band = lambda f: decide.colocated_replicas(  # noqa: E731
-            spec, cal, dataclasses.replace(obs, request_rate_rps=obs.request_rate_rps * f), served_rps=served)[0]
+            spec, cal, dataclasses.replace(obs, request_rate_rps=obs.request_rate_rps * f), served_rps=served,
+            settings=settings)[0]
         n_down = band(1.0 + spec.control.hysteresis)
         if n > current:
             n = max(current, band(1.0 / (1.0 + spec.control.hysteresis)))

@@ -34,6 +34,45 @@ Amendments to the paper, checked against a real vLLM (benchmarks/tails_real_vllm
 server, prompts waiting together share a step (vLLM packs them under the token budget;
 :func:`_packed_service`), and a request that finds the prefill slot free waits for the residual
 of the engine step in flight before its prompt runs.
+
+Engine limits (:class:`EngineLimits`; vLLM V1's scheduler, ``vllm/v1/core/sched/scheduler.py``:
+running requests are scheduled first, then waiting ones in FCFS order while the limits allow):
+
+1. Token budget (``max_num_batched_tokens`` = ``chunk_tokens``): each running decode takes one
+   token of a step's budget before any prefill chunk, so the chunk is Δ = budget − ⌊B̄⌋ in the
+   mean field, a fixed point with B̄ (:func:`operating_point`; B̄ < 1 leaves Δ = budget).
+2. Batch cap (``max_num_seqs``, and ``max_num_active_seqs`` of vLLM ≥ 0.31: c = the smaller):
+   a request holds one of c seats from its prefill start p_i to its last token. The starts
+   follow the FCFS recurrence p_i = max(a_i, e_i, h_i), e_i the earliest free prefill slot and
+   h_i the earliest free seat: Kiefer–Wolfowitz over the c seats (Kiefer & Wolfowitz 1955; a
+   heap of free times, :func:`_admit`), equivalently h_i = the c-th largest departure of
+   requests 1..i−1. A request that finds the running set full waits in the queue, so the cap
+   moves latency from TPOT (a batch of at most c) to TTFT. Departures depend on the decode
+   windows and these on the starts: ``LIMIT_PASSES`` fixed-point passes, damped (seats held
+   for the mean of the last two passes' windows). On k servers the k engines pool k·c seats
+   (an approximation: a seat may free on another engine).
+3. KV cache (``kv_capacity_tokens`` = num_gpu_blocks × block_size, from the memory split,
+   :func:`engine_limits_for`), event by event (:func:`_admit_kv`): a request's resident context
+   is its uncached prompt plus half a block of rounding from its start, growing one token per
+   step of its decode; the longest cached prefix is resident once. A request is admitted when,
+   besides a free seat, the running set's resident context R(t) leaves room for its prompt
+   (vLLM allocates a step's blocks before scheduling it) and no preempted request waits. When
+   R reaches the cache, the newest running request is preempted (vLLM V1 preempts the last of
+   its running list, recompute mode): it frees its blocks and waits at the front of the queue;
+   re-admitted once a departure leaves room for what it holds, it recomputes its prompt and
+   the tokens it had generated on a prefill slot (§3.2 at Δ, its cached prefix still cached,
+   the chunk steps carrying the batch) and decodes the rest, and may be preempted again. The
+   delay goes to its TTFT when it had no token yet, else to its decode time (TBT). Not
+   modelled: the recompute's chunk steps slowing other requests' decode steps.
+4. Prefix caching (``enable_prefix_caching``, vLLM V1's default on): cached prefix tokens cost
+   no prefill, in whole blocks (vLLM hashes full blocks); off, every prompt token is computed.
+
+Mean-field stability adds the running set, ρ + B̄ < c, and the cache: the p99 of the resident
+context of B ~ Poisson(B̄) decoding sequences (compound Poisson: mean B̄·E[x], variance
+B̄·E[x²], x a sequence's own context plus half a block), plus the shared prefix, below the
+capacity (SARA's C2 at p_mem = 0.99; past it the engine twin thrashes in recompute). A path
+on which no limit binds (no request starts with c others running, R never above the cache:
+:func:`_limits_bind`) is the uncapped path exactly.
 """
 
 from __future__ import annotations
@@ -47,6 +86,11 @@ import numpy as np
 from kneecap.errors import InputError
 
 QUANTILES = (0.5, 0.95, 0.99)
+# vLLM's defaults outside ≥ 70 GiB GPUs (memory.vllm_default_limits): batch cap and token budget
+DEFAULT_MAX_NUM_SEQS = 256
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+KV_QUANTILE = 0.99  # the resident context's quantile the KV cache must hold to be stable (SARA p_mem)
+KV_Z = 2.3263478740408408  # Φ⁻¹(KV_QUANTILE)
 _BLOCK = 1 << 20  # Lindley block length: bounds temporaries to ~8 MiB per array
 
 
@@ -126,6 +170,14 @@ def _positive(field_name: str, value: float, allow_zero: bool = False) -> float:
     if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
         raise InputError(field_name, f"expected a {'non-negative' if allow_zero else 'positive'} finite number, got {value!r}")
     return v
+
+
+def _count(field_name: str, value, allow_none: bool = False) -> None:
+    """A positive integer (or None where ``allow_none``), else InputError naming the field."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise InputError(field_name, f"expected a positive integer, got {value!r}")
 
 
 def lognormal_params(mean: float, cv: float) -> tuple[float, float]:
@@ -230,7 +282,7 @@ class ServiceCoefficients:
     decode_s_per_context_token: float = 0.0  # q, multiplies C/B
     decode_s_per_seq: float = 0.0  # r, multiplies B
     decode_s_per_resident_token: float = 0.0  # s, multiplies C (0 in the GAUSS form)
-    chunk_tokens: int = 2048  # Δ: vLLM max_num_batched_tokens
+    chunk_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS  # vLLM max_num_batched_tokens: chunks of budget − decodes
     request_overhead_s: float = 0.0
     prefill_packing: bool = True  # prompts waiting together share one step (vLLM); False: GAUSS's one per step
 
@@ -251,12 +303,77 @@ class ServiceCoefficients:
             raise InputError("decode_step_s", "decode costs are all zero; expected a positive decode cost")
 
 
+@dataclass(frozen=True)
+class EngineLimits:
+    """vLLM's own limits on one engine (module docstring, "Engine limits"); the token budget
+    max_num_batched_tokens is ``ServiceCoefficients.chunk_tokens``.
+
+    ``max_num_active_seqs`` (vLLM ≥ 0.31) caps the running set too: the binding cap is the
+    smaller. ``kv_capacity_tokens`` = num_gpu_blocks × block_size (None: the cache never fills).
+    ``enable_prefix_caching``: cached prefix tokens, whole blocks of them, cost no prefill."""
+
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    max_num_active_seqs: int | None = None
+    kv_capacity_tokens: int | None = None
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self):
+        for name in ("max_num_seqs", "block_size"):
+            _count(name, getattr(self, name))
+        for name in ("max_num_active_seqs", "kv_capacity_tokens"):
+            _count(name, getattr(self, name), allow_none=True)
+        if not isinstance(self.enable_prefix_caching, (bool, np.bool_)):
+            raise InputError("enable_prefix_caching", f"expected true or false, got {self.enable_prefix_caching!r}")
+
+    @property
+    def slots(self) -> int:
+        """Sequences the running set holds: min(max_num_seqs, max_num_active_seqs)."""
+        return int(min(self.max_num_seqs, self.max_num_active_seqs or self.max_num_seqs))
+
+
+DEFAULT_LIMITS = EngineLimits()
+
+
+def engine_limits_for(arch, gpu, *, max_num_seqs: int | None = None, max_num_active_seqs: int | None = None,
+                      max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.9,
+                      kv_cache_memory_bytes: int | None = None, num_gpu_blocks_override: int | None = None,
+                      block_size: int = 16, enable_prefix_caching: bool = True,
+                      measured_non_kv_bytes: float | None = None) -> tuple[EngineLimits, int]:
+    """(limits, token budget) of a vLLM engine serving ``arch`` on ``gpu`` as vLLM resolves its
+    flags: unset caps take vLLM's defaults (``memory.vllm_default_limits``, chunked prefill on);
+    KV blocks from ``num_gpu_blocks_override``, else ``kv_cache_memory_bytes`` // block bytes, else
+    the memory split at ``gpu_memory_utilization`` (``memory.memory_split``, DESIGN §5.3)."""
+    from kneecap.model import memory
+
+    seqs, budget = memory.vllm_default_limits(gpu, True, arch.max_position or 2048)
+    seqs = seqs if max_num_seqs is None else max_num_seqs
+    budget = budget if max_num_batched_tokens is None else max_num_batched_tokens
+    for name, v in (("max_num_seqs", seqs), ("max_num_batched_tokens", budget), ("block_size", block_size),
+                    ("num_gpu_blocks_override", num_gpu_blocks_override),
+                    ("kv_cache_memory_bytes", kv_cache_memory_bytes)):
+        _count(name, v, allow_none=True)
+    if num_gpu_blocks_override is not None:
+        blocks = int(num_gpu_blocks_override)
+    elif kv_cache_memory_bytes is not None:
+        blocks = int(kv_cache_memory_bytes // (block_size * arch.kv_bytes_per_token))
+        if blocks < 1:
+            raise InputError("kv_cache_memory_bytes", f"{kv_cache_memory_bytes} bytes hold no {block_size}-token block "
+                                                      f"of {arch.key} ({block_size * arch.kv_bytes_per_token} bytes)")
+    else:
+        blocks = memory.memory_split(arch, gpu, gpu_memory_utilization, int(seqs), int(budget), int(block_size),
+                                     measured_non_kv_bytes=measured_non_kv_bytes).num_gpu_blocks
+    limits = EngineLimits(int(seqs), max_num_active_seqs, blocks * int(block_size), int(block_size),
+                          enable_prefix_caching)
+    return limits, int(budget)
+
+
 def coefficients_from_slim(
     *, eta_c: float, eta_m: float, alpha: float, gamma: float, t_fixed_s: float,
     layers: int, hidden: int, kv_dim: int, ff_ratio: float, kv_bytes: float,
     peak_flops: float, bandwidth_bytes_s: float, b0: float = 0.0, form: str = "paper-a",
     t_step_s: float = 0.0, t_layer_s: float = 0.0, eta_w: float = 1.0, weight_bytes: float = 0.0,
-    chunk_tokens: int = 2048,
+    chunk_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
 ) -> ServiceCoefficients:
     """GAUSS coefficients from a calibrated SLIM (DESIGN §5.1, kneecap.model.slim), plain numbers in.
 
@@ -301,7 +418,8 @@ def coefficients_from_slim(
     )
 
 
-def coefficients_for(arch, gpu, params, form: str = "kneecap", chunk_tokens: int = 2048) -> ServiceCoefficients:
+def coefficients_for(arch, gpu, params, form: str = "kneecap",
+                     chunk_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> ServiceCoefficients:
     """:func:`coefficients_from_slim` from catalog objects (``kneecap.model.arch.ModelArch``,
     ``kneecap.model.hardware.GPU``) and SLIM parameters (``slim.SlimParams`` or its dict).
     d(B, C)'s step cost does not vary with B, so an MoE's step reads every routed expert (the
@@ -317,15 +435,16 @@ def coefficients_for(arch, gpu, params, form: str = "kneecap", chunk_tokens: int
         peak_flops=gpu.peak_flops, bandwidth_bytes_s=gpu.mem_bw_bytes_s, form=form, chunk_tokens=chunk_tokens)
 
 
-def prefill_compute_s(coef: ServiceCoefficients, input_tokens, cached_tokens):
+def prefill_compute_s(coef: ServiceCoefficients, input_tokens, cached_tokens, chunk_tokens: float | None = None):
     """(compute seconds, chunk count) of chunked prefill, closed form per request (GAUSS §3.2).
 
     With s uncached tokens, n = ⌈s/Δ⌉, the last chunk m = s − (n−1)·Δ tokens:
     Σ m_j·A_j = (n−1)·Δ·c + Δ²·n·(n−1)/2 + m·(c + s)  (A_j = c + tokens through chunk j).
+    Δ = ``chunk_tokens`` (default: the whole budget, ``coef.chunk_tokens``).
     """
     inp = np.asarray(input_tokens, dtype=np.float64)
     c = np.asarray(cached_tokens, dtype=np.float64)
-    delta = float(coef.chunk_tokens)
+    delta = float(coef.chunk_tokens if chunk_tokens is None else chunk_tokens)
     s = np.maximum(inp - c, 1.0)
     n = np.ceil(s / delta)
     last = s - (n - 1.0) * delta
@@ -389,17 +508,41 @@ def fit_decode_coefficients(batch, resident_tokens, step_s, per_seq_context: boo
 class WorkloadMoments:
     """Moments of a sampled workload under given coefficients (per request)."""
 
-    prefill_compute_s: float  # E[S_c]
-    chunks: float  # E[n]
+    prefill_compute_s: float  # E[S_c] at Δ = the whole budget
+    chunks: float  # E[n] at Δ = the whole budget
     output_tokens: float  # E[OL]
     context_tokens: float  # c̄: decode-time-weighted mean resident context per sequence
+    shared_prefix_tokens: float = 0.0  # the longest cached prefix: its blocks are resident once
+    # a decoding sequence's own resident context (uncached prompt + tokens so far), decode-time
+    # weighted: mean and second moment (the KV cache's compound-Poisson load)
+    resident_tokens: float = 0.0
+    resident_m2_tokens2: float = 0.0
+    # distinct (uncached, cached) prompt shapes and their counts: E[S_c], E[n] at any other Δ
+    shapes: tuple = field(default=(), repr=False, compare=False)
+
+    def prefill_at(self, coef: ServiceCoefficients, chunk_tokens: float) -> tuple[float, float]:
+        """(E[S_c], E[n]) with chunks of Δ = ``chunk_tokens`` (GAUSS §3.2 over the sampled shapes)."""
+        if chunk_tokens == coef.chunk_tokens or not self.shapes:
+            return self.prefill_compute_s, self.chunks
+        uncached, cached, count = self.shapes
+        compute, n = prefill_compute_s(coef, uncached + cached, cached, chunk_tokens)
+        return float(compute @ count / count.sum()), float(n @ count / count.sum())
 
 
 def workload_moments(coef: ServiceCoefficients, inp, cached, out) -> WorkloadMoments:
     compute, n = prefill_compute_s(coef, inp, cached)
     own_ctx = inp + (out + 1.0) / 2.0  # eq. 12 / OL: mean context during this request's decode
+    c = np.asarray(cached, dtype=np.float64).ravel()
+    s = np.maximum(np.asarray(inp, dtype=np.float64).ravel() - c, 1.0)
+    key, count = np.unique(s.astype(np.int64) << 32 | c.astype(np.int64), return_counts=True)
+    shapes = ((key >> 32).astype(np.float64), (key & 0xFFFFFFFF).astype(np.float64), count.astype(np.float64))
+    # own context x = s + k, k uniform over the decode: E[x] = s + (OL + 1)/2, E[x²] ≈ s² + s·OL + OL²/3
+    own = np.asarray(inp, dtype=np.float64) - np.asarray(cached, dtype=np.float64)
+    weight = out / out.sum()
     return WorkloadMoments(float(compute.mean()), float(n.mean()), float(out.mean()),
-                           float((out * own_ctx).sum() / out.sum()))
+                           float((out * own_ctx).sum() / out.sum()), float(c.max(initial=0.0)),
+                           float((weight * (own + (out + 1.0) / 2.0)).sum()),
+                           float((weight * (own * own + own * out + out * out / 3.0)).sum()), shapes)
 
 
 @dataclass(frozen=True)
@@ -414,6 +557,10 @@ class OperatingPoint:
     mean_chunk_s: float  # ℓ̄ = E[S_c]/E[n]
     mean_service_s: float  # E[S] = E[S_c] + E[n]·d̄
     utilisation: float  # ρ = λ_s·E[S]
+    chunk_tokens: float  # Δ = budget − ⌊B̄⌋: the decodes take their tokens of the budget first
+    prefill_compute_s: float  # E[S_c] at Δ
+    chunks: float  # E[n] at Δ
+    running_seqs: float  # ρ + B̄: mean sequences in the running set (prefilling and decoding)
 
 
 def _decode_mean(coef: ServiceCoefficients, b: float, cbar: float) -> float:
@@ -422,12 +569,9 @@ def _decode_mean(coef: ServiceCoefficients, b: float, cbar: float) -> float:
             + (coef.decode_s_per_seq + coef.decode_s_per_resident_token * cbar) * b)
 
 
-def operating_point(coef: ServiceCoefficients, m: WorkloadMoments, rate_per_server_rps: float) -> OperatingPoint:
-    """Mean decode batch by Little's law B̄ = λ_s·E[OL]·τ(B̄) (GAUSS §3.8, closed form since d is
-    affine in B); raise Infeasible when decode (1 − ρ_c − λ·E[OL]·(r + s·c̄) ≤ 0) or prefill
-    (ρ = λ·E[S] ≥ 1) is unstable."""
-    lam = float(rate_per_server_rps)
-    rho_c = lam * m.prefill_compute_s
+def _mean_field(coef: ServiceCoefficients, m: WorkloadMoments, lam: float, compute_s: float, chunks: float):
+    """(B̄, τ, d̄, E[S], ρ, f) at per-server λ with prefill moments (E[S_c], E[n]) (GAUSS §3.8)."""
+    rho_c = lam * compute_s
     slope = coef.decode_s_per_seq + coef.decode_s_per_resident_token * m.context_tokens
     den = 1.0 - rho_c - lam * m.output_tokens * slope
     if rho_c >= 1.0:
@@ -444,29 +588,81 @@ def operating_point(coef: ServiceCoefficients, m: WorkloadMoments, rate_per_serv
     b = k * tagged0 / (1.0 - k * slope)  # 1 − k·slope > 0 ⟺ den > 0
     tau = (tagged0 + slope * b) / (1.0 - rho_c)
     dbar = _decode_mean(coef, b, m.context_tokens)  # what a prefill chunk step carries
-    service = m.prefill_compute_s + m.chunks * dbar
+    service = compute_s + chunks * dbar
     rho = lam * service
     if rho >= 1.0:
         # name the stage whose work dominates the saturated prefill slot
-        stage = "decode" if m.chunks * dbar > m.prefill_compute_s else "prefill"
+        stage = "decode" if chunks * dbar > compute_s else "prefill"
         raise Infeasible(stage, f"ρ = λ·E[S] = {rho:.3g} ≥ 1 at {lam:.4g} req/s per server (E[S] = {service:.4g} s: "
-                         f"prefill compute {m.prefill_compute_s:.4g} s + {m.chunks:.3g} chunk steps × decode batch "
+                         f"prefill compute {compute_s:.4g} s + {chunks:.3g} chunk steps × decode batch "
                          f"step {dbar:.4g} s at B̄ = {b:.3g})", utilisation=rho)
     # engine steps per second 1/τ_sys with τ_sys = d̄/(1 − ρ_c); a share f of them carries a chunk
-    f = lam * m.chunks * dbar / (1.0 - rho_c)  # f < 1 ⟺ ρ < 1
-    return OperatingPoint(lam, b, dbar, tau, f, m.prefill_compute_s / max(m.chunks, 1e-300), service, rho)
+    f = lam * chunks * dbar / (1.0 - rho_c)  # f < 1 ⟺ ρ < 1
+    return b, tau, dbar, service, rho, f
 
 
-def stability_limit_rps(coef: ServiceCoefficients, m: WorkloadMoments, servers: int = 1) -> tuple[float, str]:
-    """Largest total λ with both stages stable (bisection on the mean-field model) and the stage
+def operating_point(coef: ServiceCoefficients, m: WorkloadMoments, rate_per_server_rps: float,
+                    limits: EngineLimits | None = None) -> OperatingPoint:
+    """Mean decode batch by Little's law B̄ = λ_s·E[OL]·τ(B̄) (GAUSS §3.8, closed form since d is
+    affine in B) at the chunk Δ = budget − ⌊B̄⌋ (a fixed point: a few iterations); raise
+    Infeasible when decode (1 − ρ_c − λ·E[OL]·(r + s·c̄) ≤ 0), prefill (ρ = λ·E[S] ≥ 1), the
+    batch cap (ρ + B̄ ≥ slots) or the KV cache (the p99 of the decode batch's resident context
+    at capacity: module docstring) is unstable."""
+    lam = float(rate_per_server_rps)
+    budget = float(coef.chunk_tokens)
+    delta, tried = budget, []
+    while True:
+        compute, chunks = m.prefill_at(coef, delta)
+        b, tau, dbar, service, rho, f = _mean_field(coef, m, lam, compute, chunks)
+        nxt = budget - math.floor(b)  # vLLM V1 schedules the running decodes (one token each) first
+        if nxt < 1.0:
+            raise Infeasible("decode", f"the {b:.4g} decoding sequences fill the token budget {budget:g} at "
+                             f"{lam:.4g} req/s per server: no prefill chunk fits", margin=nxt)
+        if nxt == delta:
+            break
+        tried.append(delta)
+        if nxt in tried or len(tried) >= 8:  # a cycle between two Δ: keep the smaller (more chunks)
+            delta = min(nxt, delta)
+            compute, chunks = m.prefill_at(coef, delta)
+            b, tau, dbar, service, rho, f = _mean_field(coef, m, lam, compute, chunks)
+            break
+        delta = nxt
+    if limits is not None:
+        slots = limits.slots
+        if rho + b >= slots:
+            raise Infeasible("batch", f"the running set needs ρ + B̄ = {rho + b:.4g} ≥ {slots} sequences "
+                             f"(max_num_seqs) at {lam:.4g} req/s per server", utilisation=(rho + b) / slots)
+        if limits.kv_capacity_tokens is not None:
+            # resident context of B ~ Poisson(B̄) sequences: compound Poisson, mean B̄·E[x], variance
+            # B̄·E[x²] (x own context + half a block); its KV_QUANTILE must fit, else recompute
+            # preemption thrashes (SARA's C2 at p_mem, normal approximation; checked on the twin)
+            half = limits.block_size / 2.0
+            mean_x = m.resident_tokens + half
+            m2_x = m.resident_m2_tokens2 + 2.0 * half * m.resident_tokens + half * half
+            need = b * mean_x + KV_Z * math.sqrt(b * m2_x) + m.shared_prefix_tokens
+            if need >= limits.kv_capacity_tokens:
+                raise Infeasible("kv", f"the resident context of the decode batch (B̄ = {b:.4g}) reaches {need:.4g} "
+                                 f"tokens at its p{KV_QUANTILE * 100:g}, ≥ the cache's {limits.kv_capacity_tokens} "
+                                 f"at {lam:.4g} req/s per server", utilisation=need / limits.kv_capacity_tokens)
+    return OperatingPoint(lam, b, dbar, tau, f, compute / max(chunks, 1e-300), service, rho, delta, compute, chunks,
+                          rho + b)
+
+
+def stability_limit_rps(coef: ServiceCoefficients, m: WorkloadMoments, servers: int = 1,
+                        limits: EngineLimits | None = None) -> tuple[float, str]:
+    """Largest total λ with every stage stable (bisection on the mean-field model) and the stage
     that binds there."""
     def stable(lam):
         try:
-            operating_point(coef, m, lam / servers)
+            operating_point(coef, m, lam / servers, limits)
             return None
         except Infeasible as exc:
             return exc.stage
     hi = servers / max(m.prefill_compute_s + m.chunks * coef.decode_step_s, 1e-300)  # ρ(λ) ≥ λ·E[S] at B̄ = 0
+    for _ in range(60):  # smaller chunks (Δ < budget) can cost less attention: make sure hi is unstable
+        if stable(hi) is not None:
+            break
+        hi *= 2.0
     lo = 0.0
     stage = stable(hi) or "prefill"
     for _ in range(100):
@@ -653,6 +849,14 @@ class GaussResult:
     e2e: LatencyStats | None = None  # TTFT + (OL − 1)·TBT per request (GAUSS §3.7); None in raw-queue mode
     ttft_sample_s: np.ndarray = field(default=None, repr=False, compare=False)  # subsample for plots
     tbt_sample_s: np.ndarray | None = field(default=None, repr=False, compare=False)
+    # the engine's limits (None without them, and in raw-queue mode)
+    limits: EngineLimits | None = None
+    prefill_chunk_tokens: float | None = None  # Δ = budget − ⌊B̄⌋ at this rate
+    admission_wait: LatencyStats | None = None  # the wait the batch cap and the KV cache add
+    admission_wait_fraction: float | None = None  # P(that wait > 0)
+    preempted_fraction: float | None = None  # share of requests preempted (recompute) at least once
+    preemptions_per_request: float | None = None
+    preemption_mean_s: float | None = None  # latency preemptions add to a preempted request, mean
 
 
 # --------------------------------------------------------------------------- engine
@@ -708,55 +912,82 @@ def raw_service_draws(dist: str, mean_s: float, cv: float | None, n: int | tuple
     raise InputError("service_dist", f"expected one of exp, det, lognormal, gamma, got {dist!r}")
 
 
+@dataclass(frozen=True)
+class _Limited:
+    """What the engine's limits did to the kept requests of one evaluation."""
+
+    admission_wait_s: np.ndarray  # queueing delay the batch cap and the KV cache add (W − W uncapped)
+    preemptions: np.ndarray  # times each request was preempted (recompute)
+    first_token_delay_s: np.ndarray  # what preemptions before the first token add to TTFT
+    decode_delay_s: np.ndarray  # what preemptions after it add to the decode time
+
+
+LIMIT_PASSES = 3  # fixed-point passes of admission ↔ decode windows once a limit binds (p95 TTFT within ~3%)
+
+
 def _evaluate(draws: _Draws, coef: ServiceCoefficients | None, moments: WorkloadMoments | None,
-              rate_rps: float, servers: int, warm: int, want_tbt: bool = True):
-    """(ttft, tbt or None, wait, service, operating point or None) at λ: kept columns only."""
+              rate_rps: float, servers: int, warm: int, want_tbt: bool = True, limits: EngineLimits | None = None):
+    """(ttft, tbt or None, wait, service, operating point or None, _Limited or None) at λ: kept
+    columns only. ``limits`` None: no batch cap and no KV limit (the paper's GAUSS)."""
     inter = draws.unit_inter / rate_rps
     if coef is None:
         S = draws.raw_service_s
-        op = None
-        overhead = 0.0
+        W = queue_waits(S, inter, servers)[:, warm:]
+        return W + S[:, warm:], None, W, S[:, warm:], None, None
+    op = operating_point(coef, moments, rate_rps / servers, limits)
+    if op.chunk_tokens == coef.chunk_tokens and draws.prefill_s is not None:
+        compute, n = draws.prefill_s, draws.chunks
     else:
-        op = operating_point(coef, moments, rate_rps / servers)
-        compute, n = ((draws.prefill_s, draws.chunks) if draws.prefill_s is not None
-                      else prefill_compute_s(coef, draws.inp, draws.cached))
-        S = compute + n * op.decode_step_s  # GAUSS §3.4: chunk steps carry the decode batch
-        slot_steps, lag = n, np.zeros_like(S)
-        if coef.prefill_packing and servers == 1:
-            S, slot_steps, lag = _packed_service(S, compute, n, op.decode_step_s, inter,
-                                                 draws.inp - draws.cached, coef.chunk_tokens - op.decode_batch)
-        overhead = coef.request_overhead_s
+        compute, n = prefill_compute_s(coef, draws.inp, draws.cached, op.chunk_tokens)
+    full_s = compute + n * op.decode_step_s  # GAUSS §3.4: chunk steps carry the decode batch
+    S, shared, lag = full_s, None, np.zeros_like(full_s)
+    if coef.prefill_packing and servers == 1:
+        S, shared, lag = _packed_service(full_s, compute, n, op.decode_step_s, inter, draws.inp - draws.cached,
+                                         op.chunk_tokens)
+    slot_steps = n if shared is None else n - shared
     W_all = queue_waits(S, inter, servers)
+
+    def tbt_of(W_all, S, slot_steps, lag):  # per request, every column
+        if servers == 1:
+            return _tbt_sample_path(coef, moments, op, inter, W_all, S, slot_steps, lag, draws.inp, draws.out)
+        return _tbt_mean_field(coef, moments, op, draws.inp, draws.out, draws.z_batch, draws.z_chunk,
+                               None if limits is None else limits.slots)
+
+    tbt_all = tbt_of(W_all, S, slot_steps, lag) if (want_tbt or limits is not None) else None
+    limited = None
+    if limits is not None:
+        W_all, S, lag, tbt_all, limited = _apply_limits(
+            coef, moments, op, limits, draws, inter, servers, full_s, S, shared, lag, n, W_all, tbt_all, tbt_of, warm)
     W = W_all[:, warm:]
-    ttft = W + S[:, warm:] + overhead  # GAUSS §3.7
-    if coef is not None:
-        ttft = ttft + lag[:, warm:]
-    if coef is not None and draws.u_residual is not None:
+    ttft = W + S[:, warm:] + coef.request_overhead_s  # GAUSS §3.7
+    ttft = ttft + lag[:, warm:]
+    if draws.u_residual is not None:
         # a request that finds the prefill slot free still waits for the engine's step in flight:
         # residual life of a step of length d̄ (Kleinrock, Queueing Systems I, eq. 5.12; U(0, d̄)
         # for a fixed length), the engine being busy with probability 1 − e^{−B̄} (PASTA)
         busy = -math.expm1(-op.decode_batch)
         ttft = ttft + np.where(W == 0.0, draws.u_residual[:, warm:] * op.decode_step_s * busy, 0.0)
+    preempted = limited is not None and limited.preemptions.any()
+    if preempted:  # waiting for re-admission and the recompute delay the first token, or the later ones
+        ttft = ttft + limited.first_token_delay_s
     tbt = None
-    if coef is not None and want_tbt:
-        if servers == 1:
-            tbt = _tbt_sample_path(coef, moments, op, inter, W_all, S, slot_steps, lag, draws.inp,
-                                   draws.out)[:, warm:]
-        else:
-            tbt = _tbt_mean_field(coef, moments, op, draws.inp[:, warm:], draws.out[:, warm:],
-                                  draws.z_batch[:, warm:], draws.z_chunk[:, warm:])
-        tbt = np.where(draws.out[:, warm:] >= 2.0, tbt, -1.0)  # one output token: no TBT
-    return ttft, tbt, W, S[:, warm:], op
+    if want_tbt:
+        tbt = tbt_all[:, warm:]
+        out = draws.out[:, warm:]
+        if preempted:
+            tbt = tbt + limited.decode_delay_s / np.maximum(out - 1.0, 1.0)
+        tbt = np.where(out >= 2.0, tbt, -1.0)  # one output token: no TBT
+    return ttft, tbt, W, S[:, warm:], op, limited
 
 
 def _packed_service(full_s, compute_s, chunks, step_s, inter, uncached, budget_tokens, passes: int = 2):
     """Prefill-slot service with vLLM's prompt packing (GAUSS §3.4 amended): a step admits every
     waiting prompt that fits its token budget, so a request that arrived before its predecessor
-    started (A_i < W_{i−1}) and fits beside it (s_{i−1} + s_i ≤ Δ − B̄) shares that step and
+    started (A_i < W_{i−1}) and fits beside it (s_{i−1} + s_i ≤ Δ) shares that step and
     pays its compute and later chunk steps only, S_i = S_c,i + (n_i − 1)·d̄, instead of
     S_c,i + n_i·d̄. Who waited depends on S: fixed-point passes of the Lindley recurrence (§3.6)
-    starting from the unpacked service. Returns (S, engine steps each service spans: n_i, or
-    n_i − 1 when shared, and the lag from the end of each service to the end of the step it
+    starting from the unpacked service. Returns (S, whether each request shares its
+    predecessor's step, and the lag from the end of each service to the end of the step it
     shares, when its first token comes)."""
     fits = np.zeros(full_s.shape, dtype=bool)
     fits[:, 1:] = uncached[:, 1:] + uncached[:, :-1] <= budget_tokens
@@ -766,27 +997,290 @@ def _packed_service(full_s, compute_s, chunks, step_s, inter, uncached, budget_t
         W = lindley_waits(S, inter)
         shared[:, 1:] = fits[:, 1:] & (inter[:, 1:] < W[:, :-1])
         S = np.where(shared, packed_s, full_s)
-    # every member of a shared step gets its first token when the step ends: at the last
-    # member's service end (FCFS ends are nondecreasing)
     end = np.cumsum(inter, axis=1) + lindley_waits(S, inter) + S
+    return S, shared, _shared_step_lag(end, shared)
+
+
+def _shared_step_lag(end, shared):
+    """Every member of a shared step gets its first token when the step ends, at the last
+    member's service end (FCFS ends are nondecreasing): that end minus each one's own."""
     n = end.shape[1]
     last = np.ones_like(shared)
     last[:, :-1] = ~shared[:, 1:]  # i closes its step unless i + 1 joins it
     step_end = np.minimum.accumulate(np.where(last, np.arange(n), n - 1)[:, ::-1], axis=1)[:, ::-1]
-    return S, chunks - shared, np.take_along_axis(end, step_end, axis=1) - end
+    return np.take_along_axis(end, step_end, axis=1) - end
 
 
-def _tbt_mean_field(coef, moments, op, inp, out, z_batch, z_chunk):
-    """TBT with a fixed-over-lifetime batch 1 + Poisson(B̄) (PASTA; normal approximation) and a
-    Binomial(K, f)/K share of chunk steps (normal approximation). Used for k > 1 servers."""
+def _tbt_mean_field(coef, moments, op, inp, out, z_batch, z_chunk, slots=None):
+    """TBT with a fixed-over-lifetime batch 1 + Poisson(B̄) (PASTA; normal approximation), at
+    most ``slots``, and a Binomial(K, f)/K share of chunk steps (normal approximation). Used for
+    k > 1 servers."""
     b = op.decode_batch
     others = np.maximum(b + math.sqrt(b) * z_batch, 0.0)
+    if slots is not None:
+        others = np.minimum(others, slots - 1.0)  # the cap bounds the running set
     own_ctx = inp + (out + 1.0) / 2.0
     d = decode_step_s(coef, 1.0 + others, own_ctx + others * moments.context_tokens)
     steps = np.maximum(out - 1.0, 1.0)
     f = min(op.chunk_step_fraction, 1.0)
     frac = np.clip(f + np.sqrt(f * (1.0 - f) / steps) * z_chunk, 0.0, 1.0)
     return d + frac * op.mean_chunk_s  # GAUSS §3.4: chunk steps inflate the decode step
+
+
+# --------------------------------------------------------------------------- engine limits
+
+
+def _apply_limits(coef, moments, op, limits, draws, inter, servers, full_s, S, shared, lag, chunks, W_all, tbt_all,
+                  tbt_of, warm):
+    """The path under the batch cap and the KV cache (module docstring, "Engine limits"):
+    (W, S, lag, TBT for every column, _Limited on the kept columns). Unchanged where no limit
+    binds on the uncapped path."""
+    arrival = np.cumsum(inter, axis=1)
+    out = draws.out
+    slots = servers * limits.slots  # k engines behind one queue pool their running sets
+    kv = None
+    if limits.kv_capacity_tokens is not None:  # the longest cached prefix is resident once
+        kv = servers * limits.kv_capacity_tokens - moments.shared_prefix_tokens
+    prompt = draws.inp - draws.cached + limits.block_size / 2.0  # own blocks, half a block rounding
+    steps = np.maximum(out - 1.0, 0.0)
+
+    def windows(W_all, S, lag, tbt_all):  # (start, first token, departure, tokens/s of KV growth)
+        start = arrival + W_all
+        first = start + S + lag
+        return (start, first, first + np.where(steps > 0, steps * tbt_all, 0.0),
+                np.where(steps > 0, 1.0 / np.maximum(tbt_all, 1e-300), 0.0))
+
+    start, first, dep, growth = windows(W_all, S, lag, tbt_all)
+    kept = (slice(None), slice(warm, None))
+    none = np.zeros(out[kept].shape)
+    seats_bind, kv_binds = _limits_bind(start, first, dep, prompt, growth, slots, kv)
+    if not (seats_bind or kv_binds):
+        return W_all, S, lag, tbt_all, _Limited(none, none, none, none)
+    if not kv_binds:
+        kv = None  # a cache the uncapped path never fills holds the capped one too (fewer run at once)
+    unshared = np.zeros(S.shape, dtype=bool) if shared is None else shared
+    if kv is not None:  # a preempted request recomputes its prompt and the tokens it has (§3.2 at Δ, §3.4)
+        top_s, top_n = prefill_compute_s(coef, draws.inp + steps, draws.cached, op.chunk_tokens)
+        redo = (full_s, top_s + top_n * op.decode_step_s, steps)
+    hold = dep - first
+    for k in range(LIMIT_PASSES):
+        if kv is None:
+            p, p0, S_used, switched = _admit(arrival, S, full_s, unshared, lag, hold, servers, slots)
+            preemptions = first_delay = decode_delay = np.zeros(S.shape)
+        else:
+            p, p0, S_used, switched, preemptions, first_delay, decode_delay = _admit_kv(
+                arrival, S, full_s, unshared, lag, hold, servers, slots, kv, prompt, growth, *redo)
+        lag_now = lag
+        if shared is not None:
+            now = shared & ~switched  # a request the limits held back no longer shares its predecessor's step
+            lag_now = _shared_step_lag(p + S_used, now)
+            slot_steps = chunks - now
+        else:
+            slot_steps = chunks
+        W_new = p - arrival
+        tbt_all = tbt_of(W_new, S_used, slot_steps, lag_now)
+        start, first, dep, growth = windows(W_new, S_used, lag_now, tbt_all)
+        # the next pass holds seats for the mean of the last two decode windows: the plain
+        # iteration oscillates (long holds queue requests, which shortens the next pass's holds)
+        hold = 0.5 * (hold + dep - first) if k else dep - first
+    return W_new, S_used, lag_now, tbt_all, _Limited((p - p0)[kept], preemptions[kept], first_delay[kept],
+                                                     decode_delay[kept])
+
+
+def _admit(arrival, service, unshared_service, shared, lag, decode, servers, slots):
+    """Prefill starts p_i under FCFS with ``servers`` prefill slots and ``slots`` running-set
+    seats, per chain (the recurrence of the module docstring):
+
+        p_i = max(a_i, e_i, h_i),  e_i the earliest free prefill slot, h_i the earliest free
+        seat (Kiefer–Wolfowitz over seats: a heap of their free times).
+
+    A seat is held from p_i to the departure p_i + S_i + lag_i + decode_i. Also returns the
+    starts p0 of the prefill slots alone (no cap), the service used (a request the cap holds
+    back pays its own first chunk step: it no longer shares a predecessor's) and which
+    requests that happened to. A Python loop with O(log k) heap steps per request."""
+    from heapq import heapreplace
+
+    chains, n = arrival.shape
+    p_out, p0_out = np.empty_like(arrival), np.empty_like(arrival)
+    s_out, sw_out = service.copy(), np.zeros(arrival.shape, dtype=bool)
+    for row in range(chains):
+        a, s_l, u_l = arrival[row].tolist(), service[row].tolist(), unshared_service[row].tolist()
+        sh, lg, dc = shared[row].tolist(), lag[row].tolist(), decode[row].tolist()
+        pre, pre0, seats = [0.0] * servers, [0.0] * servers, [0.0] * slots
+        p, p0, used, switched = [0.0] * n, [0.0] * n, list(s_l), [False] * n
+        for i in range(n):
+            ai = a[i]
+            t0 = pre0[0] if pre0[0] > ai else ai
+            heapreplace(pre0, t0 + s_l[i])
+            free = pre[0] if pre[0] > ai else ai
+            t = seats[0] if seats[0] > free else free
+            si, lag_i = s_l[i], lg[i]
+            if t > free and sh[i]:
+                si, lag_i = u_l[i], 0.0
+                used[i], switched[i] = si, True
+            heapreplace(pre, t + si)
+            heapreplace(seats, t + si + lag_i + dc[i])
+            p[i], p0[i] = t, t0
+        p_out[row], p0_out[row], s_out[row], sw_out[row] = p, p0, used, switched
+    return p_out, p0_out, s_out, sw_out
+
+
+def _admit_kv(arrival, service, unshared_service, shared, lag, decode, servers, slots, kv, prompt, growth,
+              redo_first_s, redo_last_s, steps):
+    """:func:`_admit` with a KV cache of ``kv`` tokens, event by event per chain (module
+    docstring, "KV cache"). The running set's resident context is R(t) = Σ r_j + g_j·(t − f_j)
+    (r_j resident at its admission, g_j = 1/τ_j tokens/s from its first token f_j). A request
+    is admitted when a seat is free, no preempted request waits and R leaves room for its
+    prompt; when R reaches ``kv`` the newest running request is preempted (recompute): it
+    frees its blocks and waits at the front of the queue; re-admitted when a departure leaves
+    room, it recomputes its prompt and the k tokens it had on a prefill slot (``redo_first_s``
+    + (``redo_last_s`` − ``redo_first_s``)·k/``steps``) and decodes the rest. Returns (p, p0,
+    service used, switched, preemptions, first-token delay, decode delay per request)."""
+    from heapq import heappop, heappush, heapreplace
+
+    inf = math.inf
+    chains, n = arrival.shape
+    outs = [np.empty_like(arrival), np.empty_like(arrival), service.copy(), np.zeros(arrival.shape, dtype=bool),
+            np.zeros(arrival.shape), np.zeros(arrival.shape), np.zeros(arrival.shape)]
+    for row in range(chains):
+        a, s_l, u_l = arrival[row].tolist(), service[row].tolist(), unshared_service[row].tolist()
+        sh, lg, dc, r0, g = (x[row].tolist() for x in (shared, lag, decode, prompt, growth))
+        lo, hi, st = redo_first_s[row].tolist(), redo_last_s[row].tolist(), steps[row].tolist()
+        pre, pre0 = [0.0] * servers, [0.0] * servers
+        p, p0, used, switched = [0.0] * n, [0.0] * n, list(s_l), [False] * n
+        preempted, first, token, done, gone = [0] * n, [0.0] * n, [inf] * n, [0.0] * n, [0.0] * n
+        resident, gen, live = list(r0), [0] * n, [False] * n
+        running, order, waiting = [], [], []  # departures (t, i, gen); admission order; preempted
+        state = [0.0, 0.0, 0.0, 0, 0.0]  # Σ r, Σ g, Σ g·f over the running set, seats taken, clock
+
+        def enter(j, t_start, slot_s, lag_s):  # j takes a prefill slot at t_start, then decodes
+            heapreplace(pre, t_start + slot_s)
+            first[j] = t_start + slot_s + lag_s
+            if token[j] == inf:  # its first token comes at the end of this (re)computed prefill
+                token[j] = first[j]
+            rest = dc[j] * (1.0 - done[j] / st[j]) if st[j] else 0.0
+            heappush(running, (first[j] + rest, j, gen[j]))
+            live[j] = True
+            order.append(j)
+            state[0] += resident[j]
+            state[1] += g[j]
+            state[2] += g[j] * first[j]
+            state[3] += 1
+
+        def leave(j):
+            live[j] = False
+            state[0] -= resident[j]
+            state[1] -= g[j]
+            state[2] -= g[j] * first[j]
+            state[3] -= 1
+
+        def next_departure():
+            while running and gen[running[0][1]] != running[0][2]:
+                heappop(running)  # a preempted request's old departure
+            return running[0][0] if running else inf
+
+        def advance(until):  # departures, preemptions and re-admissions up to ``until``
+            while True:
+                d = next_departure()
+                base, rate, rate_at, taken, now = state
+                over = inf  # when R(t) = base + rate·t − rate_at reaches the cache
+                if taken > 1:
+                    if rate > 0.0:
+                        over = max(now, (kv - base + rate_at) / rate)
+                    elif base - rate_at > kv:
+                        over = now
+                if min(d, over) > until or d == over == inf:
+                    return
+                if over < d:  # preempt the newest running request (vLLM: the last of its running list)
+                    state[4] = over
+                    v = order.pop()
+                    while not live[v]:
+                        v = order.pop()
+                    leave(v)
+                    gen[v] += 1
+                    if over < token[v]:
+                        token[v] = inf  # no token yet: the prompt is recomputed in full
+                    else:
+                        done[v] = min(done[v] + max(over - first[v], 0.0) * g[v], st[v])
+                    resident[v] = r0[v] + done[v]
+                    preempted[v] += 1
+                    waiting.append(v)
+                    continue
+                _, j, _ = heappop(running)
+                leave(j)
+                gone[j] = state[4] = d
+                while waiting and state[3] < slots:  # the preempted go first, the last preempted first
+                    v = waiting[-1]
+                    if state[3] and state[0] + state[1] * d - state[2] + resident[v] > kv:
+                        break
+                    waiting.pop()
+                    redo = lo[v] + (hi[v] - lo[v]) * (done[v] / st[v] if st[v] else 0.0)
+                    enter(v, max(d, pre[0]), redo, 0.0)
+
+        last = 0.0
+        for i in range(n):
+            ai = a[i]
+            t0 = pre0[0] if pre0[0] > ai else ai
+            heapreplace(pre0, t0 + s_l[i])
+            free = max(ai, pre[0], last)  # FCFS: never before its predecessor
+            t = free
+            while True:
+                advance(t)
+                if pre[0] > t:  # a re-admitted request took the prefill slot
+                    t = pre[0]
+                    continue
+                base, rate, rate_at, taken, _ = state
+                if not waiting and taken < slots and (not taken or base + rate * t - rate_at + r0[i] <= kv):
+                    break
+                t = max(t, next_departure())  # wait for the next departure
+            si, lag_i = s_l[i], lg[i]
+            if t > free and sh[i]:
+                si, lag_i = u_l[i], 0.0
+                used[i], switched[i] = si, True
+            state[4] = last = t
+            enter(i, t, si, lag_i)
+            p[i], p0[i] = t, t0
+        advance(inf)
+        own_first = [p[j] + used[j] + (0.0 if switched[j] else lg[j]) for j in range(n)]
+        delay_first = [token[j] - own_first[j] if preempted[j] else 0.0 for j in range(n)]
+        delay_decode = [gone[j] - token[j] - dc[j] if preempted[j] else 0.0 for j in range(n)]
+        for arr, vals in zip(outs, (p, p0, used, switched, preempted, delay_first, delay_decode)):
+            arr[row] = vals
+    return tuple(outs)
+
+
+def _resident_tokens(t, start, first, dep, prompt, growth, at_departure: bool):
+    """R(t) = Σ_j prompt_j·[start_j ≤ t < dep_j] + growth_j·(t − first_j)·[first_j ≤ t < dep_j]
+    for one chain (``start`` nondecreasing), by cumulative sums; ``at_departure``: just before
+    t, so a request departing at t still counts."""
+    side = "left" if at_departure else "right"
+    by_dep, by_first = np.argsort(dep), np.argsort(first)
+    csum = lambda x: np.concatenate(([0.0], np.cumsum(x)))  # noqa: E731
+    ks = np.searchsorted(start, t, side="right")
+    kd = np.searchsorted(dep[by_dep], t, side=side)
+    kf = np.searchsorted(first[by_first], t, side="right")
+    held = csum(prompt)[ks] - csum(prompt[by_dep])[kd]
+    grown = t * csum(growth[by_first])[kf] - csum((growth * first)[by_first])[kf]
+    gone = t * csum(growth[by_dep])[kd] - csum((growth * first)[by_dep])[kd]
+    return held + grown - gone
+
+
+def _limits_bind(start, first, dep, prompt, growth, slots, kv) -> tuple[bool, bool]:
+    """Whether the seats and the KV cache bind anywhere on a path: a request starts with ≥
+    ``slots`` others still running (#{j < i: dep_j > p_i} = i − #{j: dep_j ≤ p_i}, as later
+    requests start later); the resident context exceeds ``kv`` just after an admission or just
+    before a departure (its local maxima: R only grows between departures)."""
+    n = start.shape[1]
+    seats = cache = False
+    for row in range(start.shape[0]):
+        if not seats:
+            running = np.arange(n) - np.searchsorted(np.sort(dep[row]), start[row], side="right")
+            seats = bool(running.max(initial=0) >= slots)
+        if kv is not None and not cache:
+            args = (start[row], first[row], dep[row], prompt[row], growth[row])
+            cache = bool(_resident_tokens(start[row], *args, at_departure=False).max(initial=0.0) > kv
+                         or _resident_tokens(dep[row], *args, at_departure=True).max(initial=0.0) > kv)
+    return seats, cache
 
 
 def _occupancy_integral(starts, ends):
@@ -858,6 +1352,7 @@ def _tbt_sample_path(coef, moments, op, inter, W, S, slot_steps, lag, inp, out, 
     return tbt
 
 
+
 def _groups(x: np.ndarray, replications: int, valid: np.ndarray | None = None) -> list[np.ndarray]:
     rows = x.reshape(replications, -1)
     if valid is None:
@@ -878,7 +1373,7 @@ HINT_BRACKET = 0.05  # a warm start first brackets λ* within ±5% of the hint
 
 
 def _sustainable(draws, coef, moments, servers, warm, stable_rps, stable_stage, slo_ttft_s, slo_tbt_s, q,
-                 rel_tol=1e-3, hint_rps=None):
+                 rel_tol=1e-3, hint_rps=None, limits=None):
     """λ* by bisection with common random numbers: the largest λ whose q-quantiles meet the SLOs.
 
     ``hint_rps`` (a λ* found on nearby inputs) starts the bisection from the bracket ±5% around
@@ -888,7 +1383,8 @@ def _sustainable(draws, coef, moments, servers, warm, stable_rps, stable_stage, 
         return stable_rps, stable_stage, None
 
     def meets(lam):
-        ttft, tbt, *_ = _evaluate(draws, coef, moments, lam, servers, warm, want_tbt=slo_tbt_s is not None)
+        ttft, tbt, *_ = _evaluate(draws, coef, moments, lam, servers, warm, want_tbt=slo_tbt_s is not None,
+                                  limits=limits)
         tq, bq = _tail(ttft, tbt, q)
         if slo_ttft_s is not None and tq > slo_ttft_s:
             return "ttft_slo", tq
@@ -955,11 +1451,11 @@ def _check_common(rate_rps, servers, samples, replications, quantile):
     return rate
 
 
-def _sweep(draws, coef, moments, servers, warm, stable_rps, points, fractions=None):
+def _sweep(draws, coef, moments, servers, warm, stable_rps, points, fractions=None, limits=None):
     fr = np.linspace(0.05, 0.98, points) if fractions is None else np.asarray(fractions)
     out = []
     for lam in fr * stable_rps:
-        ttft, tbt, _, _, op = _evaluate(draws, coef, moments, float(lam), servers, warm)
+        ttft, tbt, _, _, op, _ = _evaluate(draws, coef, moments, float(lam), servers, warm, limits=limits)
         tt = tuple(float(v) for v in np.quantile(ttft, QUANTILES))
         bt = None
         if tbt is not None and np.any(tbt >= 0):
@@ -981,8 +1477,8 @@ def _search_draws(draws: _Draws, search_samples: int, servers: int, warm: int):
 
 
 def _finish(draws, coef, moments, rate, servers, replications, chains, warm, slo_ttft_s, slo_tbt_s,
-            quantile, sweep_points, search_samples, stable_rps, stable_stage, rng_plot):
-    ttft, tbt, W, S, op = _evaluate(draws, coef, moments, rate, servers, warm)
+            quantile, sweep_points, search_samples, stable_rps, stable_stage, rng_plot, limits=None):
+    ttft, tbt, W, S, op, limited = _evaluate(draws, coef, moments, rate, servers, warm, limits=limits)
     # group chains into replications: (chains, kept) -> (replications, chains/replications·kept)
     ttft_stats = latency_stats(_groups(ttft, replications), quantile)
     wait_stats = latency_stats(_groups(W, replications), quantile)
@@ -995,8 +1491,8 @@ def _finish(draws, coef, moments, rate, servers, replications, chains, warm, slo
         e2e_stats = latency_stats(_groups(ttft + (out - 1.0) * np.maximum(tbt, 0.0), replications), quantile)  # GAUSS §3.7
     sd = _search_draws(draws, search_samples, servers, warm)
     lam_star, binding, note = _sustainable(sd, coef, moments, servers, warm, stable_rps, stable_stage,
-                                           slo_ttft_s, slo_tbt_s, quantile)
-    sweep = _sweep(sd, coef, moments, servers, warm, stable_rps, sweep_points) if sweep_points else ()
+                                           slo_ttft_s, slo_tbt_s, quantile, limits=limits)
+    sweep = _sweep(sd, coef, moments, servers, warm, stable_rps, sweep_points, limits=limits) if sweep_points else ()
     mean_s = op.mean_service_s if op is not None else servers / stable_rps  # raw queue: nominal E[S]
     rho = op.utilisation if op is not None else rate * mean_s / servers
     sub = rng_plot.choice(ttft.size, size=min(ttft.size, 20000), replace=False)
@@ -1009,21 +1505,46 @@ def _finish(draws, coef, moments, rate, servers, replications, chains, warm, slo
         service_rate_rps=servers / mean_s, utilisation=rho, stable_rate_rps=stable_rps, stable_binding=stable_stage,
         sustainable_rate_rps=lam_star, sustainable_binding=binding, sustainable_note=note,
         decode_batch=None if op is None else op.decode_batch, quantile=quantile, samples=int(ttft.size),
-        replications=replications, sweep=sweep, e2e=e2e_stats, ttft_sample_s=ttft.ravel()[sub], tbt_sample_s=tbt_sub)
+        replications=replications, sweep=sweep, e2e=e2e_stats, ttft_sample_s=ttft.ravel()[sub], tbt_sample_s=tbt_sub,
+        **_limit_fields(limited, limits, op, replications, quantile))
 
 
-def _engine_draws(workload, coef, rng, servers, burst_cv, samples, replications, **positive):
+def _limit_fields(limited: _Limited | None, limits: EngineLimits | None, op, replications: int, quantile: float):
+    """GaussResult's engine-limit fields from one evaluation (None without limits)."""
+    if limited is None:
+        return {}
+    preempted = limited.preemptions > 0
+    delay_s = limited.first_token_delay_s + limited.decode_delay_s
+    return dict(limits=limits, prefill_chunk_tokens=op.chunk_tokens,
+                admission_wait=latency_stats(_groups(limited.admission_wait_s, replications), quantile),
+                admission_wait_fraction=float(np.mean(limited.admission_wait_s > 0.0)),
+                preempted_fraction=float(preempted.mean()), preemptions_per_request=float(limited.preemptions.mean()),
+                preemption_mean_s=float(delay_s[preempted].mean()) if preempted.any() else 0.0)
+
+
+def _engine_draws(workload, coef, rng, servers, burst_cv, samples, replications, limits, **positive):
     """(draws, moments, chains, warm, stability limit, its stage) of an engine simulation, after
-    checking ``coef`` and that each of ``positive`` (name: value or None) is positive."""
+    checking ``coef``, ``limits`` and that each of ``positive`` (name: value or None) is positive."""
     for name, v in positive.items():
         if v is not None:
             _positive(name, v)
     if not isinstance(coef, ServiceCoefficients):
         raise InputError("coef", f"expected ServiceCoefficients, got {type(coef).__name__}")
+    if limits is not None:
+        if not isinstance(limits, EngineLimits):
+            raise InputError("limits", f"expected EngineLimits or None, got {type(limits).__name__}")
+        if coef.chunk_tokens < limits.slots:  # vLLM refuses this too (SchedulerConfig)
+            raise InputError("max_num_batched_tokens", f"the token budget {coef.chunk_tokens} is below the batch cap "
+                             f"{limits.slots}: expected max_num_batched_tokens ≥ max_num_seqs")
     chains, kept, warm = _layout(samples, replications, servers)
-    draws = _with_prefill(_draw_llm(workload, chains, kept + warm, burst_cv, rng), coef)
+    draws = _draw_llm(workload, chains, kept + warm, burst_cv, rng)
+    if limits is not None:  # vLLM's prefix cache hits whole blocks only; off, nothing is cached
+        cached = (np.floor(draws.cached / limits.block_size) * limits.block_size if limits.enable_prefix_caching
+                  else np.zeros_like(draws.cached))
+        draws = replace(draws, cached=cached)
+    draws = _with_prefill(draws, coef)
     moments = workload_moments(coef, draws.inp, draws.cached, draws.out)
-    return (draws, moments, chains, warm, *stability_limit_rps(coef, moments, servers))
+    return (draws, moments, chains, warm, *stability_limit_rps(coef, moments, servers, limits))
 
 
 def simulate(
@@ -1031,24 +1552,28 @@ def simulate(
     rng: np.random.Generator, servers: int = 1, burst_cv: float = 1.0, samples: int = 10**6,
     replications: int = 8, slo_ttft_s: float | None = None, slo_tbt_s: float | None = None,
     quantile: float = 0.95, sweep_points: int = 0, search_samples: int = 200_000,
+    limits: EngineLimits | None = DEFAULT_LIMITS,
 ) -> GaussResult:
     """GAUSS Algorithm 1: TTFT/TBT/wait distributions at λ = ``rate_rps`` on ``servers`` engines
     sharing one FCFS queue, the service rate, the stability limit and the SLO-sustainable rate
     (bisection over λ with common random numbers on ``search_samples`` samples), and optionally a
-    λ sweep of ``sweep_points`` rates from 5% to 98% of the stability limit.
+    λ sweep of ``sweep_points`` rates from 5% to 98% of the stability limit. ``limits``: the
+    engine's batch cap, KV cache and prefix caching (vLLM's defaults; None: none of them).
 
     Raises :class:`Infeasible` when ``rate_rps`` is at or past the stability limit; an SLO that
     no λ > 0 meets gives ``sustainable_rate_rps = 0`` and an ``infeasible: …`` note.
     """
     rate = _check_common(rate_rps, servers, samples, replications, quantile)
     draws, moments, chains, warm, stable_rps, stage = _engine_draws(
-        workload, coef, rng, servers, burst_cv, samples, replications, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s)
+        workload, coef, rng, servers, burst_cv, samples, replications, limits, slo_ttft_s=slo_ttft_s,
+        slo_tbt_s=slo_tbt_s)
     if rate >= stable_rps:
-        op_stage = stage
-        raise Infeasible(op_stage, f"{rate:.4g} req/s is at or past the stability limit {stable_rps:.4g} req/s "
-                         f"({servers} server{'s' if servers > 1 else ''}; ρ ≥ 1)", stable_rate_rps=stable_rps)
+        why = {"batch": "the running set fills max_num_seqs", "kv": "the KV cache cannot hold the decode batch"}
+        raise Infeasible(stage, f"{rate:.4g} req/s is at or past the stability limit {stable_rps:.4g} req/s "
+                         f"({servers} server{'s' if servers > 1 else ''}; {why.get(stage, 'ρ ≥ 1')})",
+                         stable_rate_rps=stable_rps)
     return _finish(draws, coef, moments, rate, servers, replications, chains, warm, slo_ttft_s, slo_tbt_s,
-                   quantile, sweep_points, search_samples, stable_rps, stage, rng)
+                   quantile, sweep_points, search_samples, stable_rps, stage, rng, limits)
 
 
 @dataclass(frozen=True)
@@ -1066,7 +1591,7 @@ def sustainable_rate(
     workload: Workload | BucketWorkload, coef: ServiceCoefficients, *, rng: np.random.Generator,
     servers: int = 1, burst_cv: float = 1.0, samples: int = 200_000, replications: int = 4,
     slo_ttft_s: float | None = None, slo_tbt_s: float | None = None, quantile: float = 0.95,
-    rel_tol: float = 1e-3, hint_rps: float | None = None,
+    rel_tol: float = 1e-3, hint_rps: float | None = None, limits: EngineLimits | None = DEFAULT_LIMITS,
 ) -> SustainableRate:
     """GAUSS's λ search alone (Algorithm 1's bisection over λ, common random numbers): what an
     autoscaler needs, without the full distributions at one rate that :func:`simulate` adds.
@@ -1077,10 +1602,10 @@ def sustainable_rate(
     if not (isinstance(rel_tol, (int, float)) and 0 < rel_tol < 1):
         raise InputError("rel_tol", f"expected a relative tolerance in (0, 1), got {rel_tol!r}")
     draws, moments, _, warm, stable_rps, stage = _engine_draws(
-        workload, coef, rng, servers, burst_cv, samples, replications, slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s,
-        hint_rps=hint_rps)
+        workload, coef, rng, servers, burst_cv, samples, replications, limits, slo_ttft_s=slo_ttft_s,
+        slo_tbt_s=slo_tbt_s, hint_rps=hint_rps)
     lam, binding, note = _sustainable(draws, coef, moments, servers, warm, stable_rps, stage, slo_ttft_s,
-                                      slo_tbt_s, quantile, rel_tol=rel_tol, hint_rps=hint_rps)
+                                      slo_tbt_s, quantile, rel_tol=rel_tol, hint_rps=hint_rps, limits=limits)
     return SustainableRate(float(lam), binding, float(stable_rps), note)
 
 
@@ -1114,14 +1639,13 @@ def simulate_queue(
 def sweep_rates(
     workload: Workload | BucketWorkload, coef: ServiceCoefficients, *, rng: np.random.Generator,
     points: int = 20, servers: int = 1, burst_cv: float = 1.0, samples: int = 200_000, replications: int = 4,
+    limits: EngineLimits | None = DEFAULT_LIMITS,
 ) -> tuple[SweepPoint, ...]:
     """λ sweep alone (GAUSS §3.7): TTFT/TBT p50/p95/p99 at ``points`` rates from 5% to 98% of the
     stability limit, all on the same base draws (common random numbers: curves are monotone)."""
     _check_common(1.0, servers, samples, replications, 0.95)
     if not isinstance(points, (int, np.integer)) or points < 2:
         raise InputError("points", f"expected an integer ≥ 2, got {points!r}")
-    chains, kept, warm = _layout(samples, replications, servers)
-    draws = _with_prefill(_draw_llm(workload, chains, kept + warm, burst_cv, rng), coef)
-    moments = workload_moments(coef, draws.inp, draws.cached, draws.out)
-    stable_rps, _ = stability_limit_rps(coef, moments, servers)
-    return _sweep(draws, coef, moments, servers, warm, stable_rps, points)
+    draws, moments, _, warm, stable_rps, _ = _engine_draws(workload, coef, rng, servers, burst_cv, samples,
+                                                           replications, limits)
+    return _sweep(draws, coef, moments, servers, warm, stable_rps, points, limits=limits)

@@ -47,6 +47,17 @@ def default_max_num_batched_tokens(max_model_len: int | None, chunked_prefill: b
     return max(int(max_model_len or 2048), 2048)
 
 
+def vllm_default_limits(gpu: GPU, enable_chunked_prefill: bool, max_model_len: int) -> tuple[int, int]:
+    """vLLM's (max_num_seqs, max_num_batched_tokens) defaults for the OpenAI server: V1 picks
+    (1024, 8192) on GPUs with ≥ 70 GiB (not A100), else (256, 2048); without chunked prefill
+    the budget must hold a whole prompt: max(max_model_len, 2048)."""
+    big = gpu.memory_gib >= 70 and "a100" not in gpu.key
+    seqs, tokens = (1024, 8192) if big else (256, 2048)
+    if not enable_chunked_prefill:
+        tokens = max(max_model_len, 2048)
+    return seqs, tokens
+
+
 def block_round_tokens(tokens, block_size: int = DEFAULT_BLOCK_SIZE):
     """Round token counts up to whole vLLM blocks (vectorised)."""
     if block_size <= 0:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from kneecap.errors import InputError
 from kneecap.model.arch import GIB, ModelArch
 from kneecap.model.hardware import GPU
+from kneecap.model.memory import vllm_default_limits
 from kneecap.sim.roofline import DEFAULT_STEP_COST, StepCostParams, attention_flops, step_time_s
 
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
@@ -111,17 +112,6 @@ def _positive_int(value, field_name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise InputError(field_name, f"expected a positive integer, got {value!r}")
     return value
-
-
-def vllm_default_limits(gpu: GPU, enable_chunked_prefill: bool, max_model_len: int) -> tuple[int, int]:
-    """vLLM's (max_num_seqs, max_num_batched_tokens) defaults for the OpenAI server: V1 picks
-    (1024, 8192) on GPUs with ≥ 70 GiB (not A100), else (256, 2048); without chunked prefill
-    the budget must hold a whole prompt: max(max_model_len, 2048)."""
-    big = gpu.memory_gib >= 70 and "a100" not in gpu.key
-    seqs, tokens = (1024, 8192) if big else (256, 2048)
-    if not enable_chunked_prefill:
-        tokens = max(max_model_len, 2048)
-    return seqs, tokens
 
 
 def engine_config(arch: ModelArch, gpu: GPU, *, max_num_seqs: int | None = None,
