@@ -154,7 +154,11 @@ def engine_fields(defs: dict) -> dict:
             "metadata": {"type": "object", "default": {}, "properties": {
                 "labels": labels,
                 "annotations": {"type": "object", "additionalProperties": {"type": "string"},
-                                "description": "spec.engine.podAnnotations are merged over these"}}},
+                                "description": "spec.engine.podAnnotations are merged over these",
+                                "x-kubernetes-validations": [{
+                                    "rule": "!('kneecap.io/metrics-url' in self)",
+                                    "message": "kneecap.io/metrics-url must name the pod's own IP, which no spec can "
+                                               "know: kneecap scrapes http://<podIP>:<spec.engine.port>/metrics"}]}}},
             "spec": pod_spec,
         },
     }

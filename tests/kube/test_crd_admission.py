@@ -103,3 +103,15 @@ def test_strict_field_validation_names_an_unknown_field(admin, ns):
     obj = _hostile(lambda s: s.update(colour="blue"))
     code, body = admin.request("POST", admin.path(LLMD, NS) + "?fieldValidation=Strict", obj)
     assert code == 400 and 'unknown field "spec.colour"' in body["message"], (code, body)
+
+
+@pytest.mark.parametrize(("field", "mutate"), [
+    ("spec.engine.podAnnotations", lambda s: _engine(s).update(
+        podAnnotations={"kneecap.io/metrics-url": "http://169.254.169.254/latest/meta-data"})),
+    ("spec.engine.podTemplate.metadata.annotations", lambda s: _engine(s).update(
+        podTemplate={"metadata": {"annotations": {"kneecap.io/metrics-url": "http://10.0.0.9:9000/metrics"}}})),
+])
+def test_a_metrics_url_the_operator_would_ignore_is_refused(admin, ns, field, mutate):
+    body = _rejected(admin, _hostile(mutate))
+    (cause,) = [c for c in body["details"]["causes"] if c["field"] == field]
+    assert "must name the pod's own IP" in cause["message"], cause

@@ -346,3 +346,34 @@ def test_a_replica_change_does_not_wait_for_the_cooldown_but_a_flag_change_does(
     assert patch.body["spec"]["replicas"] == d["target"]["replicas"]
     live = live_pool(applied).deployment["spec"]["template"]["spec"]["containers"]
     assert patch.body["spec"]["template"]["spec"]["containers"] == live  # the same template: no pod restarts
+
+
+def test_a_foreign_metrics_url_is_a_warning_condition_not_dropped_silently():
+    """A pod annotation naming another host is ignored (the pod's IP is scraped) and said so:
+    a Warning Event once, MetricsURLIgnored True while it lasts, False once it is gone."""
+    ignored = "pod p-0: kneecap.io/metrics-url='http://169.254.169.254/'"
+    w = P.PoolWindow("server", live_pool(), P.OPEN, "window open", ignored_metrics_url=ignored)
+    first = P.plan(gathered(w), {}, SPEC, NOW)
+    cond = St.get_condition(first.status["conditions"], St.METRICS_URL_IGNORED)
+    assert cond["status"] == "True" and cond["reason"] == "ForeignHost" and "169.254.169.254" in cond["message"]
+    assert [e.reason for e in first.events if e.type == "Warning"] == [St.METRICS_URL_IGNORED]
+    again = P.plan(gathered(w), first.status, SPEC, NOW + 30)
+    assert St.METRICS_URL_IGNORED not in [e.reason for e in again.events]
+    gone = P.plan(gathered(P.PoolWindow("server", live_pool(), P.OPEN, "window open")), again.status, SPEC, NOW + 60)
+    assert St.get_condition(gone.status["conditions"], St.METRICS_URL_IGNORED)["status"] == "False"
+    never = P.plan(gathered(P.PoolWindow("server", live_pool(), P.OPEN, "window open")), {}, SPEC, NOW)
+    assert St.get_condition(never.status["conditions"], St.METRICS_URL_IGNORED) is None
+
+
+def test_pods_the_scheduler_cannot_place_make_ready_false_with_its_message():
+    pending = {"metadata": {"name": "p-0"}, "status": {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/5 nodes are available: 4 node(s) had untolerated taint(s)."}]}}
+    why = R.unschedulable([{"metadata": {"name": "p-1"}, "status": {"phase": "Running"}}, pending])
+    assert why == "pod p-0 cannot be scheduled: 0/5 nodes are available: 4 node(s) had untolerated taint(s)."
+    pool = live_pool()
+    pool.deployment["status"] = {"readyReplicas": 0}
+    p = P.plan(gathered(P.PoolWindow("server", pool, P.NO_PODS, "no ready pod", unschedulable=why)), {}, SPEC, NOW)
+    ready = St.get_condition(p.status["conditions"], St.READY)
+    assert (ready["status"], ready["reason"]) == ("False", "PodsUnschedulable")
+    assert ready["message"] == f"server: {why}" and p.status["phase"] == "Pending"

@@ -240,6 +240,10 @@ MALFORMED = [
     ({"engine.envFrom": [{"secretRef": "hf-token"}]}, "spec.engine.envFrom[0].secretRef"),
     ({"engine.resources": {"limits": {"nvidia.com/gpu": [1]}}}, "spec.engine.resources.limits.nvidia.com/gpu"),
     ({"engine.resources": {"limits": {"nvidia.com/gpu": "one"}}}, "spec.engine.resources.limits"),
+    # a metrics URL must name the pod's own IP: no spec knows it (the operator would ignore it)
+    ({"engine.podAnnotations": {"kneecap.io/metrics-url": "http://10.0.0.9:9000/metrics"}}, "spec.engine.podAnnotations"),
+    ({"engine.podTemplate": {"metadata": {"annotations": {"kneecap.io/metrics-url": "http://metadata/x"}}}},
+     "spec.engine.podTemplate.metadata.annotations"),
     ({"engine.resources": {"requests": {"memory": "16 gigs"}}}, "spec.engine.resources.requests"),
     ({"engine.shmSize": "lots"}, "spec.engine.shmSize"),
     ({"engine.modelCache": {"mountPath": "/cache"}}, "spec.engine.modelCache.claimName"),
@@ -368,7 +372,7 @@ def test_target_ref_parses_each_pool_and_its_container():
 def test_every_cel_rule_is_in_the_malformed_table():
     tested = {re.sub(r"\[\d+\]", "[]", f) for _, f in MALFORMED + TARGET_SPECS if f}
     rules = _cel_fields(S.spec_schema())
-    assert len(rules) == 26 and rules <= tested, rules - tested
+    assert len(rules) == 28 and rules <= tested, rules - tested
 
 
 def test_managed_flag_message_names_the_flag():
@@ -563,3 +567,15 @@ def test_managed_flag_regex_is_the_flag_table():
         for name in (flag, shortest, flag.replace("-", "_")):
             assert re.match(want, f"--{name}=1") and re.match(want, f"--{name}"), name
         assert not re.match(want, f"--{shortest[:-1]}=1") and not re.match(want, f"--{flag}x")
+
+
+@pytest.mark.parametrize(("path", "value", "field"), [
+    ("engine.gpuMemoryUtilization", float("nan"), "spec.engine.gpuMemoryUtilization"),
+    ("slo.ttftSeconds", float("inf"), "spec.slo.ttftSeconds"),
+    ("accelerator.costPerHour", float("-inf"), "spec.accelerator.costPerHour"),
+    ("budget", {"maxCostPerHour": float("nan")}, "spec.budget.maxCostPerHour"),
+])
+def test_nan_and_infinities_are_refused_wherever_a_number_is_read(path, value, field):
+    with pytest.raises(InputError) as exc:
+        S.parse_spec(with_(path, value))
+    assert exc.value.field == field and "expected a finite number" in str(exc.value)

@@ -162,7 +162,7 @@ async def observe_pool(ctx: LoopContext, mem: LoopMemory, ns: str, name: str, sp
     port = state.adoption.port if state.adoption is not None else spec.engine.port
     window = await observe_window(ctx, mem, spec, state, [u for u in (R.metrics_url(p, port) for p in pods) if u])
     return replace(window, start_to_ready_s=tuple(restart.start_to_ready_s(pods)),
-                   unschedulable=R.unschedulable(every))
+                   unschedulable=R.unschedulable(every), ignored_metrics_url=R.ignored_metrics_url(pods))
 
 
 async def _live_pools(ctx: LoopContext, owner: dict, spec: LLMDeploymentSpec) -> list[R.PoolState]:

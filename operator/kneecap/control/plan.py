@@ -58,6 +58,7 @@ class PoolWindow:
     scrape_errors: int = 0  # failed scrapes this tick
     start_to_ready_s: tuple[float, ...] = ()  # the Ready pods' creation → Ready times (restart.start_to_ready_s)
     unschedulable: str = ""  # why the scheduler leaves a pod of the pool Pending (reconcile.unschedulable)
+    ignored_metrics_url: str = ""  # pods whose metrics-url annotation names another host (reconcile.ignored_metrics_url)
 
 
 @dataclass(frozen=True)
@@ -370,6 +371,13 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float) -> Pl
     else:
         t.condition(St.READY, ready, "PodsReady" if ready else "PodsNotReady",
                     "every pool has a ready replica" if ready else "a pool has no ready replica")
+    ignored = "; ".join(f"{p.role}: {p.ignored_metrics_url}" for p in g.pools if p.ignored_metrics_url)
+    if ignored and not St.condition_true(t.conds, St.METRICS_URL_IGNORED):
+        t.events.append(Event("Warning", St.METRICS_URL_IGNORED, f"ignored (its host is not the pod's IP): {ignored}"[:900]))
+    if ignored or St.get_condition(t.conds, St.METRICS_URL_IGNORED):  # present once it has been True
+        t.condition(St.METRICS_URL_IGNORED, bool(ignored), "ForeignHost" if ignored else "NoneIgnored",
+                    (f"ignored (its host is not the pod's IP; the pod's IP is scraped): {ignored}"[:900]
+                     if ignored else "no pod's kneecap.io/metrics-url names another host"))
     if g.conflicts or g.full_pass:
         t.conds = St.set_conflict(t.conds, g.conflicts, g.generation, now_s)
     if spec.adopted:

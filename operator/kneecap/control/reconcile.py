@@ -316,6 +316,17 @@ def unschedulable(pods: list[dict]) -> str:
     return ""
 
 
+def ignored_metrics_url(pods: list[dict]) -> str:
+    """The pods whose `kneecap.io/metrics-url` annotation names a host other than their own IP
+    (kneecap scrapes the pod's IP instead), for a Warning condition; "" when none."""
+    out = []
+    for p in pods:
+        ann = (p["metadata"].get("annotations") or {}).get(M.METRICS_URL_ANNOTATION)
+        if ann and not _points_at(ann, (p.get("status") or {}).get("podIP")):
+            out.append(f"pod {p['metadata'].get('name')}: {M.METRICS_URL_ANNOTATION}={ann!r}")
+    return "; ".join(out)
+
+
 def metrics_url(pod: dict, port: int) -> str | None:
     """http://<podIP>:<port>/metrics, or the `kneecap.io/metrics-url` annotation when it points
     at the pod itself (its host is the pod's IP; any port and path). An annotation naming any

@@ -10,6 +10,7 @@ also reject specs that reached it without an API server's validation (old CRD ve
 from __future__ import annotations
 
 import functools
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -361,6 +362,18 @@ def _targets(ref: Mapping | None) -> tuple[TargetRef, ...]:
     return tuple(TargetRef(role, ref[role]["name"], ref[role].get("container")) for role in ("prefill", "decode"))
 
 
+def _finite(value: Any, path: str) -> None:
+    """NaN and ±inf (YAML's .nan/.inf; JSON has neither) are no number a field takes."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InputError(path, f"expected a finite number, got {value}")
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            _finite(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _finite(v, f"{path}[{i}]")
+
+
 def parse_spec(raw: Mapping | None, config_map: Mapping | None = None) -> LLMDeploymentSpec:
     """Default, validate and parse `.spec` of an LLMDeployment. Raises InputError(field path).
 
@@ -368,6 +381,7 @@ def parse_spec(raw: Mapping | None, config_map: Mapping | None = None) -> LLMDep
     not found); see :func:`config_map_ref`."""
     if raw is None:
         raise InputError("spec", "required")
+    _finite(raw, "spec")
     s = apply_schema(raw, spec_schema(), "spec")
     arch = _model_arch(s["model"], config_map)
     gpu = _accelerator_gpu(s["accelerator"])

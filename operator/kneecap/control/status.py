@@ -21,7 +21,8 @@ DEGRADED = "Degraded"
 CONFLICT = "Conflict"  # an object kneecap would own exists and is someone else's
 API_ERROR = "ApiError"  # an API write of the operator failed (status True until writes succeed again)
 ADVISORY = "Advisory"  # spec.targetRef: a target kneecap may not write to (another controller's): it advises only
-CONDITION_TYPES = (READY, CALIBRATED, SLO_MET, DEGRADED, CONFLICT, API_ERROR, ADVISORY)
+METRICS_URL_IGNORED = "MetricsURLIgnored"  # a pod's kneecap.io/metrics-url names a host other than its own IP
+CONDITION_TYPES = (READY, CALIBRATED, SLO_MET, DEGRADED, CONFLICT, API_ERROR, ADVISORY, METRICS_URL_IGNORED)
 
 
 def iso(t_s: float) -> str:
