@@ -54,6 +54,13 @@ def admin(control_plane: ControlPlane) -> KubeClient:
     return control_plane.admin
 
 
+@pytest.fixture(scope="module")
+def ns(admin: KubeClient, crd_applied: dict, request: pytest.FixtureRequest) -> str:
+    """The test module's namespace (its ``NS``), created once the CRD is there."""
+    admin.add_namespace(request.module.NS)
+    return request.module.NS
+
+
 def kubectl(plane: ControlPlane, *args: str, input: str | None = None, check: bool = True,
             kubeconfig: Path | None = None) -> subprocess.CompletedProcess:
     proc = subprocess.run([tool("kubectl"), f"--kubeconfig={kubeconfig or plane.kubeconfig}", *args],

@@ -17,12 +17,6 @@ LLMD = "kneecap.io/v1alpha1/llmdeployments"
 NS = "admission"
 
 
-@pytest.fixture(scope="module")
-def ns(admin: KubeClient, crd_applied: dict) -> str:
-    admin.add_namespace(NS)
-    return NS
-
-
 def test_crd_is_established_structural_and_its_rules_compile(crd_applied: dict):
     conditions = {c["type"]: c for c in crd_applied["status"]["conditions"]}
     assert conditions["Established"]["status"] == "True", conditions

@@ -143,7 +143,6 @@ def test_example_is_reconciled_ready_with_valid_children(control_plane, examples
 
 
 def test_steady_ticks_write_nothing_but_status(control_plane, examples_running):
-    admin = control_plane.admin
     _, keys = examples_running
     mark = control_plane.audit_mark()
 

@@ -15,12 +15,6 @@ LLMD = "kneecap.io/v1alpha1/llmdeployments"
 NS = "specs"
 
 
-@pytest.fixture(scope="module")
-def ns(admin: KubeClient, crd_applied: dict) -> str:
-    admin.add_namespace(NS)
-    return NS
-
-
 def _post(admin: KubeClient, name: str, spec: dict) -> tuple[int, dict]:
     obj = {"apiVersion": "kneecap.io/v1alpha1", "kind": "LLMDeployment", "metadata": {"name": name, "namespace": NS},
            "spec": spec}
