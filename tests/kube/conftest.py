@@ -167,3 +167,18 @@ def operator_kubeconfig(control_plane: ControlPlane, chart_installed: dict,
 
 
 OPERATOR_USER = f"system:serviceaccount:{RELEASE_NS}:{SERVICE_ACCOUNT}"
+
+
+@pytest.fixture(scope="module")
+def operator(control_plane: ControlPlane, chart_installed: dict, operator_kubeconfig: Path,
+             tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest):
+    """One `kneecap run` with the chart's arguments (and a 0.25 s tick) as the chart's
+    ServiceAccount, for the test module; its namespace (``NS``) created."""
+    from tests.support.control_plane import free_port
+
+    control_plane.admin.add_namespace(request.module.NS)
+    args = with_ports(chart_operator_args(chart_installed), free_port(), free_port()) + ["--tick", "0.25"]
+    op = OperatorProcess(args, operator_kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log",
+                         pod_id=f"kneecap-{request.module.NS}")
+    yield op
+    op.stop()

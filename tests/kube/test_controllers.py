@@ -8,25 +8,14 @@ from __future__ import annotations
 import copy
 import threading
 
-import pytest
 
-from tests.kube.conftest import OPERATOR_USER, OperatorProcess, chart_operator_args, with_ports
-from tests.support.control_plane import ControlPlane, free_port
+from tests.kube.conftest import OPERATOR_USER, OperatorProcess
+from tests.support.control_plane import ControlPlane
 from tests.support.examples import ROOT, documents, llmdeployment
 
 LLMD = "kneecap.io/v1alpha1/llmdeployments"
 NS = "controllers"
 DEPLOY = "apps/v1/deployments"
-
-
-@pytest.fixture(scope="module")
-def operator(control_plane: ControlPlane, chart_installed: dict, operator_kubeconfig, tmp_path_factory):
-    control_plane.admin.add_namespace(NS)
-    args = with_ports(chart_operator_args(chart_installed), free_port(), free_port()) + ["--tick", "0.25"]
-    op = OperatorProcess(args, operator_kubeconfig, tmp_path_factory.mktemp("controllers") / "operator.log",
-                         pod_id="kneecap-controllers")
-    yield op
-    op.stop()
 
 
 def _llmd(name: str, **spec) -> dict:
