@@ -81,7 +81,9 @@ class Walk:
         self.causes: list[Cause] = []
         self.unknown_fields: list[str] = []
 
-    def value(self, value: Any, schema: Mapping, path: str) -> Any:
+    def value(self, value: Any, schema: Mapping, path: str, rule_path: str | None = None) -> Any:
+        """`rule_path`: where a CEL rule's failure is reported (kube-apiserver writes a map value's
+        as ``map[key]``, its schema errors as ``map.key``)."""
         if not _type_ok(value, schema):
             self.causes.append(invalid(path, _typename(value),
                                        f"{path} in body must be of type {_schema_type(schema)}: {show(_typename(value))}"))
@@ -101,7 +103,7 @@ class Walk:
         elif isinstance(value, dict):
             value = self._object(value, schema, path)
         if len(self.causes) == n_before:
-            self.causes.extend(cel_causes(value, schema, path))
+            self.causes.extend(cel_causes(value, schema, rule_path or path))
         return value
 
     def _bounds(self, value, schema, path) -> None:
@@ -148,7 +150,7 @@ class Walk:
             if v is None and not (sub or {}).get("nullable"):
                 continue  # nulls are pruned before defaulting
             if sub is not None:
-                out[key] = self.value(v, sub, f"{path}.{key}")
+                out[key] = self.value(v, sub, f"{path}.{key}", None if key in props else f"{path}[{key}]")
             elif keep_unknown:
                 out[key] = copy.deepcopy(v)
             else:
