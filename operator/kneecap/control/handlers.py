@@ -55,6 +55,19 @@ def oldest_first_priority(now_s: float | None = None) -> int:
     return -int(now_s * 1000) * 1000 - random.randrange(1000)
 
 
+def reconcile_lock(memo: kopf.Memo) -> asyncio.Lock:
+    """The resource's reconcile lock (kopf's `memo` in a resource handler is that resource's own).
+    kopf runs the spec handlers and the control timer of one resource concurrently; both
+    reconcile, and a tick that coincides with a create or a spec change would otherwise read
+    the Deployment before the handler's write lands and send the same write again (a second
+    POST refused with 409 Conflict, a second identical PATCH). Under the lock the later one
+    reads what the earlier one wrote and writes nothing."""
+    lock = memo.get("reconcile_lock")
+    if lock is None:
+        lock = memo["reconcile_lock"] = asyncio.Lock()
+    return lock
+
+
 async def _connection(config: OperatorConfig, *, fresh: bool) -> kopf.ConnectionInfo | Credentials:
     """The credentials kopf and the owned-object client share: the fixed ConnectionInfo, else the
     `kubernetes` package's (kneecap.control.auth), loaded on first use and, when `fresh`, anew
@@ -169,7 +182,8 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         spec = await _parse(body, patch, logger, config, memo.kube, emit=True)
         if spec is None:
             return
-        result = await R.reconcile(memo.kube, dict(body), spec)
+        async with reconcile_lock(memo):
+            result = await R.reconcile(memo.kube, dict(body), spec)
         now = config.now()
         gen = body["metadata"].get("generation")
         conds = (body.get("status") or {}).get("conditions")
@@ -222,6 +236,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
                             scrape_timeout_s=config.scrape_timeout_s, scrape=config.scrape,
                             session=getattr(memo, "scrape_session", None),
                             reads=None if fresh else getattr(memo, "reads", None),
+                            reconcile_lock=reconcile_lock(memo),
                             event=lambda etype, reason, message: kopf.event(body, type=etype, reason=reason,
                                                                             message=message))
         status = await L.tick(ctx, dict(body), spec, mem)

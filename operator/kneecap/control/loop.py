@@ -18,6 +18,7 @@ could not be written (merged into the next write).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -76,6 +77,9 @@ class LoopContext:
     scrape: ScrapeFn | None = None
     session: aiohttp.ClientSession | None = None  # shared by the scrapes (None: one per scrape)
     reads: ApiReads | None = None  # where Deployments, HPAs and pods are read (None: the API)
+    # held while the tick reconciles: the resource's spec handlers reconcile under the same lock
+    # (kopf runs them and the timer concurrently), see handlers.reconcile_lock
+    reconcile_lock: asyncio.Lock | None = None
 
     @property
     def reader(self) -> ApiReads:
@@ -202,7 +206,8 @@ async def gather(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: Loo
     conflicts: list[R.Conflict] = []
     missing: list[str] = []
     try:
-        rec = await R.reconcile(ctx.kube, body, spec, full=full, reads=ctx.reader)
+        async with ctx.reconcile_lock or contextlib.nullcontext():
+            rec = await R.reconcile(ctx.kube, body, spec, full=full, reads=ctx.reader)
         pools = rec.pools
         conflicts, missing = list(rec.conflicts), list(rec.missing)
         changes = ([f"{p.pool.name} {'created' if p.created else 'patched'}" for p in rec.pools
