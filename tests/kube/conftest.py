@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.support.control_plane import ControlPlane, ControlPlaneUnavailable, KubeClient
+from tests.support.control_plane import (ControlPlane, ControlPlaneUnavailable, KubeClient, free_port,
+                                         token_credential_id)
 from tests.support.tools import tool
+from tests.support.twins import Twin
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kneecap"
@@ -182,3 +186,74 @@ def operator(control_plane: ControlPlane, chart_installed: dict, operator_kubeco
                          pod_id=f"kneecap-{request.module.NS}")
     yield op
     op.stop()
+
+
+# ------------------------------------------------------------------ several operators, pods with metrics
+
+
+def service_account_kubeconfig(plane: ControlPlane, path: Path, namespace: str = RELEASE_NS,
+                               service_account: str = SERVICE_ACCOUNT) -> tuple[Path, str]:
+    """A kubeconfig with a token of its own (TokenRequest) for the service account, and the
+    credential id the audit log records for that token (`token_credential_id`): operators
+    that run as one service account, each with its own token, are told apart in the audit log."""
+    client = plane.client_as(namespace, service_account)
+    return client.write_kubeconfig(path), token_credential_id(client.token)
+
+
+def healthy(port: int) -> bool:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
+        return resp.status == 200
+
+
+def start_chart_operator(plane: ControlPlane, chart: dict, kubeconfig: Path, log: Path, pod_id: str,
+                         extra_args: tuple[str, ...] = (), timeout_s: float = 90) -> OperatorProcess:
+    """`kneecap run` with the chart's arguments (free ports, then `extra_args`), up once its
+    /healthz answers. The process carries its ports as ``liveness`` and ``metrics_port``."""
+    liveness, metrics = free_port(), free_port()
+    op = OperatorProcess([*with_ports(chart_operator_args(chart), liveness, metrics), *extra_args], kubeconfig,
+                         log, pod_id=pod_id)
+    op.liveness, op.metrics_port = liveness, metrics
+    try:
+        plane.wait_for(lambda: op.alive() and healthy(liveness), timeout_s, f"{pod_id}'s /healthz")
+    except Exception:
+        op.stop()
+        raise AssertionError(f"operator {pod_id} did not come up; its log:\n{op.tail()}") from None
+    return op
+
+
+def metric_sum(port: int, family: str) -> float:
+    """The sum of a family's samples on the /metrics page at 127.0.0.1:port (0 when absent)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return sum(float(v) for v in re.findall(rf"^{re.escape(family)}(?:{{[^}}]*}})? (\S+)$", text, flags=re.M))
+
+
+class PodTwins:
+    """A `kneecap twin` on each Running pod's own IP and engine port (kwok gives pods IPs in
+    127.1.0.0/16 and runs nothing): the operator scrapes the pods exactly as in a cluster.
+    `sync()` starts a twin for each Running pod with an IP that has none and stops those whose
+    pod is gone; it returns the twins by pod name."""
+
+    def __init__(self, admin: KubeClient, namespace: str, selector: str, port: int, *, model: str, arch: str,
+                 gpu: str, max_num_seqs: int):
+        self.admin, self.namespace, self.selector, self.port = admin, namespace, selector, port
+        self.model, self.arch, self.gpu, self.max_num_seqs = model, arch, gpu, max_num_seqs
+        self.twins: dict[str, Twin] = {}
+
+    def sync(self) -> dict[str, Twin]:
+        pods = self.admin.list("v1/pods", self.namespace, selector=self.selector)
+        running = {p["metadata"]["name"]: p["status"]["podIP"] for p in pods
+                   if p.get("status", {}).get("phase") == "Running" and p["status"].get("podIP")
+                   and not p["metadata"].get("deletionTimestamp")}
+        for name in set(self.twins) - set(running):
+            self.twins.pop(name).stop()
+        for name, ip in running.items():
+            if name not in self.twins:
+                self.twins[name] = Twin(self.model, self.arch, self.gpu, self.max_num_seqs, time_scale=1.0,
+                                        host=ip, port=self.port).start()
+        return dict(self.twins)
+
+    def stop(self) -> None:
+        for twin in self.twins.values():
+            twin.stop()
+        self.twins.clear()

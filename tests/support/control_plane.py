@@ -526,15 +526,20 @@ class ControlPlane:
 
     # ------------------------------------------------------------------ audit log
 
-    def audit(self, user: str | None = None, since_line: int = 0) -> list[dict]:
-        """The audit events (ResponseComplete and Panic stages) from line ``since_line`` on."""
+    def audit(self, user: str | None = None, since_line: int = 0,
+              stages: tuple[str, ...] = ("ResponseComplete", "Panic")) -> list[dict]:
+        """The audit events of ``stages`` from line ``since_line`` on (a watch logs
+        ResponseStarted when it starts and ResponseComplete only when it ends)."""
         events = []
         with self.audit_log.open() as fh:
             for i, line in enumerate(fh):
                 if i < since_line or not line.strip():
                     continue
-                ev = json.loads(line)
-                if ev.get("stage") not in ("ResponseComplete", "Panic"):
+                try:
+                    ev = json.loads(line)
+                except ValueError:  # the line the apiserver is writing right now
+                    continue
+                if ev.get("stage") not in stages:
                     continue
                 ev.setdefault("objectRef", {})  # (non-resource requests: /readyz, /version)
                 ev.setdefault("responseStatus", {"code": 0})
@@ -548,7 +553,42 @@ class ControlPlane:
             return sum(1 for _ in fh)
 
 
-def decode_jwt_subject(token: str) -> str:
-    """The ``sub`` claim of a service-account token (no signature check: the test made the token)."""
+def jwt_claims(token: str) -> dict:
+    """The claims of a service-account token (no signature check: the test made the token)."""
     payload = token.split(".")[1]
-    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))["sub"]
+    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+
+
+def decode_jwt_subject(token: str) -> str:
+    """The ``sub`` claim of a service-account token."""
+    return jwt_claims(token)["sub"]
+
+
+CREDENTIAL_ID = "authentication.kubernetes.io/credential-id"
+
+
+def token_credential_id(token: str) -> str:
+    """What the apiserver records as a request's credential when it carries this bound
+    service-account token: ``JTI=<the token's jti claim>`` (in the audit event's
+    ``user.extra["authentication.kubernetes.io/credential-id"]``)."""
+    return f"JTI={jwt_claims(token)['jti']}"
+
+
+def credential_id(event: dict) -> str | None:
+    """The credential an audit event's request authenticated with (see token_credential_id)."""
+    ids = ((event.get("user") or {}).get("extra") or {}).get(CREDENTIAL_ID) or []
+    return ids[0] if len(ids) == 1 else None
+
+
+def audit_time(event: dict, stamp: str = "requestReceivedTimestamp") -> float:
+    """An audit event's timestamp (microseconds, UTC) as Unix seconds."""
+    return datetime.datetime.fromisoformat(event[stamp].replace("Z", "+00:00")).timestamp()
+
+
+WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
+
+
+def audit_writes(events: list[dict], *, exclude: tuple[str, ...] = ()) -> list[dict]:
+    """The events of write requests, those on a resource in ``exclude`` left out."""
+    return [e for e in events if e.get("verb") in WRITE_VERBS
+            and (e.get("objectRef") or {}).get("resource") not in exclude]

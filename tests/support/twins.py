@@ -49,19 +49,20 @@ def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen) -> None:
 
 
 class Twin:
-    """One `kneecap twin` process (a stand-in vLLM pod) on a free port."""
+    """One `kneecap twin` process (a stand-in vLLM pod) on a free port of 127.0.0.1, or on the
+    `host` and `port` given (a pod's own IP and engine port, on the real control plane)."""
 
     def __init__(self, model: str, arch: str, gpu: str, max_num_seqs: int, time_scale: float,
-                 extra: list[str] | None = None):
-        self.port = free_port()
+                 extra: list[str] | None = None, host: str = "127.0.0.1", port: int | None = None):
+        self.host, self.port = host, port if port is not None else free_port()
         self.args = [model, "--arch", arch, "--gpu", gpu, f"--max-num-seqs={max_num_seqs}",
-                     "--host", "127.0.0.1", "--port", str(self.port), "--time-scale", str(time_scale),
+                     "--host", host, "--port", str(self.port), "--time-scale", str(time_scale),
                      *(extra or [])]
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self, anchor: str | None = None) -> "Twin":
         """Start the process; `anchor`: `TwinClock.anchor()`, to put its clock on that one."""
