@@ -30,6 +30,7 @@ class RoundTripClient:
 
     def __init__(self, rtt_s: float = 0.005):
         self.rtt_s, self.objects, self.writes = rtt_s, {}, []
+        self.statuses: list[tuple[str, dict]] = []  # (path, status) of each status patch
         self._versions = itertools.count(1)
 
     async def _trip(self) -> None:
@@ -63,6 +64,7 @@ class RoundTripClient:
 
     async def patch_status(self, path: str, status: dict) -> None:
         self.writes.append(("patch", path + "/status"))
+        self.statuses.append((path + "/status", copy.deepcopy(status)))
         await self._trip()
 
     async def delete(self, path: str) -> bool:

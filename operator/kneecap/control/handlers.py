@@ -239,12 +239,13 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
                             reconcile_lock=reconcile_lock(memo),
                             event=lambda etype, reason, message: kopf.event(body, type=etype, reason=reason,
                                                                             message=message))
-        status = await L.tick(ctx, dict(body), spec, mem)
+        seen = dict(body)  # (kopf's body is live: the watch may replace it during the tick)
+        status = await L.tick(ctx, seen, spec, mem)
         # written directly (one merge patch on the status subresource, the object not read
         # back): kopf's patch would re-check the whole returned object on every tick
-        meta = body["metadata"]
+        meta = seen["metadata"]
         await L.write_status(ctx, resource_path(f"{GROUP}/{VERSION}", PLURAL, meta["namespace"], meta["name"]),
-                             status, mem)
+                             status, mem, base_version=meta.get("resourceVersion"))
 
     @kopf.on.delete(*RESOURCE, id="delete", registry=registry)
     async def delete(body, memo, logger, **_):

@@ -65,6 +65,10 @@ class LoopMemory:
     reconcile_failed: bool = False  # the last reconcile failed: the next one is a full pass again
     unwritten_status: dict | None = None  # a status patch whose write failed (merged into the next)
     status_write_failure: ApiFailure | None = None
+    # the status patches written since the resource's body (kopf's, from its watch) last moved,
+    # and the resourceVersion it has had since: a tick on that body merges them in (see gather)
+    written_status: dict | None = None
+    written_over: str | None = None
 
 
 @dataclass(frozen=True)
@@ -195,7 +199,8 @@ async def gather(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: Loo
     with a status the last tick could not write merged in)."""
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
-    status = {**(body.get("status") or {}), **(mem.unwritten_status or {})}
+    status = {**(body.get("status") or {}), **(pending_status(mem, meta.get("resourceVersion")) or {}),
+              **(mem.unwritten_status or {})}
     # Deployments every tick (live settings, rollouts, drift); Services and pruning every
     # FULL_RECONCILE_TICKS ticks, and after a failed reconcile (the spec handlers run a full
     # pass on every spec change)
@@ -275,10 +280,28 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
     return await apply(ctx, g, P.plan(g, status, spec, now_s), now_s)
 
 
-async def write_status(ctx: LoopContext, path: str, status: dict, mem: LoopMemory) -> bool:
+def pending_status(mem: LoopMemory, version: str | None) -> dict | None:
+    """What this process wrote that a body at resourceVersion ``version`` may not show yet.
+
+    The body a tick starts from is kopf's copy, kept current by its watch. While that watch is
+    down (an apiserver restart: kopf reconnects with backoff, seconds after the API answers
+    again) the body stands still though the ticks' status writes succeed, and a tick would build
+    the next status, the whole observation ring with it, on the status from before them: the
+    windows written meanwhile would be dropped from the ring. So the writes are kept until the
+    body moves past the version it had when they were made (any watch event: ours come in order
+    after it), and merged over a body that has not."""
+    if mem.written_status is not None and (version is None or version != mem.written_over):
+        mem.written_status = mem.written_over = None  # the watch has brought a newer body
+    return mem.written_status
+
+
+async def write_status(ctx: LoopContext, path: str, status: dict, mem: LoopMemory,
+                       base_version: str | None = None) -> bool:
     """Merge-patch ``status`` (with any earlier status whose write failed) through the status
     subresource. A failure is kept for the next tick (its plan reports it in ApiError), counted
-    and posted as a Warning Event; True when written."""
+    and posted as a Warning Event; True when written. ``base_version``: the resourceVersion of
+    the body the tick started from; what was written is kept for the ticks on that body
+    (`pending_status`)."""
     patch = {**(mem.unwritten_status or {}), **status}
     try:
         await ctx.kube.patch_status(path, patch)
@@ -290,4 +313,7 @@ async def write_status(ctx: LoopContext, path: str, status: dict, mem: LoopMemor
         log.warning("status write failed: %s", failure)
         return False
     mem.unwritten_status = mem.status_write_failure = None
+    if base_version is not None:
+        earlier = pending_status(mem, base_version) or {}
+        mem.written_status, mem.written_over = {**earlier, **patch}, base_version
     return True
