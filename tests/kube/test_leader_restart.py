@@ -33,8 +33,6 @@ import copy
 import datetime
 import time
 
-import pytest
-
 from kneecap.control.handlers import PEERING_LIFETIME_S
 from tests.kube.conftest import (OPERATOR_USER, SERVICE_ACCOUNT, PodTwins, metric_sum, service_account_kubeconfig,
                                  start_chart_operator)
@@ -60,8 +58,9 @@ RING_TOLERANCE_S = 0.01  # ring times are rounded to the millisecond (status.rou
 def resource(namespace: str, name: str) -> dict:
     obj = copy.deepcopy(llmdeployment(EXAMPLE))
     obj["metadata"] = {"name": name, "namespace": namespace}
-    # a window closes every 2-4 s (the tick is due every interval − tick/2); 200 entries: none
-    # falls out of the ring within a test, so every entry written can be looked for
+    # a window closes every 2-4 s (the tick is due every interval − tick/2, and a window that
+    # closes a little short of 2 s is dropped for the next one: loop.trim_window); 200 entries:
+    # none falls out of the ring within a test, so every entry written can be looked for
     obj["spec"]["control"].update(interval="2s", window="2s", observationHistory=200)
     return obj
 
@@ -136,8 +135,8 @@ class Workload:
         self.plane.wait_for(lambda: pods_running(self.admin, self.ns, self.name), 120,
                             f"{self.ns}/{self.name}'s pods Running with an IP")
         for twin in self.twins.sync().values():
-            # ~5 requests/s of 128 + 100 tokens: a batch of 3-6 on the twin, a few % of a core; a
-            # 2 s window without a finished request (Idle: no ring entry) has odds e^-10
+            # ~5 requests/s of 128 + 100 tokens: a batch of 1-8 on the twin (SLIM needs two batch
+            # levels to fit), a few % of a core
             self.loads.append(load(twin.url, rate=5.0, duration_s=900, input_mean=128, output_mean=100))
         return created
 
