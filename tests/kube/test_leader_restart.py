@@ -339,7 +339,7 @@ def test_apiserver_restart_mid_run_loses_no_window_and_applies_nothing_twice(
             acted_at = time.time()  # (the tick of a new generation reads the API, not the caches)
             # every watch of the operator started again on the new apiserver
             step = f"the operator's watches of {', '.join(WATCHED)} after the restart"
-            watches = plane.wait_for(lambda: first_watches(since_stop(), WATCHED), 120, step)
+            watches = plane.wait_for(lambda: first_watches(since_stop(), WATCHED, ns), 120, step)
             back_at = max(audit_time(e) for e in watches.values())
             quiet_from = max(back_at, acted_at) + 0.5
             step = "4 windows more, and 6 s of the informers serving the ticks"
@@ -386,16 +386,18 @@ def test_apiserver_restart_mid_run_loses_no_window_and_applies_nothing_twice(
     assert not refused, summary(refused)
     # the informers serve the ticks again: no pod or ReplicaSet read from the API once they are back
     reads = [e for e in events if e["verb"] in ("list", "get") and ref(e).get("resource") in ("pods", "replicasets")
+             and ref(e).get("namespace") == ns and audit_time(e) > quiet_from]
+    ticks = [e for e in events if ref(e).get("subresource") == "status" and ref(e).get("name") == name
              and audit_time(e) > quiet_from]
-    ticks = [e for e in events if ref(e).get("subresource") == "status" and audit_time(e) > quiet_from]
     assert len(ticks) >= 2 and reads == [], summary(reads)
 
 
-def first_watches(events: list[dict], resources: tuple[str, ...]) -> dict | None:
-    """The first watch of each resource among `events` (a watch's audit event is its
-    ResponseStarted; ResponseComplete only comes when it ends), or None until each has one."""
+def first_watches(events: list[dict], resources: tuple[str, ...], namespace: str) -> dict | None:
+    """The first watch of each resource among `events`, cluster-wide or in `namespace` (a
+    watch's audit event is its ResponseStarted; ResponseComplete only comes when it ends), or
+    None until each has one."""
     found = {}
     for e in events:
-        if e["verb"] == "watch" and e["responseStatus"]["code"] == 200:
+        if e["verb"] == "watch" and e["responseStatus"]["code"] == 200 and ref(e).get("namespace") in (None, namespace):
             found.setdefault(ref(e).get("resource"), e)
     return found if set(resources) <= set(found) else None
