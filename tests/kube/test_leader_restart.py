@@ -358,8 +358,8 @@ def test_apiserver_restart_mid_run_loses_no_window_and_applies_nothing_twice(
     first_write_s = min(audit_time(e) for e in first) - serving_at
     print(f"apiserver down {serving_at - stopped_at:.1f} s (ready {ready_at - serving_at:.1f} s after it first "
           f"answered); the operator's first write {first_write_s:.1f} s and its last watch "
-          f"{back_at - serving_at:.1f} s after it answered; ring {len(before['observations'])} -> {len(final['observations'])} windows over "
-          f"{len(rings.seen)} distinct reads")
+          f"{back_at - serving_at:.1f} s after it answered; ring {len(before['observations'])} -> "
+          f"{len(final['observations'])} windows over {len(rings.seen)} distinct reads")
 
     # the ring: no entry once stored ever dropped, none twice
     rings.assert_nothing_dropped()
