@@ -22,15 +22,19 @@ bound is LIFETIME_S + RESUME_SLACK_S (30 + 20 s) after the kill, and RESUME_SLAC
 ``lastseen + lifetime``; the slack is for a 2-core machine with two CPU burners beside it.
 
 Apiserver restart. kube-apiserver alone is stopped (etcd keeps the state) until the operator's
-loop has felt it (a failed status write on its api-errors counter), then started on the same
-port; the operator must write again, follow a spec change made after the restart (its kopf
-watch back), re-open its informers' watches, and keep every ring entry and the calibration.
+loop has felt it (a failed status write on its api-errors counter) and kopf's watch of
+LLMDeployments is in an 8 s retry backoff, then started on the same port: the ticks' own writes
+succeed seconds before kopf's watch brings the body up to date (the operator used to rebuild
+the ring from that stale body and drop the windows written meanwhile: loop.pending_status).
+The operator must write again, follow a spec change made after the restart (its kopf watch
+back), re-open its informers' watches, and keep every ring entry and the calibration.
 """
 
 from __future__ import annotations
 
 import copy
 import datetime
+import re
 import time
 
 from kneecap.control.handlers import PEERING_LIFETIME_S
@@ -288,6 +292,9 @@ def test_follower_takes_over_from_a_killed_leader_within_the_peering_lifetime(
 
 # ------------------------------------------------------------------ apiserver restart
 
+# what kopf logs when a watch request of LLMDeployments fails (and it will retry)
+KOPF_WATCH_RETRY = re.compile(r"Request attempt #(\d+)/\d+ failed; will retry: GET \S+/apis/kneecap\.io/v1alpha1/"
+                              r"llmdeployments\?watch=true")
 WATCHED = ("llmdeployments", "clusterkopfpeerings", "deployments", "replicasets", "pods", "horizontalpodautoscalers")
 
 
@@ -315,9 +322,14 @@ def test_apiserver_restart_mid_run_loses_no_window_and_applies_nothing_twice(
         stopped_at = time.time()
         plane.stop_apiserver()
         stop_line = plane.audit_mark()
-        # down until the operator's loop has felt it: a status write failed (its api-errors counter)
+        # down until the operator's loop has felt it (a status write failed: its api-errors
+        # counter) and kopf's watch of LLMDeployments has failed 6 times: it waits 8 s before the
+        # next try (kopf's error_backoffs 1, 1, 2, 3, 5, 8, ...), so the ticks run seconds on a
+        # body from before the outage while their writes succeed again
         plane.wait_for(lambda: metric_sum(op.metrics_port, "kneecap_api_errors_total") > errors, 60,
                        "a status write the operator could not make")
+        plane.wait_for(lambda: max(map(int, KOPF_WATCH_RETRY.findall(op.log.read_text(errors="replace"))),
+                                   default=0) >= 6, 60, "kopf's 6th failed watch of LLMDeployments")
         plane.start_apiserver()
         ready_at = time.time()
         # (the new apiserver answers requests before its /readyz does: when it first answered)
@@ -356,10 +368,16 @@ def test_apiserver_restart_mid_run_loses_no_window_and_applies_nothing_twice(
         if op is not None:
             op.stop()
     first_write_s = min(audit_time(e) for e in first) - serving_at
+    # the ticks that wrote before kopf's watch of LLMDeployments was back: on a body from before the outage
+    kopf_back = audit_time(watches["llmdeployments"])
+    blind = [e for e in events if ref(e).get("subresource") == "status" and ref(e).get("name") == name
+             and serving_at <= audit_time(e) < kopf_back and e["responseStatus"]["code"] < 300]
+    assert blind, "no tick wrote on a body from before the outage: the case this test is for did not arise"
     print(f"apiserver down {serving_at - stopped_at:.1f} s (ready {ready_at - serving_at:.1f} s after it first "
           f"answered); the operator's first write {first_write_s:.1f} s and its last watch "
           f"{back_at - serving_at:.1f} s after it answered; ring {len(before['observations'])} -> "
-          f"{len(final['observations'])} windows over {len(rings.seen)} distinct reads")
+          f"{len(final['observations'])} windows over {len(rings.seen)} distinct reads; {len(blind)} status writes "
+          f"before kopf's watch was back ({kopf_back - serving_at:.1f} s)")
 
     # the ring: no entry once stored ever dropped, none twice
     rings.assert_nothing_dropped()
