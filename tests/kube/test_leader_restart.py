@@ -23,7 +23,7 @@ bound is LIFETIME_S + RESUME_SLACK_S (30 + 20 s) after the kill, and RESUME_SLAC
 
 Apiserver restart. kube-apiserver alone is stopped (etcd keeps the state) until the operator's
 loop has felt it (a failed status write on its api-errors counter) and kopf's watch of
-LLMDeployments is in an 8 s retry backoff, then started on the same port: the ticks' own writes
+LLMDeployments is in a 13 s retry backoff, then started on the same port: the ticks' own writes
 succeed seconds before kopf's watch brings the body up to date (the operator used to rebuild
 the ring from that stale body and drop the windows written meanwhile: loop.pending_status).
 The operator must write again, follow a spec change made after the restart (its kopf watch
@@ -323,13 +323,13 @@ def test_apiserver_restart_mid_run_loses_no_window_and_applies_nothing_twice(
         plane.stop_apiserver()
         stop_line = plane.audit_mark()
         # down until the operator's loop has felt it (a status write failed: its api-errors
-        # counter) and kopf's watch of LLMDeployments has failed 6 times: it waits 8 s before the
-        # next try (kopf's error_backoffs 1, 1, 2, 3, 5, 8, ...), so the ticks run seconds on a
+        # counter) and kopf's watch of LLMDeployments has failed 7 times: it waits 13 s before the
+        # next try (kopf's error_backoffs 1, 1, 2, 3, 5, 8, 13, 21), so the ticks run seconds on a
         # body from before the outage while their writes succeed again
         plane.wait_for(lambda: metric_sum(op.metrics_port, "kneecap_api_errors_total") > errors, 60,
                        "a status write the operator could not make")
         plane.wait_for(lambda: max(map(int, KOPF_WATCH_RETRY.findall(op.log.read_text(errors="replace"))),
-                                   default=0) >= 6, 60, "kopf's 6th failed watch of LLMDeployments")
+                                   default=0) >= 7, 60, "kopf's 7th failed watch of LLMDeployments")
         plane.start_apiserver()
         ready_at = time.time()
         # (the new apiserver answers requests before its /readyz does: when it first answered)
