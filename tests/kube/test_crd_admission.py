@@ -32,14 +32,15 @@ def test_crd_is_established_structural_and_its_rules_compile(crd_applied: dict):
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_example_accepted_by_server_side_dry_run(control_plane, ns, path):
-    namespace = llmdeployment(path)["metadata"]["namespace"]
+    namespace, name = llmdeployment(path)["metadata"]["namespace"], llmdeployment(path)["metadata"]["name"]
     control_plane.admin.add_namespace(namespace)
+    before = control_plane.admin.get(LLMD, namespace, name)  # (another test may have applied it for real)
     out = kubectl(control_plane, "apply", "--server-side", "--dry-run=server", "--field-manager=kubectl",
                   "-f", str(path)).stdout
-    name = llmdeployment(path)["metadata"]["name"]
     assert f"llmdeployment.kneecap.io/{name} serverside-applied (server dry run)" in out, out
     # a dry run stores nothing
-    assert control_plane.admin.get(LLMD, namespace, name) is None
+    after = control_plane.admin.get(LLMD, namespace, name)
+    assert (after is None) if before is None else after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
 
 
 def _hostile(mutate) -> dict:
