@@ -40,7 +40,7 @@ stamp() {
   echo "etcd $ETCD_VERSION"
   echo "kwok $KWOK_VERSION"
   echo "go $GO_VERSION $(go env GOOS)/$(go env GOARCH)"
-  cat "$SRC"/*/go.mod "$SRC"/*/go.sum | sha256sum | cut -d' ' -f1
+  cat "$SRC"/{kubernetes,etcd,kwok}/go.mod "$SRC"/{kubernetes,etcd,kwok}/go.sum | sha256sum | cut -d' ' -f1
 }
 WANT=$(stamp)
 BINARIES="kube-apiserver kube-controller-manager kube-scheduler etcd kwok"

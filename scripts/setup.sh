@@ -10,7 +10,16 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
 .venv/bin/pip install -q --upgrade pip
 .venv/bin/pip install -q -e ".[test]"
-for part in scripts/setup-vllm.sh scripts/setup-tools.sh scripts/setup-kube.sh; do
+# the control-plane build (Go, CPU-bound) runs while vLLM's wheels download
+bash scripts/setup-kube.sh > .tools-kube-build.log 2>&1 &
+KUBE_BUILD=$!
+for part in scripts/setup-vllm.sh scripts/setup-tools.sh; do
   if [ -f "$part" ]; then bash "$part"; fi
 done
+if ! wait "$KUBE_BUILD"; then
+  cat .tools-kube-build.log >&2
+  echo "setup: scripts/setup-kube.sh failed (its output above)" >&2
+  exit 1
+fi
+cat .tools-kube-build.log && rm -f .tools-kube-build.log
 echo "setup: done"
