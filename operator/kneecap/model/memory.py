@@ -171,7 +171,7 @@ def memory_split(arch: ModelArch, gpu: GPU, gpu_memory_utilization: float, max_n
     non_kv = float(measured_non_kv_bytes) if measured_non_kv_bytes is not None else weights + reserve
     kv_bytes = gpu.memory_bytes * u - non_kv
     if kv_bytes <= 0:
-        hint = "" if tp > 1 else "; a larger tensor_parallel_size splits the weights"
+        hint = "" if tp > 1 else "; a larger tensor parallel size (--tensor-parallel-size) splits the weights"
         raise InputError("gpu_memory_utilization",
                          f"{u} leaves no KV cache: {gpu.memory_bytes * u / GIB:.2f} GiB reserved but "
                          f"{non_kv / GIB:.2f} GiB needed for weights and buffers of {arch.key} on {gpu.key} "
