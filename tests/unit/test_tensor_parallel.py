@@ -212,3 +212,39 @@ def test_cli_plan_counts_tp_gpus_per_replica(capsys):
     assert err["field"] == "--tensor-parallel-size" and "at least 2 needed" in err["error"]
     assert main(argv + ["--tensor-parallel-size", "4", "--prefill-gpus", "2"]) == 2
     assert json.loads(capsys.readouterr().err)["field"] == "--prefill-gpus"
+
+
+def test_a_calibration_at_tp_2_predicts_tp_4_through_the_tp_terms(tmp_path, capsys):
+    """Rows a TP-2 engine produced (SLIM with known θ) fit back at --tensor-parallel-size 2; the
+    fitted θ are one rank's, so the same calibration predicts TP 4 as the true θ do."""
+    import csv
+
+    from kneecap.model import calibrate
+
+    truth = slim.SlimParams(eta_c=0.45, eta_m=0.7, alpha_s=3e-5, gamma_s=2e-8, t_step_s=3e-4, t_layer_s=6e-5,
+                            eta_w=0.85, t_fixed_s=0.02)
+    b = np.array([1, 2, 4, 8, 16, 32, 64, 128, 1, 8, 64, 256], dtype=float)
+    il = np.array([128, 128, 128, 128, 512, 512, 512, 512, 2048, 2048, 2048, 256], dtype=float)
+    ol = np.array([128, 128, 128, 128, 256, 256, 256, 256, 64, 64, 64, 512], dtype=float)
+    thr = slim.predict("kneecap", truth, L70, H100, b, il, ol, tensor_parallel_size=2).throughput_tok_s
+    rows = tmp_path / "tp2.csv"
+    with rows.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["model", "batch", "input_len", "output_len", "throughput_tok_s"])
+        w.writerows(["llama-2-70b", int(x), int(i), int(o), float(t)] for x, i, o, t in zip(b, il, ol, thr))
+    out = tmp_path / "calib.json"
+    assert main(["fit", str(rows), "--gpu", "h100-80gb", "--tensor-parallel-size", "2", "-o", str(out), "--json"]) == 0
+    fitted = json.loads(capsys.readouterr().out)
+    assert fitted["notes"]["tensor_parallel_size"] == 2
+    assert fitted["metrics"]["mape_pct"] < 1.0
+    cal = calibrate.Calibration.from_json(out.read_text())
+    pred4, _ = calibrate.predict(cal, L70, H100, b, il, ol, tensor_parallel_size=4)
+    true4 = slim.predict("kneecap", truth, L70, H100, b, il, ol, tensor_parallel_size=4).throughput_tok_s
+    # one TP cannot separate the per-step costs TP does not split (t_step, t_layer) from the weight
+    # read it does: measured 3.4% at worst (small batches, where those dominate), against the 39–46%
+    # of reading TP-2 throughput as TP 4's
+    assert np.max(np.abs(pred4 / true4 - 1)) < 0.05
+    assert np.min(np.abs(thr / true4 - 1)) > 0.3
+    # and a TP that does not divide the model's heads is refused before any fitting
+    assert main(["fit", str(rows), "--gpu", "h100-80gb", "--tensor-parallel-size", "5", "-o", str(out), "--json"]) == 2
+    assert json.loads(capsys.readouterr().err)["field"] == "--tensor-parallel-size"
