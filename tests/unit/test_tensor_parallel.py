@@ -248,3 +248,22 @@ def test_a_calibration_at_tp_2_predicts_tp_4_through_the_tp_terms(tmp_path, caps
     # and a TP that does not divide the model's heads is refused before any fitting
     assert main(["fit", str(rows), "--gpu", "h100-80gb", "--tensor-parallel-size", "5", "-o", str(out), "--json"]) == 2
     assert json.loads(capsys.readouterr().err)["field"] == "--tensor-parallel-size"
+
+
+def test_cli_advise_sizes_memory_per_gpu_at_tp_4(tmp_path, capsys):
+    from kneecap.model import bca, calibrate, memory
+
+    cal = calibrate.Calibration(form="kneecap", gpu="h100-80gb", models=("llama-2-70b",),
+                                params=slim.SlimParams().as_dict(), std={}, metrics={}, created="", notes={})
+    path = tmp_path / "calib.json"
+    path.write_text(cal.to_json())
+    argv = ["advise", str(path), "--model", "llama-2-70b", "--input-len", "512", "--output-len", "256", "--json"]
+    assert main(argv + ["--tensor-parallel-size", "4"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    res = bca.advise(cal, L70, H100, 512.0, 256.0, tensor_parallel_size=4)
+    kv = int(memory.kv_tokens_for_cap(res.cap, 768.0, 0.0))
+    split = memory.utilization_for_kv_tokens(L70, H100, kv, res.cap, tensor_parallel_size=4)
+    assert (out["max_num_seqs"], out["kv_tokens"], out["gpus_per_replica"]) == (res.cap, kv, 4)
+    assert out["gpu_memory_utilization"] == split.gpu_memory_utilization
+    assert out["kv_gib"] == pytest.approx(kv * L70.kv_bytes_per_token / 4 / 2**30)
+    assert main(argv) == 2  # TP 1: the weights alone exceed the GPU
