@@ -249,6 +249,11 @@ def twin_predict(p: Point) -> dict:
 # --------------------------------------------------------------------------- comparison
 
 
+def decode_batch(arrival_s, ttft_s, e2e_s, replicas: int) -> float:
+    """Mean requests decoding per replica over the run: Σ(E2E − TTFT)/(replicas·makespan) (Little)."""
+    return float(np.sum(e2e_s - ttft_s) / (replicas * np.max(arrival_s + e2e_s)))
+
+
 def quantiles(x: np.ndarray) -> dict:
     return dict(zip(QNAMES, map(float, np.quantile(x, QS))))
 
@@ -264,7 +269,8 @@ def evaluate(p: Point, cal: calibrate.Calibration) -> dict:
            "rate_rps": p.rate_rps, "requests": int(p.arrival_s.size), "saturated": p.saturated, "notes": p.notes,
            "engine": {"max_num_seqs": p.max_num_seqs, "max_num_batched_tokens": p.max_num_batched_tokens,
                       "gpu_memory_utilization": p.gpu_memory_utilization, "num_gpu_blocks": p.num_gpu_blocks},
-           "measured": {m: quantiles(v) for m, v in meas.items()}}
+           "measured": {m: quantiles(v) for m, v in meas.items()},
+           "measured_decode_batch": decode_batch(p.arrival_s, p.ttft_s, p.e2e_s, p.replicas)}
     for model, run in (("gauss", lambda: gauss_predict(p, cal)), ("twin", lambda: twin_predict(p))):
         t0 = time.monotonic()
         try:
@@ -277,6 +283,7 @@ def evaluate(p: Point, cal: calibrate.Calibration) -> dict:
             continue
         res = {k: v for k, v in pred.items() if not isinstance(v, np.ndarray)}
         res["quantiles"] = {m: quantiles(pred[m]) for m in METRICS}
+        res["decode_batch"] = decode_batch(p.arrival_s, pred["ttft"], pred["e2e"], p.replicas)
         res["err"] = {m: {q: rel_err(res["quantiles"][m][q], out["measured"][m][q]) for q in QNAMES} for m in METRICS}
         res["wall_s"] = time.monotonic() - t0
         out[model] = res
@@ -292,7 +299,8 @@ def _crossing(rates: list[float], p90s: list[float], slo: float) -> float | None
 
 
 def sustainable_rates(rows: list[dict]) -> list[dict]:
-    """Per sweep: the rate where p90 TTFT crosses SLO_FACTOR × its value at the lowest rate."""
+    """Per sweep: the rate where p90 TTFT crosses SLO_FACTOR × its value at the lowest rate
+    (None: not within the swept rates; both None is agreement that it lies beyond the sweep)."""
     out = []
     for series in dict.fromkeys(r["series"] for r in rows):
         pts = sorted((r for r in rows if r["series"] == series), key=lambda r: r["rate_rps"])
@@ -309,6 +317,7 @@ def sustainable_rates(rows: list[dict]) -> list[dict]:
             lam = _crossing(rates, [r[model]["quantiles"]["ttft"]["p90"] for r in pts], slo)
             row[model + "_rps"] = lam
             row[model + "_err"] = (lam / row["measured_rps"] - 1.0) if lam and row["measured_rps"] else None
+            row[model + "_agrees_beyond_sweep"] = lam is None and row["measured_rps"] is None
         out.append(row)
     return out
 
@@ -332,10 +341,104 @@ def goals(rows: list[dict], rates: list[dict]) -> dict:
                     misses += abs(e) > bound
                     worst[f"{m} {q}"] = max(worst.get(f"{m} {q}", 0.0), abs(e))
         rate_cells = [x[model + "_err"] for x in rates if x[model + "_err"] is not None]
+        beyond = sum(bool(x.get(model + "_agrees_beyond_sweep")) for x in rates)
+        one_sided = sum(1 for x in rates if model + "_agrees_beyond_sweep" in x
+                        and (x["measured_rps"] is None) != (x[model + "_rps"] is None))
         res[model] = {"cells": cells, "missed": int(misses), "worst_abs_err": worst,
                       "not_expressible": unexpressed,
-                      "rate_within_5pct": sum(abs(e) <= RATE_BOUND for e in rate_cells), "rate_cells": len(rate_cells)}
+                      "rate_within_5pct": sum(abs(e) <= RATE_BOUND for e in rate_cells), "rate_cells": len(rate_cells),
+                      "rate_beyond_sweep_both": beyond, "rate_one_sided": one_sided}
     return res
+
+
+def transfer_pairs(rows: list[dict], a: str = "a100-80gb", b: str = "h100-80gb") -> list[dict]:
+    """The same engine, model, topology and workload at the same rate on two GPUs (exp-2 vs
+    exp-3): the measured ratio b/a of TPOT and TTFT p50 against GAUSS's. Its error isolates
+    the transfer (hardware terms) from the error the model makes on both GPUs alike."""
+    def key(r):
+        return (r["model"], r["tp"], r["replicas"], r["series"].rsplit(":", 1)[1], r["rate_rps"])
+    on_b = {key(r): r for r in rows if r["gpu"] == b}
+    out = []
+    for r in rows:
+        other = on_b.get(key(r)) if r["gpu"] == a else None
+        if other is None or r["saturated"] or other["saturated"] or "quantiles" not in r["gauss"] \
+                or "quantiles" not in other["gauss"]:
+            continue
+        pair = {"workload": key(r)[3], "rate_rps": r["rate_rps"]}
+        for m in ("tpot", "ttft"):
+            meas = other["measured"][m]["p50"] / r["measured"][m]["p50"]
+            pred = other["gauss"]["quantiles"][m]["p50"] / r["gauss"]["quantiles"][m]["p50"]
+            pair[m] = {"measured_ratio": meas, "gauss_ratio": pred, "err": pred / meas - 1.0}
+        out.append(pair)
+    return out
+
+
+def per_gpu_errors(rows: list[dict]) -> dict:
+    """Median GAUSS error of p50 TPOT and TTFT per GPU over the points below saturation."""
+    out = {}
+    for gpu in dict.fromkeys(r["gpu"] for r in rows):
+        ok = [r for r in rows if r["gpu"] == gpu and not r["saturated"] and "err" in r["gauss"]]
+        if ok:
+            out[gpu] = {"points": len(ok), **{f"{m}_p50_median_err": float(np.median([r["gauss"]["err"][m]["p50"] for r in ok]))
+                                               for m in ("tpot", "ttft")}}
+    return out
+
+
+def findings(rows: list[dict], per_gpu: dict, pairs: list[dict], rates: list[dict]) -> list[str]:
+    """Where GAUSS is wrong and the evidence for why, as numbers from this run."""
+    med = lambda xs: float(np.median(xs)) if xs else float("nan")  # noqa: E731
+    out = []
+    if "a100-80gb" in per_gpu and "h100-80gb" in per_gpu and pairs:
+        a, h = per_gpu["a100-80gb"], per_gpu["h100-80gb"]
+        out.append(
+            f"Transfer: on the H100 80 GB the H100 64 GB calibration predicts p50 TPOT to {_pct(h['tpot_p50_median_err'])} "
+            f"(median, {h['points']} points), on the A100 to {_pct(a['tpot_p50_median_err'])} ({a['points']} points). "
+            f"The measured H100/A100 TPOT ratio at light load is {pairs[0]['tpot']['measured_ratio']:.2f}, below the "
+            "weight-streaming (bandwidth) ratio 3.35/2.039 → 0.61 alone, so no part of the A100's decode step is "
+            f"GPU-independent; GAUSS's {pairs[0]['tpot']['gauss_ratio']:.2f} comes from the per-layer launch floor and "
+            "per-step overheads, which model/transfer.py carries unchanged (80 layers × t_layer is ~6 ms of a ~40 ms step). "
+            "Scaling that floor with the GPU would close most of the gap, but choosing the rule from these pairs would fit "
+            "the transfer to its own test: left as measured.")
+    burst = [r for r in rows if r["saturated"] and r["gpu"] == "h100-80gb" and r["rate_rps"] >= 20 and "err" in r["gauss"]]
+    if burst:
+        out.append(
+            f"Bursts past capacity (llm-d sharegpt at ≥ 20 QPS: 252 requests arriving within a few seconds): p50 TTFT "
+            f"{_pct(med([r['gauss']['err']['ttft']['p50'] for r in burst]))} (median over {len(burst)} points). By Little's "
+            f"law the real engine kept {med([r['measured_decode_batch'] for r in burst]):.1f} requests decoding per replica, "
+            f"GAUSS {med([r['gauss']['decode_batch'] for r in burst]):.1f}; GAUSS preempts "
+            f"{med([r['gauss']['preempted'] for r in burst]):.0f} requests of 252 but does not charge the recompute's chunk "
+            "steps to the other requests (module docstring, item 3), and the data records no preemption count to check "
+            "it against. A transient backlog of deterministic burst arrivals, not a steady state: excluded from the goals.")
+    e0 = [x for x in rates if x["series"].startswith("exp-0")]
+    if e0 and e0[0]["measured_rps"]:
+        out.append(
+            f"exp-0 (one A100 TP-2 replica, ShareGPT): the real p90 TTFT crosses the SLO at {e0[0]['measured_rps']:.2f} req/s; "
+            "GAUSS does not within the sweep (≤ 1.34): its p50 TPOT is low at every rate ("
+            + ", ".join(_pct(r["gauss"]["err"]["tpot"]["p50"]) for r in sorted(
+                (r for r in rows if r["series"].startswith("exp-0")), key=lambda r: r["rate_rps"]))
+            + ": the A100 transfer error above, and more where the batch is larger), so it overestimates the decode "
+            "capacity; prompts are whole conversations whose shared prefixes the "
+            "data does not identify, so GAUSS computes every prompt token (no cached prefix).")
+    pcie = [r for r in rows if r["gpu"] == "rtx-pro-6000" and r["tp"] == 2 and "err" in r["gauss"]]
+    single = [r for r in rows if r["gpu"] == "rtx-pro-6000" and r["tp"] == 1 and r["replicas"] == 1 and "err" in r["gauss"]]
+    if pcie and single:
+        out.append(
+            f"TP over PCIe (Qwen3-32B, TP 2 on RTX PRO 6000): p50 TPOT {_pct(pcie[0]['gauss']['err']['tpot']['p50'])}, while "
+            f"TP 1 on the same GPU (Llama-3.1-8B) is {_pct(single[0]['gauss']['err']['tpot']['p50'])}, so the miss comes "
+            "with TP over PCIe (no NVLink on this card). The modelled all-reduces (2·L NCCL ring all-reduces at the "
+            "catalog's PCIe bandwidth and per-step latency) are a few ms of a ~60 ms step at the batch cap of 128; NCCL's "
+            "small-message latency over PCIe is typically tens of µs, not 1, yet even that leaves most of the ~25 ms gap; the data "
+            "has no per-step timings to tell the all-reduce from the per-rank overheads of two worker processes.")
+    sim = [r for r in rows if r["name"].startswith("RTX") and "err" in r["gauss"] and "err" in r["twin"]]
+    if sim:
+        out.append(
+            "LLMServingSim runs (10 req/s Poisson, every one overloaded): GAUSS p50 TTFT "
+            + ", ".join(f"{r['name'].split('/')[0]} {r['model']} {_pct(r['gauss']['err']['ttft']['p50'])}" for r in sim)
+            + "; twin " + ", ".join(_pct(r["twin"]["err"]["ttft"]["p50"]) for r in sim)
+            + ". The twin's roofline step is slower than the real engine on the RTX 4090 (TPOT "
+            + _pct(sim[0]["twin"]["err"]["tpot"]["p50"]) + ") where GAUSS's is "
+            + _pct(sim[0]["gauss"]["err"]["tpot"]["p50"]) + "; both are queue dynamics past saturation, excluded from the goals.")
+    return out
 
 
 # --------------------------------------------------------------------------- output
@@ -397,8 +500,27 @@ def markdown(res: dict) -> str:
     for model, g in res["goals"].items():
         worst = ", ".join(f"{k} {v:.0%}" for k, v in g["worst_abs_err"].items())
         lines.append(f"- {model}: {g['cells'] - g['missed']}/{g['cells']} cells met; worst |err| {worst or '—'}; "
-                     f"sustainable rate within 5% on {g['rate_within_5pct']}/{g['rate_cells']} sweeps; "
+                     f"sustainable rate within 5% on {g['rate_within_5pct']}/{g['rate_cells']} sweeps where both cross the SLO "
+                     f"(beyond the sweep on both: {g['rate_beyond_sweep_both']}; crossed on one side only: "
+                     f"{g['rate_one_sided']}); "
                      f"{len(g['not_expressible'])} points not expressible.")
+    lines += ["", "## Transfer across GPUs (calibration on the H100 64 GB, `model/transfer.py`)", "",
+              "Median GAUSS error of p50 per target GPU, points below saturation:", "",
+              "| GPU | points | TPOT p50 | TTFT p50 |", "| --- | --- | --- | --- |"]
+    for gpu, e in res["per_gpu"].items():
+        lines.append(f"| {gpu} | {e['points']} | {_pct(e['tpot_p50_median_err'])} | {_pct(e['ttft_p50_median_err'])} |")
+    tp = res["transfer_pairs"]
+    if tp:
+        lines += ["", "The same runs on A100 and H100 80 GB (exp-2 vs exp-3, same rate, both below saturation): "
+                  "H100/A100 ratio of p50, measured and GAUSS's; the ratio's error is the transfer's alone.", "",
+                  "| workload | rate | TPOT ratio meas | GAUSS | err | TTFT ratio meas | GAUSS | err |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for x in tp:
+            lines.append(f"| {x['workload']} | {x['rate_rps']:g} | {x['tpot']['measured_ratio']:.3f} | "
+                         f"{x['tpot']['gauss_ratio']:.3f} | {_pct(x['tpot']['err'])} | {x['ttft']['measured_ratio']:.3f} | "
+                         f"{x['ttft']['gauss_ratio']:.3f} | {_pct(x['ttft']['err'])} |")
+        med = lambda m: float(np.median([x[m]["err"] for x in tp]))  # noqa: E731
+        lines += ["", f"Median ratio error: TPOT {_pct(med('tpot'))}, TTFT {_pct(med('ttft'))} over {len(tp)} pairs."]
     if res.get("findings"):
         lines += ["", "## Where each model is wrong and why", ""] + [f"- {x}" for x in res["findings"]]
     return "\n".join(lines) + "\n"
@@ -412,7 +534,8 @@ def run(quick: bool = False) -> dict:
         points = [p for p in points if p.arrival_s.size <= 300][:6]
     rows = [evaluate(p, cal) for p in points]
     rates = sustainable_rates(rows)
-    return {"calibration": {"gpu": cal.gpu, "models": list(cal.models), "params": cal.params,
+    per_gpu, pairs = per_gpu_errors(rows), transfer_pairs(rows)
+    return {"per_gpu": per_gpu, "transfer_pairs": pairs, "findings": findings(rows, per_gpu, pairs, rates),"calibration": {"gpu": cal.gpu, "models": list(cal.models), "params": cal.params,
                             "mape_pct": cal.metrics["mape_pct"]},
             "points": rows, "sustainable": rates, "goals": goals(rows, rates), "wall_s": time.monotonic() - t0}
 
