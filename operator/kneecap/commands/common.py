@@ -133,11 +133,12 @@ def engine_limits(args, arch=None, gpu=None, tensor_parallel_size: int = 1):
     return limits, args.max_num_batched_tokens or gauss.DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 
-def add_tensor_parallel(parser) -> None:
+def add_tensor_parallel(parser, default: int | None = 1, default_text: str = "") -> None:
     """--tensor-parallel-size (vLLM's name) and --enable-expert-parallel (kneecap.model.parallel)."""
-    parser.add_argument("--tensor-parallel-size", type=int, default=1, metavar="TP",
+    parser.add_argument("--tensor-parallel-size", type=int, default=default, metavar="TP",
                         help="GPUs per replica the model is split across (Megatron-style, as vLLM does): each holds "
-                             "1/TP of the weights and of the KV heads, and each layer pays two all-reduces")
+                             "1/TP of the weights and of the KV heads, and each layer pays two all-reduces"
+                             + default_text)
     parser.add_argument("--enable-expert-parallel", action="store_true",
                         help="MoE only: partition whole experts across the TP ranks (vLLM's flag); memory and "
                              "expected bytes per step as with TP-split experts")
@@ -147,7 +148,8 @@ def tensor_parallel(args, arch) -> int:
     """The validated --tensor-parallel-size for ``arch`` (errors name the flag)."""
     from kneecap.model.parallel import FLAG, check_tensor_parallel_size
 
-    return check_tensor_parallel_size(arch, args.tensor_parallel_size, FLAG,
+    tp = 1 if args.tensor_parallel_size is None else args.tensor_parallel_size
+    return check_tensor_parallel_size(arch, tp, FLAG,
                                       expert_parallel=getattr(args, "enable_expert_parallel", False))
 
 
