@@ -6,7 +6,7 @@ per-request record is replayed:
 
 1. calibration: the project's own, ``kneecap fit data/real-h100/profiles.csv --gpu h100-64gb
    --where source=batching_results`` (the README's), moved to the run's GPU by
-   :func:`kneecap.model.transfer.transfer_params` (efficiencies carried, the target's FLOP/s
+   :func:`kneecap.model.transfer.calibration_on`, as ``kneecap simulate`` does (efficiencies carried, the target's FLOP/s
    and bandwidth in the hardware terms). Nothing is fitted to this data;
 2. GAUSS: :func:`kneecap.model.gauss.replay` on the run's arrivals and per-request input and
    output lengths, with the run's engine arguments (max_num_seqs, max_num_batched_tokens,
@@ -51,7 +51,7 @@ from benchmarks._paths import PROFILES_CSV, RESULTS  # noqa: E402
 from kneecap.model import calibrate, gauss, profiles  # noqa: E402
 from kneecap.model.arch import get_arch  # noqa: E402
 from kneecap.model.hardware import get_gpu  # noqa: E402
-from kneecap.model.transfer import transfer_params  # noqa: E402
+from kneecap.model.transfer import calibration_on  # noqa: E402
 
 DATA = ROOT / "data" / "gpu-latency"
 CALIBRATION_GPU = "h100-64gb"
@@ -204,7 +204,7 @@ def _tp_kwargs(fn, tp: int) -> dict:
 def gauss_inputs(p: Point, cal: calibrate.Calibration):
     """(coefficients, limits) of GAUSS for the point's engine on its GPU, the calibration transferred."""
     arch, gpu = get_arch(p.model), get_gpu(p.gpu)
-    params = transfer_params(cal.slim_params, get_gpu(cal.gpu), gpu)
+    params, _ = calibration_on(cal, gpu)  # what `kneecap simulate --calibration … --gpu …` does
     limits, budget = gauss.engine_limits_for(
         arch, gpu, max_num_seqs=p.max_num_seqs, max_num_batched_tokens=p.max_num_batched_tokens,
         gpu_memory_utilization=p.gpu_memory_utilization, num_gpu_blocks_override=p.num_gpu_blocks,
@@ -374,13 +374,15 @@ def transfer_pairs(rows: list[dict], a: str = "a100-80gb", b: str = "h100-80gb")
 
 
 def per_gpu_errors(rows: list[dict]) -> dict:
-    """Median GAUSS error of p50 TPOT and TTFT per GPU over the points below saturation."""
+    """Median error of p50 TPOT and TTFT per GPU and model over the points below saturation."""
     out = {}
     for gpu in dict.fromkeys(r["gpu"] for r in rows):
-        ok = [r for r in rows if r["gpu"] == gpu and not r["saturated"] and "err" in r["gauss"]]
-        if ok:
-            out[gpu] = {"points": len(ok), **{f"{m}_p50_median_err": float(np.median([r["gauss"]["err"][m]["p50"] for r in ok]))
-                                               for m in ("tpot", "ttft")}}
+        for model in ("gauss", "twin"):
+            ok = [r for r in rows if r["gpu"] == gpu and not r["saturated"] and "err" in r[model]]
+            if ok:
+                out.setdefault(gpu, {"points": len(ok)})
+                for m in ("tpot", "ttft"):
+                    out[gpu][f"{model}_{m}_p50_median_err"] = float(np.median([r[model]["err"][m]["p50"] for r in ok]))
     return out
 
 
@@ -391,8 +393,10 @@ def findings(rows: list[dict], per_gpu: dict, pairs: list[dict], rates: list[dic
     if "a100-80gb" in per_gpu and "h100-80gb" in per_gpu and pairs:
         a, h = per_gpu["a100-80gb"], per_gpu["h100-80gb"]
         out.append(
-            f"Transfer: on the H100 80 GB the H100 64 GB calibration predicts p50 TPOT to {_pct(h['tpot_p50_median_err'])} "
-            f"(median, {h['points']} points), on the A100 to {_pct(a['tpot_p50_median_err'])} ({a['points']} points). "
+            f"Transfer: on the H100 80 GB the H100 64 GB calibration predicts p50 TPOT to {_pct(h['gauss_tpot_p50_median_err'])} "
+            f"(median, {h['points']} points), on the A100 to {_pct(a['gauss_tpot_p50_median_err'])} ({a['points']} points); "
+            f"the twin's roofline, fitted on the same H100 64 GB, to {_pct(h['twin_tpot_p50_median_err'])} and "
+            f"{_pct(a['twin_tpot_p50_median_err'])}: both models miss the A100 alike. "
             f"The measured H100/A100 TPOT ratio at light load is {pairs[0]['tpot']['measured_ratio']:.2f}, below the "
             "weight-streaming (bandwidth) ratio 3.35/2.039 → 0.61 alone, so no part of the A100's decode step is "
             f"GPU-independent; GAUSS's {pairs[0]['tpot']['gauss_ratio']:.2f} comes from the per-layer launch floor and "
@@ -405,7 +409,11 @@ def findings(rows: list[dict], per_gpu: dict, pairs: list[dict], rates: list[dic
             f"Bursts past capacity (llm-d sharegpt at ≥ 20 QPS: 252 requests arriving within a few seconds): p50 TTFT "
             f"{_pct(med([r['gauss']['err']['ttft']['p50'] for r in burst]))} (median over {len(burst)} points). By Little's "
             f"law the real engine kept {med([r['measured_decode_batch'] for r in burst]):.1f} requests decoding per replica, "
-            f"GAUSS {med([r['gauss']['decode_batch'] for r in burst]):.1f}; GAUSS preempts "
+            f"GAUSS {med([r['gauss']['decode_batch'] for r in burst]):.1f}, the twin "
+            + (f"{med([r['twin']['decode_batch'] for r in burst]):.1f} (p50 TTFT "
+               f"{_pct(med([r['twin']['err']['ttft']['p50'] for r in burst]))})" if all("err" in r["twin"] for r in burst)
+               else "—")
+            + f"; GAUSS preempts "
             f"{med([r['gauss']['preempted'] for r in burst]):.0f} requests of 252 but does not charge the recompute's chunk "
             "steps to the other requests (module docstring, item 3), and the data records no preemption count to check "
             "it against. A transient backlog of deterministic burst arrivals, not a steady state: excluded from the goals.")
@@ -419,6 +427,16 @@ def findings(rows: list[dict], per_gpu: dict, pairs: list[dict], rates: list[dic
             + ": the A100 transfer error above, and more where the batch is larger), so it overestimates the decode "
             "capacity; prompts are whole conversations whose shared prefixes the "
             "data does not identify, so GAUSS computes every prompt token (no cached prefix).")
+    ok = [x for x in rates if x["twin_err"] is not None]
+    if ok:
+        out.append(
+            "Sustainable rate: the twin finds the sweeps' capacity "
+            + ", ".join(f"{x['series'].split('/')[0]} {x['series'].rsplit(':', 1)[1]} {_pct(x['twin_err'])}" for x in ok)
+            + " where GAUSS gives "
+            + ", ".join("none in the sweep" if x["gauss_rps"] is None else _pct(x["gauss_err"]) for x in ok)
+            + ": at the onset of the backlog the twin's step-by-step scheduling under the KV cache tracks the real "
+            "engine's, while GAUSS's mean-field step time (TPOT low on the A100, above) puts the onset later; deep in "
+            "the burst both under-predict TTFT (above).")
     pcie = [r for r in rows if r["gpu"] == "rtx-pro-6000" and r["tp"] == 2 and "err" in r["gauss"]]
     single = [r for r in rows if r["gpu"] == "rtx-pro-6000" and r["tp"] == 1 and r["replicas"] == 1 and "err" in r["gauss"]]
     if pcie and single:
@@ -505,10 +523,13 @@ def markdown(res: dict) -> str:
                      f"{g['rate_one_sided']}); "
                      f"{len(g['not_expressible'])} points not expressible.")
     lines += ["", "## Transfer across GPUs (calibration on the H100 64 GB, `model/transfer.py`)", "",
-              "Median GAUSS error of p50 per target GPU, points below saturation:", "",
-              "| GPU | points | TPOT p50 | TTFT p50 |", "| --- | --- | --- | --- |"]
+              "Median error of p50 per target GPU, points below saturation:", "",
+              "| GPU | points | GAUSS TPOT p50 | GAUSS TTFT p50 | twin TPOT p50 | twin TTFT p50 |",
+              "| --- | --- | --- | --- | --- | --- |"]
     for gpu, e in res["per_gpu"].items():
-        lines.append(f"| {gpu} | {e['points']} | {_pct(e['tpot_p50_median_err'])} | {_pct(e['ttft_p50_median_err'])} |")
+        lines.append(f"| {gpu} | {e['points']} | {_pct(e.get('gauss_tpot_p50_median_err'))} | "
+                     f"{_pct(e.get('gauss_ttft_p50_median_err'))} | {_pct(e.get('twin_tpot_p50_median_err'))} | "
+                     f"{_pct(e.get('twin_ttft_p50_median_err'))} |")
     tp = res["transfer_pairs"]
     if tp:
         lines += ["", "The same runs on A100 and H100 80 GB (exp-2 vs exp-3, same rate, both below saturation): "

@@ -11,7 +11,8 @@ from kneecap.model import gauss
 from kneecap.model.arch import get_arch
 from kneecap.model.hardware import get_gpu
 from kneecap.model.slim import SlimParams
-from kneecap.model.transfer import transfer_params
+from kneecap.model.calibrate import Calibration
+from kneecap.model.transfer import calibration_on, transfer_params
 
 P = SlimParams(eta_c=0.6, eta_m=0.7, alpha_s=3e-5, gamma_s=2e-8, t_fixed_s=2e-3, t_step_s=2e-5,
                t_layer_s=8e-5, eta_w=0.95)
@@ -45,3 +46,13 @@ def test_bad_input_names_the_field(args, field):
     with pytest.raises(InputError) as exc:
         transfer_params(*args)
     assert exc.value.field == field
+
+
+def test_a_calibration_moves_only_between_catalog_gpus():
+    cal = Calibration(form="kneecap", gpu="h100-64gb", models=("llama-2-7b",), params=P.as_dict(), std={},
+                      metrics={}, created="")
+    assert calibration_on(cal, get_gpu("h100-64gb")) == (P, False)
+    moved, did = calibration_on(cal, get_gpu("rtx-4090"))
+    assert did and moved == transfer_params(P, get_gpu("h100-64gb"), get_gpu("rtx-4090"))
+    inline = Calibration(form="kneecap", gpu="my-asic", models=(), params=P.as_dict(), std={}, metrics={}, created="")
+    assert calibration_on(inline, get_gpu("h200")) == (P, False)  # no hardware terms to move from

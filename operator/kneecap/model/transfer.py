@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from kneecap.errors import InputError
-from kneecap.model.hardware import GPU
+from kneecap.model.hardware import GPU, get_gpu
 from kneecap.model.slim import SlimParams
 
 
@@ -37,3 +37,17 @@ def transfer_params(params: SlimParams, source: GPU, target: GPU) -> SlimParams:
             raise InputError(name, f"expected a catalog GPU (kneecap.model.hardware.GPU), got {type(gpu).__name__}")
     # eq. 10's γ is compute at the fitted efficiency: time ∝ 1/F_max
     return replace(params, gamma_s=params.gamma_s * source.peak_flops / target.peak_flops)
+
+
+def calibration_on(calibration, target: GPU) -> tuple[SlimParams, bool]:
+    """(parameters of ``calibration`` (a ``calibrate.Calibration``) on ``target``, whether they
+    were moved): unchanged on the GPU it was fitted on, or when that GPU is not a catalog entry
+    (an inline accelerator: no hardware terms to move from)."""
+    params = calibration.slim_params
+    try:
+        source = get_gpu(calibration.gpu)
+    except InputError:
+        return params, False
+    if source.key == target.key:
+        return params, False
+    return transfer_params(params, source, target), True
