@@ -84,8 +84,17 @@ def test_replay_of_one_run_uses_exactly_its_requests_and_kv_cache(points):
     assert set(row["gauss"]["err"]) == {"ttft", "tpot", "e2e"}
 
 
-def test_a_point_the_model_cannot_express_says_why(points):
-    p = next(x for x in points if x.tp == 2)
-    row = bench.evaluate(p, bench.project_calibration())
-    for model in ("gauss", "twin"):
-        assert "quantiles" in row[model] or "tensor parallel" in row[model]["not_expressible"]
+def test_a_tensor_parallel_run_is_replayed_with_its_tp_and_would_not_fit_without_it(points):
+    from dataclasses import replace
+
+    p = next(x for x in points if x.name == "exp-0/vllm-70b/LMBench_sharegpt_output_0.5.csv")
+    assert (p.tp, p.gpu, p.model) == (2, "a100-80gb", "llama-3.1-70b")
+    cal = bench.project_calibration()
+    row = bench.evaluate(p, cal)
+    # both models take the run's TP 2 and size the same per-GPU KV cache from the memory split at 0.95
+    assert "quantiles" in row["gauss"] and "quantiles" in row["twin"]
+    assert row["gauss"]["kv_capacity_tokens"] == row["twin"]["kv_capacity_tokens"] > 0
+    assert len(row["measured"]["ttft"]) == 4 and row["requests"] == 252
+    # 141 GB of weights on one 80 GB A100: at TP 1 neither model can express the run
+    one = bench.evaluate(replace(p, tp=1), cal)
+    assert "no KV cache" in one["gauss"]["not_expressible"] and "not_expressible" in one["twin"]
