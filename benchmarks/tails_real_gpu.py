@@ -328,6 +328,7 @@ def goals(rows: list[dict], rates: list[dict]) -> dict:
     for model in ("gauss", "twin"):
         cells = misses = 0
         worst: dict[str, float] = {}
+        by_gpu: dict[str, list[int]] = {}
         unexpressed = [r["name"] for r in rows if "quantiles" not in r[model]]
         for r in rows:
             if r["saturated"] or "quantiles" not in r[model]:
@@ -339,12 +340,15 @@ def goals(rows: list[dict], rates: list[dict]) -> dict:
                     e = r[model]["err"][m][q]
                     cells += 1
                     misses += abs(e) > bound
+                    tally = by_gpu.setdefault(r["gpu"], [0, 0])
+                    tally[0] += abs(e) <= bound
+                    tally[1] += 1
                     worst[f"{m} {q}"] = max(worst.get(f"{m} {q}", 0.0), abs(e))
         rate_cells = [x[model + "_err"] for x in rates if x[model + "_err"] is not None]
         beyond = sum(bool(x.get(model + "_agrees_beyond_sweep")) for x in rates)
         one_sided = sum(1 for x in rates if model + "_agrees_beyond_sweep" in x
                         and (x["measured_rps"] is None) != (x[model + "_rps"] is None))
-        res[model] = {"cells": cells, "missed": int(misses), "worst_abs_err": worst,
+        res[model] = {"cells": cells, "missed": int(misses), "worst_abs_err": worst, "met_by_gpu": by_gpu,
                       "not_expressible": unexpressed,
                       "rate_within_5pct": sum(abs(e) <= RATE_BOUND for e in rate_cells), "rate_cells": len(rate_cells),
                       "rate_beyond_sweep_both": beyond, "rate_one_sided": one_sided}
@@ -517,7 +521,8 @@ def markdown(res: dict) -> str:
     lines += ["", "## Goals (below saturation: p50/p90 TTFT and TPOT within 10%, p99 within 15%; rate within 5%)", ""]
     for model, g in res["goals"].items():
         worst = ", ".join(f"{k} {v:.0%}" for k, v in g["worst_abs_err"].items())
-        lines.append(f"- {model}: {g['cells'] - g['missed']}/{g['cells']} cells met; worst |err| {worst or '—'}; "
+        per = ", ".join(f"{k} {v[0]}/{v[1]}" for k, v in g["met_by_gpu"].items())
+        lines.append(f"- {model}: {g['cells'] - g['missed']}/{g['cells']} cells met ({per or '—'}); worst |err| {worst or '—'}; "
                      f"sustainable rate within 5% on {g['rate_within_5pct']}/{g['rate_cells']} sweeps where both cross the SLO "
                      f"(beyond the sweep on both: {g['rate_beyond_sweep_both']}; crossed on one side only: "
                      f"{g['rate_one_sided']}); "
