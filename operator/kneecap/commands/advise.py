@@ -75,8 +75,9 @@ def run(args) -> int:
     print(f"{arch.key} on {gpu.key}, IL={args.input_len:g} OL={args.output_len:g}: "
           f"--max-num-seqs {res.cap} ({res.binding} binds; knee at {res.knee_batch})")
     print(f"  predicted {res.pred_throughput_tok_s:.0f} tok/s, E2E {res.pred_e2e_s:.2f} s, efficiency {res.efficiency:.3f}")
+    per_gpu = f" per GPU, --tensor-parallel-size {tp}" if tp > 1 else ""
     print(f"  --gpu-memory-utilization {split.gpu_memory_utilization:.3f}: KV {out['kv_gib']:.2f} GiB, "
-          f"releases {out['released_gib']:.2f} GiB vs 0.9")
+          f"releases {out['released_gib']:.2f} GiB vs 0.9{per_gpu}")
     if arch.key not in cal.models:
         print(f"  note: {arch.key} was not among the calibrated models ({', '.join(cal.models)}): transferred")
     if not res.feasible:

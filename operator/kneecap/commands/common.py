@@ -133,9 +133,10 @@ def engine_limits(args, arch=None, gpu=None, tensor_parallel_size: int = 1):
     return limits, args.max_num_batched_tokens or gauss.DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 
-def add_tensor_parallel(parser, default: int | None = 1, default_text: str = "") -> None:
-    """--tensor-parallel-size (vLLM's name) and --enable-expert-parallel (kneecap.model.parallel)."""
-    parser.add_argument("--tensor-parallel-size", type=int, default=default, metavar="TP",
+def add_tensor_parallel(parser, default: int | None = 1, default_text: str = "", short: bool = False) -> None:
+    """--tensor-parallel-size (vLLM's name; ``short``: also vLLM's -tp) and --enable-expert-parallel
+    (kneecap.model.parallel)."""
+    parser.add_argument("--tensor-parallel-size", *(("-tp",) if short else ()), type=int, default=default, metavar="TP",
                         help="GPUs per replica the model is split across (Megatron-style, as vLLM does): each holds "
                              "1/TP of the weights and of the KV heads, and each layer pays two all-reduces"
                              + default_text)

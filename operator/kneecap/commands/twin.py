@@ -88,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                      "kv_consumer, kv_both) makes a disaggregated prefill or decode twin")
     parser.add_argument("--kv-transfer-gib-s", type=float, default=25.0,
                         help="twin: KV link bandwidth a decode twin reads remote KV at, GiB/s")
-    common.add_tensor_parallel(parser)
+    common.add_tensor_parallel(parser, short=True)
     parser.add_argument("--arch", help="twin: catalog model shape (default: from the model name)")
     parser.add_argument("--gpu", default="h100-80gb", help="twin: catalog GPU (default h100-80gb)")
     parser.add_argument("--time-scale", type=float, default=1.0, help="twin: run X times faster than real time")
