@@ -11,7 +11,9 @@ per-request record is replayed:
 2. GAUSS: :func:`kneecap.model.gauss.replay` on the run's arrivals and per-request input and
    output lengths, with the run's engine arguments (max_num_seqs, max_num_batched_tokens,
    gpu_memory_utilization or the recorded KV blocks, prefix caching) through
-   :func:`gauss.engine_limits_for`; the replicas behind one Service are GAUSS's servers;
+   :func:`gauss.engine_limits_for` at the run's tensor parallel size; the replicas behind one
+   Service are GAUSS's servers (one shared FCFS queue, Kiefer–Wolfowitz: an ideal router, where
+   a Kubernetes Service picks a replica per connection);
 3. the twin: :class:`kneecap.sim.engine.Engine` (what ``kneecap twin`` serves) in virtual time,
    one engine per replica, requests dealt round robin, the roofline's step cost (fitted on the
    same H100 64 GB's offline step timings) on the run's GPU.
@@ -34,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import inspect
 import json
 import sys
 import time
@@ -48,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "operator"))
 
 from benchmarks._paths import PROFILES_CSV, RESULTS  # noqa: E402
+from kneecap.errors import InputError  # noqa: E402
 from kneecap.model import calibrate, gauss, profiles  # noqa: E402
 from kneecap.model.arch import get_arch  # noqa: E402
 from kneecap.model.hardware import get_gpu  # noqa: E402
@@ -69,10 +71,6 @@ BOUNDS = {"p50": 0.10, "p90": 0.10, "p95": None, "p99": 0.15}  # goals; p95 repo
 RATE_BOUND = 0.05
 SATURATION_RATIO = 3.0
 SLO_FACTOR = 2.0
-
-
-class NotExpressible(Exception):
-    """The point needs something the model does not have (the reason is the message)."""
 
 
 @dataclass
@@ -192,15 +190,6 @@ def project_calibration() -> calibrate.Calibration:
                          data.throughput_tok_s, form="kneecap", output_cv=cv, chunked_prefill=data.chunked_prefill)
 
 
-def _tp_kwargs(fn, tp: int) -> dict:
-    """``tensor_parallel_size=tp`` where ``fn`` takes it; TP > 1 without it is not expressible."""
-    if "tensor_parallel_size" in inspect.signature(fn).parameters:
-        return {"tensor_parallel_size": tp}
-    if tp > 1:
-        raise NotExpressible(f"tensor parallel {tp}: {fn.__module__}.{fn.__name__} has no tensor_parallel_size yet")
-    return {}
-
-
 def gauss_inputs(p: Point, cal: calibrate.Calibration):
     """(coefficients, limits) of GAUSS for the point's engine on its GPU, the calibration transferred."""
     arch, gpu = get_arch(p.model), get_gpu(p.gpu)
@@ -208,9 +197,9 @@ def gauss_inputs(p: Point, cal: calibrate.Calibration):
     limits, budget = gauss.engine_limits_for(
         arch, gpu, max_num_seqs=p.max_num_seqs, max_num_batched_tokens=p.max_num_batched_tokens,
         gpu_memory_utilization=p.gpu_memory_utilization, num_gpu_blocks_override=p.num_gpu_blocks,
-        block_size=p.block_size, enable_prefix_caching=p.prefix_caching, **_tp_kwargs(gauss.engine_limits_for, p.tp))
+        block_size=p.block_size, enable_prefix_caching=p.prefix_caching, tensor_parallel_size=p.tp)
     coef = gauss.coefficients_for(arch, gpu, params, form=cal.form, chunk_tokens=budget,
-                                  **_tp_kwargs(gauss.coefficients_for, p.tp))
+                                  tensor_parallel_size=p.tp)
     return coef, limits
 
 
@@ -233,7 +222,7 @@ def twin_predict(p: Point) -> dict:
     cfg = engine_config(arch, gpu, max_num_seqs=p.max_num_seqs, max_num_batched_tokens=p.max_num_batched_tokens,
                         max_model_len=max(p.max_model_len or 0, need), block_size=p.block_size,
                         gpu_memory_utilization=p.gpu_memory_utilization, num_gpu_blocks_override=p.num_gpu_blocks,
-                        **_tp_kwargs(engine_config, p.tp))
+                        tensor_parallel_size=p.tp)
     engines = [Engine(cfg) for _ in range(p.replicas)]
     reqs = [engines[i % p.replicas].add_request(int(n_in), int(n_out), float(t))
             for i, (t, n_in, n_out) in enumerate(zip(p.arrival_s, p.input_tokens, p.output_tokens))]
@@ -263,7 +252,7 @@ def rel_err(pred: float, meas: float) -> float:
 
 
 def evaluate(p: Point, cal: calibrate.Calibration) -> dict:
-    """Measured and predicted quantiles of one point; a model that cannot express it says why."""
+    """Measured and predicted quantiles of one point; a model that refuses its inputs says why."""
     meas = {"ttft": p.ttft_s, "tpot": p.tpot_s, "e2e": p.e2e_s}
     out = {"name": p.name, "series": p.series, "gpu": p.gpu, "model": p.model, "tp": p.tp, "replicas": p.replicas,
            "rate_rps": p.rate_rps, "requests": int(p.arrival_s.size), "saturated": p.saturated, "notes": p.notes,
@@ -275,11 +264,8 @@ def evaluate(p: Point, cal: calibrate.Calibration) -> dict:
         t0 = time.monotonic()
         try:
             pred = run()
-        except (NotExpressible, gauss.Infeasible) as exc:
+        except (InputError, gauss.Infeasible) as exc:  # e.g. weights that do not fit: say which
             out[model] = {"not_expressible": str(exc)}
-            continue
-        except Exception as exc:  # an input the model refuses (e.g. weights that do not fit): say which
-            out[model] = {"not_expressible": f"{type(exc).__name__}: {exc}"}
             continue
         res = {k: v for k, v in pred.items() if not isinstance(v, np.ndarray)}
         res["quantiles"] = {m: quantiles(pred[m]) for m in METRICS}
