@@ -473,8 +473,11 @@ def markdown(res: dict) -> str:
         "Times in ms; error = predicted/measured − 1. `sat` = the queue grows through the run (last-quarter "
         f"median TTFT > {SATURATION_RATIO:g}× the first quarter's): excluded from the goals.",
         "",
-        "| point | GPU | TP×replicas | rate | n | sat | metric | measured p50/p90/p95/p99 | GAUSS err p50/p90/p95/p99 | twin err p50/p90/p95/p99 |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "`GAUSS limit` is GAUSS's stability limit for the run's lengths and engine (req/s, all replicas) and "
+        "what binds it.",
+        "",
+        "| point | GPU | TP×replicas | rate | GAUSS limit | n | sat | metric | measured p50/p90/p95/p99 | GAUSS err p50/p90/p95/p99 | twin err p50/p90/p95/p99 |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in res["points"]:
         for m in METRICS:
@@ -483,8 +486,10 @@ def markdown(res: dict) -> str:
             for model in ("gauss", "twin"):
                 x = r[model]
                 cols.append("/".join(_pct(x["err"][m][q]) for q in QNAMES) if "err" in x else "not expressible")
-            head = (f"| {r['name']} | {r['gpu']} | {r['tp']}×{r['replicas']} | {r['rate_rps']:g} | {r['requests']} | "
-                    f"{'yes' if r['saturated'] else ''} |") if m == "ttft" else "| | | | | | |"
+            g = r["gauss"]
+            limit = f"{g['stable_rate_rps']:.2f} ({g['stable_binding']})" if "stable_rate_rps" in g else "—"
+            head = (f"| {r['name']} | {r['gpu']} | {r['tp']}×{r['replicas']} | {r['rate_rps']:g} | {limit} | "
+                    f"{r['requests']} | {'yes' if r['saturated'] else ''} |") if m == "ttft" else "| | | | | | | |"
             lines.append(f"{head} {m} | {meas} | {cols[0]} | {cols[1]} |")
     lines += ["", "## Not expressible", ""]
     seen = set()
