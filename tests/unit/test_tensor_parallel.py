@@ -25,7 +25,7 @@ FREE_LINK = replace(H100, link_bw_bytes_s=1e30, link_latency_s=1e-30)
 
 
 def ring_s(p, n_bytes, gpu=H100):
-    """t_AR = base + 2(p−1)·α + 2(p−1)/p·n/β (Thakur et al. 2005 §4.5), from the catalog."""
+    """t_AR = base + 2(p−1)·α + 2(p−1)/p·n/β (Thakur et al. 2005, ring all-reduce), from the catalog."""
     return ALLREDUCE_BASE_LATENCY_S + 2 * (p - 1) * gpu.link_latency_s + 2 * (p - 1) / p * n_bytes / gpu.link_bw_bytes_s
 
 

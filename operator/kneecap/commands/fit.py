@@ -59,7 +59,8 @@ def run(args) -> int:
     if not rows:
         raise InputError("--where", "no rows match the filters")
     data = profiles.profile_arrays(rows)
-    tp = [common.tensor_parallel(args, get_arch(m)) for m in sorted(set(data.models))][0]
+    for model in sorted(set(data.models)):
+        tp = common.tensor_parallel(args, get_arch(model))
     cv_by_dataset = profiles.estimate_output_cv(list(data.rows))
     warnings = lost_spread(all_rows, cv_by_dataset) if args.where else []
     cv = profiles.apply_output_cv(data.rows, cv_by_dataset)

@@ -159,8 +159,8 @@ def fit(archs, gpu, batch, input_len, output_len, throughput_tok_s, *, form: str
         else [get_arch(a) for a in archs]
     if len(arch_list) != n:
         raise InputError("model", f"expected {n} models (one per row), got {len(arch_list)}")
-    tp = int(tensor_parallel_size) if not isinstance(tensor_parallel_size, bool) else tensor_parallel_size
-    aa = slim.arch_arrays(arch_list, tp)
+    aa = slim.arch_arrays(arch_list, tensor_parallel_size)  # validates TP against every model
+    tp = int(tensor_parallel_size)
     b, il, ol = (np.broadcast_to(np.asarray(x, dtype=float), (n,)) for x in (batch, input_len, output_len))
     cv = np.broadcast_to(np.asarray(output_cv, dtype=float), (n,))
     chunked = np.broadcast_to(np.asarray(chunked_prefill, dtype=bool), (n,))

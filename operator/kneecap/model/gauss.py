@@ -402,7 +402,7 @@ def coefficients_from_slim(
       TP·Fmax), eq. 10's γ term over TP, κ with the rank's KV width ``kv_dim_per_gpu`` and W the
       rank's shard; the 2·L all-reduces per step (Megatron-LM §3), affine in the step's tokens,
       add ``allreduce_step_s`` to p and to each chunk and ``allreduce_token_s`` to r and to each
-      prefill token (ring all-reduce, Thakur et al. 2005 §4.5).
+      prefill token (ring all-reduce, Thakur et al. 2005).
     """
     if form not in ("paper-a", "paper-b", "kneecap"):
         raise InputError("form", f"expected paper-a, paper-b or kneecap, got {form!r}")

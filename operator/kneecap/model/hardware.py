@@ -11,7 +11,7 @@ GIB = 1024**3
 
 # Interconnects: (name, per-GPU bandwidth in one direction, bytes/s; per-step latency, s).
 # Bandwidth is the datasheet's per-GPU figure halved (datasheets quote both directions), which is
-# the bus bandwidth a ring all-reduce can reach (NCCL docs, "Performance" busBw = algBw·2(n−1)/n).
+# the bus bandwidth a ring all-reduce can reach (nccl-tests doc/PERFORMANCE.md: all-reduce busBw = algBw·2(n−1)/n).
 # Latency per ring step is NCCL's own tuning constant for the LL protocol on a Ring (src/graph/
 # tuning.cc hwLat: NVLink 0.47 µs, PCI 1.0 µs); the per-call base is ALLREDUCE_BASE_LATENCY_S.
 NVLINK3 = ("NVLink 3 (12 links)", 300e9, 0.47e-6)  # A100 SXM: 600 GB/s bidirectional

@@ -15,7 +15,8 @@ Megatron-style TP (Shoeybi et al. 2019, "Megatron-LM", §3 and Fig. 3), as vLLM 
   tokens·D·b bytes.
 * the ring all-reduce of n bytes over p ranks takes 2(p−1) steps, each sending n/p bytes
   (Thakur, Rabenseifner & Gropp 2005, "Optimization of collective communication operations in
-  MPICH", §4.5; NCCL's bus bandwidth busBw = algBw·2(p−1)/p, NCCL docs "Performance"):
+  MPICH", the ring: a reduce-scatter then an all-gather; nccl-tests doc/PERFORMANCE.md: busBw =
+  algBw·2(p−1)/p for all-reduce):
       t_AR = base + 2(p−1)·α + 2(p−1)/p · n / β
   with β the per-GPU link bandwidth in one direction and α, base NCCL's own ring/LL latency
   constants (kneecap.model.hardware).
@@ -96,7 +97,7 @@ def allreduces_per_step(arch: ModelArch, tensor_parallel_size: int) -> int:
 
 
 def ring_allreduce_s(message_bytes, tensor_parallel_size, gpu: GPU):
-    """t_AR = base + 2(p−1)·α + 2(p−1)/p·n/β (Thakur et al. 2005 §4.5; NCCL busBw), 0 at p = 1."""
+    """t_AR = base + 2(p−1)·α + 2(p−1)/p·n/β (Thakur et al. 2005, ring all-reduce; NCCL busBw), 0 at p = 1."""
     n = np.asarray(message_bytes, dtype=float)
     p = float(tensor_parallel_size)
     if p == 1:

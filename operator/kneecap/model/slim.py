@@ -19,7 +19,7 @@ Tensor parallelism (``tensor_parallel_size``, kneecap form only; kneecap.model.p
 term is one rank's: prefill FLOPs and eq. 10's dense γ term over TP, the rank's weight shard and
 KV heads read per step (eqs 9–11 per GPU), plus 2·L ring all-reduces per forward step
 (Megatron-LM, Shoeybi et al. 2019 §3) of the step's tokens·D·b bytes, t_AR = base + 2(p−1)·α +
-2(p−1)/p·n/β (Thakur et al. 2005 §4.5).
+2(p−1)/p·n/β (Thakur et al. 2005, ring all-reduce).
 """
 
 from __future__ import annotations
@@ -280,7 +280,7 @@ def predict(form: str, params: SlimParams, arch, gpu: GPU, batch, input_len, out
     evicted = np.clip(1.0 - b_eff / b_try, 0.0, 1.0)
     recompute_tokens = evicted * il
     t_pre = prefill_flops(aa, b_eff, il + recompute_tokens) / (p.eta_c * fmax)  # eqs 7–8
-    # TP: 2·L all-reduces of each forward step's tokens·D·b bytes (Megatron §3; Thakur et al. §4.5)
+    # TP: 2·L all-reduces of each forward step's tokens·D·b bytes (Megatron §3; Thakur et al. 2005, ring)
     tp = aa.tensor_parallel_size
     n_ar = np.where(tp > 1, 2.0 * aa.layers, 0.0)
     act_bytes = aa.hidden * aa.kv_bytes_per_elem

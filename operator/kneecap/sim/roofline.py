@@ -19,7 +19,7 @@ per layer, :func:`kneecap.model.slim.distinct_experts`) and computes with the ac
 Under tensor parallelism (kneecap.model.parallel) the step is one rank's: its weight shard W/TP
 (plus replicated KV projections), N/TP parameters, its KV heads' bytes and F_attn/TP, plus
 2·L ring all-reduces of T·D·b bytes (Megatron-LM §3; t_AR = base + 2(p−1)·α + 2(p−1)/p·n/β,
-Thakur et al. 2005 §4.5), the same terms SLIM and GAUSS use.
+Thakur et al. 2005, ring all-reduce), the same terms SLIM and GAUSS use.
 
 This is deliberately not SLIM (kneecap.model.slim): it is a per-step physical model that the
 engine integrates step by step, so calibrating SLIM on the twin's output is not circular.
