@@ -94,6 +94,7 @@ def _coefficients(args):
         from kneecap.model.arch import get_arch
         from kneecap.model.calibrate import Calibration
         from kneecap.model.hardware import get_gpu
+        from kneecap.model import transfer
         from kneecap.model.slim import SlimParams
 
         if args.calibration:
@@ -112,6 +113,10 @@ def _coefficients(args):
         if not gpu_key:
             raise InputError("gpu", "a catalog GPU key is required (--gpu)")
         arch, gpu = get_arch(model), get_gpu(gpu_key)
+        if args.calibration:
+            params, moved = transfer.calibration_on(cal, gpu)
+            if moved:
+                source += f", transferred from {cal.gpu} to {gpu.key} through the hardware terms (model/transfer.py)"
         tp = common.tensor_parallel(args, arch)
         limits, budget = common.engine_limits(args, arch, gpu, tp)
         coef = gauss.coefficients_for(arch, gpu, params, form=form, chunk_tokens=budget, tensor_parallel_size=tp)

@@ -952,10 +952,13 @@ LIMIT_PASSES = 3  # fixed-point passes of admission ↔ decode windows once a li
 
 
 def _evaluate(draws: _Draws, coef: ServiceCoefficients | None, moments: WorkloadMoments | None,
-              rate_rps: float, servers: int, warm: int, want_tbt: bool = True, limits: EngineLimits | None = None):
+              rate_rps: float, servers: int, warm: int, want_tbt: bool = True, limits: EngineLimits | None = None,
+              interarrival_s: np.ndarray | None = None):
     """(ttft, tbt or None, wait, service, operating point or None, _Limited or None) at λ: kept
-    columns only. ``limits`` None: no batch cap and no KV limit (the paper's GAUSS)."""
-    inter = draws.unit_inter / rate_rps
+    columns only. ``limits`` None: no batch cap and no KV limit (the paper's GAUSS).
+    ``interarrival_s``: given gaps (a trace) instead of the unit draws scaled by 1/λ; λ then
+    sets the operating point only."""
+    inter = draws.unit_inter / rate_rps if interarrival_s is None else interarrival_s
     if coef is None:
         S = draws.raw_service_s
         W = queue_waits(S, inter, servers)[:, warm:]
@@ -1675,3 +1678,74 @@ def sweep_rates(
     draws, moments, _, warm, stable_rps, _ = _engine_draws(workload, coef, rng, servers, burst_cv, samples,
                                                            replications, limits)
     return _sweep(draws, coef, moments, servers, warm, stable_rps, points, limits=limits)
+
+
+@dataclass(frozen=True)
+class TraceReplay:
+    """GAUSS on one given trace (:func:`replay`), per request in arrival order, seconds."""
+
+    ttft_s: np.ndarray
+    tbt_s: np.ndarray  # −1 where a request has one output token (no TBT)
+    e2e_s: np.ndarray
+    preemptions: np.ndarray
+    rate_rps: float  # the trace's mean arrival rate, (n − 1)/(last − first arrival)
+    stable_rate_rps: float
+    stable_binding: str
+    operating_rate_rps: float  # where the mean-field operating point was taken (module docstring)
+    decode_batch: float
+
+
+def replay(arrival_s, input_tokens, output_tokens, coef: ServiceCoefficients, *, rng: np.random.Generator,
+           cached_tokens=None, servers: int = 1, limits: EngineLimits | None = DEFAULT_LIMITS) -> TraceReplay:
+    """GAUSS Algorithm 1 on a given trace instead of sampled draws: the measured arrivals and
+    per-request lengths go through the same prefill, packing, queue (Lindley / Kiefer–Wolfowitz,
+    §3.6), engine-limit and TBT path as :func:`simulate`; nothing is discarded as warm-up.
+
+    The mean-field operating point (B̄, d̄, §3.8) is taken at the trace's mean rate; a trace past
+    the stability limit (a transient overload) takes it at the limit: the engine runs with its
+    running set at the bound that binds, and the excess waits in the queue and the admission
+    recurrence. Only the residual-step and multi-server draws use ``rng``."""
+    arr = np.asarray(arrival_s, dtype=np.float64)
+    inp = np.asarray(input_tokens, dtype=np.float64)
+    out = np.asarray(output_tokens, dtype=np.float64)
+    cached = np.zeros_like(inp) if cached_tokens is None else np.asarray(cached_tokens, dtype=np.float64)
+    n = arr.size
+    for name, a in (("input_tokens", inp), ("output_tokens", out), ("cached_tokens", cached)):
+        if a.shape != arr.shape:
+            raise InputError(name, f"expected one value per arrival ({n}), got shape {a.shape}")
+    if n < 2 or arr.ndim != 1:
+        raise InputError("arrival_s", f"expected a 1-D trace of at least 2 arrivals, got shape {arr.shape}")
+    if not (np.all(np.isfinite(arr)) and np.all(np.diff(arr) >= 0)):
+        raise InputError("arrival_s", "expected finite arrival times in non-decreasing order")
+    if not (np.all(inp >= 1) and np.all(out >= 1)):
+        raise InputError("input_tokens", "expected at least one input and one output token per request")
+    if np.any(cached < 0) or np.any(cached >= inp):
+        raise InputError("cached_tokens", "expected 0 ≤ cached < input tokens per request")
+    if not isinstance(coef, ServiceCoefficients):
+        raise InputError("coef", f"expected ServiceCoefficients, got {type(coef).__name__}")
+    _count("servers", servers)
+    if limits is not None:
+        if not isinstance(limits, EngineLimits):
+            raise InputError("limits", f"expected EngineLimits or None, got {type(limits).__name__}")
+        cached = (np.floor(cached / limits.block_size) * limits.block_size if limits.enable_prefix_caching
+                  else np.zeros_like(cached))
+    span_s = float(arr[-1] - arr[0])
+    rate = (n - 1) / span_s if span_s > 0 else math.inf
+    inter = np.zeros((1, n))
+    inter[0, 1:] = np.diff(arr)
+    shape = (1, n)
+    draws = _Draws(inter, inp.reshape(shape), cached.reshape(shape), out.reshape(shape),
+                   rng.standard_normal(shape), rng.standard_normal(shape), None, u_residual=rng.random(shape))
+    draws = _with_prefill(draws, coef)
+    moments = workload_moments(coef, draws.inp, draws.cached, draws.out)
+    stable, stage = stability_limit_rps(coef, moments, servers, limits)
+    op_rate = min(rate, stable * (1.0 - 1e-6))
+    if not op_rate > 0:
+        raise Infeasible(stage, f"no stable rate for this trace's lengths ({stage} stage)", stable_rate_rps=stable)
+    ttft, tbt, _, _, op, limited = _evaluate(draws, coef, moments, op_rate, servers, 0, limits=limits,
+                                             interarrival_s=inter)
+    tbt = tbt[0]
+    e2e = ttft[0] + (out - 1.0) * np.maximum(tbt, 0.0)  # GAUSS §3.7
+    pre = np.zeros(n) if limited is None else limited.preemptions[0]
+    return TraceReplay(ttft[0], tbt, e2e, pre, float(rate), float(stable), stage, float(op_rate),
+                       float(op.decode_batch))

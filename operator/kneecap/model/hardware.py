@@ -102,7 +102,7 @@ GPUS: dict[str, GPU] = {g.key: g for g in [
     _gpu("rtx-4090", "NVIDIA GeForce RTX 4090 24GB", 165.2e12, 1.008e12, 23.52, 0.4,
          "NVIDIA Ada GPU architecture whitepaper, RTX 4090: BF16 tensor (FP32 accumulate) 165.2 TFLOPS "
          "dense, 24 GB GDDR6X 1,008 GB/s, PCIe Gen4 x16, no NVLink; memory as torch reported it "
-         "(25,250,627,584 B, shared/data/gpu-latency LLMServingSim meta.json)", PCIE4),
+         "(25,250,627,584 B, data/gpu-latency/raw/llmservingsim/RTX4090/Llama-3.1-8B/meta.json)", PCIE4),
     _gpu("rtx-pro-6000", "NVIDIA RTX PRO 6000 Blackwell 96GB", 503.8e12, 1.792e12, 95.1, 1.8,
          "NVIDIA RTX Blackwell GPU architecture whitepaper, RTX PRO 6000: FP16/BF16 tensor (FP32 "
          "accumulate) 503.8 TFLOPS dense (4 PFLOPS FP4 sparse / 8), 96 GB GDDR7 ECC 1,792 GB/s, PCIe Gen5 "
