@@ -395,3 +395,24 @@ def test_ring_entries_parse_each_entry_once_and_forget_dropped_ones(curve):
     assert again[0] is first[1] and again[1] is first[2] and len(cache) == 2  # reused, the dropped one forgotten
     assert ring_entries({"observations": ring}, "prefill", cache) == [] and len(cache) == 2
     assert ring_entries({"observations": ring}, "server") == first  # no cache: the same values
+
+
+def test_tensor_parallel_replicas_are_costed_and_sized_per_gpu(profiles_csv):
+    """TP 2: a colocated replica costs two GPUs; SARA's prefill replicas hold two GPUs each and
+    its decode GPUs are whole 2-GPU pods, costed as such."""
+    import math
+
+    cal, obs = _opt_fit(profiles_csv)
+    base = {"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb", "costPerHour": 4},
+            "engine": {"image": "vllm", "maxNumSeqs": 64}, "slo": {"ttftSeconds": 1.0, "tpotSeconds": 0.05}}
+    tp2 = parse_spec({**base, "engine": {**base["engine"], "tensorParallelSize": 2}})
+    n, _, a = decide.colocated_replicas(tp2, cal, obs)
+    assert a["gpusPerReplica"] == 2 and a["costPerHour"] == pytest.approx(2 * 4.0 * n)
+    pd = {**base, "topology": {"mode": "disaggregated", "kvTransfer": {"costPerGiBpsHour": 0}}}
+    one = decide.disaggregated_allocation(parse_spec(pd), cal, obs)
+    two = decide.disaggregated_allocation(parse_spec({**pd, "engine": {**base["engine"], "tensorParallelSize": 2}}),
+                                          cal, obs)
+    assert one["gpusPerReplica"] == 1 and one["decodeReplicas"] == one["decodeGpus"]
+    assert two["gpusPerReplica"] == 2 and two["decodeReplicas"] == math.ceil(two["decodeGpus"] / 2)
+    gpus = 2 * two["prefillReplicas"] + 2 * two["decodeReplicas"]
+    assert two["costPerHour"] == pytest.approx(4.0 * gpus, abs=1e-3)

@@ -402,9 +402,10 @@ def colocated_replicas(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs:
                                             spec.slo.ttft_s, spec.slo.tpot_s, spec.slo.quantile, seed, limits)
     if served_rps is not None and served_rps > lam_star:
         lam_star, binding = served_rps, "served"
-    cp = plan_colocated(lam_star, spec.accelerator.count, max(spec.accelerator.cost_per_hour, 1e-9),
+    cp = plan_colocated(lam_star, spec.gpus_per_replica, max(spec.accelerator.cost_per_hour, 1e-9),
                         rate_rps=RATE_HEADROOM * rate, budget_per_hour=spec.max_cost_per_hour)
-    alloc = {"replicas": cp.replicas, "sustainableRequestsPerSecondPerReplica": round(lam_star, 6),
+    alloc = {"replicas": cp.replicas, "gpusPerReplica": spec.gpus_per_replica,
+             "sustainableRequestsPerSecondPerReplica": round(lam_star, 6),
              "servedRequestsPerSecondPerReplica": None if served_rps is None else round(served_rps, 6),
              "observedRequestsPerSecond": round(rate, 6), "goodputRequestsPerSecond": round(cp.goodput_rps, 6),
              "costPerHour": round(cp.cost_per_hour, 4), "binding": binding if cp.binding == "rate" else cp.binding,
@@ -434,12 +435,19 @@ def disaggregated_allocation(spec: LLMDeploymentSpec, cal: calibrate.Calibration
             il = np.asarray(il, dtype=float)
             _, e2e = calibrate.predict(cal, arch_key, gpu, np.ones_like(il), il, np.ones_like(il))
             return e2e
-    pb = sara.build_problem(spec.model.architecture, gpu, wl, slo, costs, prefill_service_s=service)
+    gpus = spec.gpus_per_replica
+    pb = sara.build_problem(spec.model.architecture, gpu, wl, slo, costs, prefill_service_s=service,
+                            prefill_gpus_per_replica=gpus)
     rate = RATE_HEADROOM * max(obs.request_rate_rps, 1e-6)
     alloc, binding = sara.min_resources(pb, rate)
-    out = {"prefillReplicas": alloc.prefill_replicas, "decodeReplicas": alloc.decode_replicas,
+    # SARA's decode pool is k_d GPUs; kneecap's decode pods hold `gpus` each (the TP size)
+    decode_pods = -(-alloc.decode_replicas // gpus)
+    cost = (alloc.cost_per_hour(costs)
+            + (decode_pods * gpus - alloc.decode_replicas) * costs.decode_gpu_per_hour)
+    out = {"prefillReplicas": alloc.prefill_replicas, "decodeReplicas": decode_pods,
+           "gpusPerReplica": gpus, "decodeGpus": alloc.decode_replicas,
            "kvBandwidthGiBps": round(alloc.kv_bandwidth_gibps, 4), "maxNumSeqs": alloc.max_num_seqs,
-           "costPerHour": round(alloc.cost_per_hour(costs), 4), "targetRequestsPerSecond": round(rate, 6),
+           "costPerHour": round(cost, 4), "targetRequestsPerSecond": round(rate, 6),
            "binding": binding}
     if spec.max_cost_per_hour:
         p = sara.plan(pb, spec.max_cost_per_hour)
