@@ -145,6 +145,7 @@ WELL_FORMED = [
     {"engine.extraArgs": ["--max-model-len", "4096", "--enable-prefix-caching", "-pp", "2", "-tpx", "--tensorizer", "--"]},
     {"engine.tensorParallelSize": 2, "accelerator.count": 2},
     {"engine.tensorParallelSize": 8, "accelerator.resourceName": "gpu.example.com/h100"},
+    {"accelerator.resourceName": "", "engine.extraArgs": ["--arch=llama-3.1-8b"]},  # a CPU-only engine (the twin)
     {"engine.extraArgs": ["--hf-token=x", "--port-range-is-not-a-flag", "--served-model-name", "m"]},
     {"engine.extraArgs": ["--gpu=h100-80gb", "--max-num-batched-tokens=8192", "--kv-cache-dtype=fp8", "--h", "--p"]},
     {"engine.extraArgs": _many(64)},

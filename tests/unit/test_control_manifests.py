@@ -170,6 +170,10 @@ def test_a_tp2_70b_example_renders_the_flag_and_requests_two_gpus():
 def test_one_gpu_writes_no_tp_flag_and_requests_one_gpu():
     c = M.container(parse_spec(BASE), "server", M.initial_settings(parse_spec(BASE), "server"))
     assert not any("tensor" in a for a in c["args"]) and c["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
+    twin = yaml.safe_load((ROOT / "examples" / "twin.yaml").read_text())["spec"]
+    spec = parse_spec(twin)  # resourceName "": a CPU-only engine requests no GPU
+    c = M.container(spec, "server", M.initial_settings(spec, "server"))
+    assert c["resources"] == twin["engine"]["resources"] and spec.gpus_per_replica == 1
 
 
 @pytest.mark.parametrize("argv,value", [(["m", "-tp", "4"], "4"), (["m", "-tp=2"], "2"),

@@ -491,10 +491,11 @@ def gains(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs: Observation,
 
 
 def _released(spec: LLMDeploymentSpec, current: EngineSettings, u: float) -> tuple[float, float]:
-    """(bytes released, their fraction of the live reservation) moving the live memory to ``u``."""
-    gpu = spec.accelerator.gpu
-    released = memory.released_bytes(gpu.memory_bytes * current.gpu_memory_utilization, gpu.memory_bytes * u)
-    return released, max(released, 0.0) / (gpu.memory_bytes * current.gpu_memory_utilization)
+    """(bytes released per replica, their fraction of the live reservation) moving the live
+    memory to ``u``: each of the replica's GPUs reserves the fraction ``u`` of its memory."""
+    gpu, n = spec.accelerator.gpu, spec.gpus_per_replica
+    released = n * memory.released_bytes(gpu.memory_bytes * current.gpu_memory_utilization, gpu.memory_bytes * u)
+    return released, max(released, 0.0) / (n * gpu.memory_bytes * current.gpu_memory_utilization)
 
 
 def recommend(spec: LLMDeploymentSpec, role: str, cal: calibrate.Calibration, obs: Observation,

@@ -165,9 +165,11 @@ def user_args(extra_args) -> list[str]:
 
 def resources(spec: LLMDeploymentSpec) -> dict:
     """spec.engine.resources with the replica's GPUs requested (``nvidia.com/gpu: <GPUs per
-    replica>`` as a limit, which the API server copies to requests; parse_spec refused a
-    different value there)."""
+    replica>`` as a limit; parse_spec refused a different value there). No GPU with
+    spec.accelerator.resourceName "" (a CPU-only engine: the twin)."""
     out = {k: dict(v) for k, v in (spec.engine.resources or {}).items()}
+    if not spec.accelerator.resource_name:
+        return out
     gpus = str(spec.gpus_per_replica)
     out.setdefault("limits", {})[spec.accelerator.resource_name] = gpus
     if spec.accelerator.resource_name in out.get("requests", {}):

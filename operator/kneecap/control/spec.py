@@ -132,7 +132,7 @@ class AcceleratorSpec:
     count: int | None  # GPUs per replica as spec.accelerator.count gives it (None: not given)
     cost_per_hour: float  # $/h of one GPU
     gpu: GPU  # the catalog entry or the inline shape
-    resource_name: str = NVIDIA_GPU_RESOURCE  # the extended resource a pod requests its GPUs as
+    resource_name: str = NVIDIA_GPU_RESOURCE  # the extended resource a pod requests its GPUs as ("": none)
     gpus: int | None = None  # GPUs per replica resolved (_gpus_per_replica); None: adopted, see LLMDeploymentSpec
 
 
@@ -379,8 +379,10 @@ def _accelerator_gpu(acc: Mapping) -> GPU:
 
 
 def _gpu_resource_name(acc: Mapping, gpu: GPU) -> str:
-    """spec.accelerator.resourceName, else the device plugin's resource for the GPU's vendor."""
-    return acc.get("resourceName") or (AMD_GPU_RESOURCE if gpu.key in AMD_GPUS else NVIDIA_GPU_RESOURCE)
+    """spec.accelerator.resourceName ("": none), else the device plugin's resource for the GPU's vendor."""
+    if "resourceName" in acc:
+        return acc["resourceName"]
+    return AMD_GPU_RESOURCE if acc.get("type") in AMD_GPUS or gpu.key in AMD_GPUS else NVIDIA_GPU_RESOURCE
 
 
 def _tensor_parallel_size(s: Mapping) -> int:
