@@ -254,7 +254,7 @@ def slim_curve(cal: calibrate.Calibration, spec: LLMDeploymentSpec, obs: Observa
     """Calibrated SLIM token throughput per pod at `batch`, at the window's lengths (eq. 6)."""
     thr, _ = calibrate.predict(cal, spec.model.architecture, spec.accelerator.gpu, np.asarray(batch, float),
                                max(obs.input_len_mean, 1.0), max(obs.output_len_mean, 1.0),
-                               output_cv=obs.output_len_cv)
+                               output_cv=obs.output_len_cv, tensor_parallel_size=decide.model_tp(spec))
     return np.broadcast_to(np.asarray(thr, float), np.shape(batch))
 
 
@@ -436,7 +436,7 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float) -> Pl
     previous_status = status.get("calibration")
     cal_out = decide.recalibrate(spec.model.architecture, spec.accelerator.gpu, observations,
                                  calibration_from_status(previous_status), spec.control.max_fit_error,
-                                 now_s=now_s)
+                                 now_s=now_s, tensor_parallel_size=decide.model_tp(spec))
     if cal_out.calibration is not None:
         # acceptedTime: when the fit in use was accepted (a rejected first fit never was; a fit
         # that a refit on fresh windows could not beat is accepted anew)
@@ -737,8 +737,10 @@ def _restart_cost(t: _Tick, pool: R.PoolState, obs: Observation) -> restart.Rest
         if not (seconds > 0 and np.isfinite(seconds)):
             raise ValueError(seconds)
     except (KeyError, TypeError, ValueError):
-        seconds = restart.modelled_restart_s(get_arch(t.spec.model.architecture).weight_bytes
-                                               / t.spec.tensor_parallel_size)  # each GPU loads its shard
+        from kneecap.model.parallel import weight_bytes_per_gpu
+
+        seconds = restart.modelled_restart_s(weight_bytes_per_gpu(get_arch(t.spec.model.architecture),
+                                                                  decide.model_tp(t.spec)))  # each GPU loads its shard
         source = restart.MODELLED
     return restart.RestartCost(seconds, source, obs.prompt_tok_s + obs.generation_tok_s, pool.settings.replicas,
                                t.spec.control.cooldown_s, restart.leaves_no_ready_pod(pool.deployment),
