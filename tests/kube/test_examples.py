@@ -138,6 +138,11 @@ def test_example_is_reconciled_ready_with_valid_children(control_plane, examples
                 declared.setdefault("limits", {}).setdefault("nvidia.com/gpu", 1)
             live = d["spec"]["template"]["spec"]["containers"][0].get("resources") or {}
             assert {k: sorted(v) for k, v in live.items()} == {k: sorted(v) for k, v in declared.items()}, live
+    if path.name == "adopt-pd-pair.yaml":  # the TP size read from each target's `--tensor-parallel-size 4`
+        assert {role: o["target"]["tensorParallelSize"] for role, o in status["ownership"].items()} == \
+            {"prefill": 4, "decode": 4}, status["ownership"]
+    if path.name == "adopt-production-stack.yaml":  # no TP flag in its argv: vLLM's 1
+        assert status["ownership"]["server"]["target"]["tensorParallelSize"] == 1, status["ownership"]
     if path.name == "llama-70b-tp2.yaml":
         # spec.engine.tensorParallelSize 2: the flag, 2 GPUs per pod, placed on an 8-GPU H100 node
         pods = admin.list("v1/pods", ns, selector=f"app.kubernetes.io/instance={name}")
