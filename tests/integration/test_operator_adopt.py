@@ -73,7 +73,8 @@ def test_a_target_another_controller_owns_is_advised_only_and_never_written(kube
     assert (a["status"], a["reason"]) == ("True", "TargetControlled")
     assert "VLLMRuntime/llama" in a["message"] and "llama-runtime" in a["message"]
     assert st["ownership"]["server"]["target"] == {"deployment": "llama-runtime", "container": "vllm",
-                                                  "controller": "VLLMRuntime/llama", "adviseOnly": True}
+                                                  "controller": "VLLMRuntime/llama", "adviseOnly": True,
+                                                  "tensorParallelSize": 1}
     # not one write: the target is stored once, as its owner made it; kneecap made nothing
     assert kube.history(DEPLOY, NS, "llama-runtime") == [before]
     assert [d["metadata"]["name"] for d in kube.list(DEPLOY, NS)] == ["llama-runtime"]

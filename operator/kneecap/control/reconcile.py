@@ -197,7 +197,8 @@ async def adopted_pool(reads: ApiReads, ns: str, spec: LLMDeploymentSpec, pool: 
         settings = M.EngineSettings(start.max_num_seqs, start.gpu_memory_utilization, None,
                                     int(live["spec"].get("replicas", 1)))
         adoption = T.Adoption(adoption.container, adoption.port, adoption.controller,
-                              f"a managed flag's value in its argv is not a number ({exc}): kneecap advises only")
+                              f"a managed flag's value in its argv is not a number ({exc}): kneecap advises only",
+                              adoption.tensor_parallel_size)
     return PoolState(pool, live, settings, replicas_owner(spec, live, hpas), adoption=adoption)
 
 
