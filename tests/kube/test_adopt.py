@@ -18,7 +18,7 @@ from kneecap.control import plan as P, reconcile as R, status as St, target as T
 from kneecap.control.kube import KubeClient
 from kneecap.control.spec import parse_spec
 from tests.kube.conftest import OPERATOR_USER, RELEASE_NS, SERVICE_ACCOUNT
-from tests.support.control_plane import ControlPlane, audit_writes
+from tests.support.control_plane import ControlPlane, audit_writes, free_port
 from tests.support.counting_server import CountingServer
 from tests.unit.test_control_decide import curve, observation  # noqa: F401 (curve: the fixture)
 
@@ -27,7 +27,7 @@ DEPLOY = "apps/v1/deployments"
 SERVICE = "v1/services"
 RUNTIMES = "production-stack.vllm.ai/v1alpha1/vllmruntimes"
 NS = "adopt"
-VLLM_PORT = 8000  # vLLM's default --port: the adopted containers name none
+VLLM_PORT = free_port()  # the adopted containers' --port (not 8000: other planes' twins may use it)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def user_deployment(name: str, owner_refs: list | None = None, cap: int = 256, r
                          "containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0",
                                          "command": ["vllm", "serve"],
                                          "args": ["meta-llama/Llama-3.1-8B-Instruct", "--max-num-seqs", str(cap),
-                                                  "--enable-prefix-caching"]}]}}}}
+                                                  "--enable-prefix-caching", f"--port={VLLM_PORT}"]}]}}}}
 
 
 def adopting(name: str, target: str, **control) -> dict:
