@@ -91,12 +91,14 @@ def condition(st: dict, type_: str) -> dict:
 def operator_writes(plane: ControlPlane, since: int, resource: str, name: str | None = None) -> list[tuple]:
     """(verb, name) of every write of the operator's user to `resource` since the audit mark."""
     return [(e["verb"], e["objectRef"].get("name")) for e in audit_writes(plane.audit(OPERATOR_USER, since_line=since))
-            if e["objectRef"].get("resource") == resource and (name is None or e["objectRef"].get("name") == name)]
+            if e["objectRef"].get("resource") == resource and e["objectRef"].get("namespace") == NS
+            and (name is None or e["objectRef"].get("name") == name)]
 
 
 def status_writes(plane: ControlPlane, since: int, name: str) -> int:
     return sum(1 for e in plane.audit(OPERATOR_USER, since_line=since)
-               if e["objectRef"].get("resource") == "llmdeployments" and e["objectRef"].get("name") == name
+               if e["objectRef"].get("resource") == "llmdeployments" and e["objectRef"].get("namespace") == NS
+               and e["objectRef"].get("name") == name
                and e["objectRef"].get("subresource") == "status" and e["verb"] == "patch")
 
 

@@ -42,14 +42,16 @@ def _conflict(admin, name: str) -> dict | None:
 
 def _writes_to(plane: ControlPlane, since: int, resource: str, name: str) -> list[tuple]:
     return [(e["verb"], e["requestURI"]) for e in audit_writes(plane.audit(OPERATOR_USER, since_line=since))
-            if e["objectRef"].get("resource") == resource and e["objectRef"].get("name") == name]
+            if e["objectRef"].get("resource") == resource and e["objectRef"].get("namespace") == NS
+            and e["objectRef"].get("name") == name]
 
 
 def _ticks(plane: ControlPlane, since: int, n: int, *names: str) -> None:
     def done():
         events = plane.audit(OPERATOR_USER, since_line=since)
         return all(sum(1 for e in events if e["objectRef"].get("subresource") == "status"
-                       and e["objectRef"].get("name") == name) >= n for name in names)
+                       and e["objectRef"].get("namespace") == NS and e["objectRef"].get("name") == name) >= n
+                   for name in names)
     plane.wait_for(done, 60, f"{n} ticks of {names}")
 
 
