@@ -98,7 +98,7 @@ class Informer:
                 self._replace(items)
                 if self.error is None:
                     self._synced.set()
-                # else in sync once a watch delivers (_watching): a watch that keeps failing
+                # else in sync once a watch is accepted (_watching): a watch that keeps failing
                 # (not allowed, say) leaves reads on the API and the relists backing off
                 while True:
                     started = time.monotonic()
@@ -123,7 +123,7 @@ class Informer:
                 self._delay_s = min(self._delay_s * 2, self.max_retry_s)
 
     def _watching(self) -> None:
-        """A watch delivered (an event, or its stream's end): the cache is current."""
+        """The server accepted a watch from the cache's resourceVersion: the cache is current."""
         if self.error is not None:
             self.error, self._delay_s = None, self.retry_s
         self._synced.set()
@@ -131,13 +131,13 @@ class Informer:
     async def _follow(self, rv: str | None) -> str | None:
         """Apply one watch stream's events from `rv`; the resourceVersion it ended at."""
         try:
-            async for event in self.kube.watch(self.path, self.label_selector, rv, self.watch_timeout_s):
+            async for event in self.kube.watch(self.path, self.label_selector, rv, self.watch_timeout_s,
+                                               opened=self._watching):
                 etype, obj = event.get("type"), event.get("object") or {}
                 if etype == "ERROR":
                     if obj.get("code") == 410:
                         raise _Expired()
                     raise ApiError(int(obj.get("code") or 500), obj, f"WATCH {self.path}")
-                self._watching()
                 rv = (obj.get("metadata") or {}).get("resourceVersion") or rv
                 if etype == "DELETED":
                     self._remove((obj.get("metadata") or {}).get("name"))
@@ -147,7 +147,6 @@ class Informer:
             if exc.status == 410:
                 raise _Expired() from exc
             raise
-        self._watching()
         return rv
 
     def _replace(self, items: list[dict]) -> None:
