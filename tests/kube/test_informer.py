@@ -109,7 +109,8 @@ async def test_informer_follows_creates_changes_relabels_and_deletes(control_pla
             admin.create("v1/pods", bare_pod("a-1", "a", "server"), ns)
             admin.create("v1/pods", bare_pod("b-0", "b", "decode"), ns)
             await eventually(lambda: inf.get("a-1") and inf.get("b-0"), what="pods created after the list")
-            assert names(inf.indexed(("a", "server"))) == ["a-0", "a-1"] and names(inf.indexed(("b", "decode"))) == ["b-0"]
+            assert names(inf.indexed(("a", "server"))) == ["a-0", "a-1"]
+            assert names(inf.indexed(("b", "decode"))) == ["b-0"]
 
             # the scheduler binds a-1, kwok runs it and gives it an IP: the cache follows the status
             running = await eventually(lambda: (inf.get("a-1") or {}).get("status", {}).get("podIP"),
@@ -169,7 +170,8 @@ async def test_an_expired_watch_lists_again_and_loses_nothing(control_plane, cap
     plane, admin = control_plane, control_plane.admin
     ns = namespace(plane, "informer-expired")
     user = grant(plane, ns, "reader", [{"apiGroups": [""], "resources": ["podtemplates"], "verbs": READ_ALL}])
-    template = lambda name: {"metadata": {"name": name, "labels": {M.INSTANCE_LABEL: "a", M.ROLE_LABEL: "server"}},  # noqa: E731
+    labels = {M.INSTANCE_LABEL: "a", M.ROLE_LABEL: "server"}
+    template = lambda name: {"metadata": {"name": name, "labels": labels},  # noqa: E731
                              "template": {"spec": {"containers": [{"name": "vllm", "image": "x"}]}}}
     admin.create("v1/podtemplates", template("t-0"), ns)
     path = resource_path("v1", "podtemplates", ns)
@@ -276,7 +278,8 @@ def test_ticks_read_from_the_caches_and_see_a_new_hpa(control_plane, ticking):
 
     def status_writes(since):
         return [e for e in in_ns(plane.audit(OPERATOR_USER, since_line=since)) if e["verb"] == "patch"
-                and e["objectRef"].get("resource") == "llmdeployments" and e["objectRef"].get("subresource") == "status"]
+                and e["objectRef"].get("resource") == "llmdeployments"
+                and e["objectRef"].get("subresource") == "status"]
 
     def open_watches():
         started = in_ns(plane.audit(OPERATOR_USER, stages=("ResponseStarted",)))
