@@ -55,6 +55,7 @@ SERVICE_CIDR = "10.96.0.0/16"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
 ADMIN_TOKEN = "kneecap-test-admin-token"
+UNCACHED_WATCHES = "podtemplates"  # watched straight from etcd (see start_apiserver)
 
 AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
 kind: Policy
@@ -402,6 +403,9 @@ class ControlPlane:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             "--api-audiences=https://kubernetes.default.svc.cluster.local",
             f"--service-cluster-ip-range={SERVICE_CIDR}", "--allow-privileged=true",
+            # PodTemplates (no test's object otherwise) bypass the watch cache: their watches go to
+            # etcd, so a watch from a compacted revision is answered 410 Gone (tests/kube/test_informer.py)
+            f"--watch-cache-sizes={UNCACHED_WATCHES}#0",
             f"--audit-policy-file={self.dir / 'audit-policy.yaml'}", f"--audit-log-path={self.audit_log}",
             "--audit-log-format=json", "--audit-log-mode=blocking-strict", "--audit-log-maxsize=0",
             "--endpoint-reconciler-type=none", "--profiling=false", "--v=1"])
@@ -484,6 +488,24 @@ class ControlPlane:
         for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
             self._check_alive(self.components[name])
         return self.admin.get("v1/serviceaccounts", "default", "default") is not None
+
+    # ------------------------------------------------------------------ etcd
+
+    def etcd(self, call: str, body: dict) -> dict:
+        """A call of etcd's v3 JSON gateway (``kv/range``, ``kv/compaction``, ...)."""
+        req = urllib.request.Request(f"http://127.0.0.1:{self.etcd_port}/v3/{call}", data=json.dumps(body).encode(),
+                                     method="POST", headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.loads(resp.read())
+
+    def compact_etcd(self) -> int:
+        """Compact etcd's history up to its current revision (what kube-apiserver does every
+        --etcd-compaction-interval); returns that revision: a watch from an older
+        resourceVersion, not served by the watch cache, is answered 410 Gone."""
+        key = base64.b64encode(b"/registry/").decode()
+        revision = int(self.etcd("kv/range", {"key": key, "limit": 1})["header"]["revision"])
+        self.etcd("kv/compaction", {"revision": str(revision), "physical": True})
+        return revision
 
     # ------------------------------------------------------------------ cluster objects
 

@@ -51,6 +51,7 @@ class Informer:
         self._task: asyncio.Task | None = None
         self.error: str | None = None  # why the informer is not in sync (None while it is)
         self.lists = 0  # LIST requests made (1 + relists)
+        self._delay_s = retry_s  # the wait before the next retry after a failure (doubles)
 
     @property
     def synced(self) -> bool:
@@ -89,14 +90,16 @@ class Informer:
     # ------------------------------------------------------------ the list/watch loop
 
     async def _run(self) -> None:
-        delay, expired, started = self.retry_s, 0, time.monotonic()
+        expired, started = 0, time.monotonic()
         while True:
             try:
                 items, rv = await self.kube.list_versioned(self.path, self.label_selector)
                 self.lists += 1
                 self._replace(items)
-                self._synced.set()
-                self.error, delay = None, self.retry_s
+                if self.error is None:
+                    self._synced.set()
+                # else in sync once a watch is accepted (_watching): a watch that keeps failing
+                # (not allowed, say) leaves reads on the API and the relists backing off
                 while True:
                     started = time.monotonic()
                     rv = await self._follow(rv)
@@ -116,13 +119,20 @@ class Informer:
                 if error != self.error:
                     log.warning("informer %s: %s; reads go to the API, retrying", self.path, error)
                 self.error = error
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self.max_retry_s)
+                await asyncio.sleep(self._delay_s)
+                self._delay_s = min(self._delay_s * 2, self.max_retry_s)
+
+    def _watching(self) -> None:
+        """The server accepted a watch from the cache's resourceVersion: the cache is current."""
+        if self.error is not None:
+            self.error, self._delay_s = None, self.retry_s
+        self._synced.set()
 
     async def _follow(self, rv: str | None) -> str | None:
         """Apply one watch stream's events from `rv`; the resourceVersion it ended at."""
         try:
-            async for event in self.kube.watch(self.path, self.label_selector, rv, self.watch_timeout_s):
+            async for event in self.kube.watch(self.path, self.label_selector, rv, self.watch_timeout_s,
+                                               opened=self._watching):
                 etype, obj = event.get("type"), event.get("object") or {}
                 if etype == "ERROR":
                     if obj.get("code") == 410:

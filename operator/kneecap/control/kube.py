@@ -14,7 +14,7 @@ import ssl
 import tempfile
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import aiohttp
 import orjson
@@ -256,11 +256,11 @@ class KubeClient:
         return list(body.get("items") or []), (body.get("metadata") or {}).get("resourceVersion")
 
     async def watch(self, path: str, label_selector: str | None = None, resource_version: str | None = None,
-                    timeout_s: float = 300.0) -> AsyncIterator[dict]:
+                    timeout_s: float = 300.0, opened: Callable[[], None] | None = None) -> AsyncIterator[dict]:
         """The watch events of a collection from `resource_version` (ADDED, MODIFIED, DELETED,
         BOOKMARK, ERROR), one dict each, until the server ends the stream after `timeout_s`
         (a stream silent for longer than that, bookmarks included, ends here too). Raises
-        ApiError when the watch cannot start."""
+        ApiError when the watch cannot start; `opened` is called once the server accepted it."""
         params = {"watch": "true", "allowWatchBookmarks": "true", "timeoutSeconds": str(int(timeout_s))}
         if label_selector:
             params["labelSelector"] = label_selector
@@ -278,6 +278,8 @@ class KubeClient:
                 if resp.status == 401:
                     await self._reauthenticate(generation)  # the caller's next watch sends the new token
                 raise error
+            if opened is not None:
+                opened()
             buf = b""  # events are JSON lines; a line can outgrow aiohttp's readline limit (64 KiB)
             try:
                 async for chunk in resp.content.iter_any():

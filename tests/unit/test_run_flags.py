@@ -1,0 +1,23 @@
+"""`kneecap run` refuses bad flags before it looks for a cluster (exit 2, the flag named).
+The process against the real API: tests/kube/test_run_cli.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.twins import ROOT
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--metrics-port", "70000"], "--metrics-port"),
+    (["--liveness", "0"], "--liveness"),
+    (["--tick", "0"], "--tick"),
+])
+def test_kneecap_run_rejects_bad_flags(argv, needle):
+    res = subprocess.run([sys.executable, "-m", "kneecap", "run", *argv], cwd=ROOT, capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT / "operator")), timeout=60)
+    assert res.returncode == 2 and needle in res.stderr, res.stderr
