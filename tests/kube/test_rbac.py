@@ -21,10 +21,11 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
-from tests.kube.conftest import (CHART, OPERATOR_USER, RELEASE_NS, SERVICE_ACCOUNT, helm, kubectl,
+from tests.kube.conftest import (CHART, OPERATOR_USER, RELEASE_NS, helm, kubectl,
                                  service_account_kubeconfig, start_chart_operator)
-from tests.support.control_plane import ControlPlane, KubeClient
+from tests.support.control_plane import ControlPlane
 
 LLMD = "kneecap.io/v1alpha1/llmdeployments"
 DEPLOY = "apps/v1/deployments"
@@ -192,8 +193,6 @@ def test_cluster_wide_rbac_is_exactly_what_the_operator_uses(control_plane: Cont
 @pytest.fixture(scope="module")
 def scoped_release(control_plane: ControlPlane, chart_installed: dict, baseline) -> dict:
     """A second release of the chart that watches SCOPED_NS only (its Deployment scaled to 0)."""
-    import yaml
-
     helm(control_plane, "install", SCOPED_RELEASE, str(CHART), "-n", SCOPED_RELEASE_NS, "--wait=false",
          "--set", f"operator.watchNamespaces={{{SCOPED_NS}}}")
     manifest = helm(control_plane, "get", "manifest", SCOPED_RELEASE, "-n", SCOPED_RELEASE_NS).stdout
