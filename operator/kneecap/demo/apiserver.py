@@ -88,7 +88,7 @@ def label_causes(labels: Any, path: str = "metadata.labels") -> list[Cause]:
             out.append(invalid(path, value, "label values must be strings"))
             continue
         if len(value) > 63:
-            out.append(invalid(path, value, "must be no more than 63 characters"))
+            out.append(invalid(path, value, "must be no more than 63 bytes"))
         if not _LABEL_VALUE.match(value):
             out.append(invalid(path, value, LABEL_VALUE_MSG))
     return out
