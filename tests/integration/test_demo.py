@@ -131,7 +131,7 @@ def test_adopt_demo_tunes_the_users_deployment_and_changes_nothing_else(tmp_path
     assert "kneecap.io/applied" in after["metadata"]["annotations"]
     st = res.llmd["status"]
     assert st["ownership"]["server"]["target"] == {"deployment": "opt-serving", "container": "vllm",
-                                                   "adviseOnly": False}
+                                                   "adviseOnly": False, "tensorParallelSize": 1}
     assert next(c for c in st["conditions"] if c["type"] == "Advisory")["status"] == "False"
     # every twin ran the user's Deployment's argv
     ready = [e for e in res.kubelet_events if e["event"] == "ready"]

@@ -7,6 +7,7 @@ new Event."""
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 
 import pytest
@@ -131,10 +132,29 @@ def test_example_is_reconciled_ready_with_valid_children(control_plane, examples
                 d["spec"]["template"]["spec"]["containers"][0]["image"]
                 and p["metadata"]["labels"].items() >= d["spec"]["selector"]["matchLabels"].items()]
         assert pods and all(p["status"]["phase"] == "Running" and p["spec"].get("nodeName") for p in pods)
-        if not adopted:  # the vLLM container asks for what spec.engine.resources declares
-            declared = obj["spec"]["engine"].get("resources") or {}
+        if not adopted:  # the vLLM container asks for what spec.engine.resources declares, and its GPUs
+            declared = copy.deepcopy(obj["spec"]["engine"].get("resources") or {})
+            if obj["spec"]["accelerator"].get("resourceName", "nvidia.com/gpu"):
+                declared.setdefault("limits", {}).setdefault("nvidia.com/gpu", 1)
             live = d["spec"]["template"]["spec"]["containers"][0].get("resources") or {}
             assert {k: sorted(v) for k, v in live.items()} == {k: sorted(v) for k, v in declared.items()}, live
+    if path.name == "adopt-pd-pair.yaml":  # the TP size read from each target's `--tensor-parallel-size 4`
+        assert {role: o["target"]["tensorParallelSize"] for role, o in status["ownership"].items()} == \
+            {"prefill": 4, "decode": 4}, status["ownership"]
+    if path.name == "adopt-production-stack.yaml":  # no TP flag in its argv: vLLM's 1
+        assert status["ownership"]["server"]["target"]["tensorParallelSize"] == 1, status["ownership"]
+    if path.name == "llama-70b-tp2.yaml":
+        # spec.engine.tensorParallelSize 2: the flag, 2 GPUs per pod, placed on an 8-GPU H100 node
+        pods = admin.list("v1/pods", ns, selector=f"app.kubernetes.io/instance={name}")
+        assert pods
+        for pod in pods:
+            (c,) = pod["spec"]["containers"]
+            assert [a for a in c["args"] if "tensor" in a or a.startswith("-tp")] == ["--tensor-parallel-size=2"]
+            assert c["resources"]["limits"]["nvidia.com/gpu"] == "2"
+            assert c["resources"]["requests"]["nvidia.com/gpu"] == "2"  # the API server's default from the limit
+            assert pod["spec"]["nodeName"] in H100_NODES, pod["spec"]["nodeName"]
+            node = admin.get("v1/nodes", None, pod["spec"]["nodeName"])
+            assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
     if path.name == "shaped-pods.yaml":
         (pod,) = admin.list("v1/pods", ns, selector=f"app.kubernetes.io/instance={name}")
         # the toleration and the nodeSelector took it to a tainted H100 node

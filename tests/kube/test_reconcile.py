@@ -1,6 +1,7 @@
 """Reconcile's merge patches on the real kube-apiserver, as the chart's ServiceAccount: a spec
 change patches the pool's Deployment once and keeps the control loop's `kneecap.io/applied`
-record; pod-shaping fields the spec drops leave the live template (sent once as nulls)."""
+record; pod-shaping fields the spec drops leave the live template (sent once as nulls); a light
+pass reads and writes Deployments only, a full one recreates a Service and prunes dropped pools."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ from kneecap.control import reconcile as R
 from kneecap.control.kube import KubeClient
 from kneecap.control.spec import parse_spec
 from tests.kube.conftest import OPERATOR_USER, RELEASE_NS, SERVICE_ACCOUNT
-from tests.support.control_plane import ControlPlane
+from tests.support.control_plane import ControlPlane, audit_writes
 from tests.support.examples import ROOT, llmdeployment
 
 LLMD = "kneecap.io/v1alpha1/llmdeployments"
 DEPLOY = "apps/v1/deployments"
+SERVICE = "v1/services"
 NS = "reconcile"
 
 
@@ -77,3 +79,37 @@ async def test_dropping_pod_shaping_fields_removes_them_from_the_live_template(c
     assert [k for k in gone if k in pod] == [] and pod["runtimeClassName"] == "nvidia"
     (c,) = pod["containers"]
     assert "envFrom" not in c and [v["name"] for v in pod["volumes"]] == ["home", "dshm", "model-cache"]
+
+
+async def test_a_light_pass_checks_deployments_only_and_a_full_pass_repairs_the_rest(control_plane, client):
+    """Ticks between full passes touch Deployments only; a full pass recreates a deleted Service
+    and prunes a pool the spec dropped (the spec handlers and every FULL_RECONCILE_TICKS-th tick)."""
+    admin = control_plane.admin
+    owner = _created(control_plane, "colocated.yaml", "passes")
+    spec = parse_spec(owner["spec"])
+    first = await R.reconcile(client, owner, spec)
+    assert [p.created for p in first.pools] == [True] and admin.get(SERVICE, NS, "passes")
+    assert admin.delete(SERVICE, NS, "passes") == 200
+    mark = control_plane.audit_mark()
+    light = await R.reconcile(client, owner, spec, full=False)
+    assert not light.changed and admin.get(SERVICE, NS, "passes") is None
+    # (and the HPAs: who owns the replicas) but no Service, neither read nor written
+    assert {e["objectRef"]["resource"] for e in control_plane.audit(OPERATOR_USER, since_line=mark)
+            if e["objectRef"].get("namespace") == NS} == {
+        "deployments", "horizontalpodautoscalers"}
+    full = await R.reconcile(client, owner, spec)
+    assert not full.changed and admin.get(SERVICE, NS, "passes") is not None  # the Service recreated
+    # a pool the spec no longer has is pruned by a full pass only
+    disagg = parse_spec({**owner["spec"], "topology": {"mode": "disaggregated", "kvTransfer": {}}})
+    await R.reconcile(client, owner, disagg)
+    assert admin.get(DEPLOY, NS, "passes-decode") and admin.get(DEPLOY, NS, "passes") is None
+    mark = control_plane.audit_mark()
+    await R.reconcile(client, owner, spec, full=False)
+    assert admin.get(DEPLOY, NS, "passes-decode") is not None  # a light pass deletes nothing
+    assert [e for e in audit_writes(control_plane.audit(OPERATOR_USER, since_line=mark))
+            if e["verb"] == "delete" and e["objectRef"].get("namespace") == NS] == []
+    gone = await R.reconcile(client, owner, spec)
+    assert sorted(gone.deleted) == ["Deployment/passes-decode", "Deployment/passes-prefill",
+                                    "Service/passes-decode", "Service/passes-prefill"]
+    assert [admin.get(r, NS, n) for r in (DEPLOY, SERVICE) for n in ("passes-decode", "passes-prefill")] == [None] * 4
+    admin.delete(LLMD, NS, "passes")  # not left for another module's operator to reconcile

@@ -68,6 +68,20 @@ MALFORMED = [
     ({"engine.extraArgs": ["--por=9000"]}, "spec.engine.extraArgs[0]"),
     ({"engine.extraArgs": ["--kv-cache-mem=1G"]}, "spec.engine.extraArgs[0]"),
     ({"engine.extraArgs": ["--kv-transfer-config.kv_connector", "X"]}, "spec.engine.extraArgs[0]"),
+    # tensor parallelism is spec.engine.tensorParallelSize: every spelling vLLM 0.32's argparse takes
+    ({"engine.extraArgs": ["--max-model-len=8192", "--tensor-parallel-size", "2"]}, "spec.engine.extraArgs[1]"),
+    ({"engine.extraArgs": ["--tensor-parallel-size=2"]}, "spec.engine.extraArgs[0]"),
+    ({"engine.extraArgs": ["--tensor_parallel_size", "2"]}, "spec.engine.extraArgs[0]"),
+    ({"engine.extraArgs": ["--te", "2"]}, "spec.engine.extraArgs[0]"),  # argparse abbreviation
+    ({"engine.extraArgs": ["-tp", "2"]}, "spec.engine.extraArgs[0]"),  # vLLM's short alias
+    ({"engine.extraArgs": ["-tp=2"]}, "spec.engine.extraArgs[0]"),
+    ({"engine.extraArgs": ["-t", "2"]}, "spec.engine.extraArgs[0]"),  # argparse abbreviation of -tp
+    ({"engine.command": ["vllm", "serve", "-tp", "4"]}, "spec.engine.command[2]"),
+    ({"engine.tensorParallelSize": 2, "accelerator.count": 4}, "spec.engine.tensorParallelSize"),  # GPUs per replica
+    ({"engine.tensorParallelSize": 0}, "spec.engine.tensorParallelSize"),
+    ({"engine.tensorParallelSize": 65}, "spec.engine.tensorParallelSize"),
+    ({"engine.tensorParallelSize": "2"}, "spec.engine.tensorParallelSize"),
+    ({"accelerator.resourceName": "nvidia.com/gpu!"}, "spec.accelerator.resourceName"),
     ({"engine.extraArgs": _many(65)}, "spec.engine.extraArgs"),
     ({"engine.extraArgs": ["x" * 4097]}, "spec.engine.extraArgs[0]"),
     ({"engine.command": ["vllm", "serve", "--max-num-seqs=4"]}, "spec.engine.command[2]"),
@@ -128,7 +142,10 @@ MALFORMED = [
     ({"engine.modelCache": {"claimName": "w", "mountPath": "cache"}}, "spec.engine.modelCache.mountPath"),
 ]
 WELL_FORMED = [
-    {"engine.extraArgs": ["--max-model-len", "4096", "--enable-prefix-caching", "-tp", "2", "--"]},
+    {"engine.extraArgs": ["--max-model-len", "4096", "--enable-prefix-caching", "-pp", "2", "-tpx", "--tensorizer", "--"]},
+    {"engine.tensorParallelSize": 2, "accelerator.count": 2},
+    {"engine.tensorParallelSize": 8, "accelerator.resourceName": "gpu.example.com/h100"},
+    {"accelerator.resourceName": "", "engine.extraArgs": ["--arch=llama-3.1-8b"]},  # a CPU-only engine (the twin)
     {"engine.extraArgs": ["--hf-token=x", "--port-range-is-not-a-flag", "--served-model-name", "m"]},
     {"engine.extraArgs": ["--gpu=h100-80gb", "--max-num-batched-tokens=8192", "--kv-cache-dtype=fp8", "--h", "--p"]},
     {"engine.extraArgs": _many(64)},

@@ -1,6 +1,6 @@
 """Start and stop a real vLLM (CPU build, ``.venv-vllm``) serving a tiny local Llama.
 
-Used by tests/integration/conftest.py. The server runs in its own process group so teardown
+Used by tests/conftest.py. The server runs in its own process group so teardown
 stops the API server and its engine-core child together.
 """
 

@@ -104,7 +104,7 @@ def test_gpu_catalog_and_overrides():
         get_gpu("l4", mem_bw_bytes_s=-1)
 
 
-@pytest.mark.parametrize("family,variants", [("h100", "h100-64gb, h100-80gb, h100-pcie-80gb"),
+@pytest.mark.parametrize("family,variants", [("h100", "h100-64gb, h100-80gb, h100-nvl, h100-pcie-80gb"),
                                              ("a100", "a100-40gb, a100-80gb")])
 def test_a_gpu_family_name_alone_is_ambiguous(family, variants):
     """`--gpu h100` must not silently mean one H100: the data's is the 64 GB one (half the bandwidth)."""
@@ -112,3 +112,18 @@ def test_a_gpu_family_name_alone_is_ambiguous(family, variants):
         get_gpu(family)
     assert f"ambiguous GPU {family!r}: say which variant, one of {variants}" in str(exc.value)
     assert get_gpu("h100-sxm").key == "h100-80gb"  # an unambiguous spelling still resolves
+
+
+def test_every_catalog_gpu_names_its_interconnect_with_a_source():
+    """TP all-reduces run over the GPU's link: each entry carries one, and its source says which."""
+    from kneecap.model.hardware import GPUS
+
+    for g in GPUS.values():
+        assert g.link_bw_bytes_s > 0 and g.link_latency_s > 0, g.key
+        assert any(w in g.source for w in ("NVLink", "PCIe", "Infinity Fabric")), g.key
+    # NVLink 4 (900 GB/s both ways) is 7× PCIe 5.0 x16 (128 GB/s both ways)
+    assert get_gpu("h100-80gb").link_bw_bytes_s / get_gpu("h100-pcie-80gb").link_bw_bytes_s == pytest.approx(900 / 128)
+    for key in ("a100-sxm4-80gb", "h100-sxm5-80gb", "h100-nvl", "h200", "rtx-4090", "rtx-pro-6000"):
+        assert get_gpu(key).memory_gib > 20
+    with pytest.raises(InputError, match="gpu.link_bw_bytes_s"):
+        get_gpu("l4", link_bw_bytes_s=0)

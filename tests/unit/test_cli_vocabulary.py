@@ -108,7 +108,7 @@ def test_errors_under_json_are_one_object_and_exit_2(capsys):
         messages.append(json.loads(line)["error"])
         assert json.loads(line)["exitCode"] == 2
     assert fields == ["gpu", "quantile", "PROFILES.csv"]
-    assert "ambiguous GPU 'h100': say which variant, one of h100-64gb, h100-80gb, h100-pcie-80gb" in messages[0]
+    assert "ambiguous GPU 'h100': say which variant, one of h100-64gb, h100-80gb, h100-nvl, h100-pcie-80gb" in messages[0]
 
 
 def test_readme_documents_the_exit_codes():

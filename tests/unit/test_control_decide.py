@@ -13,6 +13,7 @@ from kneecap.control import decide
 from kneecap.control.plan import calibration_from_status, calibration_to_status
 from kneecap.control.manifests import EngineSettings
 from kneecap.control.spec import parse_spec
+from kneecap.errors import InputError
 from kneecap.observe.window import Observation
 
 CURVE = "advisor_output_length/llama-2-7b/ol130/n2000/mem0.9"
@@ -95,6 +96,15 @@ def test_small_model_releases_memory(profiles_csv):
     caps = np.array(sorted(measured))
     nearest = caps[np.argmin(np.abs(caps - rec.max_num_seqs))]
     assert measured[nearest] >= 0.75 * max(measured.values())
+    # TP 2: each GPU holds half the weights and KV (the model's per-rank split), and the replica
+    # releases what each of its two GPUs does
+    tp2 = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb"},
+                      "engine": {"image": "vllm", "maxNumSeqs": 64, "tensorParallelSize": 2}})
+    rec2 = decide.recommend(tp2, "server", out.calibration, obs[-1], EngineSettings(64, 0.9, None, 1))
+    per_gpu_gib = tp2.accelerator.gpu.memory_gib * (0.9 - rec2.gpu_memory_utilization)
+    assert rec2.released_gib == pytest.approx(2 * per_gpu_gib, rel=1e-6)
+    assert rec2.memory_gain == pytest.approx(1 - rec2.gpu_memory_utilization / 0.9, rel=1e-6)
+    assert rec2.kv_gib < rec.kv_gib  # one rank's KV for the same cap
 
 
 def test_a_fit_that_no_longer_explains_the_pool_is_rejected(curve):
@@ -395,3 +405,45 @@ def test_ring_entries_parse_each_entry_once_and_forget_dropped_ones(curve):
     assert again[0] is first[1] and again[1] is first[2] and len(cache) == 2  # reused, the dropped one forgotten
     assert ring_entries({"observations": ring}, "prefill", cache) == [] and len(cache) == 2
     assert ring_entries({"observations": ring}, "server") == first  # no cache: the same values
+
+
+def test_tensor_parallel_replicas_are_costed_and_sized_per_gpu(profiles_csv):
+    """TP 2: a colocated replica costs two GPUs; SARA's prefill replicas hold two GPUs each and
+    its decode GPUs are whole 2-GPU pods, costed as such."""
+    import math
+
+    cal, obs = _opt_fit(profiles_csv)
+    base = {"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb", "costPerHour": 4},
+            "engine": {"image": "vllm", "maxNumSeqs": 64}, "slo": {"ttftSeconds": 1.0, "tpotSeconds": 0.05}}
+    tp2 = parse_spec({**base, "engine": {**base["engine"], "tensorParallelSize": 2}})
+    n, _, a = decide.colocated_replicas(tp2, cal, obs)
+    assert a["gpusPerReplica"] == 2 and a["costPerHour"] == pytest.approx(2 * 4.0 * n)
+    pd = {**base, "topology": {"mode": "disaggregated", "kvTransfer": {"costPerGiBpsHour": 0}}}
+    one = decide.disaggregated_allocation(parse_spec(pd), cal, obs)
+    two = decide.disaggregated_allocation(parse_spec({**pd, "engine": {**base["engine"], "tensorParallelSize": 2}}),
+                                          cal, obs)
+    assert one["gpusPerReplica"] == 1 and one["decodeReplicas"] == one["decodeGpus"]
+    assert two["gpusPerReplica"] == 2 and two["decodeReplicas"] == math.ceil(two["decodeGpus"] / 2)
+    gpus = 2 * two["prefillReplicas"] + 2 * two["decodeReplicas"]
+    assert two["costPerHour"] == pytest.approx(4.0 * gpus, abs=1e-3)
+
+
+def test_a_70b_replica_is_advised_at_tp2_and_refused_at_tp1(curve):
+    """Llama-3.3-70B on H100 80 GB: one GPU cannot hold its 141 GB of weights, so the operator's
+    memory split refuses TP 1; at spec.engine.tensorParallelSize 2 each rank holds half and BCA's
+    cap comes with a KV reservation that fits, and GAUSS sizes the replicas at TP 2."""
+    obs = [observation(curve[c]) for c in (8, 16, 32)]
+    cal = decide.recalibrate("llama-2-7b", "h100-64gb", obs, None, 0.3).calibration
+    live = replace(obs[-1], kv_capacity_tokens=0)  # no cache config of the 70B pod yet
+    raw = {"model": {"name": "meta-llama/Llama-3.3-70B-Instruct"}, "accelerator": {"type": "h100-80gb", "costPerHour": 5},
+           "engine": {"image": "vllm", "maxNumSeqs": 64, "tensorParallelSize": 2},
+           "slo": {"ttftSeconds": 2.0, "tpotSeconds": 0.1}}
+    tp2 = parse_spec(raw)
+    rec = decide.recommend(tp2, "server", cal, live, EngineSettings(64, 0.9, None, 1))
+    assert 0 < rec.gpu_memory_utilization <= 0.95 and rec.kv_gib > 0 and rec.max_num_seqs >= 1
+    n, _, alloc = decide.colocated_replicas(tp2, cal, live, settings=EngineSettings(rec.max_num_seqs, 0.9, None, 1))
+    assert alloc["gpusPerReplica"] == 2 and alloc["costPerHour"] == pytest.approx(10.0 * n)
+    tp1 = parse_spec({**raw, "engine": {**raw["engine"], "tensorParallelSize": 1}})
+    with pytest.raises(InputError) as exc:
+        decide.memory_for_cap(tp1, live, 64)
+    assert "--tensor-parallel-size" in str(exc.value)

@@ -140,10 +140,49 @@ def test_live_settings_roundtrip_through_any_shape():
 
 
 def test_kv_cache_bytes_knob_and_tensor_parallel():
-    spec = parse_spec({**BASE, "accelerator": {"type": "h100-80gb", "count": 2}})
+    spec = parse_spec({**BASE, "accelerator": {"type": "h100-80gb", "count": 2}})  # count alone: TP 2, as before
     c = M.container(spec, "server", M.EngineSettings(8, 0.9, kv_cache_memory_bytes=2 * 1024**3))
     assert "--kv-cache-memory-bytes=2147483648" in c["args"]
     assert "--tensor-parallel-size=2" in c["args"]
+    assert c["resources"] == {"limits": {"nvidia.com/gpu": "2"}}
+
+
+def test_a_tp2_70b_example_renders_the_flag_and_requests_two_gpus():
+    """examples/llama-70b-tp2.yaml: spec.engine.tensorParallelSize 2 is the argv's only TP flag
+    and each pool's pod requests nvidia.com/gpu: 2 (the apiserver copies the limit to requests)."""
+    doc = yaml.safe_load((ROOT / "examples" / "llama-70b-tp2.yaml").read_text())
+    spec = parse_spec(doc["spec"])
+    assert (spec.tensor_parallel_size, spec.gpus_per_replica, spec.model.architecture.key) == (2, 2, "llama-3.3-70b")
+    (pool,) = M.pools("llama-70b-tp2", spec)
+    d = M.deployment(OWNER, spec, pool, M.initial_settings(spec, pool.role))
+    (c,) = d["spec"]["template"]["spec"]["containers"]
+    assert [a for a in c["args"] if "tensor" in a or a.startswith("-tp")] == ["--tensor-parallel-size=2"]
+    assert c["resources"] == {"limits": {"nvidia.com/gpu": "2"}}
+    kubernetes_validate.validate(d, "1.32", strict=True)
+    # the user's other resources stay; the GPU limit is the replica's, on AMD as amd.com/gpu
+    amd = parse_spec({**BASE, "accelerator": {"type": "mi300x"}, "engine": {
+        **BASE["engine"], "tensorParallelSize": 4, "resources": {"requests": {"cpu": "8", "amd.com/gpu": 4}}}})
+    c = M.container(amd, "server", M.initial_settings(amd, "server"))
+    assert c["resources"] == {"requests": {"cpu": "8", "amd.com/gpu": "4"}, "limits": {"amd.com/gpu": "4"}}
+    assert "--tensor-parallel-size=4" in c["args"]
+
+
+def test_one_gpu_writes_no_tp_flag_and_requests_one_gpu():
+    c = M.container(parse_spec(BASE), "server", M.initial_settings(parse_spec(BASE), "server"))
+    assert not any("tensor" in a for a in c["args"]) and c["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
+    twin = yaml.safe_load((ROOT / "examples" / "twin.yaml").read_text())["spec"]
+    spec = parse_spec(twin)  # resourceName "": a CPU-only engine requests no GPU
+    c = M.container(spec, "server", M.initial_settings(spec, "server"))
+    assert c["resources"] == twin["engine"]["resources"] and spec.gpus_per_replica == 1
+
+
+@pytest.mark.parametrize("argv,value", [(["m", "-tp", "4"], "4"), (["m", "-tp=2"], "2"),
+                                        (["m", "--tensor_parallel_size", "8"], "8"), (["m", "-tpx", "2"], None)])
+def test_the_short_tp_alias_is_read_and_removed(argv, value):
+    assert V.get_flag(argv, M.TENSOR_PARALLEL_SIZE) == value
+    if value is not None:
+        assert V.remove_flag(argv, M.TENSOR_PARALLEL_SIZE) == ["m"]
+        assert V.set_flag(argv, M.TENSOR_PARALLEL_SIZE, 2) == ["m", "--tensor-parallel-size=2"]
 
 
 @pytest.mark.parametrize("raw", [BASE, DISAGG], ids=["colocated", "disaggregated"])

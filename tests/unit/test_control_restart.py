@@ -119,6 +119,8 @@ def test_modelled_restart_is_weights_over_bandwidth_plus_startup():
     (3, {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}, (0, 1), False),
     (2, {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "0%", "maxUnavailable": "0%"}}, (0, 1), False),
     (2, {"type": "Recreate"}, (0, 2), True),
+    (0, None, (0, 1), False),  # scaled to 0: no pod to stop, no downtime
+    (0, {"type": "Recreate"}, (0, 1), False),
 ])
 def test_rolling_update_is_resolved_as_the_deployment_controller_does(replicas, strategy, surge_unavailable,
                                                                       no_ready):

@@ -173,7 +173,7 @@ def test_target_ref_parses_each_pool_and_its_container():
 def test_every_cel_rule_is_in_the_malformed_table():
     tested = {re.sub(r"\[[^]]+\]", "[]", f) for _, f in MALFORMED + TARGET_SPECS if f}
     rules = _cel_fields(S.spec_schema())
-    assert len(rules) == 28 and rules <= tested, rules - tested
+    assert len(rules) == 29 and rules <= tested, rules - tested
 
 
 def test_managed_flag_message_names_the_flag():
@@ -343,6 +343,8 @@ def test_pod_shaping_errors_name_the_offending_key():
 MANAGED_FLAG_ABBREVIATIONS = [("max-num-seqs", "max-num-se"), ("gpu-memory-utilization", "gpu-"),
                               ("device-memory-utilization", "device-m"), ("kv-cache-memory-bytes", "kv-cache-mem"),
                               ("port", "por"), ("host", "ho"), ("kv-transfer-config", "kv-t")]
+# the second rule (the first is near kube-apiserver's cost budget): the TP flag, its alias -tp, -t
+TP_FLAG, TP_SHORT = ("tensor-parallel-size", "te"), ("tp", "t")
 
 
 def test_managed_flag_regex_is_the_flag_table():
@@ -364,6 +366,12 @@ def test_managed_flag_regex_is_the_flag_table():
         for name in (flag, shortest, flag.replace("-", "_")):
             assert re.match(want, f"--{name}=1") and re.match(want, f"--{name}"), name
         assert not re.match(want, f"--{shortest[:-1]}=1") and not re.match(want, f"--{flag}x")
+    tp = f"^(--{prefixes(*TP_FLAG)}|-{prefixes(*TP_SHORT)})([=.]|$)"
+    assert items["x-kubernetes-validations"][1]["rule"] == f"!self.matches('{tp}')"
+    for name in ("--tensor-parallel-size", "--tensor_parallel_size", "--te", "--tensor-p", "-tp", "-t"):
+        assert re.match(tp, name) and re.match(tp, f"{name}=2"), name
+    for name in ("--t", "--tensorizer", "-tpx", "--tp", "-pp"):
+        assert not re.match(tp, name), name
 
 
 @pytest.mark.parametrize(("path", "value", "field"), [
@@ -376,3 +384,36 @@ def test_nan_and_infinities_are_refused_wherever_a_number_is_read(path, value, f
     with pytest.raises(InputError) as exc:
         S.parse_spec(with_(path, value))
     assert exc.value.field == field and "expected a finite number" in str(exc.value)
+
+
+def test_tensor_parallel_size_and_gpus_per_replica_follow_each_other():
+    """spec.engine.tensorParallelSize and spec.accelerator.count (GPUs per replica): either one
+    sets both; neither is TP 1 on one GPU; count alone keeps its meaning from before the TP field."""
+    tp = S.parse_spec(edit({"engine.tensorParallelSize": 2}))
+    assert (tp.tensor_parallel_size, tp.gpus_per_replica, tp.accelerator.count) == (2, 2, None)
+    count = S.parse_spec(edit({"accelerator.count": 4}))
+    assert (count.tensor_parallel_size, count.gpus_per_replica) == (4, 4)
+    bare = S.parse_spec(BASE)
+    assert (bare.tensor_parallel_size, bare.gpus_per_replica, bare.accelerator.resource_name) == (1, 1, "nvidia.com/gpu")
+    amd = S.parse_spec(edit({"accelerator.type": "mi300x", "engine.tensorParallelSize": 8}))
+    assert (amd.accelerator.resource_name, amd.gpus_per_replica) == ("amd.com/gpu", 8)
+    with pytest.raises(InputError) as exc:
+        S.parse_spec(edit({"engine.tensorParallelSize": 2, "accelerator.count": 4}))
+    assert exc.value.field == "spec.engine.tensorParallelSize"
+    assert "spec.engine.tensorParallelSize and spec.accelerator.count (GPUs per replica) must be equal" in str(exc.value)
+
+
+@pytest.mark.parametrize("kind", ["limits", "requests"])
+def test_a_gpu_resource_other_than_the_replicas_gpus_is_refused_naming_it(kind):
+    with pytest.raises(InputError) as exc:
+        S.parse_spec(edit({"engine.tensorParallelSize": 2, "engine.resources": {kind: {"nvidia.com/gpu": 1}}}))
+    assert exc.value.field == f"spec.engine.resources.{kind}[nvidia.com/gpu]"
+    assert "1 differs from the 2 GPU(s) per replica that spec.accelerator.count / spec.engine.tensorParallelSize" in str(exc.value)
+    same = S.parse_spec(edit({"engine.tensorParallelSize": 2, "engine.resources": {kind: {"nvidia.com/gpu": "2"}}}))
+    assert same.gpus_per_replica == 2
+    # without either field the pod's GPU limit stands, at TP 1, as before spec.engine.tensorParallelSize
+    legacy = S.parse_spec(edit({"engine.resources": {kind: {"nvidia.com/gpu": 4}}}))
+    assert (legacy.gpus_per_replica, legacy.tensor_parallel_size) == (4, 1)
+    with pytest.raises(InputError) as exc:
+        S.parse_spec(edit({"engine.resources": {kind: {"nvidia.com/gpu": "500m"}}}))
+    assert exc.value.field == f"spec.engine.resources.{kind}[nvidia.com/gpu]" and "whole number of GPUs" in str(exc.value)

@@ -102,7 +102,7 @@ def test_who_controls_a_target_and_what_cannot_be_written():
            "uid": "r1", "controller": True}
     owned = user_deployment(SHAPES["vllm serve in command"][0], [ref])
     c = T.find_container(owned, None)
-    assert T.adoption(owned, c) == T.Adoption("vllm", 8000, "VLLMRuntime/llama")
+    assert T.adoption(owned, c) == T.Adoption("vllm", 8000, "VLLMRuntime/llama", tensor_parallel_size=1)
     assert T.adoption(owned, c).advise_only
     merely_owned = user_deployment(c, [{**ref, "controller": False}])  # an owner that does not reconcile it
     assert not T.adoption(merely_owned, c).advise_only
@@ -132,12 +132,12 @@ def adopted(owner_refs=None, container=USER, external=True) -> R.PoolState:
                        R.Ownership("manager/helm" if external else "kneecap"), adoption=T.adoption(deploy, c))
 
 
-def plan_for(state: R.PoolState, curve, **kw) -> P.Plan:
+def plan_for(state: R.PoolState, curve, spec=SPEC, **kw) -> P.Plan:
     status, ring = ring_status(curve)
     obs = replace(observation(curve[32]), t_end_s=NOW)
     g = P.Gathered("serving", "llm", 2, (P.PoolWindow("server", state, P.OBSERVED, observation=obs),), ring,
                    full_pass=True, **kw)
-    return P.plan(g, status, SPEC, NOW)
+    return P.plan(g, status, spec, NOW)
 
 
 def test_an_adopted_writable_target_gets_one_strategic_patch_of_its_flags_and_the_record(curve):
@@ -153,7 +153,7 @@ def test_an_adopted_writable_target_gets_one_strategic_patch_of_its_flags_and_th
     assert record["maxNumSeqs"] == 64 and set(patch.body["metadata"]) == {"annotations"}
     assert cond(p.status, St.ADVISORY)["status"] == "False"
     assert p.status["ownership"]["server"]["target"] == {"deployment": "llama-serving", "container": "vllm",
-                                                         "adviseOnly": False}
+                                                         "adviseOnly": False, "tensorParallelSize": 1}
 
 
 @pytest.mark.parametrize("refs, container, reason, needle", [
@@ -237,3 +237,28 @@ def test_an_adopted_pair_with_a_controlled_prefill_pool_patches_only_the_decode_
     assert alloc["prefillReplicas"] == alloc["prefillDecision"]["replicas"] == 1
     assert alloc["prefillDecision"]["reason"] == "Advised" and states["prefill"].settings.replicas == 2
     assert "LeaderWorkerSet/llama-prefill" in alloc["prefillDecision"]["message"]
+
+
+@pytest.mark.parametrize("tail, tp", [
+    (["--tensor-parallel-size", "4"], 4), (["--tensor-parallel-size=2"], 2), (["-tp", "8"], 8), (["-tp=2"], 2),
+    (["--tensor_parallel_size", "4"], 4), ([], 1), (["--tensor-parallel-size", "$(TP)"], None),
+    (["-tp", "2", "--tensor-parallel-size", "4"], 4),  # the last one wins, as in argparse
+])
+def test_adoption_reads_the_tensor_parallel_size_from_the_argv(tail, tp):
+    c = {**USER, "args": USER["args"] + tail}
+    assert T.tensor_parallel_of(c) == tp
+    shell = {"name": "vllm", "command": ["sh", "-c", " ".join(["vllm", "serve", *USER["args"], *tail])]}
+    assert T.adoption(user_deployment(shell), shell).tensor_parallel_size == tp
+
+
+def test_an_adopted_tensor_parallel_target_is_costed_per_gpu_and_keeps_its_argv(curve):
+    """TP 4 read from the target's `-tp 4`: status names it, a replica costs 4 GPUs, the patch
+    leaves the flag as the user wrote it."""
+    user = {**USER, "args": USER["args"] + ["-tp", "4"]}
+    p = plan_for(adopted(container=user), curve, parse_spec({**RAW, "accelerator": {"type": "h100-64gb", "costPerHour": 5.0}}))
+    assert p.status["ownership"]["server"]["target"]["tensorParallelSize"] == 4
+    alloc = p.status["allocation"]
+    assert alloc["gpusPerReplica"] == 4 and alloc["costPerHour"] == pytest.approx(4 * 5.0 * alloc["replicas"])
+    (patch,) = p.patches
+    (sent,) = patch.body["spec"]["template"]["spec"]["containers"]
+    assert sent["args"][-2:] == ["-tp", "4"] and sent["args"][2] == "64"

@@ -233,3 +233,29 @@ def test_the_old_chunk_tokens_spelling_still_works_with_a_warning(capsys):
                                        "--chunk-tokens", "1024"])
     assert code == 0 and "--chunk-tokens is deprecated, use --max-num-batched-tokens" in err
     assert out["coefficients"]["chunk_tokens"] == 1024 == out["limits"]["max_num_batched_tokens"]
+
+
+def test_a_calibration_used_on_another_gpu_is_transferred_through_its_hardware_terms(capsys, tmp_path, profiles_csv):
+    from dataclasses import asdict
+
+    from kneecap.model import gauss
+    from kneecap.model.arch import get_arch
+    from kneecap.model.calibrate import Calibration
+    from kneecap.model.hardware import get_gpu
+    from kneecap.model.transfer import transfer_params
+
+    calib = tmp_path / "calib.json"
+    assert main(["fit", str(profiles_csv), "--gpu", "h100-64gb", "--where", "model=llama-2-7b", "-o", str(calib)]) == 0
+    capsys.readouterr()
+    argv = ["--rate", "1", "--calibration", str(calib), "--input-mean", "1000", "--output-mean", "200",
+            "--samples", "20000", "--sweep-points", "0"]
+    code, here, _ = run_json(capsys, argv)
+    code2, there, _ = run_json(capsys, [*argv, "--gpu", "a100-80gb"])
+    assert code == code2 == 0 and "transferred" not in here["service_model"]
+    assert "transferred from h100-64gb to a100-80gb" in there["service_model"]
+    cal = Calibration.from_json(calib.read_text())
+    moved = transfer_params(cal.slim_params, get_gpu("h100-64gb"), get_gpu("a100-80gb"))
+    want = gauss.coefficients_for(get_arch("llama-2-7b"), get_gpu("a100-80gb"), moved, form=cal.form,
+                                  chunk_tokens=there["coefficients"]["chunk_tokens"])
+    assert there["coefficients"]["decode_s_per_seq"] == pytest.approx(asdict(want)["decode_s_per_seq"])
+    assert there["coefficients"]["decode_s_per_seq"] > here["coefficients"]["decode_s_per_seq"]  # A100: 1/3 the FLOP/s

@@ -30,7 +30,10 @@ def test_nothing_points_outside_the_repository():
 def test_the_data_and_fixtures_are_in_the_repository():
     for rel in ("data/real-h100/profiles.csv", "data/real-h100/offline.csv", "data/real-h100/README.md",
                 "data/azure-llm-2023/AzureLLMInferenceTrace_conv.csv", "data/azure-llm-2023/README.md",
-                "data/README.md", "tests/fixtures/vllm-metrics/README.md", "docs/design.md"):
+                "data/README.md", "tests/fixtures/vllm-metrics/README.md", "docs/design.md",
+                "data/gpu-latency/README.md", "data/gpu-latency/llmd_benchmark_points.csv",
+                "data/gpu-latency/llmservingsim_points.csv", "data/gpu-latency/licenses/llm-d-benchmark-Apache-2.0.txt",
+                "data/gpu-latency/licenses/LLMServingSim-MIT.txt"):
         assert (ROOT / rel).is_file(), rel
     assert len((ROOT / "data/real-h100/profiles.csv").read_text().splitlines()) == 1 + 253
     assert len((ROOT / "data/azure-llm-2023/AzureLLMInferenceTrace_conv.csv").read_text().splitlines()) == 1 + 19366

@@ -182,3 +182,26 @@ def test_a_run_stops_once_its_slo_quantile_cannot_be_met():
     assert max(cl.misses_ttft, cl.misses_tpot) == 201
     done = cut.state == DONE  # what finished before the stop is what the whole run did
     np.testing.assert_array_equal(cut.finish_s[done], whole.finish_s[done])
+
+
+def test_a_tensor_parallel_pod_holds_tp_gpus_and_runs_a_tp_engine():
+    """A pod whose vLLM flags say --tensor-parallel-size 2 runs a TP-2 twin engine and holds two
+    GPUs: GPU time (what a replay prices) is twice the pod time."""
+    from kneecap.control import vllm_args
+    from kneecap.model.memory import memory_split
+
+    arch70 = get_arch("llama-2-70b")
+    cl = VirtualCluster(arch70, GPU, KubeletConfig())
+    d = static_deployment(ReplayConfig(architecture="llama-2-70b"), cl, 64, 0.9, 2)
+    d["spec"]["template"]["spec"]["containers"] = [
+        vllm_args.set_container_flag(c, "--tensor-parallel-size", 2) if c["name"] == M.CONTAINER else c
+        for c in d["spec"]["template"]["spec"]["containers"]]
+    cl.create(deployments_path(cl.namespace), d)
+    cl.prewarm()
+    rq = cl.run(*_requests(20, 0.5, 16))
+    assert (rq.state == DONE).all()
+    pods = list(cl.kubelet.pods.values())
+    assert len(pods) == 2 and all(p.gpus == 2 and p.config.tensor_parallel_size == 2 for p in pods)
+    assert pods[0].config.num_gpu_blocks == memory_split(arch70, GPU, 0.9, 64, pods[0].config.max_num_batched_tokens,
+                                                         tensor_parallel_size=2).num_gpu_blocks
+    assert cl.replica_s > 0 and cl.gpu_s == pytest.approx(2 * cl.replica_s)

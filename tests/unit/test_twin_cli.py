@@ -22,11 +22,11 @@ def test_vllm_command_line_with_unknown_flags_and_equals_forms():
     args = parse(["facebook/opt-1.3b", "--enforce-eager", "--dtype", "half", "--max-num-seqs=48",
                   "--gpu-memory-utilization", "0.5", "--max-model-len=2k", "--no-enable-chunked-prefill",
                   "--port=8123", "--tensor-parallel-size=1", "--trust-remote-code", "--gpu", "h100-64gb"])
+    assert args.tensor_parallel_size == 1  # modelled (kneecap.model.parallel), not ignored
     assert args.model_pos == "facebook/opt-1.3b"
     assert args.max_num_seqs == 48 and args.gpu_memory_utilization == 0.5 and args.max_model_len == 2000
     assert args.enable_chunked_prefill is False and args.port == 8123
-    assert args.ignored_flags == ["--enforce-eager", "--dtype", "half", "--tensor-parallel-size=1",
-                                  "--trust-remote-code"]
+    assert args.ignored_flags == ["--enforce-eager", "--dtype", "half", "--trust-remote-code"]
     server = build_server(args)
     cfg = server.config
     assert (cfg.arch.key, cfg.gpu.key, cfg.max_num_seqs, cfg.max_model_len) == ("opt-1.3b", "h100-64gb", 48, 2000)
@@ -156,3 +156,21 @@ def test_twin_json_lines_startup_and_stop(tmp_path):
     assert serving["arch"] == "llama-3.1-8b" and serving["max_num_seqs"] == 32 and serving["num_gpu_blocks"] > 0
     assert [json.loads(x) for x in rest.splitlines()] == [{"event": "stopped"}]
     assert proc.returncode == 0, err
+
+
+def test_tensor_parallel_flag_splits_the_twin_engine():
+    """`vllm serve` spells it --tensor-parallel-size or -tp; the twin's KV cache is one rank's."""
+    from kneecap.model.arch import get_arch
+    from kneecap.model.hardware import get_gpu
+    from kneecap.model.memory import memory_split
+
+    for flag in (["--tensor-parallel-size", "4"], ["-tp", "4"], ["--tensor-parallel-size=4"]):
+        cfg = build_server(parse(["meta-llama/Llama-3.1-70B", *flag])).config
+        assert cfg.tensor_parallel_size == 4
+        assert cfg.num_gpu_blocks == memory_split(get_arch("llama-3.1-70b"), get_gpu("h100-80gb"), 0.9, cfg.max_num_seqs,
+                                                  cfg.max_num_batched_tokens, tensor_parallel_size=4).num_gpu_blocks
+    with pytest.raises(InputError, match="leaves no KV cache"):  # 141 GB of weights on one 80 GB GPU
+        build_server(parse(["meta-llama/Llama-3.1-70B"]))
+    with pytest.raises(InputError, match="does not divide the 64 attention heads") as exc:
+        build_server(parse(["meta-llama/Llama-3.1-70B", "-tp", "3"]))
+    assert exc.value.field == "--tensor-parallel-size"

@@ -31,12 +31,14 @@ def add_arguments(p):
     p.add_argument("--chunked-prefill-tokens", type=int, default=None, metavar="T",
                    help="chunked prefill on with this max_num_batched_tokens (caps the running batch)")
     p.add_argument("--plot", metavar="PNG", default=None, help="write throughput and latency vs batch")
+    common.add_tensor_parallel(p)
     common.add_json(p)
 
 
 def run(args) -> int:
     cal = load_calibration(args.calibration)
     arch, gpu = get_arch(args.model), get_gpu(cal.gpu)
+    tp = common.tensor_parallel(args, arch)
     if args.output_cv is not None and not args.output_cv >= 0:
         raise InputError("--output-cv", f"expected ≥ 0, got {args.output_cv}")
     if args.length_std < 0:
@@ -48,15 +50,16 @@ def run(args) -> int:
     res = bca.advise(cal, arch, gpu, args.input_len, args.output_len, slo_e2e_s=args.slo_e2e_s,
                      epsilon=args.epsilon, min_cap=args.min_cap, max_cap=args.max_cap,
                      kv_capacity_tokens=args.kv_capacity_tokens, output_cv=cv, length_std_tok=args.length_std,
-                     max_num_batched_tokens=args.chunked_prefill_tokens)
+                     max_num_batched_tokens=args.chunked_prefill_tokens, tensor_parallel_size=tp)
     kv_tokens = int(memory.kv_tokens_for_cap(res.cap, args.input_len + args.output_len, args.length_std))
     budget = args.chunked_prefill_tokens
-    split = memory.utilization_for_kv_tokens(arch, gpu, kv_tokens, res.cap, budget)
-    default = memory.memory_split(arch, gpu, memory.DEFAULT_UTILIZATION, res.cap, budget)
+    split = memory.utilization_for_kv_tokens(arch, gpu, kv_tokens, res.cap, budget, tensor_parallel_size=tp)
+    default = memory.memory_split(arch, gpu, memory.DEFAULT_UTILIZATION, res.cap, budget, tensor_parallel_size=tp)
     out = {
         "model": arch.key, "gpu": gpu.key, "form": cal.form,
         "max_num_seqs": res.cap, "gpu_memory_utilization": split.gpu_memory_utilization,
-        "kv_tokens": kv_tokens, "kv_gib": kv_tokens * arch.kv_bytes_per_token / GIB,
+        "tensor_parallel_size": tp, "gpus_per_replica": tp,
+        "kv_tokens": kv_tokens, "kv_gib": kv_tokens * split.kv_bytes_per_token / GIB,  # per GPU
         "released_gib": memory.released_bytes(default, split) / GIB,
         "pred_throughput_tok_s": res.pred_throughput_tok_s, "pred_e2e_s": res.pred_e2e_s,
         "efficiency": res.efficiency, "knee_batch": res.knee_batch, "binding": res.binding,
@@ -72,8 +75,9 @@ def run(args) -> int:
     print(f"{arch.key} on {gpu.key}, IL={args.input_len:g} OL={args.output_len:g}: "
           f"--max-num-seqs {res.cap} ({res.binding} binds; knee at {res.knee_batch})")
     print(f"  predicted {res.pred_throughput_tok_s:.0f} tok/s, E2E {res.pred_e2e_s:.2f} s, efficiency {res.efficiency:.3f}")
+    per_gpu = f" per GPU, --tensor-parallel-size {tp}" if tp > 1 else ""
     print(f"  --gpu-memory-utilization {split.gpu_memory_utilization:.3f}: KV {out['kv_gib']:.2f} GiB, "
-          f"releases {out['released_gib']:.2f} GiB vs 0.9")
+          f"releases {out['released_gib']:.2f} GiB vs 0.9{per_gpu}")
     if arch.key not in cal.models:
         print(f"  note: {arch.key} was not among the calibrated models ({', '.join(cal.models)}): transferred")
     if not res.feasible:

@@ -100,7 +100,7 @@ def add_engine_limits(group) -> None:
                        help="cached prefix tokens (--cached-tokens) cost no prefill (vLLM V1's default: on)")
 
 
-def engine_limits(args, arch=None, gpu=None):
+def engine_limits(args, arch=None, gpu=None, tensor_parallel_size: int = 1):
     """(GAUSS EngineLimits, token budget) from the flags of :func:`add_engine_limits`. With a
     catalog model and GPU, vLLM's defaults for the GPU and its memory split; without, vLLM's
     defaults off large GPUs (256 sequences, 2048 tokens) and a KV cache only from
@@ -121,7 +121,8 @@ def engine_limits(args, arch=None, gpu=None):
             arch, gpu, max_num_seqs=args.max_num_seqs, max_num_active_seqs=args.max_num_active_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, gpu_memory_utilization=u,
             kv_cache_memory_bytes=args.kv_cache_memory_bytes, num_gpu_blocks_override=args.num_gpu_blocks_override,
-            block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching)
+            block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
+            tensor_parallel_size=tensor_parallel_size)
     if args.kv_cache_memory_bytes is not None:
         raise InputError("kv_cache_memory_bytes", "--kv-cache-memory-bytes needs --model and --gpu (KV bytes per "
                                                   "token); or give --num-gpu-blocks-override")
@@ -130,6 +131,27 @@ def engine_limits(args, arch=None, gpu=None):
                                 None if blocks is None else blocks * args.block_size, args.block_size,
                                 args.enable_prefix_caching)
     return limits, args.max_num_batched_tokens or gauss.DEFAULT_MAX_NUM_BATCHED_TOKENS
+
+
+def add_tensor_parallel(parser, default: int | None = 1, default_text: str = "", short: bool = False) -> None:
+    """--tensor-parallel-size (vLLM's name; ``short``: also vLLM's -tp) and --enable-expert-parallel
+    (kneecap.model.parallel)."""
+    parser.add_argument("--tensor-parallel-size", *(("-tp",) if short else ()), type=int, default=default, metavar="TP",
+                        help="GPUs per replica the model is split across (Megatron-style, as vLLM does): each holds "
+                             "1/TP of the weights and of the KV heads, and each layer pays two all-reduces"
+                             + default_text)
+    parser.add_argument("--enable-expert-parallel", action="store_true",
+                        help="MoE only: partition whole experts across the TP ranks (vLLM's flag); memory and "
+                             "expected bytes per step as with TP-split experts")
+
+
+def tensor_parallel(args, arch) -> int:
+    """The validated --tensor-parallel-size for ``arch`` (errors name the flag)."""
+    from kneecap.model.parallel import FLAG, check_tensor_parallel_size
+
+    tp = 1 if args.tensor_parallel_size is None else args.tensor_parallel_size
+    return check_tensor_parallel_size(arch, tp, FLAG,
+                                      expert_parallel=getattr(args, "enable_expert_parallel", False))
 
 
 def limits_json(limits, budget_tokens: int) -> dict:

@@ -10,6 +10,7 @@ from pathlib import Path
 from kneecap.commands import common
 from kneecap.errors import InputError
 from kneecap.model import calibrate, profiles, slim
+from kneecap.model.arch import get_arch
 from kneecap.model.hardware import get_gpu
 
 HELP = "calibrate the SLIM performance model on a profiles CSV (writes CALIB.json)"
@@ -23,6 +24,7 @@ def add_arguments(p):
                    help="keep rows whose COL equals VALUE (repeatable; repeated COL = any of)")
     p.add_argument("--model-form", default=slim.DEFAULT_FORM, choices=slim.FORMS, help="SLIM form to fit")
     p.add_argument("-o", "--output", required=True, metavar="CALIB.json", help="where to write the calibration")
+    common.add_tensor_parallel(p)
     common.add_json(p, "print one JSON object (its warnings list what the filters lost)")
 
 
@@ -57,15 +59,18 @@ def run(args) -> int:
     if not rows:
         raise InputError("--where", "no rows match the filters")
     data = profiles.profile_arrays(rows)
+    for model in sorted(set(data.models)):
+        tp = common.tensor_parallel(args, get_arch(model))
     cv_by_dataset = profiles.estimate_output_cv(list(data.rows))
     warnings = lost_spread(all_rows, cv_by_dataset) if args.where else []
     cv = profiles.apply_output_cv(data.rows, cv_by_dataset)
     cal = calibrate.fit(list(data.models), gpu, data.batch, data.input_len, data.output_len,
                         data.throughput_tok_s, form=args.model_form, output_cv=cv,
-                        chunked_prefill=data.chunked_prefill)
+                        chunked_prefill=data.chunked_prefill, tensor_parallel_size=tp)
     cal = replace(cal, notes={
         "source": str(args.profiles), "where": list(args.where),
-        "skipped_outliers": len(rows) - len(data), "output_cv_by_dataset": cv_by_dataset})
+        "skipped_outliers": len(rows) - len(data), "output_cv_by_dataset": cv_by_dataset,
+        "tensor_parallel_size": tp})
     try:
         Path(args.output).write_text(cal.to_json() + "\n")
     except OSError as exc:

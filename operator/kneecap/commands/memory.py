@@ -26,11 +26,13 @@ def add_arguments(p):
     p.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
     p.add_argument("--kv-tokens", type=int, default=None,
                    help="inverse: the utilisation whose KV cache holds this many tokens")
+    common.add_tensor_parallel(p)
     common.add_json(p)
 
 
 def run(args) -> int:
     arch, gpu = get_arch(args.model), get_gpu(args.gpu)
+    tp = common.tensor_parallel(args, arch)
     if args.max_num_batched_tokens is not None and args.max_num_batched_tokens <= 0:
         raise InputError("--max-num-batched-tokens", f"expected a positive integer, got {args.max_num_batched_tokens}")
     if args.max_model_len is not None and not 0 < args.max_model_len <= arch.max_position:
@@ -39,9 +41,11 @@ def run(args) -> int:
     max_model_len = args.max_model_len or arch.max_position
     budget = args.max_num_batched_tokens or default_max_num_batched_tokens(max_model_len)
     if args.kv_tokens is not None:
-        split = utilization_for_kv_tokens(arch, gpu, args.kv_tokens, args.max_num_seqs, budget, args.block_size)
+        split = utilization_for_kv_tokens(arch, gpu, args.kv_tokens, args.max_num_seqs, budget, args.block_size,
+                                          tensor_parallel_size=tp)
     else:
-        split = memory_split(arch, gpu, args.gpu_memory_utilization, args.max_num_seqs, budget, args.block_size)
+        split = memory_split(arch, gpu, args.gpu_memory_utilization, args.max_num_seqs, budget, args.block_size,
+                             tensor_parallel_size=tp)
     out = {"model": arch.key, "gpu": gpu.key, "max_num_seqs": args.max_num_seqs, "max_model_len": max_model_len,
            "max_num_batched_tokens": budget, **split.as_dict()}
     if args.kv_tokens is not None:
@@ -50,7 +54,8 @@ def run(args) -> int:
         print(json.dumps(out))
         return 0
     print(f"{arch.key} on {gpu.key} at gpu_memory_utilization={split.gpu_memory_utilization:.3f}, "
-          f"max_num_seqs={args.max_num_seqs}, max_model_len={max_model_len}, max_num_batched_tokens={budget}")
+          f"max_num_seqs={args.max_num_seqs}, max_model_len={max_model_len}, max_num_batched_tokens={budget}"
+          + (f", tensor_parallel_size={tp} (per GPU below)" if tp > 1 else ""))
     print(f"  total            {split.total_bytes / GIB:8.2f} GiB")
     print(f"  reserved by vLLM {split.reserved_bytes / GIB:8.2f} GiB")
     print(f"  weights          {split.weights_bytes / GIB:8.2f} GiB")

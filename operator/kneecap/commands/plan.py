@@ -49,7 +49,11 @@ def add_arguments(p):
     colocated.add_argument("--colocated-gauss", action="store_true",
                            help="also plan a colocated pool, λ* per replica from GAUSS (log-normal lengths) with the "
                                 "engine limits below")
-    p.add_argument("--colocated-gpus", type=int, default=1, help="GPUs per colocated replica")
+    p.add_argument("--colocated-gpus", type=int, default=None,
+                   help="GPUs per colocated replica (default: --tensor-parallel-size, else 1)")
+    common.add_tensor_parallel(p, None, " (default: SARA's fewest prefill GPUs that hold the model, TP 1 for the "
+                                        "colocated engine); sets the prefill replica's GPUs, the decode pool's "
+                                        "granularity and the colocated replica's GPUs and step time")
     p.add_argument("--exhaustive", action="store_true", help="also run the exhaustive reference and report the gap")
     p.add_argument("--plot", metavar="PNG", help="write goodput vs budget (SARA, and exhaustive if asked)")
     limits = p.add_argument_group("engine limits (vLLM's flags; --colocated-gauss, and --max-num-seqs for SARA)")
@@ -133,14 +137,30 @@ def build(args):
     slo = sara.SLO(args.slo_ttft_s, args.slo_kv_s, args.slo_tpot_s, args.quantile, args.p_mem, args.p_join)
     costs = sara.Costs(args.prefill_cost or gpu.cost_per_hour, args.decode_cost or gpu.cost_per_hour,
                        args.kv_cost_per_gibps)
-    m_p = args.prefill_gpus or sara.prefill_gpus_needed(arch, gpu, workload, slo)
+    tp = common.tensor_parallel(args, arch) if args.tensor_parallel_size is not None else None
+    if tp is not None and args.prefill_gpus is not None and args.prefill_gpus != tp:
+        raise InputError("--prefill-gpus", f"{args.prefill_gpus} differs from --tensor-parallel-size {tp}: "
+                                           "a prefill replica is one TP engine")
+    if tp is not None and args.colocated_gpus is not None and args.colocated_gpus != tp:
+        raise InputError("--colocated-gpus", f"{args.colocated_gpus} differs from --tensor-parallel-size {tp}: "
+                                             "a colocated replica is one TP engine")
+    if tp is not None:
+        try:
+            need = sara.prefill_gpus_needed(arch, gpu, workload, slo)
+        except InputError:
+            need = 1
+        if need > tp:
+            raise InputError("--tensor-parallel-size", f"{tp} GPU(s) of {gpu.key} cannot hold {arch.key}'s weights "
+                                                       f"and a p{slo.p_mem * 100:g} prompt's KV: at least {need} needed")
+    m_p = args.prefill_gpus or tp or sara.prefill_gpus_needed(arch, gpu, workload, slo)
     service = None
     if args.prefill_coeffs:
         service = _prefill_from_coeffs(args.prefill_coeffs)
     elif args.calibration:
         service = _prefill_from_calibration(args.calibration, arch, gpu, m_p)
     return sara.build_problem(arch, gpu, workload, slo, costs, prefill_service_s=service,
-                              prefill_gpus_per_replica=m_p, max_num_seqs_cap=args.max_num_seqs or sara.MAX_NUM_SEQS_CAP)
+                              prefill_gpus_per_replica=m_p, max_num_seqs_cap=args.max_num_seqs or sara.MAX_NUM_SEQS_CAP,
+                              tensor_parallel_size=tp)
 
 
 def colocated_gauss_rate(args, pb) -> dict:
@@ -153,8 +173,9 @@ def colocated_gauss_rate(args, pb) -> dict:
     if args.calibration:
         cal = _calibration(args.calibration, pb.gpu)
         form, params = cal.form, cal.slim_params
-    limits, budget = common.engine_limits(args, pb.arch, pb.gpu)
-    coef = gauss.coefficients_for(pb.arch, pb.gpu, params, form=form, chunk_tokens=budget)
+    tp = pb.decode_gpus_per_replica
+    limits, budget = common.engine_limits(args, pb.arch, pb.gpu, tp)
+    coef = gauss.coefficients_for(pb.arch, pb.gpu, params, form=form, chunk_tokens=budget, tensor_parallel_size=tp)
     _finite("cached_tokens", args.cached_tokens, positive=False)
     wl = gauss.Workload(gauss.LogNormalLength(args.input_mean, args.input_cv),
                         gauss.LogNormalLength(args.output_mean, args.output_cv),
@@ -164,7 +185,7 @@ def colocated_gauss_rate(args, pb) -> dict:
                                  limits=limits)
     return {"sustainable_rate_per_replica_rps": res.rate_rps, "rate_binding": res.binding,
             "stable_rate_per_replica_rps": res.stable_rate_rps, "note": res.note,
-            "limits": common.limits_json(limits, budget)}
+            "limits": common.limits_json(limits, budget), "tensor_parallel_size": tp}
 
 
 def _plot(path, pb, budget, with_exhaustive):
@@ -198,6 +219,7 @@ def run(args) -> int:
     pb = build(args)
     result = sara.plan(pb, args.budget_per_hour)
     out = result.to_dict()
+    out["tensor_parallel_size"] = pb.decode_gpus_per_replica if args.tensor_parallel_size is not None else None
     if args.exhaustive:
         ex = sara.exhaustive(pb, args.budget_per_hour)
         out["exhaustive_goodput_rps"] = ex.goodput_rps
@@ -209,7 +231,7 @@ def run(args) -> int:
     if args.colocated_rate_per_replica is not None or args.colocated_gauss:
         found = colocated_gauss_rate(args, pb) if args.colocated_gauss else {}
         lam = found.get("sustainable_rate_per_replica_rps", args.colocated_rate_per_replica)
-        colo = sara.plan_colocated(lam, args.colocated_gpus, pb.costs.decode_gpu_per_hour,
+        colo = sara.plan_colocated(lam, args.colocated_gpus or pb.decode_gpus_per_replica, pb.costs.decode_gpu_per_hour,
                                    budget_per_hour=args.budget_per_hour)
         out["colocated"] = {**colo.to_dict(), **found}
     if result.feasible:

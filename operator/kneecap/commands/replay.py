@@ -29,6 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=d.model, help=f"model served (default {d.model})")
     parser.add_argument("--arch", default=None, help="catalog model shape (default: guessed from --model)")
     parser.add_argument("--gpu", default=d.gpu, help=f"catalog GPU of each pod (default {d.gpu})")
+    parser.add_argument("--tensor-parallel-size", type=int, default=d.tensor_parallel_size, metavar="TP",
+                        help="GPUs per replica (spec.engine.tensorParallelSize): each pod's engine is split across "
+                             "TP GPUs and the cost counts them")
     common.add_slo(parser, ttft=d.slo_ttft_s, tpot=d.slo_tpot_s)
     common.add_quantile(parser, d.quantile)
     squeeze = parser.add_mutually_exclusive_group()
@@ -84,7 +87,8 @@ def config_from_args(args):
             raise InputError("--" + name.replace("_", "-"),
                              f"expected a {'positive' if positive else 'non-negative'} finite number, got {v}")
     return ReplayConfig(
-        model=args.model, architecture=arch, gpu=args.gpu, slo_ttft_s=args.slo_ttft_s, slo_tpot_s=args.slo_tpot_s,
+        model=args.model, architecture=arch, gpu=args.gpu, tensor_parallel_size=args.tensor_parallel_size,
+        slo_ttft_s=args.slo_ttft_s, slo_tpot_s=args.slo_tpot_s,
         quantile=args.quantile, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
         start_replicas=args.start_replicas,
         cost_per_gpu_hour=args.cost_per_gpu_hour, seed=args.seed, interval_s=args.interval, cooldown_s=args.cooldown,

@@ -52,6 +52,7 @@ def add_arguments(p) -> None:
         g.add_argument("--" + name.replace("_", "-"), type=float, metavar="S", help=text)
     g.add_argument("--chunk-tokens", dest="max_num_batched_tokens", type=common.human_int,
                    action=common._DeprecatedAlias, new="--max-num-batched-tokens")
+    common.add_tensor_parallel(g)
     g.add_argument("--no-prefill-packing", dest="prefill_packing", action="store_false",
                    help="GAUSS's paper prefill slot: one prompt per step (default: waiting prompts share a step, as vLLM)")
     common.add_engine_limits(p.add_argument_group("engine limits (vLLM's flags; engine mode)"))
@@ -93,6 +94,7 @@ def _coefficients(args):
         from kneecap.model.arch import get_arch
         from kneecap.model.calibrate import Calibration
         from kneecap.model.hardware import get_gpu
+        from kneecap.model import transfer
         from kneecap.model.slim import SlimParams
 
         if args.calibration:
@@ -111,12 +113,22 @@ def _coefficients(args):
         if not gpu_key:
             raise InputError("gpu", "a catalog GPU key is required (--gpu)")
         arch, gpu = get_arch(model), get_gpu(gpu_key)
-        limits, budget = common.engine_limits(args, arch, gpu)
-        coef = gauss.coefficients_for(arch, gpu, params, form=form, chunk_tokens=budget)
+        if args.calibration:
+            params, moved = transfer.calibration_on(cal, gpu)
+            if moved:
+                source += f", transferred from {cal.gpu} to {gpu.key} through the hardware terms (model/transfer.py)"
+        tp = common.tensor_parallel(args, arch)
+        limits, budget = common.engine_limits(args, arch, gpu, tp)
+        coef = gauss.coefficients_for(arch, gpu, params, form=form, chunk_tokens=budget, tensor_parallel_size=tp)
+        if tp > 1:
+            source += f", tensor parallel {tp} over {gpu.interconnect}"
         return replace(coef, **explicit, prefill_packing=args.prefill_packing), source, limits, budget
     if not explicit:
         raise InputError("model", "engine mode needs --model/--gpu (optionally --calibration CALIB.json) or explicit "
                          "coefficients (--prefill-s-per-token, --decode-step-s, …); or use --service-mean for a raw queue")
+    if args.tensor_parallel_size != 1:
+        raise InputError("--tensor-parallel-size", "needs --model and --gpu (the shard sizes and the interconnect); "
+                                                   "explicit coefficients are already one replica's")
     limits, budget = common.engine_limits(args)
     coef = gauss.ServiceCoefficients(**{"prefill_s_per_token": 0.0, **explicit}, chunk_tokens=budget,
                                      prefill_packing=args.prefill_packing)
@@ -282,7 +294,8 @@ def run(args) -> int:
     if args.plot:
         _plot(args.plot, result, args.slo_ttft_s, args.slo_tpot_s)
     if args.json:
-        print(json.dumps({**_to_json(result, mode, args.seed, coef, budget), "service_model": source}))
+        print(json.dumps({**_to_json(result, mode, args.seed, coef, budget), "service_model": source,
+                          "tensor_parallel_size": args.tensor_parallel_size}))
         return 0
     rows = [("TTFT" if mode == "engine" else "sojourn", result.ttft), ("TBT", result.tbt), ("wait", result.wait),
             ("limits", result.admission_wait)]

@@ -88,6 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                      "kv_consumer, kv_both) makes a disaggregated prefill or decode twin")
     parser.add_argument("--kv-transfer-gib-s", type=float, default=25.0,
                         help="twin: KV link bandwidth a decode twin reads remote KV at, GiB/s")
+    common.add_tensor_parallel(parser, short=True)
     parser.add_argument("--arch", help="twin: catalog model shape (default: from the model name)")
     parser.add_argument("--gpu", default="h100-80gb", help="twin: catalog GPU (default h100-80gb)")
     parser.add_argument("--time-scale", type=float, default=1.0, help="twin: run X times faster than real time")
@@ -139,7 +140,8 @@ def build_server(args):
                         block_size=args.block_size, gpu_memory_utilization=args.gpu_memory_utilization,
                         kv_cache_memory_bytes=args.kv_cache_memory_bytes,
                         num_gpu_blocks_override=args.num_gpu_blocks_override,
-                        enable_chunked_prefill=args.enable_chunked_prefill)
+                        enable_chunked_prefill=args.enable_chunked_prefill,
+                        tensor_parallel_size=common.tensor_parallel(args, arch))
     if not args.kv_transfer_gib_s > 0:
         raise InputError("kv_transfer_gib_s", f"expected GiB/s > 0, got {args.kv_transfer_gib_s}")
     return TwinServer(cfg, args.served_model_name or [model], time_scale=args.time_scale, seed=args.seed,

@@ -84,16 +84,16 @@ class CalibrationOutcome:
     revalidated: bool = False  # a refit on the current ring could not beat the fit in use
 
 
-def _row_errors(cal: calibrate.Calibration, arch_key: str, rows: FitRows, gpu=None) -> np.ndarray:
-    """|T_pred/T − 1| per row (SLIM eq. 6 at each row's batch and lengths); ``gpu`` None: the
-    calibration's (catalog) GPU."""
+def _row_errors(cal: calibrate.Calibration, arch_key: str, rows: FitRows, gpu=None, tp: int = 1) -> np.ndarray:
+    """|T_pred/T − 1| per row (SLIM eq. 6 at each row's batch and lengths, at TP ``tp``); ``gpu``
+    None: the calibration's (catalog) GPU."""
     thr, _ = calibrate.predict(cal, arch_key, gpu, rows.batch, rows.input_len, rows.output_len,
-                               output_cv=rows.output_cv)
+                               output_cv=rows.output_cv, tensor_parallel_size=tp)
     return np.abs(np.asarray(thr, dtype=float) / rows.throughput_tok_s - 1.0)
 
 
-def _mape(cal: calibrate.Calibration, arch_key: str, rows: FitRows) -> float:
-    return float(np.mean(_row_errors(cal, arch_key, rows)))
+def _mape(cal: calibrate.Calibration, arch_key: str, rows: FitRows, tp: int = 1) -> float:
+    return float(np.mean(_row_errors(cal, arch_key, rows, tp=tp)))
 
 
 REFIT_ERROR_FLOOR = 0.05  # a fit within max(this, 2 × its own error) of the ring still explains it:
@@ -155,15 +155,17 @@ def _created(now_s: float | None) -> str | None:
 
 def recalibrate(arch_key: str, gpu_key: str, observations: Sequence[Observation],
                 previous: calibrate.Calibration | None, max_fit_error: float,
-                now_s: float | None = None) -> CalibrationOutcome:
+                now_s: float | None = None, tensor_parallel_size: int = 1) -> CalibrationOutcome:
     """Refit SLIM on the observation ring; keep the previous fit if the new one is worse or fails.
+    ``tensor_parallel_size``: the pool's TP (the fitted θ are one rank's, kneecap.model.parallel).
 
     A previous fit that still explains the ring is kept without a refit (see `_refit_trigger`);
     one whose error on the ring is within half of ``max_fit_error`` (it meets new ground, or its
     error grew but is still far from the bound) is refitted from where it stands (one warm
     start); otherwise, and with no previous fit, from the priors (3 starts)."""
     rows = fit_rows(observations)
-    row_err = _row_errors(previous, arch_key, rows, gpu_key) if previous is not None and rows.n else None
+    tp = tensor_parallel_size
+    row_err = _row_errors(previous, arch_key, rows, gpu_key, tp) if previous is not None and rows.n else None
     prev_err = float(np.mean(row_err)) if row_err is not None else None
     if rows.batch_levels < MIN_BATCH_LEVELS:
         msg = f"{rows.batch_levels} distinct batch level(s) in {rows.n} observations; need {MIN_BATCH_LEVELS}"
@@ -192,7 +194,7 @@ def recalibrate(arch_key: str, gpu_key: str, observations: Sequence[Observation]
     try:
         new = calibrate.fit(arch_key, gpu_key, rows.batch, rows.input_len, rows.output_len, rows.throughput_tok_s,
                             output_cv=rows.output_cv, n_starts=1 if warm else 3, created=_created(now_s),
-                            start=previous.params if warm else None,
+                            start=previous.params if warm else None, tensor_parallel_size=tp,
                             **({"xtol": 1e-4, "ftol": 1e-4} if warm else {}))  # warm: the error is
         # percent-level; tighter tolerances only add iterations (same MAPE to 4 digits, half the CPU)
         # the batches seen since the last cold fit: one that left the ring and comes back is not new ground
@@ -268,10 +270,21 @@ def _round(v):
     return round(v, 6) if isinstance(v, float) else v
 
 
-def measured_non_kv_bytes(arch, gpu, obs: Observation) -> float | None:
-    """non_kv from the pod's cache config (DESIGN §5.3): total·u − KV capacity·bytes/token."""
+def model_tp(spec: LLMDeploymentSpec) -> int:
+    """The tensor-parallel size every model call of the operator takes (kneecap.model.parallel:
+    SLIM, GAUSS, BCA, the memory split and SARA see one rank's weights and KV plus the
+    all-reduces): spec.engine.tensorParallelSize, or an adopted Deployment's argv."""
+    return spec.tensor_parallel_size
+
+
+def measured_non_kv_bytes(arch, gpu, obs: Observation, tp: int = 1) -> float | None:
+    """non_kv per GPU from the pod's cache config (DESIGN §5.3): total·u − KV capacity·bytes/token
+    (one rank's bytes per token at TP ``tp``: every rank holds the same number of blocks)."""
+    from kneecap.model.parallel import kv_bytes_per_token_per_gpu
+
     if obs.gpu_memory_utilization and obs.kv_capacity_tokens:
-        v = gpu.memory_bytes * obs.gpu_memory_utilization - obs.kv_capacity_tokens * arch.kv_bytes_per_token
+        v = (gpu.memory_bytes * obs.gpu_memory_utilization
+             - obs.kv_capacity_tokens * kv_bytes_per_token_per_gpu(arch, tp))
         return float(v) if v > 0 else None
     return None
 
@@ -282,21 +295,25 @@ def memory_for_cap(spec: LLMDeploymentSpec, obs: Observation, cap: int) -> tuple
     ctx_mean = obs.input_len_mean + obs.output_len_mean
     ctx_std = math.hypot(obs.input_len_mean * obs.input_len_cv, obs.output_len_mean * obs.output_len_cv)
     kv_tokens = int(memory.kv_tokens_for_cap(cap, ctx_mean, ctx_std))
-    non_kv = measured_non_kv_bytes(arch, gpu, obs)
+    tp = model_tp(spec)
+    non_kv = measured_non_kv_bytes(arch, gpu, obs, tp)
     try:
-        split = memory.utilization_for_kv_tokens(arch, gpu, max(kv_tokens, 1), cap, measured_non_kv_bytes=non_kv)
+        split = memory.utilization_for_kv_tokens(arch, gpu, max(kv_tokens, 1), cap, measured_non_kv_bytes=non_kv,
+                                                 tensor_parallel_size=tp)
     except InputError:
-        split = memory.memory_split(arch, gpu, memory.UTILIZATION_BOUNDS[1], cap, measured_non_kv_bytes=non_kv)
-    kvb = memory.kv_cache_memory_bytes_for_tokens(arch, max(kv_tokens, 1)) \
+        split = memory.memory_split(arch, gpu, memory.UTILIZATION_BOUNDS[1], cap, measured_non_kv_bytes=non_kv,
+                                    tensor_parallel_size=tp)
+    kvb = memory.kv_cache_memory_bytes_for_tokens(arch, max(kv_tokens, 1), tensor_parallel_size=tp) \
         if spec.memory_knob == "kvCacheMemoryBytes" else None
     return split.gpu_memory_utilization, kvb, split.kv_bytes
 
 
 def _kv_capacity_tokens(spec: LLMDeploymentSpec, obs: Observation, u: float, cap: int) -> int:
-    arch, gpu = get_arch(spec.model.architecture), spec.accelerator.gpu
-    non_kv = measured_non_kv_bytes(arch, gpu, obs)
+    arch, gpu, tp = get_arch(spec.model.architecture), spec.accelerator.gpu, model_tp(spec)
+    non_kv = measured_non_kv_bytes(arch, gpu, obs, tp)
     try:
-        return memory.memory_split(arch, gpu, u, max(cap, 1), measured_non_kv_bytes=non_kv).kv_capacity_tokens
+        return memory.memory_split(arch, gpu, u, max(cap, 1), measured_non_kv_bytes=non_kv,
+                                   tensor_parallel_size=tp).kv_capacity_tokens
     except InputError:
         return 1
 
@@ -313,8 +330,11 @@ def gauss_limits(spec: LLMDeploymentSpec, obs: Observation, settings: EngineSett
     if settings is None:
         return gauss.DEFAULT_LIMITS
     if settings.kv_cache_memory_bytes:
-        arch = get_arch(spec.model.architecture)
-        blocks = settings.kv_cache_memory_bytes // (memory.DEFAULT_BLOCK_SIZE * arch.kv_bytes_per_token)
+        from kneecap.model.parallel import kv_bytes_per_token_per_gpu
+
+        arch = get_arch(spec.model.architecture)  # --kv-cache-memory-bytes is per GPU
+        blocks = settings.kv_cache_memory_bytes // (memory.DEFAULT_BLOCK_SIZE
+                                                    * kv_bytes_per_token_per_gpu(arch, model_tp(spec)))
         kv = int(blocks) * memory.DEFAULT_BLOCK_SIZE
     else:
         kv = _kv_capacity_tokens(spec, obs, settings.gpu_memory_utilization, settings.max_num_seqs)
@@ -323,7 +343,7 @@ def gauss_limits(spec: LLMDeploymentSpec, obs: Observation, settings: EngineSett
 
 def _gauss_rate(arch_key: str, gpu_key: str, cal: calibrate.Calibration, obs: Observation,
                 slo_ttft_s: float | None, slo_tbt_s: float | None, quantile: float,
-                seed: int, limits=None) -> tuple[float, str, bool]:
+                seed: int, limits=None, tp: int = 1) -> tuple[float, str, bool]:
     """(λ* per replica, binding, reused) from GAUSS; λ* is 0 where no load meets the SLO.
 
     GAUSS's λ search runs on the calibrated SLIM mapped to d(B, C) at the window's lengths,
@@ -337,11 +357,12 @@ def _gauss_rate(arch_key: str, gpu_key: str, cal: calibrate.Calibration, obs: Ob
     limits = gauss.DEFAULT_LIMITS if limits is None else limits
     # SLIM -> d(B, C) (GAUSS §3.3); vLLM refuses a token budget below the cap
     coef = gauss.coefficients_for(arch, gpu, cal.params, form=cal.form,
-                                  chunk_tokens=max(gauss.DEFAULT_MAX_NUM_BATCHED_TOKENS, limits.slots))
+                                  chunk_tokens=max(gauss.DEFAULT_MAX_NUM_BATCHED_TOKENS, limits.slots),
+                                  tensor_parallel_size=tp)
     lengths = (max(obs.input_len_mean, 1.0), max(obs.input_len_cv, 0.05),
                max(obs.output_len_mean, 1.0), max(obs.output_len_cv, 0.05))
     inputs = gauss_reuse.inputs_for(coef, *lengths, kv_tokens=limits.kv_capacity_tokens)
-    key = (arch_key, gpu_key, cal.form, slo_ttft_s, slo_tbt_s, quantile, seed, limits.slots)
+    key = (arch_key, gpu_key, cal.form, slo_ttft_s, slo_tbt_s, quantile, seed, limits.slots, tp)
     hit = GAUSS_RUNS.find(key, inputs)
     if hit is not None:
         return (*hit, True)
@@ -399,12 +420,14 @@ def colocated_replicas(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs:
     pods = max(obs.pods, 1)
     limits = gauss_limits(spec, obs, settings)
     lam_star, binding, reused = _gauss_rate(spec.model.architecture, spec.accelerator.gpu, cal, obs,
-                                            spec.slo.ttft_s, spec.slo.tpot_s, spec.slo.quantile, seed, limits)
+                                            spec.slo.ttft_s, spec.slo.tpot_s, spec.slo.quantile, seed, limits,
+                                            model_tp(spec))
     if served_rps is not None and served_rps > lam_star:
         lam_star, binding = served_rps, "served"
-    cp = plan_colocated(lam_star, spec.accelerator.count, max(spec.accelerator.cost_per_hour, 1e-9),
+    cp = plan_colocated(lam_star, spec.gpus_per_replica, max(spec.accelerator.cost_per_hour, 1e-9),
                         rate_rps=RATE_HEADROOM * rate, budget_per_hour=spec.max_cost_per_hour)
-    alloc = {"replicas": cp.replicas, "sustainableRequestsPerSecondPerReplica": round(lam_star, 6),
+    alloc = {"replicas": cp.replicas, "gpusPerReplica": spec.gpus_per_replica,
+             "sustainableRequestsPerSecondPerReplica": round(lam_star, 6),
              "servedRequestsPerSecondPerReplica": None if served_rps is None else round(served_rps, 6),
              "observedRequestsPerSecond": round(rate, 6), "goodputRequestsPerSecond": round(cp.goodput_rps, 6),
              "costPerHour": round(cp.cost_per_hour, 4), "binding": binding if cp.binding == "rate" else cp.binding,
@@ -426,20 +449,30 @@ def disaggregated_allocation(spec: LLMDeploymentSpec, cal: calibrate.Calibration
     kv = spec.topology.kv_transfer
     costs = sara.Costs(max(spec.accelerator.cost_per_hour, 1e-9), max(spec.accelerator.cost_per_hour, 1e-9),
                        kv.cost_per_gib_s_hour if kv else 0.1)
-    service = None
+    service, tp = None, model_tp(spec)
     if cal is not None:
         arch_key = spec.model.architecture
 
         def service(il):  # calibrated SLIM at B = 1 (DESIGN §5.4)
             il = np.asarray(il, dtype=float)
-            _, e2e = calibrate.predict(cal, arch_key, gpu, np.ones_like(il), il, np.ones_like(il))
+            _, e2e = calibrate.predict(cal, arch_key, gpu, np.ones_like(il), il, np.ones_like(il),
+                                       tensor_parallel_size=tp)
             return e2e
-    pb = sara.build_problem(spec.model.architecture, gpu, wl, slo, costs, prefill_service_s=service)
+    gpus = spec.gpus_per_replica
+    # a prefill replica is one TP engine; the decode pool comes in whole TP engines
+    pb = sara.build_problem(spec.model.architecture, gpu, wl, slo, costs, prefill_service_s=service,
+                            tensor_parallel_size=tp)
     rate = RATE_HEADROOM * max(obs.request_rate_rps, 1e-6)
     alloc, binding = sara.min_resources(pb, rate)
-    out = {"prefillReplicas": alloc.prefill_replicas, "decodeReplicas": alloc.decode_replicas,
+    # SARA's decode pool is k_d GPUs in engines of `tp`; each of kneecap's pods is one engine
+    # holding `gpus` GPUs (the TP size, or the GPU limit a pod had before spec.engine.tensorParallelSize)
+    decode_pods = -(-alloc.decode_replicas // tp)
+    cost = (gpus * (alloc.prefill_replicas * costs.prefill_gpu_per_hour + decode_pods * costs.decode_gpu_per_hour)
+            + alloc.kv_bandwidth_gibps * costs.kv_per_gibps_hour)  # SARA (20b), per pod
+    out = {"prefillReplicas": alloc.prefill_replicas, "decodeReplicas": decode_pods,
+           "gpusPerReplica": gpus, "decodeGpus": alloc.decode_replicas,
            "kvBandwidthGiBps": round(alloc.kv_bandwidth_gibps, 4), "maxNumSeqs": alloc.max_num_seqs,
-           "costPerHour": round(alloc.cost_per_hour(costs), 4), "targetRequestsPerSecond": round(rate, 6),
+           "costPerHour": round(cost, 4), "targetRequestsPerSecond": round(rate, 6),
            "binding": binding}
     if spec.max_cost_per_hour:
         p = sara.plan(pb, spec.max_cost_per_hour)
@@ -469,7 +502,8 @@ def _throughputs(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs: Obser
     new_kv = _kv_capacity_tokens(spec, obs, u, cap)
     thr, _ = calibrate.predict(cal, arch, gpu, np.array([current.max_num_seqs, cap], float),
                                obs.input_len_mean, obs.output_len_mean, output_cv=obs.output_len_cv,
-                               kv_capacity_tokens=np.array([max(cur_kv, 1), max(new_kv, 1)], float))
+                               kv_capacity_tokens=np.array([max(cur_kv, 1), max(new_kv, 1)], float),
+                               tensor_parallel_size=model_tp(spec))
     return float(thr[0]), float(thr[1])
 
 
@@ -483,10 +517,11 @@ def gains(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs: Observation,
 
 
 def _released(spec: LLMDeploymentSpec, current: EngineSettings, u: float) -> tuple[float, float]:
-    """(bytes released, their fraction of the live reservation) moving the live memory to ``u``."""
-    gpu = spec.accelerator.gpu
-    released = memory.released_bytes(gpu.memory_bytes * current.gpu_memory_utilization, gpu.memory_bytes * u)
-    return released, max(released, 0.0) / (gpu.memory_bytes * current.gpu_memory_utilization)
+    """(bytes released per replica, their fraction of the live reservation) moving the live
+    memory to ``u``: each of the replica's GPUs reserves the fraction ``u`` of its memory."""
+    gpu, n = spec.accelerator.gpu, spec.gpus_per_replica
+    released = n * memory.released_bytes(gpu.memory_bytes * current.gpu_memory_utilization, gpu.memory_bytes * u)
+    return released, max(released, 0.0) / (n * gpu.memory_bytes * current.gpu_memory_utilization)
 
 
 def recommend(spec: LLMDeploymentSpec, role: str, cal: calibrate.Calibration, obs: Observation,
@@ -501,7 +536,7 @@ def recommend(spec: LLMDeploymentSpec, role: str, cal: calibrate.Calibration, ob
     res = bca.advise(cal, arch, gpu, obs.input_len_mean, obs.output_len_mean, slo_e2e_s=e2e_bound_s(spec, obs),
                      epsilon=spec.batching.efficiency_floor, min_cap=spec.batching.min_max_num_seqs,
                      max_cap=spec.batching.max_max_num_seqs, kv_capacity_tokens=kv_cap_max,
-                     output_cv=obs.output_len_cv, length_std_tok=ctx_std)
+                     output_cv=obs.output_len_cv, length_std_tok=ctx_std, tensor_parallel_size=model_tp(spec))
     cap = int(res.cap)
     u, kvb, kv_bytes = memory_for_cap(spec, obs, cap)
     cur_thr, new_thr = _throughputs(spec, cal, obs, current, cap, u)

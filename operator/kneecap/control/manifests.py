@@ -23,10 +23,12 @@ MAX_NUM_SEQS = "--max-num-seqs"
 GPU_MEMORY_UTILIZATION = "--gpu-memory-utilization"
 KV_CACHE_MEMORY_BYTES = "--kv-cache-memory-bytes"
 KV_TRANSFER_CONFIG = "--kv-transfer-config"
+TENSOR_PARALLEL_SIZE = "--tensor-parallel-size"  # vLLM's short spelling: -tp
 # vLLM flags the operator owns (the control loop's knobs, where the pod listens, the pool's KV
-# role); the rest of the argv belongs to the user (extraArgs), which cannot override these.
+# role, the GPUs a replica shards over); the rest of the argv belongs to the user (extraArgs),
+# which cannot override these.
 MANAGED_FLAGS = (MAX_NUM_SEQS, GPU_MEMORY_UTILIZATION, KV_CACHE_MEMORY_BYTES, "--port", "--host",
-                 KV_TRANSFER_CONFIG)
+                 KV_TRANSFER_CONFIG, TENSOR_PARALLEL_SIZE)
 # Pods run as this non-root user (the Pod Security "restricted" profile); vLLM images from
 # v0.8.2 run as any UID given a writable $HOME for their caches (HF, vLLM, Triton, Inductor).
 RUN_AS_USER = 1000
@@ -144,8 +146,8 @@ def vllm_argv_tail(spec: LLMDeploymentSpec, role: str, settings: EngineSettings)
     argv.append(f"{GPU_MEMORY_UTILIZATION}={settings.gpu_memory_utilization:g}")
     if settings.kv_cache_memory_bytes is not None:
         argv.append(f"{KV_CACHE_MEMORY_BYTES}={int(settings.kv_cache_memory_bytes)}")
-    if spec.accelerator.count > 1:
-        argv.append(f"--tensor-parallel-size={spec.accelerator.count}")
+    if spec.tensor_parallel_size > 1:
+        argv.append(f"{TENSOR_PARALLEL_SIZE}={spec.tensor_parallel_size}")
     kv = kv_transfer_config(spec, role)
     if kv is not None:
         argv.append(f"{KV_TRANSFER_CONFIG}={kv}")
@@ -154,10 +156,24 @@ def vllm_argv_tail(spec: LLMDeploymentSpec, role: str, settings: EngineSettings)
 
 
 def user_args(extra_args) -> list[str]:
-    """extraArgs without the managed flags (``--port 1``, ``--port=1``, ``--max_num_seqs=8``)."""
+    """extraArgs without the managed flags (``--port 1``, ``--port=1``, ``--max_num_seqs=8``, ``-tp 2``)."""
     out = list(extra_args)
     for flag in MANAGED_FLAGS:
         out = vllm_args.remove_flag(out, flag)
+    return out
+
+
+def resources(spec: LLMDeploymentSpec) -> dict:
+    """spec.engine.resources with the replica's GPUs requested (``nvidia.com/gpu: <GPUs per
+    replica>`` as a limit; parse_spec refused a different value there). No GPU with
+    spec.accelerator.resourceName "" (a CPU-only engine: the twin)."""
+    out = {k: dict(v) for k, v in (spec.engine.resources or {}).items()}
+    if not spec.accelerator.resource_name:
+        return out
+    gpus = str(spec.gpus_per_replica)
+    out.setdefault("limits", {})[spec.accelerator.resource_name] = gpus
+    if spec.accelerator.resource_name in out.get("requests", {}):
+        out["requests"][spec.accelerator.resource_name] = gpus
     return out
 
 
@@ -200,8 +216,7 @@ def container(spec: LLMDeploymentSpec, role: str, settings: EngineSettings) -> d
         c["volumeMounts"].append({"name": "model-cache", "mountPath": cache.mount_path,
                                   **({"readOnly": True} if cache.read_only else {})})
     c["volumeMounts"] += [dict(m) for m in spec.engine.volume_mounts]
-    if spec.engine.resources:
-        c["resources"] = dict(spec.engine.resources)
+    c["resources"] = resources(spec)
     # restricted Pod Security profile: no privilege escalation, no capabilities
     c["securityContext"] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
                             "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}

@@ -142,6 +142,13 @@ def primary_role(spec: LLMDeploymentSpec) -> str:
     return "decode" if spec.disaggregated else "server"
 
 
+def target_tensor_parallel_size(g: "Gathered", spec: LLMDeploymentSpec) -> int | None:
+    """--tensor-parallel-size of the primary pool's adopted container (None: unread)."""
+    role = primary_role(spec)
+    p = next((p for p in g.pools if p.state.pool.role == role and p.state.adoption is not None), None)
+    return None if p is None else p.state.adoption.tensor_parallel_size
+
+
 def ownership_status(pools: Sequence[R.PoolState]) -> dict:
     """Who owns each pool's replicas; kneecap does not fight an HPA or a person."""
     out = {}
@@ -153,7 +160,7 @@ def ownership_status(pools: Sequence[R.PoolState]) -> dict:
         if p.adoption is not None:  # spec.targetRef: whose Deployment kneecap tunes
             out[p.pool.role]["target"] = St.compact({
                 "deployment": p.pool.name, "container": p.adoption.container, "controller": p.adoption.controller,
-                "adviseOnly": p.adoption.advise_only})
+                "adviseOnly": p.adoption.advise_only, "tensorParallelSize": p.adoption.tensor_parallel_size})
     return out
 
 
@@ -247,7 +254,7 @@ def slim_curve(cal: calibrate.Calibration, spec: LLMDeploymentSpec, obs: Observa
     """Calibrated SLIM token throughput per pod at `batch`, at the window's lengths (eq. 6)."""
     thr, _ = calibrate.predict(cal, spec.model.architecture, spec.accelerator.gpu, np.asarray(batch, float),
                                max(obs.input_len_mean, 1.0), max(obs.output_len_mean, 1.0),
-                               output_cv=obs.output_len_cv)
+                               output_cv=obs.output_len_cv, tensor_parallel_size=decide.model_tp(spec))
     return np.broadcast_to(np.asarray(thr, float), np.shape(batch))
 
 
@@ -354,6 +361,8 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float) -> Pl
     status = status or {}
     if spec.adopted and any(p.state.settings.kv_cache_memory_bytes is not None for p in g.pools):
         spec = dataclasses.replace(spec, target_memory_knob="kvCacheMemoryBytes")  # the flag the user's argv sets
+    if spec.adopted:  # the TP size the primary pool's argv runs with
+        spec = dataclasses.replace(spec, target_tensor_parallel_size=target_tensor_parallel_size(g, spec))
     t = _Tick(g, spec, status, now_s, out={"observedGeneration": g.generation},
               conds=list(status.get("conditions") or []))
     labels, role = t.labels, primary_role(spec)
@@ -427,7 +436,7 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float) -> Pl
     previous_status = status.get("calibration")
     cal_out = decide.recalibrate(spec.model.architecture, spec.accelerator.gpu, observations,
                                  calibration_from_status(previous_status), spec.control.max_fit_error,
-                                 now_s=now_s)
+                                 now_s=now_s, tensor_parallel_size=decide.model_tp(spec))
     if cal_out.calibration is not None:
         # acceptedTime: when the fit in use was accepted (a rejected first fit never was; a fit
         # that a refit on fresh windows could not beat is accepted anew)
@@ -728,8 +737,10 @@ def _restart_cost(t: _Tick, pool: R.PoolState, obs: Observation) -> restart.Rest
         if not (seconds > 0 and np.isfinite(seconds)):
             raise ValueError(seconds)
     except (KeyError, TypeError, ValueError):
-        seconds = restart.modelled_restart_s(get_arch(t.spec.model.architecture).weight_bytes
-                                               / max(t.spec.accelerator.count, 1))  # each GPU loads its shard
+        from kneecap.model.parallel import weight_bytes_per_gpu
+
+        seconds = restart.modelled_restart_s(weight_bytes_per_gpu(get_arch(t.spec.model.architecture),
+                                                                  decide.model_tp(t.spec)))  # each GPU loads its shard
         source = restart.MODELLED
     return restart.RestartCost(seconds, source, obs.prompt_tok_s + obs.generation_tok_s, pool.settings.replicas,
                                t.spec.control.cooldown_s, restart.leaves_no_ready_pod(pool.deployment),
@@ -757,7 +768,9 @@ def _replicas(t: _Tick, cal, obs: Observation, current: int, restart_s: float, r
             min_recommendations=min_scale_down_recommendations(spec, restart_s))
         if n < current and not watched_long_enough(spec, ring, t.now_s):
             n = current
-        alloc = {**alloc, "replicas": n}
+        # the cost of the replicas kept, each of its GPUs
+        alloc = {**alloc, "replicas": n,
+                 "costPerHour": round(n * spec.gpus_per_replica * max(spec.accelerator.cost_per_hour, 1e-9), 4)}
     return n, "gauss:" + str(binding), alloc
 
 

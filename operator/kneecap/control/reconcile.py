@@ -171,7 +171,7 @@ async def reconcile(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec, *, f
         n = obj["metadata"]["name"]
         if n not in keep:
             await kube.delete(path_fn(ns, n))
-            result.deleted.append(f"{obj.get('kind', path_fn.__name__)}/{n}")
+            result.deleted.append(f"{_KIND[path_fn]}/{n}")  # (a real API's list items carry no kind)
     return result
 
 
@@ -197,7 +197,8 @@ async def adopted_pool(reads: ApiReads, ns: str, spec: LLMDeploymentSpec, pool: 
         settings = M.EngineSettings(start.max_num_seqs, start.gpu_memory_utilization, None,
                                     int(live["spec"].get("replicas", 1)))
         adoption = T.Adoption(adoption.container, adoption.port, adoption.controller,
-                              f"a managed flag's value in its argv is not a number ({exc}): kneecap advises only")
+                              f"a managed flag's value in its argv is not a number ({exc}): kneecap advises only",
+                              adoption.tensor_parallel_size)
     return PoolState(pool, live, settings, replicas_owner(spec, live, hpas), adoption=adoption)
 
 
@@ -278,6 +279,9 @@ async def _reconcile_service(kube: KubeClient, owner: dict, spec: LLMDeploymentS
     want = {"metadata": {"labels": svc["metadata"]["labels"]}, "spec": svc["spec"]}
     if not created and not in_sync(want, live):
         await kube.patch(services_path(ns, pool.name), want)
+
+
+_KIND = {deployments_path: "Deployment", services_path: "Service"}
 
 
 async def _owned(kube: KubeClient, owner: dict) -> list[tuple]:

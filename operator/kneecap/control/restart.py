@@ -81,10 +81,11 @@ def rolling_update(deploy: dict) -> tuple[int, int]:
 
 
 def leaves_no_ready_pod(deploy: dict) -> bool:
-    """True when a rollout of this Deployment stops every pod before a replacement is Ready."""
+    """True when a rollout of this Deployment stops every pod before a replacement is Ready
+    (a Deployment scaled to 0 has no pod to stop)."""
     replicas = int((deploy.get("spec") or {}).get("replicas", 1))
     surge, unavailable = rolling_update(deploy)
-    return surge == 0 and unavailable >= replicas
+    return replicas > 0 and surge == 0 and unavailable >= replicas
 
 
 @dataclass(frozen=True)

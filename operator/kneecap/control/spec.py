@@ -21,6 +21,7 @@ from typing import Any, Mapping
 import yaml
 
 from kneecap.control import validation
+from kneecap.control.quantity import canonical_quantity
 from kneecap.errors import InputError
 from kneecap.model.arch import CATALOG, ModelArch, get_arch, params_from_shape
 from kneecap.model.hardware import GPU, get_gpu
@@ -120,12 +121,19 @@ class ModelSpec:
     config_map_ref: ConfigMapRef | None = None
 
 
+# the extended resource of the AMD catalog GPUs' device plugin; every other GPU is NVIDIA's
+AMD_GPU_RESOURCE, NVIDIA_GPU_RESOURCE = "amd.com/gpu", "nvidia.com/gpu"
+AMD_GPUS = frozenset({"mi300x"})
+
+
 @dataclass(frozen=True)
 class AcceleratorSpec:
     type: str  # the catalog key, or the inline shape's name
-    count: int
-    cost_per_hour: float
+    count: int | None  # GPUs per replica as spec.accelerator.count gives it (None: not given)
+    cost_per_hour: float  # $/h of one GPU
     gpu: GPU  # the catalog entry or the inline shape
+    resource_name: str = NVIDIA_GPU_RESOURCE  # the extended resource a pod requests its GPUs as ("": none)
+    gpus: int | None = None  # GPUs per replica resolved (_gpus_per_replica); None: adopted, see LLMDeploymentSpec
 
 
 @dataclass(frozen=True)
@@ -144,6 +152,7 @@ class EngineSpec:
     max_num_seqs: int
     gpu_memory_utilization: float
     memory_knob: str  # "gpuMemoryUtilization" | "kvCacheMemoryBytes"
+    tensor_parallel_size: int  # spec.engine.tensorParallelSize, else spec.accelerator.count, else 1
     command: tuple[str, ...]
     extra_args: tuple[str, ...]
     env: tuple[dict, ...] = field(default=(), compare=False)
@@ -233,7 +242,23 @@ class LLMDeploymentSpec:
     targets: tuple[TargetRef, ...] = ()  # spec.targetRef, one per pool (empty: kneecap owns the pools)
     # the memory flag an adopted Deployment's argv uses (set per tick from the live argv; None: the utilisation)
     target_memory_knob: str | None = None
+    # the --tensor-parallel-size an adopted Deployment's argv sets (set per tick from the live argv)
+    target_tensor_parallel_size: int | None = None
     rollout: RolloutSpec = field(default_factory=RolloutSpec)
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """GPUs one replica shards the model over: spec.engine's, or what an adopted Deployment's
+        argv says (vLLM's default 1 without the flag), else spec.accelerator.count."""
+        if self.engine is not None:
+            return self.engine.tensor_parallel_size
+        return self.target_tensor_parallel_size or self.accelerator.count or 1
+
+    @property
+    def gpus_per_replica(self) -> int:
+        """GPUs one replica (pod) holds and is costed for: spec.accelerator.count, else (kneecap's
+        pods) the GPU limit spec.engine.resources sets, else the TP size."""
+        return self.accelerator.gpus or self.accelerator.count or self.tensor_parallel_size
 
     @property
     def adopted(self) -> bool:
@@ -353,6 +378,43 @@ def _accelerator_gpu(acc: Mapping) -> GPU:
         raise InputError("spec.accelerator.type", str(exc).split(": ", 1)[-1]) from None
 
 
+def _gpu_resource_name(acc: Mapping, gpu: GPU) -> str:
+    """spec.accelerator.resourceName ("": none), else the device plugin's resource for the GPU's vendor."""
+    if "resourceName" in acc:
+        return acc["resourceName"]
+    return AMD_GPU_RESOURCE if acc.get("type") in AMD_GPUS or gpu.key in AMD_GPUS else NVIDIA_GPU_RESOURCE
+
+
+def _tensor_parallel_size(s: Mapping) -> int:
+    """spec.engine.tensorParallelSize, else spec.accelerator.count (GPUs per replica), else 1; the
+    two given and different is the CRD's rule, checked by apply_schema before this."""
+    e = s.get("engine") or {}
+    return int(e.get("tensorParallelSize") or s["accelerator"].get("count") or 1)
+
+
+def _gpus_per_replica(s: Mapping, resource: str, tp: int) -> int:
+    """GPUs per replica of kneecap's pods: spec.accelerator.count, else the TP size when
+    spec.engine.tensorParallelSize is given, else the GPU limit spec.engine.resources sets (as
+    before the TP field: the pod's GPUs, TP 1 unless count says otherwise), else the TP size.
+    spec.engine.resources naming the GPU resource with another number is refused, naming both."""
+    resources = s["engine"].get("resources") or {}
+    given = {k: (resources.get(k) or {}).get(resource) for k in ("limits", "requests")}
+    given = {k: v for k, v in given.items() if v is not None}
+    explicit = s["accelerator"].get("count") or s["engine"].get("tensorParallelSize")
+    for kind, value in given.items():
+        q = canonical_quantity(value)
+        if not q.isdigit() or int(q) < 1:
+            raise InputError(f"spec.engine.resources.{kind}[{resource}]", f"expected a whole number of GPUs, got {value}")
+        if explicit is None:
+            explicit = int(q)
+        elif int(q) != explicit:
+            raise InputError(f"spec.engine.resources.{kind}[{resource}]",
+                             f"{value} differs from the {explicit} GPU(s) per replica that spec.accelerator.count / "
+                             f"spec.engine.tensorParallelSize set: kneecap requests {resource}: {explicit} itself; "
+                             f"drop it or make them equal")
+    return int(explicit or tp)
+
+
 def _targets(ref: Mapping | None) -> tuple[TargetRef, ...]:
     """spec.targetRef (validated: name, or prefill and decode) as one TargetRef per pool."""
     if ref is None:
@@ -386,15 +448,19 @@ def parse_spec(raw: Mapping | None, config_map: Mapping | None = None) -> LLMDep
     arch = _model_arch(s["model"], config_map)
     gpu = _accelerator_gpu(s["accelerator"])
     c, e, t = s["control"], s.get("engine"), s["topology"]
+    tp, resource = _tensor_parallel_size(s), _gpu_resource_name(s["accelerator"], gpu)
+    gpus = None if e is None else _gpus_per_replica(s, resource, tp)
     window_s = parse_duration_s(c["window"], "spec.control.window")
     kv = t.get("kvTransfer")
     return LLMDeploymentSpec(
         model=ModelSpec(s["model"]["name"], arch, s["model"].get("servedModelName"),
                         config_map_ref(s) if "configMapRef" in s["model"] else None),
-        accelerator=AcceleratorSpec(gpu.key, s["accelerator"]["count"], float(s["accelerator"]["costPerHour"]), gpu),
+        accelerator=AcceleratorSpec(gpu.key, s["accelerator"].get("count"), float(s["accelerator"]["costPerHour"]), gpu,
+                                    resource, gpus),
         engine=None if e is None else EngineSpec(
             image=e["image"], port=e["port"], max_num_seqs=e["maxNumSeqs"],
             gpu_memory_utilization=float(e["gpuMemoryUtilization"]), memory_knob=e["memoryKnob"],
+            tensor_parallel_size=tp,
             command=tuple(e["command"]), extra_args=tuple(e["extraArgs"]), env=tuple(e["env"]),
             resources=e["resources"], pod_annotations=e["podAnnotations"],
             env_from=tuple(e.get("envFrom", ())), volume_mounts=tuple(e.get("volumeMounts", ())),

@@ -29,6 +29,7 @@ class Adoption:
     port: int  # where its pods serve /metrics
     controller: str | None = None  # "Kind/name" of the controller that is not kneecap
     unpatchable: str | None = None  # why kneecap cannot rewrite the argv, if it cannot
+    tensor_parallel_size: int | None = None  # its argv's --tensor-parallel-size (None: not a number it can read)
 
     @property
     def advise_only(self) -> bool:
@@ -77,11 +78,25 @@ def port_of(container: dict) -> int:
         return VLLM_PORT_DEFAULT
 
 
+def tensor_parallel_of(container: dict) -> int | None:
+    """The GPUs vLLM shards over: --tensor-parallel-size N, =N or -tp N in the argv, vLLM's
+    default 1 without it; None when the value is no positive integer (e.g. ``$(TP)``)."""
+    raw = V.container_flag(container, M.TENSOR_PARALLEL_SIZE)
+    if raw is None:
+        return 1
+    try:
+        tp = int(raw)
+    except ValueError:
+        return None
+    return tp if tp >= 1 else None
+
+
 def adoption(deploy: dict, container: dict) -> Adoption:
     shape = V.read_argv(container).shape
     return Adoption(container["name"], port_of(container), controller_of(deploy),
                     unpatchable=("its vLLM argv is a shell script (sh -c): kneecap advises only, it does not "
-                                 "rewrite scripts" if shape == "shell" else None))
+                                 "rewrite scripts" if shape == "shell" else None),
+                    tensor_parallel_size=tensor_parallel_of(container))
 
 
 def settings_patch(deploy: dict, container_name: str, settings: M.EngineSettings, *,

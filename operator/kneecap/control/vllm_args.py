@@ -7,9 +7,10 @@ Three shapes are common (DESIGN §3):
 * ``shell``:   one ``sh -c`` string (``command: [sh, -c, "vllm serve m --max_num_seqs 8"]``,
   or ``command: [sh, -c]`` with the string as the single arg).
 
-Reading accepts ``--flag value``, ``--flag=value`` and underscore spellings
-(``--max_num_seqs``). Writing removes every spelling of the flag and leaves one canonical
-``--flag=value`` in the place of the first occurrence (or at the end), in the same shape.
+Reading accepts ``--flag value``, ``--flag=value``, underscore spellings
+(``--max_num_seqs``) and vLLM's short alias ``-tp`` of ``--tensor-parallel-size``. Writing
+removes every spelling of the flag and leaves one canonical ``--flag=value`` in the place of
+the first occurrence (or at the end), in the same shape.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import shlex
 from dataclasses import dataclass
 
 SHELLS = {"sh", "bash", "/bin/sh", "/bin/bash", "/usr/bin/env sh"}
+# vLLM's single-dash spellings of the flags kneecap reads (vllm/engine/arg_utils.py: `-tp`)
+SHORT_ALIASES = {"-tp": "--tensor-parallel-size"}
 
 
 def canonical_flag(flag: str) -> str:
@@ -27,10 +30,13 @@ def canonical_flag(flag: str) -> str:
 
 
 def _flag_of(token: str) -> str | None:
-    """Canonical flag name of a token that is a long option, else None."""
+    """Canonical flag name of a token that is a long option or vLLM's short alias of one, else None."""
+    name = token.split("=", 1)[0]
+    if name in SHORT_ALIASES:
+        return SHORT_ALIASES[name]
     if not token.startswith("--") or len(token) <= 2:
         return None
-    return canonical_flag(token.split("=", 1)[0])
+    return canonical_flag(name)
 
 
 def get_flag(argv: list[str], flag: str) -> str | None:

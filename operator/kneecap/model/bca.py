@@ -45,7 +45,7 @@ class BCAResult:
 Predictor = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
-def _predictor(calibration_or_fn, arch, gpu, input_len, output_len, output_cv, budget, chunked) -> Predictor:
+def _predictor(calibration_or_fn, arch, gpu, input_len, output_len, output_cv, budget, chunked, tp=1) -> Predictor:
     if callable(calibration_or_fn):
         return calibration_or_fn
     from kneecap.model import calibrate
@@ -55,7 +55,7 @@ def _predictor(calibration_or_fn, arch, gpu, input_len, output_len, output_cv, b
         raise InputError("calibration", f"expected a Calibration or a callable, got {type(cal).__name__}")
     kw = {}
     if cal.form == "kneecap":
-        kw = {"output_cv": output_cv, "chunked_prefill": chunked}
+        kw = {"output_cv": output_cv, "chunked_prefill": chunked, "tensor_parallel_size": tp}
         if budget is not None:
             kw["max_num_batched_tokens"] = budget
     return lambda b: calibrate.predict(cal, arch, gpu, b, input_len, output_len, **kw)
@@ -74,13 +74,16 @@ def advise(calibration, arch, gpu, input_len: float, output_len: float, slo_e2e_
            epsilon: float = 0.1, min_cap: int = 1, max_cap: int = 1024, kv_capacity_tokens: int | None = None,
            output_cv: float = 0.0, length_std_tok: float = 0.0, z: float = 1.645,
            gpu_memory_utilization: float = memory.DEFAULT_UTILIZATION,
-           max_num_batched_tokens: int | None = None, chunked_prefill: bool | None = None) -> BCAResult:
+           max_num_batched_tokens: int | None = None, chunked_prefill: bool | None = None,
+           tensor_parallel_size: int = 1) -> BCAResult:
     """Eq. 13 over integer caps. ``calibration`` is a Calibration or a callable B → (T, E2E).
     Without ``kv_capacity_tokens`` the capacity is vLLM's at ``gpu_memory_utilization``
     (kneecap.model.memory). A cap must hold B·(IL+OL) tokens (+ tail margin z·√B·σ).
     ``max_num_batched_tokens``: the chunked-prefill token budget, which caps the running batch
     in the kneecap form (the curve goes flat and "throughput" binds at that batch);
-    ``chunked_prefill`` defaults to whether that budget is given."""
+    ``chunked_prefill`` defaults to whether that budget is given. ``tensor_parallel_size``: each
+    GPU of the replica holds its shard and KV heads (memory_split) and the step pays the
+    all-reduces (slim.predict)."""
     arch = get_arch(arch)
     gpu = gpu if isinstance(gpu, GPU) else get_gpu(gpu)
     for name, v in (("input_len", input_len), ("output_len", output_len)):
@@ -94,7 +97,8 @@ def advise(calibration, arch, gpu, input_len: float, output_len: float, slo_e2e_
         raise InputError("max_cap", f"expected integers 1 ≤ min_cap ≤ max_cap, got {min_cap!r}, {max_cap!r}")
     if kv_capacity_tokens is None:
         kv_capacity_tokens = memory.memory_split(arch, gpu, gpu_memory_utilization, int(max_cap),
-                                                 max_num_batched_tokens).kv_capacity_tokens
+                                                 max_num_batched_tokens,
+                                                 tensor_parallel_size=tensor_parallel_size).kv_capacity_tokens
     if not (kv_capacity_tokens > 0):
         raise InputError("kv_capacity_tokens", f"expected a positive token count, got {kv_capacity_tokens!r}")
 
@@ -107,7 +111,7 @@ def advise(calibration, arch, gpu, input_len: float, output_len: float, slo_e2e_
         raise InputError("max_num_batched_tokens", f"expected a positive token count, got {max_num_batched_tokens!r}")
     chunked = (max_num_batched_tokens is not None) if chunked_prefill is None else bool(chunked_prefill)
     thr, e2e = _predictor(calibration, arch, gpu, input_len, output_len, output_cv, max_num_batched_tokens,
-                          chunked)(batch)
+                          chunked, tensor_parallel_size)(batch)
     thr = np.broadcast_to(np.asarray(thr, float), batch.shape)
     e2e = np.broadcast_to(np.asarray(e2e, float), batch.shape)
     if not (np.all(np.isfinite(thr)) and np.all(np.isfinite(e2e))):

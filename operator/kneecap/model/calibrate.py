@@ -138,13 +138,15 @@ def fit(archs, gpu, batch, input_len, output_len, throughput_tok_s, *, form: str
         output_cv=0.0, chunked_prefill=False, priors: dict[str, Prior] | None = None, prior_weight: float = PRIOR_WEIGHT,
         fixed: dict[str, float] | None = None, n_starts: int = 6, seed: int = 0,
         created: str | None = None, start: dict[str, float] | None = None, xtol: float = 1e-10,
-        ftol: float = 1e-12) -> Calibration:
+        ftol: float = 1e-12, tensor_parallel_size: int = 1) -> Calibration:
     """Fit ``form`` to measured throughput (one row per observation; ``archs`` one per row or one
     for all). Minimises Σ(T_pred/T − 1)² + prior_weight²·Σ((ln θ − ln θ0)/σ)².
 
     ``start``: parameters to start the first descent from instead of the priors' centres (a
     warm start from the previous fit; the other starts stay random around the priors). ``xtol``,
-    ``ftol``: least_squares' stopping tolerances (a warm start near the optimum needs less)."""
+    ``ftol``: least_squares' stopping tolerances (a warm start near the optimum needs less).
+    ``tensor_parallel_size``: the TP the rows were measured at; the fitted θ are one rank's
+    (slim.predict's TP terms), so they predict other TP sizes through the same terms."""
     slim.check_form(form)
     g = _gpu(gpu)
     t_meas = np.asarray(throughput_tok_s, dtype=float)
@@ -157,7 +159,8 @@ def fit(archs, gpu, batch, input_len, output_len, throughput_tok_s, *, form: str
         else [get_arch(a) for a in archs]
     if len(arch_list) != n:
         raise InputError("model", f"expected {n} models (one per row), got {len(arch_list)}")
-    aa = slim.arch_arrays(arch_list)
+    aa = slim.arch_arrays(arch_list, tensor_parallel_size)  # validates TP against every model
+    tp = int(tensor_parallel_size)
     b, il, ol = (np.broadcast_to(np.asarray(x, dtype=float), (n,)) for x in (batch, input_len, output_len))
     cv = np.broadcast_to(np.asarray(output_cv, dtype=float), (n,))
     chunked = np.broadcast_to(np.asarray(chunked_prefill, dtype=bool), (n,))
@@ -174,7 +177,8 @@ def fit(archs, gpu, batch, input_len, output_len, throughput_tok_s, *, form: str
         return slim.SlimParams(**{**base, **dict(zip(names, np.exp(x).tolist()))})
 
     def model(x):
-        return slim.predict(form, params_of(x), aa, g, b, il, ol, output_cv=cv, chunked_prefill=chunked).throughput_tok_s
+        return slim.predict(form, params_of(x), aa, g, b, il, ol, output_cv=cv, chunked_prefill=chunked,
+                            tensor_parallel_size=tp).throughput_tok_s
 
     def residuals(x):
         r = model(x) / t_meas - 1.0

@@ -339,12 +339,18 @@ def engine_limits_for(arch, gpu, *, max_num_seqs: int | None = None, max_num_act
                       max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.9,
                       kv_cache_memory_bytes: int | None = None, num_gpu_blocks_override: int | None = None,
                       block_size: int = 16, enable_prefix_caching: bool = True,
-                      measured_non_kv_bytes: float | None = None) -> tuple[EngineLimits, int]:
+                      measured_non_kv_bytes: float | None = None,
+                      tensor_parallel_size: int = 1) -> tuple[EngineLimits, int]:
     """(limits, token budget) of a vLLM engine serving ``arch`` on ``gpu`` as vLLM resolves its
     flags: unset caps take vLLM's defaults (``memory.vllm_default_limits``, chunked prefill on);
     KV blocks from ``num_gpu_blocks_override``, else ``kv_cache_memory_bytes`` // block bytes, else
-    the memory split at ``gpu_memory_utilization`` (``memory.memory_split``, DESIGN §5.3)."""
+    the memory split at ``gpu_memory_utilization`` (``memory.memory_split``, DESIGN §5.3). Under
+    TP every byte figure is one rank's (``kv_cache_memory_bytes`` is per GPU, as in vLLM)."""
     from kneecap.model import memory
+    from kneecap.model.parallel import check_tensor_parallel_size, kv_bytes_per_token_per_gpu
+
+    tp = check_tensor_parallel_size(arch, tensor_parallel_size)
+    kv_tok = kv_bytes_per_token_per_gpu(arch, tp)
 
     seqs, budget = memory.vllm_default_limits(gpu, True, arch.max_position or 2048)
     seqs = seqs if max_num_seqs is None else max_num_seqs
@@ -356,13 +362,13 @@ def engine_limits_for(arch, gpu, *, max_num_seqs: int | None = None, max_num_act
     if num_gpu_blocks_override is not None:
         blocks = int(num_gpu_blocks_override)
     elif kv_cache_memory_bytes is not None:
-        blocks = int(kv_cache_memory_bytes // (block_size * arch.kv_bytes_per_token))
+        blocks = int(kv_cache_memory_bytes // (block_size * kv_tok))
         if blocks < 1:
             raise InputError("kv_cache_memory_bytes", f"{kv_cache_memory_bytes} bytes hold no {block_size}-token block "
-                                                      f"of {arch.key} ({block_size * arch.kv_bytes_per_token} bytes)")
+                                                      f"of {arch.key} ({block_size * kv_tok} bytes)")
     else:
         blocks = memory.memory_split(arch, gpu, gpu_memory_utilization, int(seqs), int(budget), int(block_size),
-                                     measured_non_kv_bytes=measured_non_kv_bytes).num_gpu_blocks
+                                     measured_non_kv_bytes=measured_non_kv_bytes, tensor_parallel_size=tp).num_gpu_blocks
     limits = EngineLimits(int(seqs), max_num_active_seqs, blocks * int(block_size), int(block_size),
                           enable_prefix_caching)
     return limits, int(budget)
@@ -373,7 +379,8 @@ def coefficients_from_slim(
     layers: int, hidden: int, kv_dim: int, ff_ratio: float, kv_bytes: float,
     peak_flops: float, bandwidth_bytes_s: float, b0: float = 0.0, form: str = "paper-a",
     t_step_s: float = 0.0, t_layer_s: float = 0.0, eta_w: float = 1.0, weight_bytes: float = 0.0,
-    chunk_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    chunk_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS, tensor_parallel_size: int = 1,
+    kv_dim_per_gpu: float | None = None, allreduce_step_s: float = 0.0, allreduce_token_s: float = 0.0,
 ) -> ServiceCoefficients:
     """GAUSS coefficients from a calibrated SLIM (DESIGN §5.1, kneecap.model.slim), plain numbers in.
 
@@ -391,6 +398,11 @@ def coefficients_from_slim(
         - ``paper-b``, eq. 9 as (B + B0)·T_d + B·M_dec/(η_m·BW): p = B0·α', q = 0;
         - ``kneecap`` (slim.py): p = t_step + L·t_layer + W/(η_w·BW) (W = streamed weight bytes), q = 0.
     * request_overhead_s = t_fixed (eq. 5).
+    * Tensor parallelism (kneecap.model.parallel), one rank's costs: FLOPs over TP (eq. 7 with
+      TP·Fmax), eq. 10's γ term over TP, κ with the rank's KV width ``kv_dim_per_gpu`` and W the
+      rank's shard; the 2·L all-reduces per step (Megatron-LM §3), affine in the step's tokens,
+      add ``allreduce_step_s`` to p and to each chunk and ``allreduce_token_s`` to r and to each
+      prefill token (ring all-reduce, Thakur et al. 2005).
     """
     if form not in ("paper-a", "paper-b", "kneecap"):
         raise InputError("form", f"expected paper-a, paper-b or kneecap, got {form!r}")
@@ -399,36 +411,50 @@ def coefficients_from_slim(
     for name, v in vals.items():
         _positive(name, v)
     for name, v in dict(alpha=alpha, gamma=gamma, b0=b0, t_fixed_s=t_fixed_s, ff_ratio=ff_ratio, t_step_s=t_step_s,
-                        t_layer_s=t_layer_s, weight_bytes=weight_bytes).items():
+                        t_layer_s=t_layer_s, weight_bytes=weight_bytes, allreduce_step_s=allreduce_step_s,
+                        allreduce_token_s=allreduce_token_s).items():
         _positive(name, v, allow_zero=True)
+    _count("tensor_parallel_size", tensor_parallel_size)
+    tp = float(tensor_parallel_size)
+    if form != "kneecap" and tp != 1:
+        raise InputError("tensor_parallel_size", f"the {form} form models one GPU; tensor parallelism needs the kneecap form")
     L, D, Dkv = float(layers), float(hidden), float(kv_dim)
-    compute_s_per_flop = 1.0 / (eta_c * peak_flops)  # eq. 7
+    Dkv_gpu = Dkv if kv_dim_per_gpu is None else float(kv_dim_per_gpu)
+    compute_s_per_flop = 1.0 / (eta_c * peak_flops * tp)  # eq. 7, one rank's F/TP
     per_token = L * (4 * D * D + 4 * D * Dkv + 4 * ff_ratio * D * D) * compute_s_per_flop  # eq. 8, linear
     per_attended = 4.0 * L * D * compute_s_per_flop  # eq. 8, 4·IL²·D
-    alpha_step = alpha + gamma * L * (D / 1024.0) ** 2  # eq. 10 per output token
-    kappa = 2.0 * L * Dkv * kv_bytes / (eta_m * bandwidth_bytes_s)  # eq. 11 per context token
+    alpha_step = alpha + gamma * L * (D / 1024.0) ** 2 / tp  # eq. 10 per output token
+    kappa = 2.0 * L * Dkv_gpu * kv_bytes / (eta_m * bandwidth_bytes_s)  # eq. 11 per context token, per rank
     if form == "kneecap":
-        p, q = t_step_s + t_layer_s * L + weight_bytes / (eta_w * bandwidth_bytes_s), 0.0
+        p, q = t_step_s + t_layer_s * L + weight_bytes / (eta_w * bandwidth_bytes_s) + allreduce_step_s, 0.0
     else:
         p, q = b0 * alpha_step, (b0 * kappa if form == "paper-a" else 0.0)
     return ServiceCoefficients(
-        prefill_s_per_token=per_token, prefill_s_per_attended_token=per_attended, prefill_s_per_chunk=0.0,
-        decode_step_s=p, decode_s_per_context_token=q, decode_s_per_seq=alpha_step,
+        prefill_s_per_token=per_token + allreduce_token_s, prefill_s_per_attended_token=per_attended,
+        prefill_s_per_chunk=allreduce_step_s,
+        decode_step_s=p, decode_s_per_context_token=q, decode_s_per_seq=alpha_step + allreduce_token_s,
         decode_s_per_resident_token=kappa, chunk_tokens=int(chunk_tokens), request_overhead_s=float(t_fixed_s),
     )
 
 
 def coefficients_for(arch, gpu, params, form: str = "kneecap",
-                     chunk_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> ServiceCoefficients:
+                     chunk_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                     tensor_parallel_size: int = 1) -> ServiceCoefficients:
     """:func:`coefficients_from_slim` from catalog objects (``kneecap.model.arch.ModelArch``,
     ``kneecap.model.hardware.GPU``) and SLIM parameters (``slim.SlimParams`` or its dict).
     d(B, C)'s step cost does not vary with B, so an MoE's step reads every routed expert (the
-    limit of slim.weight_read_bytes as B grows: conservative at small batches)."""
+    limit of slim.weight_read_bytes as B grows: conservative at small batches).
+    ``tensor_parallel_size``: one rank's costs plus the all-reduces (kneecap.model.parallel)."""
+    from kneecap.model import parallel
     from kneecap.model.slim import SlimParams, arch_arrays, weight_read_bytes
 
     p = params if isinstance(params, SlimParams) else SlimParams.from_dict(dict(params))
-    streamed_weight_bytes = lambda a: float(weight_read_bytes(arch_arrays(a), np.inf))  # noqa: E731
+    tp = parallel.check_tensor_parallel_size(arch, tensor_parallel_size)
+    streamed_weight_bytes = lambda a: float(weight_read_bytes(arch_arrays(a, tp), np.inf))  # noqa: E731
+    ar_step_s, ar_token_s = parallel.allreduce_coefficients(arch, gpu, tp)
     return coefficients_from_slim(
+        tensor_parallel_size=tp, kv_dim_per_gpu=parallel.kv_heads_per_gpu(arch, tp) * arch.head_dim
+        if tp > 1 else None, allreduce_step_s=ar_step_s, allreduce_token_s=ar_token_s,
         eta_c=p.eta_c, eta_m=p.eta_m, alpha=p.alpha_s, gamma=p.gamma_s, b0=p.b0, t_fixed_s=p.t_fixed_s,
         t_step_s=p.t_step_s, t_layer_s=p.t_layer_s, eta_w=p.eta_w, weight_bytes=streamed_weight_bytes(arch),
         layers=arch.layers, hidden=arch.hidden, kv_dim=arch.d_kv, ff_ratio=arch.r_ff, kv_bytes=arch.dtype_bytes,
@@ -926,10 +952,13 @@ LIMIT_PASSES = 3  # fixed-point passes of admission ↔ decode windows once a li
 
 
 def _evaluate(draws: _Draws, coef: ServiceCoefficients | None, moments: WorkloadMoments | None,
-              rate_rps: float, servers: int, warm: int, want_tbt: bool = True, limits: EngineLimits | None = None):
+              rate_rps: float, servers: int, warm: int, want_tbt: bool = True, limits: EngineLimits | None = None,
+              interarrival_s: np.ndarray | None = None):
     """(ttft, tbt or None, wait, service, operating point or None, _Limited or None) at λ: kept
-    columns only. ``limits`` None: no batch cap and no KV limit (the paper's GAUSS)."""
-    inter = draws.unit_inter / rate_rps
+    columns only. ``limits`` None: no batch cap and no KV limit (the paper's GAUSS).
+    ``interarrival_s``: given gaps (a trace) instead of the unit draws scaled by 1/λ; λ then
+    sets the operating point only."""
+    inter = draws.unit_inter / rate_rps if interarrival_s is None else interarrival_s
     if coef is None:
         S = draws.raw_service_s
         W = queue_waits(S, inter, servers)[:, warm:]
@@ -1649,3 +1678,74 @@ def sweep_rates(
     draws, moments, _, warm, stable_rps, _ = _engine_draws(workload, coef, rng, servers, burst_cv, samples,
                                                            replications, limits)
     return _sweep(draws, coef, moments, servers, warm, stable_rps, points, limits=limits)
+
+
+@dataclass(frozen=True)
+class TraceReplay:
+    """GAUSS on one given trace (:func:`replay`), per request in arrival order, seconds."""
+
+    ttft_s: np.ndarray
+    tbt_s: np.ndarray  # −1 where a request has one output token (no TBT)
+    e2e_s: np.ndarray
+    preemptions: np.ndarray
+    rate_rps: float  # the trace's mean arrival rate, (n − 1)/(last − first arrival)
+    stable_rate_rps: float
+    stable_binding: str
+    operating_rate_rps: float  # where the mean-field operating point was taken (module docstring)
+    decode_batch: float
+
+
+def replay(arrival_s, input_tokens, output_tokens, coef: ServiceCoefficients, *, rng: np.random.Generator,
+           cached_tokens=None, servers: int = 1, limits: EngineLimits | None = DEFAULT_LIMITS) -> TraceReplay:
+    """GAUSS Algorithm 1 on a given trace instead of sampled draws: the measured arrivals and
+    per-request lengths go through the same prefill, packing, queue (Lindley / Kiefer–Wolfowitz,
+    §3.6), engine-limit and TBT path as :func:`simulate`; nothing is discarded as warm-up.
+
+    The mean-field operating point (B̄, d̄, §3.8) is taken at the trace's mean rate; a trace past
+    the stability limit (a transient overload) takes it at the limit: the engine runs with its
+    running set at the bound that binds, and the excess waits in the queue and the admission
+    recurrence. Only the residual-step and multi-server draws use ``rng``."""
+    arr = np.asarray(arrival_s, dtype=np.float64)
+    inp = np.asarray(input_tokens, dtype=np.float64)
+    out = np.asarray(output_tokens, dtype=np.float64)
+    cached = np.zeros_like(inp) if cached_tokens is None else np.asarray(cached_tokens, dtype=np.float64)
+    n = arr.size
+    for name, a in (("input_tokens", inp), ("output_tokens", out), ("cached_tokens", cached)):
+        if a.shape != arr.shape:
+            raise InputError(name, f"expected one value per arrival ({n}), got shape {a.shape}")
+    if n < 2 or arr.ndim != 1:
+        raise InputError("arrival_s", f"expected a 1-D trace of at least 2 arrivals, got shape {arr.shape}")
+    if not (np.all(np.isfinite(arr)) and np.all(np.diff(arr) >= 0)):
+        raise InputError("arrival_s", "expected finite arrival times in non-decreasing order")
+    if not (np.all(inp >= 1) and np.all(out >= 1)):
+        raise InputError("input_tokens", "expected at least one input and one output token per request")
+    if np.any(cached < 0) or np.any(cached >= inp):
+        raise InputError("cached_tokens", "expected 0 ≤ cached < input tokens per request")
+    if not isinstance(coef, ServiceCoefficients):
+        raise InputError("coef", f"expected ServiceCoefficients, got {type(coef).__name__}")
+    _count("servers", servers)
+    if limits is not None:
+        if not isinstance(limits, EngineLimits):
+            raise InputError("limits", f"expected EngineLimits or None, got {type(limits).__name__}")
+        cached = (np.floor(cached / limits.block_size) * limits.block_size if limits.enable_prefix_caching
+                  else np.zeros_like(cached))
+    span_s = float(arr[-1] - arr[0])
+    rate = (n - 1) / span_s if span_s > 0 else math.inf
+    inter = np.zeros((1, n))
+    inter[0, 1:] = np.diff(arr)
+    shape = (1, n)
+    draws = _Draws(inter, inp.reshape(shape), cached.reshape(shape), out.reshape(shape),
+                   rng.standard_normal(shape), rng.standard_normal(shape), None, u_residual=rng.random(shape))
+    draws = _with_prefill(draws, coef)
+    moments = workload_moments(coef, draws.inp, draws.cached, draws.out)
+    stable, stage = stability_limit_rps(coef, moments, servers, limits)
+    op_rate = min(rate, stable * (1.0 - 1e-6))
+    if not op_rate > 0:
+        raise Infeasible(stage, f"no stable rate for this trace's lengths ({stage} stage)", stable_rate_rps=stable)
+    ttft, tbt, _, _, op, limited = _evaluate(draws, coef, moments, op_rate, servers, 0, limits=limits,
+                                             interarrival_s=inter)
+    tbt = tbt[0]
+    e2e = ttft[0] + (out - 1.0) * np.maximum(tbt, 0.0)  # GAUSS §3.7
+    pre = np.zeros(n) if limited is None else limited.preemptions[0]
+    return TraceReplay(ttft[0], tbt, e2e, pre, float(rate), float(stable), stage, float(op_rate),
+                       float(op.decode_batch))

@@ -12,6 +12,13 @@ sampler over S rows of V logits, whichever is larger. The constants were measure
 H100 data (data/real-h100/profiles.csv, vLLM 0.5–0.6 V0; 142 rows, worst KV error
 0.13%, see benchmarks/kv_capacity.py). A live pod's ``vllm:cache_config_info`` re-measures
 non_kv exactly (``non_kv_from_cache_config``); pass that as ``measured_non_kv_bytes``.
+
+With tensor parallelism (``tensor_parallel_size``, kneecap.model.parallel) every figure is one
+GPU's: each rank holds its weight shard and its KV heads' cache, vLLM sizes the cache on each
+rank from that rank's free memory and reports per-rank blocks; a block holds the same tokens on
+every rank, so the replica's KV capacity in tokens is one rank's. The reserve is kept as measured
+at TP 1 (activations of the residual stream are whole on every rank); NCCL's buffers are not
+modelled.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import numpy as np
 from kneecap.errors import InputError
 from kneecap.model.arch import GIB, ModelArch
 from kneecap.model.hardware import GPU
+from kneecap.model.parallel import check_tensor_parallel_size, kv_bytes_per_token_per_gpu, weight_bytes_per_gpu
 
 MIB = 1024**2
 RESERVE_BASE_BYTES = 151.4 * MIB  # non-torch memory, workspaces
@@ -95,15 +103,15 @@ def reserve_bytes(arch: ModelArch, max_num_seqs, max_num_batched_tokens):
     return RESERVE_BASE_BYTES + np.maximum(act, sampler)
 
 
-def non_kv_bytes(arch: ModelArch, gpu: GPU, max_num_seqs, max_num_batched_tokens=None):
-    """Weights + modelled reserve."""
+def non_kv_bytes(arch: ModelArch, gpu: GPU, max_num_seqs, max_num_batched_tokens=None, tensor_parallel_size: int = 1):
+    """One GPU's weights (its TP shard) + modelled reserve."""
     t = max_num_batched_tokens if max_num_batched_tokens is not None else default_max_num_batched_tokens(arch.max_position)
-    return arch.weight_bytes + reserve_bytes(arch, max_num_seqs, t)
+    return weight_bytes_per_gpu(arch, check_tensor_parallel_size(arch, tensor_parallel_size)) + reserve_bytes(arch, max_num_seqs, t)
 
 
 @dataclass(frozen=True)
 class MemorySplit:
-    """How vLLM divides one GPU's memory (bytes)."""
+    """How vLLM divides one GPU's memory (bytes); under TP, one rank's."""
 
     total_bytes: float
     gpu_memory_utilization: float
@@ -115,6 +123,8 @@ class MemorySplit:
     num_gpu_blocks: int
     block_size: int
     measured: bool  # non_kv came from a live pod's cache_config_info
+    tensor_parallel_size: int = 1
+    kv_bytes_per_token: int = 0  # one rank's
 
     @property
     def reserved_bytes(self) -> float:
@@ -129,6 +139,7 @@ class MemorySplit:
             "kv_gib": self.kv_bytes / GIB, "kv_capacity_tokens": self.kv_capacity_tokens,
             "num_gpu_blocks": self.num_gpu_blocks, "block_size": self.block_size,
             "reserved_gib": self.reserved_bytes / GIB, "non_kv_measured": self.measured,
+            "tensor_parallel_size": self.tensor_parallel_size, "kv_bytes_per_token_per_gpu": self.kv_bytes_per_token,
         }
 
 
@@ -146,59 +157,71 @@ def _check_positive_int(v, field: str) -> int:
 
 def memory_split(arch: ModelArch, gpu: GPU, gpu_memory_utilization: float, max_num_seqs: int,
                  max_num_batched_tokens: int | None = None, block_size: int = DEFAULT_BLOCK_SIZE,
-                 measured_non_kv_bytes: float | None = None) -> MemorySplit:
-    """KV capacity for a utilisation: blocks = floor((total·u − non_kv) / (block·bytes/token))."""
+                 measured_non_kv_bytes: float | None = None, tensor_parallel_size: int = 1) -> MemorySplit:
+    """KV capacity for a utilisation: blocks = floor((total·u − non_kv) / (block·bytes/token)),
+    all per GPU: under TP the rank's weight shard and KV bytes per token (module docstring)."""
     u = _check_util(gpu_memory_utilization)
     s = _check_positive_int(max_num_seqs, "max_num_seqs")
     block_size = _check_positive_int(block_size, "block_size")
+    tp = check_tensor_parallel_size(arch, tensor_parallel_size)
     t = max_num_batched_tokens or default_max_num_batched_tokens(arch.max_position)
+    weights = weight_bytes_per_gpu(arch, tp)
+    kv_tok = kv_bytes_per_token_per_gpu(arch, tp)
     reserve = float(reserve_bytes(arch, s, t))
-    non_kv = float(measured_non_kv_bytes) if measured_non_kv_bytes is not None else arch.weight_bytes + reserve
+    non_kv = float(measured_non_kv_bytes) if measured_non_kv_bytes is not None else weights + reserve
     kv_bytes = gpu.memory_bytes * u - non_kv
     if kv_bytes <= 0:
+        hint = "" if tp > 1 else "; a larger tensor parallel size (--tensor-parallel-size) splits the weights"
         raise InputError("gpu_memory_utilization",
                          f"{u} leaves no KV cache: {gpu.memory_bytes * u / GIB:.2f} GiB reserved but "
-                         f"{non_kv / GIB:.2f} GiB needed for weights and buffers of {arch.key} on {gpu.key}")
-    blocks = int(kv_bytes // (block_size * arch.kv_bytes_per_token))
-    return MemorySplit(gpu.memory_bytes, u, arch.weight_bytes,
-                       non_kv - arch.weight_bytes if measured_non_kv_bytes is not None else reserve,
-                       non_kv, blocks * block_size * arch.kv_bytes_per_token, blocks * block_size, blocks,
-                       block_size, measured_non_kv_bytes is not None)
+                         f"{non_kv / GIB:.2f} GiB needed for weights and buffers of {arch.key} on {gpu.key} "
+                         f"at tensor parallel {tp}{hint}")
+    blocks = int(kv_bytes // (block_size * kv_tok))
+    return MemorySplit(gpu.memory_bytes, u, weights,
+                       non_kv - weights if measured_non_kv_bytes is not None else reserve,
+                       non_kv, blocks * block_size * kv_tok, blocks * block_size, blocks,
+                       block_size, measured_non_kv_bytes is not None, tp, kv_tok)
 
 
 def utilization_for_kv_tokens(arch: ModelArch, gpu: GPU, kv_tokens: int, max_num_seqs: int,
                               max_num_batched_tokens: int | None = None,
                               block_size: int = DEFAULT_BLOCK_SIZE,
                               measured_non_kv_bytes: float | None = None,
-                              bounds: tuple[float, float] = UTILIZATION_BOUNDS) -> MemorySplit:
+                              bounds: tuple[float, float] = UTILIZATION_BOUNDS,
+                              tensor_parallel_size: int = 1) -> MemorySplit:
     """The inverse: the smallest ``gpu_memory_utilization`` (rounded up to 0.001) whose KV cache
     holds ``kv_tokens``, clamped to ``bounds``. Raises if even the upper bound cannot hold it."""
     kv_tokens = _check_positive_int(kv_tokens, "kv_tokens")
     s = _check_positive_int(max_num_seqs, "max_num_seqs")
+    tp = check_tensor_parallel_size(arch, tensor_parallel_size)
     t = max_num_batched_tokens or default_max_num_batched_tokens(arch.max_position)
     non_kv = (float(measured_non_kv_bytes) if measured_non_kv_bytes is not None
-              else arch.weight_bytes + float(reserve_bytes(arch, s, t)))
-    need_bytes = block_round_tokens(kv_tokens, block_size) * arch.kv_bytes_per_token
+              else weight_bytes_per_gpu(arch, tp) + float(reserve_bytes(arch, s, t)))
+    need_bytes = block_round_tokens(kv_tokens, block_size) * kv_bytes_per_token_per_gpu(arch, tp)
     u = np.ceil((need_bytes + non_kv) / gpu.memory_bytes * 1000.0) / 1000.0
     lo, hi = bounds
     if u > hi:
         raise InputError("kv_tokens", f"{kv_tokens} KV tokens of {arch.key} need gpu_memory_utilization "
                                       f"{u:.3f} on {gpu.key}, above the bound {hi}")
-    return memory_split(arch, gpu, float(min(max(u, lo), hi)), s, t, block_size, measured_non_kv_bytes)
+    return memory_split(arch, gpu, float(min(max(u, lo), hi)), s, t, block_size, measured_non_kv_bytes, tp)
 
 
-def kv_cache_memory_bytes_for_tokens(arch: ModelArch, kv_tokens: int, block_size: int = DEFAULT_BLOCK_SIZE) -> int:
-    """``--kv-cache-memory-bytes`` (vLLM ≥ 0.10.2) that holds ``kv_tokens``: whole blocks."""
-    return int(block_round_tokens(_check_positive_int(kv_tokens, "kv_tokens"), block_size)) * arch.kv_bytes_per_token
+def kv_cache_memory_bytes_for_tokens(arch: ModelArch, kv_tokens: int, block_size: int = DEFAULT_BLOCK_SIZE,
+                                     tensor_parallel_size: int = 1) -> int:
+    """``--kv-cache-memory-bytes`` (vLLM ≥ 0.10.2, per GPU) that holds ``kv_tokens``: whole blocks."""
+    tp = check_tensor_parallel_size(arch, tensor_parallel_size)
+    return int(block_round_tokens(_check_positive_int(kv_tokens, "kv_tokens"), block_size)) * kv_bytes_per_token_per_gpu(arch, tp)
 
 
 def non_kv_from_cache_config(arch: ModelArch, gpu: GPU, gpu_memory_utilization: float,
-                             num_gpu_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE) -> float:
-    """Re-measure non_kv from a live pod's ``vllm:cache_config_info`` labels (DESIGN §5.3)."""
+                             num_gpu_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
+                             tensor_parallel_size: int = 1) -> float:
+    """Re-measure non_kv from a live pod's ``vllm:cache_config_info`` labels (DESIGN §5.3), per GPU."""
     u = _check_util(gpu_memory_utilization)
     blocks = _check_positive_int(num_gpu_blocks, "num_gpu_blocks")
     block_size = _check_positive_int(block_size, "block_size")
-    return gpu.memory_bytes * u - blocks * block_size * arch.kv_bytes_per_token
+    tp = check_tensor_parallel_size(arch, tensor_parallel_size)
+    return gpu.memory_bytes * u - blocks * block_size * kv_bytes_per_token_per_gpu(arch, tp)
 
 
 def released_bytes(default: MemorySplit | float, new: MemorySplit | float) -> float:

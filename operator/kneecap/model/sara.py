@@ -241,6 +241,7 @@ class Problem:
     ctx_m2_tok2: float  # E[C²]
     prefill_service_s: Callable  # S_p(IL) seconds on one prefill replica
     prefill_wait_tail: WaitTailTable  # H(ρ, y): shape of the prefill wait given W > 0
+    decode_gpus_per_replica: int = 1  # TP of the decode engines: k_d comes in multiples of it
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -255,13 +256,16 @@ def build_problem(model: str | ModelArch, gpu: str | GPU, workload: Workload, sl
                   costs: Costs | None = None, *, prefill_service_s: Callable | None = None,
                   prefill_gpus_per_replica: int | None = None, prefill_flops_efficiency: float = 1.0,
                   hbm_fraction: float = 1.0, max_num_seqs_cap: int = MAX_NUM_SEQS_CAP,
-                  nodes: int = NODES) -> Problem:
+                  nodes: int = NODES, tensor_parallel_size: int | None = None) -> Problem:
     """Precompute the SARA problem.
 
     ``prefill_service_s(input_tok_array) -> seconds`` replaces SARA's compute model (e.g. a
     calibrated SLIM at batch 1) for one prefill replica. ``prefill_gpus_per_replica`` defaults
     to the fewest GPUs holding the weights plus a p_mem-quantile prompt's KV; F_p = m_p · peak ·
     ``prefill_flops_efficiency``. ``hbm_fraction`` of each GPU's memory is usable (Ω_HBM).
+    ``tensor_parallel_size``: the engines' TP (kneecap.model.parallel): a prefill replica is TP
+    GPUs (m_p = TP unless ``prefill_gpus_per_replica`` says otherwise) and the decode pool is
+    made of TP-GPU engines (k_d a multiple of TP).
     """
     arch = get_arch(model) if not isinstance(model, ModelArch) else model
     gpu = get_gpu(gpu) if not isinstance(gpu, GPU) else gpu
@@ -275,7 +279,18 @@ def build_problem(model: str | ModelArch, gpu: str | GPU, workload: Workload, sl
     omega_b = float(arch.nominal_weight_bytes)
     hbm_b = gpu.memory_bytes * hbm_fraction
     il, ol = workload.input, workload.output
-    if prefill_gpus_per_replica is None:
+    tp = 1
+    if tensor_parallel_size is not None:
+        from kneecap.model.parallel import check_tensor_parallel_size
+
+        tp = check_tensor_parallel_size(arch, tensor_parallel_size)
+    if prefill_gpus_per_replica is None and tensor_parallel_size is not None:
+        m_p = tp
+        need = prefill_gpus_needed(arch, gpu, workload, slo, hbm_fraction)
+        if need > m_p:
+            raise InputError("tensor_parallel_size", f"{tp} GPU(s) of {gpu.key} cannot hold {arch.key}'s weights and a "
+                                                     f"p{slo.p_mem * 100:g} prompt's KV: at least {need} needed")
+    elif prefill_gpus_per_replica is None:
         m_p = prefill_gpus_needed(arch, gpu, workload, slo, hbm_fraction)
     else:
         if not (isinstance(prefill_gpus_per_replica, int) and prefill_gpus_per_replica >= 1):
@@ -317,7 +332,7 @@ def build_problem(model: str | ModelArch, gpu: str | GPU, workload: Workload, sl
         sp_nodes_s=sp_nodes, node_u=u, sp_mean_s=sp_mean, sp_scv=max(sp_m2 / sp_mean**2 - 1.0, 0.0),
         il_nodes_tok=il_nodes, il_mean_tok=il.mean_tok, il_scv=il.raw_moment(2) / il.mean_tok**2 - 1.0,
         ctx_mean_tok=ctx_mean, ctx_m2_tok2=ctx_m2, prefill_service_s=prefill_service_s,
-        prefill_wait_tail=mg1_wait_tail_table(sp_table_nodes, sp_table_weights),
+        prefill_wait_tail=mg1_wait_tail_table(sp_table_nodes, sp_table_weights), decode_gpus_per_replica=tp,
     )
 
 
@@ -558,11 +573,12 @@ def _kv_min(pb: Problem, rate: float) -> tuple[float, str]:
 def _decode_min(pb: Problem, rate: float) -> tuple[int, int, str]:
     """Fewest decode GPUs k_d (from the weights floor up) for which N_bat = the C3/C4 floor also
     passes C1, C2 and the max_num_seqs cap; the label names what failed at k_d − 1."""
-    k_w = max(1, math.ceil(pb.omega_bytes / pb.hbm_bytes))  # weights must fit (C2 with no KV)
+    m_d = pb.decode_gpus_per_replica  # k_d in whole TP engines
+    k_w = m_d * max(1, math.ceil(pb.omega_bytes / pb.hbm_bytes / m_d))  # weights must fit (C2 with no KV)
     start, span = k_w, 128
     prev_fail = "C2_memory"
     while start < 10**6:
-        kd = np.arange(start, start + span, dtype=float)
+        kd = np.arange(start, start + span * m_d, m_d, dtype=float)
         n_lo = admission_floor(pb, rate, kd)
         c3 = np.isfinite(n_lo)
         c1 = tpot_attainment(pb, rate, kd) >= pb.slo.quantile
@@ -583,7 +599,7 @@ def _decode_min(pb: Problem, rate: float) -> tuple[int, int, str]:
         j = span - 1
         prev_fail = ("C3_stability" if not c3[j] else "C1_tpot" if not c1[j]
                      else "C2_memory" if not c2[j] else "C4_admission")
-        start += span
+        start += span * m_d
         span *= 2
     raise _Infeasible("decode", "no decode pool size meets C1–C4")
 
@@ -695,8 +711,9 @@ def exhaustive(pb: Problem, budget_per_hour: float, *, kv_grid_points: int = 400
     cd = pb.costs.decode_gpu_per_hour
     ckv = pb.costs.kv_per_gibps_hour
     kp = np.arange(1, int(budget_per_hour // cp) + 1)
-    k_w = max(1, math.ceil(pb.omega_bytes / pb.hbm_bytes))
-    kd = np.arange(k_w, int(budget_per_hour // cd) + 1)
+    m_d = pb.decode_gpus_per_replica
+    k_w = m_d * max(1, math.ceil(pb.omega_bytes / pb.hbm_bytes / m_d))
+    kd = np.arange(k_w, int(budget_per_hour // cd) + 1, m_d)
     if kp.size == 0 or kd.size == 0:
         return _infeasible_plan("prefill" if kp.size == 0 else "decode",
                                 f"budget {budget_per_hour:g} $/h buys no prefill replica ({cp:g} $/h) "

@@ -14,6 +14,12 @@ Three forms, all vectorised over (batch, input_len, output_len) and one model sh
        prefill, heterogeneous requests are admitted one at a time, each prefill a step of its own;
   (iii) the effective batch is capped by what the KV cache (and a chunked-prefill token budget)
        holds, and requests beyond it pay a recompute (preemption) prefill.
+
+Tensor parallelism (``tensor_parallel_size``, kneecap form only; kneecap.model.parallel): every
+term is one rank's: prefill FLOPs and eq. 10's dense γ term over TP, the rank's weight shard and
+KV heads read per step (eqs 9–11 per GPU), plus 2·L ring all-reduces per forward step
+(Megatron-LM, Shoeybi et al. 2019 §3) of the step's tokens·D·b bytes, t_AR = base + 2(p−1)·α +
+2(p−1)/p·n/β (Thakur et al. 2005, ring all-reduce).
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import numpy as np
 from kneecap.errors import InputError
 from kneecap.model.arch import ModelArch, get_arch
 from kneecap.model.hardware import GPU
+from kneecap.model.parallel import (check_tensor_parallel_size, kv_bytes_per_token_per_gpu,
+                                    replicated_kv_weight_bytes, ring_allreduce_s)
 
 FORMS = ("paper-a", "paper-b", "kneecap")
 DEFAULT_FORM = "kneecap"
@@ -115,6 +123,7 @@ class ArchArrays:
     expert_bytes: np.ndarray  # one routed expert's bytes summed over the MoE layers (0: dense)
     num_experts: np.ndarray  # E (0: dense)
     experts_per_token: np.ndarray  # k
+    tensor_parallel_size: np.ndarray  # TP: the byte fields above are one rank's
 
 
 def streamed_weight_bytes(arch: ModelArch) -> float:
@@ -145,9 +154,12 @@ def weight_read_bytes(aa: "ArchArrays", tokens):
     return aa.weight_bytes + aa.expert_bytes * distinct_experts(aa.num_experts, aa.experts_per_token, tokens)
 
 
-def arch_arrays(arch: ModelArch | str | Sequence) -> ArchArrays:
-    """One ModelArch (or catalog key), or a sequence of them (one per row)."""
+def arch_arrays(arch: ModelArch | str | Sequence, tensor_parallel_size: int = 1) -> ArchArrays:
+    """One ModelArch (or catalog key), or a sequence of them (one per row); with TP > 1 the
+    weight, expert and KV bytes are one rank's (kneecap.model.parallel)."""
     if isinstance(arch, ArchArrays):
+        if tensor_parallel_size != 1 and not np.all(arch.tensor_parallel_size == tensor_parallel_size):
+            raise InputError("tensor_parallel_size", "ArchArrays were built for another tensor parallel size")
         return arch
     if isinstance(arch, (ModelArch, str)):
         archs = [get_arch(arch)]
@@ -159,9 +171,11 @@ def arch_arrays(arch: ModelArch | str | Sequence) -> ArchArrays:
     rows = []
     for a in archs:
         if a not in cache:
-            cache[a] = (a.layers, a.hidden, a.d_kv, a.r_ff, a.dtype_bytes, streamed_weight_bytes(a),
-                        a.kv_bytes_per_token, a.moe_layers * a.expert_params * a.bytes_per_weight,
-                        a.num_experts, a.experts_per_token)
+            tp = check_tensor_parallel_size(a, tensor_parallel_size)
+            cache[a] = (a.layers, a.hidden, a.d_kv, a.r_ff, a.dtype_bytes,
+                        streamed_weight_bytes(a) / tp + replicated_kv_weight_bytes(a, tp),
+                        kv_bytes_per_token_per_gpu(a, tp), a.moe_layers * a.expert_params * a.bytes_per_weight / tp,
+                        a.num_experts, a.experts_per_token, tp)
         rows.append(cache[a])
     m = np.asarray(rows, dtype=float)
     n = m.shape[1]
@@ -179,15 +193,18 @@ def _positive(name: str, value) -> np.ndarray:
 
 
 def prefill_flops(aa: ArchArrays, batch, input_len):
-    """F_pre = L·[B·IL·(4D² + 4·D·Dkv + 4·r_ff·D²) + 4·B·IL²·D] (paper 000 eq. 8)."""
+    """F_pre = L·[B·IL·(4D² + 4·D·Dkv + 4·r_ff·D²) + 4·B·IL²·D] (paper 000 eq. 8), over TP per
+    rank (Megatron splits every GEMM and the attention heads evenly)."""
     d = aa.hidden
     per_tok = 4.0 * d * d + 4.0 * d * aa.d_kv + 4.0 * aa.r_ff * d * d
-    return aa.layers * (batch * input_len * per_tok + 4.0 * batch * input_len * input_len * d)
+    return aa.layers * (batch * input_len * per_tok + 4.0 * batch * input_len * input_len * d) / aa.tensor_parallel_size
 
 
 def dense_decode_s(p: SlimParams, aa: ArchArrays, output_len):
-    """T_d = α·OL + γ·L·(D/1024)²·OL (paper 000 eq. 10)."""
-    return p.alpha_s * output_len + p.gamma_s * aa.layers * (aa.hidden / 1024.0) ** 2 * output_len
+    """T_d = α·OL + γ·L·(D/1024)²·OL (paper 000 eq. 10); the dense γ term over TP per rank,
+    α (per-token host overhead) is not split."""
+    return (p.alpha_s * output_len
+            + p.gamma_s * aa.layers * (aa.hidden / 1024.0) ** 2 * output_len / aa.tensor_parallel_size)
 
 
 def kv_limited_batch(kv_capacity_tokens, input_len, output_len, output_cv=0.0, block_size=16):
@@ -207,7 +224,7 @@ def token_budget_batch(max_num_batched_tokens, input_len, output_len):
 
 def predict(form: str, params: SlimParams, arch, gpu: GPU, batch, input_len, output_len, *,
             output_cv=0.0, kv_capacity_tokens=None, max_num_batched_tokens=None,
-            chunked_prefill=False, block_size: int = 16) -> Prediction:
+            chunked_prefill=False, block_size: int = 16, tensor_parallel_size: int = 1) -> Prediction:
     """Throughput (eq. 6) and E2E (eq. 5) for ``form``.
 
     ``batch`` is the running batch B (the data's time-weighted mean). For ``kneecap`` it may be a
@@ -215,13 +232,17 @@ def predict(form: str, params: SlimParams, arch, gpu: GPU, batch, input_len, out
     prefill) the effective batch is capped and the excess pays a recompute prefill. The paper
     forms ignore those keywords, as the paper does. ``chunked_prefill`` (per row): prefills ride
     along decode steps (vLLM V1's default) instead of running as steps of their own.
+    ``tensor_parallel_size``: one rank's step time plus the all-reduces (module docstring); the
+    paper forms take TP 1 only.
     """
     check_form(form)
+    if form != "kneecap" and tensor_parallel_size != 1:
+        raise InputError("tensor_parallel_size", f"the {form} form models one GPU; tensor parallelism needs the kneecap form")
     b = _positive("batch", batch)
     il = _positive("input_len", input_len)
     ol = _positive("output_len", output_len)
     b, il, ol = np.broadcast_arrays(b, il, ol)
-    aa = arch_arrays(arch)
+    aa = arch_arrays(arch, tensor_parallel_size)
     fmax, bw = float(gpu.peak_flops), float(gpu.mem_bw_bytes_s)
     p = params
 
@@ -259,10 +280,16 @@ def predict(form: str, params: SlimParams, arch, gpu: GPU, batch, input_len, out
     evicted = np.clip(1.0 - b_eff / b_try, 0.0, 1.0)
     recompute_tokens = evicted * il
     t_pre = prefill_flops(aa, b_eff, il + recompute_tokens) / (p.eta_c * fmax)  # eqs 7–8
+    # TP: 2·L all-reduces of each forward step's tokens·D·b bytes (Megatron §3; Thakur et al. 2005, ring)
+    tp = aa.tensor_parallel_size
+    n_ar = np.where(tp > 1, 2.0 * aa.layers, 0.0)
+    act_bytes = aa.hidden * aa.kv_bytes_per_elem
+    ar = lambda tokens: n_ar * ring_allreduce_s(tokens * act_bytes, float(np.max(tp)), gpu)  # noqa: E731
+    t_pre = t_pre + ar(b_eff * (il + recompute_tokens))
     # Per decode step: fixed + per-layer kernel floor + one read of the weights (fix i); an MoE
     # reads the experts the step's B tokens route to.
     t_floor = p.t_step_s + p.t_layer_s * aa.layers
-    t_step = t_floor + weight_read_bytes(aa, b_eff) / (p.eta_w * bw)
+    t_step = t_floor + weight_read_bytes(aa, b_eff) / (p.eta_w * bw) + ar(b_eff)
     t_d = dense_decode_s(p, aa, ol)  # eq. 10, per sequence
     m_dec = aa.kv_bytes_per_token * expected_c_tokens(il, ol, cv)  # eqs 11–12 over the OL distribution (fix ii)
     t_dec = ol * t_step + b_eff * (t_d + m_dec / (p.eta_m * bw))
@@ -272,7 +299,7 @@ def predict(form: str, params: SlimParams, arch, gpu: GPU, batch, input_len, out
     # Measured: fixed-length → ShareGPT transfer MAPE 12.6% → 5.8% (benchmarks/slim_accuracy.py).
     separate = ~np.broadcast_to(np.asarray(chunked_prefill, dtype=bool), b.shape)
     # A prefill step of IL tokens reads the experts IL tokens route to.
-    t_step_prefill = t_floor + weight_read_bytes(aa, il) / (p.eta_w * bw)
+    t_step_prefill = t_floor + weight_read_bytes(aa, il) / (p.eta_w * bw) + ar(0.0 * il)
     t_dec = t_dec + separate * b_eff * np.minimum(cv, 1.0) * t_step_prefill
     e2e = t_pre + t_dec + p.t_fixed_s  # eq. 5
     thr = b_eff * (il + ol) / e2e  # eq. 6

@@ -166,7 +166,8 @@ class VirtualCluster:
         self.backlog: deque[int] = deque()
         self.requests: Requests | None = None
         self.draining: list[PodRuntime] = []
-        self.gpu_s = 0.0  # ∫ pods holding a GPU dt
+        self.gpu_s = 0.0  # ∫ GPUs the pods hold dt (a TP pod holds TP)
+        self.replica_s = 0.0  # ∫ pods dt
         self.memory_s = 0.0  # ∫ Σ reserved memory fraction dt
         self.engine_steps = 0
         self.resolved = 0  # requests done, lost or rejected
@@ -310,8 +311,9 @@ class VirtualCluster:
         """Every engine (serving or draining) steps to ``t``; GPU time and memory integrate to ``t``."""
         dt = t - self.t_s
         if dt > 0:
-            self.gpu_s += len(self.kubelet.pods) * dt
-            self.memory_s += sum(rt.memory_fraction for rt in self.kubelet.pods.values()) * dt
+            self.gpu_s += sum(rt.gpus for rt in self.kubelet.pods.values()) * dt
+            self.replica_s += len(self.kubelet.pods) * dt
+            self.memory_s += sum(rt.memory_fraction * rt.gpus for rt in self.kubelet.pods.values()) * dt
         rq = self.requests
         for rt in self.kubelet.pods.values():
             eng = rt.engine

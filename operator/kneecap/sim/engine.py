@@ -102,6 +102,7 @@ class EngineConfig:
     enable_chunked_prefill: bool
     num_gpu_blocks_override: int | None = None
     step_cost: StepCostParams = DEFAULT_STEP_COST
+    tensor_parallel_size: int = 1  # GPUs of the engine; byte figures above are one GPU's
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -119,8 +120,12 @@ def engine_config(arch: ModelArch, gpu: GPU, *, max_num_seqs: int | None = None,
                   block_size: int = 16, gpu_memory_utilization: float = 0.9,
                   kv_cache_memory_bytes: int | None = None, num_gpu_blocks_override: int | None = None,
                   enable_chunked_prefill: bool = True,
-                  step_cost: StepCostParams = DEFAULT_STEP_COST) -> EngineConfig:
-    """Resolve vLLM's flags the way vLLM does (defaults, KV sizing), checking each one."""
+                  step_cost: StepCostParams = DEFAULT_STEP_COST, tensor_parallel_size: int = 1) -> EngineConfig:
+    """Resolve vLLM's flags the way vLLM does (defaults, KV sizing), checking each one. With
+    ``tensor_parallel_size`` the KV cache and ``kv_cache_memory_bytes`` are per GPU (as in vLLM)."""
+    from kneecap.model.parallel import check_tensor_parallel_size, kv_bytes_per_token_per_gpu
+
+    tp = check_tensor_parallel_size(arch, tensor_parallel_size)
     block_size = _positive_int(block_size, "block_size")
     max_model_len = _positive_int(max_model_len if max_model_len is not None else (arch.max_position or 2048),
                                   "max_model_len")
@@ -134,7 +139,7 @@ def engine_config(arch: ModelArch, gpu: GPU, *, max_num_seqs: int | None = None,
                          "chunked prefill a whole prompt must fit in one step (vLLM refuses this too)")
     if not (isinstance(gpu_memory_utilization, (int, float)) and 0.0 < gpu_memory_utilization <= 1.0):
         raise InputError("gpu_memory_utilization", f"expected a fraction in (0, 1], got {gpu_memory_utilization!r}")
-    block_bytes = arch.kv_bytes_per_token * block_size
+    block_bytes = kv_bytes_per_token_per_gpu(arch, tp) * block_size
     if num_gpu_blocks_override is not None:
         num_blocks = _positive_int(num_gpu_blocks_override, "num_gpu_blocks_override")
     elif kv_cache_memory_bytes is not None:
@@ -144,7 +149,7 @@ def engine_config(arch: ModelArch, gpu: GPU, *, max_num_seqs: int | None = None,
         from kneecap.model.memory import memory_split  # lead's module: vLLM's sizing (DESIGN §5.3)
 
         num_blocks = memory_split(arch, gpu, float(gpu_memory_utilization), max_num_seqs,
-                                  max_num_batched_tokens, block_size).num_gpu_blocks
+                                  max_num_batched_tokens, block_size, tensor_parallel_size=tp).num_gpu_blocks
     if num_blocks <= 0:
         raise InputError("gpu_memory_utilization",
                          f"no memory left for the KV cache: {arch.key} on {gpu.key} at "
@@ -152,7 +157,7 @@ def engine_config(arch: ModelArch, gpu: GPU, *, max_num_seqs: int | None = None,
                          f"{gpu.memory_gib:.1f} GiB); raise it or pass kv_cache_memory_bytes")
     return EngineConfig(arch, gpu, max_num_seqs, max_num_batched_tokens, max_model_len, block_size,
                         int(num_blocks), float(gpu_memory_utilization), int(num_blocks * block_bytes),
-                        bool(enable_chunked_prefill), num_gpu_blocks_override, step_cost)
+                        bool(enable_chunked_prefill), num_gpu_blocks_override, step_cost, tp)
 
 
 def _blocks_for(tokens: int, block_size: int) -> int:
@@ -346,7 +351,7 @@ class Engine:
             attn = attention_flops(cfg.arch, [n for _, n in scheduled], [r.num_computed for r, _ in scheduled])
         dt = step_time_s(cfg.arch, cfg.gpu, num_seqs=len(scheduled), num_tokens=num_tokens,
                          kv_read_tokens=kv_read, attn_flops=attn, has_prefill=not decode_only,
-                         cost=cfg.step_cost)
+                         cost=cfg.step_cost, tensor_parallel_size=cfg.tensor_parallel_size)
         end = start + dt
         tokens, finished = [], []
         for req, n in scheduled:

@@ -230,6 +230,7 @@ class PodRuntime:
     metrics: TwinMetrics | None = None
     config: EngineConfig | None = None
     memory_fraction: float = 0.0  # GPU memory the engine reserves (gpu_memory_utilization or its equivalent)
+    gpus: int = 1  # GPUs the pod holds: its engine's --tensor-parallel-size
     failed: str | None = None  # why vLLM would not start with these flags
     terminating_since_s: float | None = None
     restart: bool = False  # deleted because its Deployment rolled out a new template
@@ -298,17 +299,18 @@ class Kubelet:
         c = next((x for x in cs if x.get("name") == M.CONTAINER), cs[0])
         key = tuple(vllm_args.container_flag(c, f) for f in (M.MAX_NUM_SEQS, M.GPU_MEMORY_UTILIZATION,
                                                              M.KV_CACHE_MEMORY_BYTES, "--max-num-batched-tokens",
-                                                             "--max-model-len"))
+                                                             "--max-model-len", "--tensor-parallel-size"))
         cfg = self._configs.get(key)
         if cfg is None:
             num = lambda v, f: f(v) if v is not None else None  # noqa: E731
             cfg = engine_config(self.arch, self.gpu, max_num_seqs=num(key[0], int),
                                 gpu_memory_utilization=num(key[1], float) or 0.9,
                                 kv_cache_memory_bytes=num(key[2], int), max_num_batched_tokens=num(key[3], int),
-                                max_model_len=num(key[4], int))
+                                max_model_len=num(key[4], int), tensor_parallel_size=num(key[5], int) or 1)
             self._configs[key] = cfg
         if key[2] is not None:  # the kvCacheMemoryBytes knob: weights + reserve + KV, of the whole GPU
-            split = memory_split(self.arch, self.gpu, 0.9, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+            split = memory_split(self.arch, self.gpu, 0.9, cfg.max_num_seqs, cfg.max_num_batched_tokens,
+                                 tensor_parallel_size=cfg.tensor_parallel_size)
             fraction = (split.weights_bytes + split.reserve_bytes + cfg.kv_cache_memory_bytes) / split.total_bytes
         else:
             fraction = cfg.gpu_memory_utilization
@@ -322,6 +324,7 @@ class Kubelet:
         rt = PodRuntime(pod["metadata"]["name"], ip, owner, t_s + self.config.load_delay_s(self.arch))
         try:
             rt.config, rt.memory_fraction = self._engine_config(pod)
+            rt.gpus = rt.config.tensor_parallel_size
         except InputError as exc:  # vLLM would exit at start-up: the pod never turns Ready
             rt.failed = str(exc)
             rt.ready_at_s = math.inf

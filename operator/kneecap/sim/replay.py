@@ -54,6 +54,7 @@ class ReplayConfig:
     model: str = "meta-llama/Llama-3.1-8B-Instruct"
     architecture: str = "llama-3.1-8b"
     gpu: str = "h100-80gb"
+    tensor_parallel_size: int = 1  # GPUs per replica (spec.engine.tensorParallelSize); cost counts them
     slo_ttft_s: float = 1.0
     slo_tpot_s: float = 0.05
     quantile: float = 0.95
@@ -97,7 +98,16 @@ class ReplayConfig:
         if self.kubelet.interrupted not in ("lost", "retried"):
             raise InputError("interrupted", f"expected lost or retried, got {self.kubelet.interrupted!r}")
         self.hpa.check()
-        parse_spec(llmd_spec(self))
+        from kneecap.model.parallel import FLAG, check_tensor_parallel_size
+
+        check_tensor_parallel_size(get_arch(self.architecture), self.tensor_parallel_size, FLAG)
+        try:
+            parse_spec(llmd_spec(self))
+        except InputError as exc:
+            if self.tensor_parallel_size > 1 and "tensorParallelSize" in str(exc):
+                raise InputError(FLAG, "this operator's LLMDeployment has no spec.engine.tensorParallelSize "
+                                       f"to replay with ({exc})") from None
+            raise
 
 
 def llmd_spec(cfg: ReplayConfig) -> dict:
@@ -106,7 +116,8 @@ def llmd_spec(cfg: ReplayConfig) -> dict:
         "model": {"name": cfg.model, "architecture": cfg.architecture},
         "accelerator": {"type": cfg.gpu, "costPerHour": cfg.cost_per_gpu_hour},
         "engine": {"image": "vllm/vllm-openai:v0.11.0", "maxNumSeqs": DEFAULT_CAP,
-                   "gpuMemoryUtilization": DEFAULT_MEMORY},
+                   "gpuMemoryUtilization": DEFAULT_MEMORY,
+                   **({"tensorParallelSize": cfg.tensor_parallel_size} if cfg.tensor_parallel_size > 1 else {})},
         "topology": {"mode": "colocated", "replicas": {"min": cfg.min_replicas, "max": cfg.max_replicas}},
         "slo": {"ttftSeconds": cfg.slo_ttft_s, "tpotSeconds": cfg.slo_tpot_s, "quantile": cfg.quantile},
         "control": {"mode": "enforce", "interval": f"{cfg.interval_s:g}s", "window": f"{cfg.interval_s:g}s",
@@ -319,12 +330,12 @@ def score(cfg: ReplayConfig, run: Run, span_s: float) -> dict:
         "gpu_hours": _r(gpu_hours),
         "cost": _r(gpu_hours * cfg.cost_per_gpu_hour, 4),
         "good_per_gpu_hour": _r(good.sum() / gpu_hours) if gpu_hours > 0 else None,
-        "mean_replicas": _r(cl.gpu_s / max(cl.t_s, 1e-9), 4),
+        "mean_replicas": _r(cl.replica_s / max(cl.t_s, 1e-9), 4),
         "mean_memory_fraction": _r(mem_frac, 4),
         "mean_memory_released_gib": (_r((DEFAULT_MEMORY - mem_frac) * gpu.memory_gib, 3) + 0.0
                                      if mem_frac is not None else None),
         "restarts": st.restarts,
-        "restarts_per_replica_hour": _r(st.restarts / gpu_hours, 4) if gpu_hours > 0 else None,
+        "restarts_per_replica_hour": _r(st.restarts / (cl.replica_s / 3600.0), 4) if cl.replica_s > 0 else None,
         "pods_started": st.pods_started,
         "interrupted_by_restarts": st.interrupted_restart,
         "interrupted_by_scale_down": st.interrupted_scale_down,
@@ -354,7 +365,8 @@ def memory_for_cap(cfg: ReplayConfig, trace: Trace, cap: int) -> float:
     ctx = (trace.input_tokens + trace.output_tokens).astype(float)
     kv = int(memory.kv_tokens_for_cap(cap, float(ctx.mean()), float(ctx.std())))
     try:
-        u = memory.utilization_for_kv_tokens(arch, gpu, max(kv, 1), cap).gpu_memory_utilization
+        u = memory.utilization_for_kv_tokens(arch, gpu, max(kv, 1), cap,
+                                             tensor_parallel_size=cfg.tensor_parallel_size).gpu_memory_utilization
     except InputError:
         u = DEFAULT_MEMORY
     return float(min(u, DEFAULT_MEMORY))

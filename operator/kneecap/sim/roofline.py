@@ -16,6 +16,11 @@ tokens or more decode sequences than vLLM captures CUDA graphs for (256). An MoE
 the always-used weights plus the distinct routed experts its T tokens touch (E·(1−(1−k/E)^T)
 per layer, :func:`kneecap.model.slim.distinct_experts`) and computes with the active parameters.
 
+Under tensor parallelism (kneecap.model.parallel) the step is one rank's: its weight shard W/TP
+(plus replicated KV projections), N/TP parameters, its KV heads' bytes and F_attn/TP, plus
+2·L ring all-reduces of T·D·b bytes (Megatron-LM §3; t_AR = base + 2(p−1)·α + 2(p−1)/p·n/β,
+Thakur et al. 2005, ring all-reduce), the same terms SLIM and GAUSS use.
+
 This is deliberately not SLIM (kneecap.model.slim): it is a per-step physical model that the
 engine integrates step by step, so calibrating SLIM on the twin's output is not circular.
 
@@ -36,6 +41,7 @@ import numpy as np
 from kneecap.errors import InputError
 from kneecap.model.arch import ModelArch
 from kneecap.model.hardware import GPU
+from kneecap.model.parallel import allreduce_s_per_step, kv_bytes_per_token_per_gpu, replicated_kv_weight_bytes
 from kneecap.model.slim import distinct_experts
 
 
@@ -74,19 +80,24 @@ def attention_flops(arch: ModelArch, new_tokens, prior_tokens) -> float:
 
 
 def step_time_s(arch: ModelArch, gpu: GPU, *, num_seqs: int, num_tokens: int, kv_read_tokens: float,
-                attn_flops: float, has_prefill: bool, cost: StepCostParams = DEFAULT_STEP_COST) -> float:
-    """Time of one engine step (module docstring). ``kv_read_tokens``: earlier-context tokens read."""
+                attn_flops: float, has_prefill: bool, cost: StepCostParams = DEFAULT_STEP_COST,
+                tensor_parallel_size: int = 1) -> float:
+    """Time of one engine step (module docstring), one TP rank's plus the all-reduces.
+    ``kv_read_tokens``: earlier-context tokens read."""
     if num_tokens <= 0:
         return 0.0
+    tp = int(tensor_parallel_size)
     weight_bytes, params = arch.weight_bytes, arch.params
     if arch.moe:  # the step reads the experts its tokens route to and computes with k of them
         routed_bytes = arch.routed_expert_params * arch.bytes_per_weight
         touched = float(distinct_experts(arch.num_experts, arch.experts_per_token, num_tokens)) / arch.num_experts
         weight_bytes, params = weight_bytes - routed_bytes * (1.0 - touched), arch.active_params
+    weight_bytes = weight_bytes / tp + replicated_kv_weight_bytes(arch, tp)
     linear_s = max(weight_bytes / (cost.bw_efficiency * gpu.mem_bw_bytes_s),
-                   2.0 * params * num_tokens / (cost.compute_efficiency * gpu.peak_flops))
-    attn_s = max(kv_read_tokens * arch.kv_bytes_per_token / (cost.attn_bw_efficiency * gpu.mem_bw_bytes_s),
-                 attn_flops / (cost.compute_efficiency * gpu.peak_flops))
+                   2.0 * params / tp * num_tokens / (cost.compute_efficiency * gpu.peak_flops))
+    attn_s = max(kv_read_tokens * kv_bytes_per_token_per_gpu(arch, tp) / (cost.attn_bw_efficiency * gpu.mem_bw_bytes_s),
+                 attn_flops / tp / (cost.compute_efficiency * gpu.peak_flops))
     eager = has_prefill or num_seqs > cost.cuda_graph_max_batch
     return (cost.step_overhead_s + cost.per_seq_overhead_s * num_seqs + linear_s + attn_s
-            + (arch.layers * cost.eager_layer_overhead_s if eager else 0.0))
+            + (arch.layers * cost.eager_layer_overhead_s if eager else 0.0)
+            + float(allreduce_s_per_step(arch, gpu, tp, num_tokens)))

@@ -408,10 +408,11 @@ async def serve(server: TwinServer, host: str, port: int, ready_message: bool = 
     if json_lines:
         print(json.dumps({"event": "serving", "model": server.names[0], "arch": cfg.arch.key, "gpu": cfg.gpu.key,
                           "max_num_seqs": cfg.max_num_seqs, "num_gpu_blocks": cfg.num_gpu_blocks,
-                          "time_scale": server.time_scale, "url": f"http://{host}:{port}"}), flush=True)
+                          "tensor_parallel_size": cfg.tensor_parallel_size, "time_scale": server.time_scale, "url": f"http://{host}:{port}"}), flush=True)
     elif ready_message:
         print(f"INFO: kneecap twin serving {server.names[0]} ({cfg.arch.key} on {cfg.gpu.key}, "
               f"max_num_seqs={cfg.max_num_seqs}, num_gpu_blocks={cfg.num_gpu_blocks}, "
+              f"tensor_parallel_size={cfg.tensor_parallel_size}, "
               f"time_scale={server.time_scale}) on http://{host}:{port}", file=sys.stderr, flush=True)
     try:
         await asyncio.Event().wait()
