@@ -52,6 +52,11 @@ KNOWN_DIFFERENCES: dict[str, tuple[tuple[str, ...], str]] = {
     "st/bad": (CAUSES, SKIPPED_CEL),
     "noimage/create": (CAUSES, SKIPPED_CEL),
     "nospec/create": (CAUSES, SKIPPED_CEL),
+    "gen/annotation": (("[1].metadata.generation",), "kube-apiserver bumps a Deployment's generation when its "
+                                                     "annotations change; the emulation only on a spec change "
+                                                     "(its stand-in Deployment controller would roll the demo's pods)"),
+    "gen/same-replicas": (("[1].metadata.generation",), "the generation the annotation bumped, one behind"),
+    "gen/replicas": (("[1].metadata.generation",), "the generation the annotation bumped, one behind"),
     "gc/delete": (("",), "a custom resource deleted at once is answered with a Status (Success) by kube-apiserver, "
                          "with the deleted object by the emulation"),
 }

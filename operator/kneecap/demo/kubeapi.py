@@ -512,10 +512,7 @@ class KubeAPI(kmock.KubernetesEmulator):
             else:
                 new.pop("status", None)
         new = self._admit(request, old, new)
-        # a Deployment's annotations bump it too (they are copied to its ReplicaSets)
-        annotated = request.resource.plural == "deployments" and (
-            new["metadata"].get("annotations") or {}) != (old["metadata"].get("annotations") or {})
-        if not on_status and (new.get("spec") != old.get("spec") or annotated):
+        if not on_status and new.get("spec") != old.get("spec"):
             new["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
             self._rollout(request.resource, new)
         if managed is None:
