@@ -179,8 +179,8 @@ def test_every_cel_rule_is_in_the_malformed_table():
 def test_managed_flag_message_names_the_flag():
     with pytest.raises(InputError) as exc:
         S.parse_spec(edit({"engine.extraArgs": ["--max_num_seqs=4"]}))
-    assert str(exc.value).startswith('spec.engine.extraArgs[0]: Invalid value: "string": --max_num_seqs=4 sets a vLLM '
-                                     "flag that kneecap manages")
+    assert str(exc.value).startswith('spec.engine.extraArgs[0]: Invalid value: "--max_num_seqs=4": --max_num_seqs=4 '
+                                     "sets a vLLM flag that kneecap manages")
     assert "spec.engine.maxNumSeqs" in str(exc.value)
 
 

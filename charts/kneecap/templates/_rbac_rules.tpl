@@ -1,7 +1,7 @@
 {{/*
 Rules for the namespaced resources the operator reads and writes (used by the ClusterRole in
 cluster-wide mode and by one Role per namespace in namespaced mode). Exactly the requests the
-operator makes: tests/integration/test_ship_rbac.py records them against an emulated API.
+operator makes: tests/kube/test_rbac.py checks them against the audit log of a real apiserver.
 */}}
 {{- define "kneecap.namespacedRules" -}}
 # The custom resource: kopf lists and watches it and patches finalizers/progress annotations;

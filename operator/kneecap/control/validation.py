@@ -275,6 +275,8 @@ def cel_causes(value: Any, schema: Mapping, path: str) -> list[Cause]:
                 pass
         reason = rule.get("reason", "FieldValueInvalid")
         prefix = _CEL_REASON.get(reason)
-        text = f"{prefix}: {message}" if prefix else f"Invalid value: {show(typ)}: {message}"
+        # a string is shown as itself, an object or a list not at all (kube-apiserver 1.37)
+        shown = f"{show(value)}: " if isinstance(value, str) else ""
+        text = f"{prefix}: {message}" if prefix else f"Invalid value: {shown}{message}"
         out.append(Cause(path + rule.get("fieldPath", ""), reason, text))
     return out

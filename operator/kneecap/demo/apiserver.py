@@ -88,7 +88,7 @@ def label_causes(labels: Any, path: str = "metadata.labels") -> list[Cause]:
             out.append(invalid(path, value, "label values must be strings"))
             continue
         if len(value) > 63:
-            out.append(invalid(path, value, "must be no more than 63 characters"))
+            out.append(invalid(path, value, "must be no more than 63 bytes"))
         if not _LABEL_VALUE.match(value):
             out.append(invalid(path, value, LABEL_VALUE_MSG))
     return out
@@ -183,6 +183,8 @@ def pod_spec_defaults(spec: dict) -> None:
     spec.setdefault("dnsPolicy", "ClusterFirst")
     spec.setdefault("schedulerName", "default-scheduler")
     spec.setdefault("terminationGracePeriodSeconds", 30)
+    if spec.get("serviceAccountName"):  # the deprecated mirror the API server still fills in
+        spec.setdefault("serviceAccount", spec["serviceAccountName"])
     spec.setdefault("securityContext", {})
     for group in ("initContainers", "containers"):
         for c in spec.get(group) or []:
@@ -221,10 +223,6 @@ def _service_defaults(obj: dict, cluster_ip: str) -> None:
     obj.setdefault("status", {}).setdefault("loadBalancer", {})
 
 
-def _go_map(m: dict) -> str:
-    return "map[string]string{" + ", ".join(f"{json.dumps(k)}:{json.dumps(v)}" for k, v in sorted(m.items())) + "}"
-
-
 def deployment_causes(old: dict | None, new: dict) -> list[Cause]:
     """The selector selects the template's labels and never changes (apps/v1 ValidateDeploymentUpdate)."""
     spec = new.get("spec") or {}
@@ -235,10 +233,12 @@ def deployment_causes(old: dict | None, new: dict) -> list[Cause]:
         out.append(Cause("spec.selector", "FieldValueRequired", "Required value"))
     elif any(labels.get(k) != v for k, v in selector.items()):
         out.append(Cause("spec.template.metadata.labels", "FieldValueInvalid",
-                         f"Invalid value: {_go_map(labels)}: `selector` does not match template `labels`"))
+                         f"Invalid value: {json.dumps(labels, sort_keys=True, separators=(',', ':'))}: "
+                         "`selector` does not match template `labels`"))
     if old is not None and (old.get("spec") or {}).get("selector") != spec.get("selector"):
         out.append(Cause("spec.selector", "FieldValueInvalid",
-                         f"Invalid value: v1.LabelSelector{{MatchLabels:{_go_map(selector)}}}: field is immutable"))
+                         f"Invalid value: {json.dumps({'matchLabels': selector}, sort_keys=True, separators=(',', ':'))}: "
+                         "field is immutable"))
     for i, c in enumerate((spec.get("template") or {}).get("spec", {}).get("containers") or []):
         for key in ("name", "image"):
             if not c.get(key):

@@ -105,7 +105,7 @@ def invalid_error(kind: str, group: str, name: str, causes: list[validation.Caus
     text = bodies[0] if len(bodies) == 1 else "[" + ", ".join(bodies) + "]"
     return UnprocessableEntity(
         status=422, reason="Invalid", message=f'{_qualified(kind, group)} "{name}" is invalid: {text}',
-        details={"name": name, "group": group, "kind": kind,
+        details={**({"name": name} if name else {}), **({"group": group} if group else {}), "kind": kind,
                  "causes": [{"reason": c.reason, "message": c.message, "field": c.field} for c in causes]})
 
 
@@ -116,6 +116,13 @@ def conflict_error(plural: str, group: str, name: str) -> KubernetesError:
         message=f'Operation cannot be fulfilled on {_qualified(plural, group)} "{name}": the object has been '
                 "modified; please apply your changes to the latest version and try again",
         details={"name": name, "group": group, "kind": plural})
+
+
+def not_found(resource, name: str) -> KubernetesObjectNotFoundError:
+    """404 NotFound, worded like kube-apiserver's (apierrors.NewNotFound)."""
+    qualified = f"{resource.plural}.{resource.group}" if resource.group else resource.plural
+    return KubernetesObjectNotFoundError(reason="NotFound", message=f'{qualified} "{name}" not found', details={
+        "name": name, **({"group": resource.group} if resource.group else {}), "kind": resource.plural})
 
 
 def apply_conflict_error(conflicts, plural: str, group: str, name: str) -> KubernetesError:
@@ -130,7 +137,6 @@ def apply_conflict_error(conflicts, plural: str, group: str, name: str) -> Kuber
         text = f"Apply failed with {len(conflicts)} conflicts: " + "\n".join(
             f'conflicts with "{m}" using {v}:\n' + "\n".join(f"- {f}" for f in fs) for (m, v), fs in by.items())
     return KubernetesError(status=409, reason="Conflict", message=text, details={
-        "name": name, "group": group, "kind": plural,
         "causes": [{"reason": "FieldManagerConflict", "message": f'conflict with "{m}" using {v}', "field": f}
                    for m, v, f in conflicts]})
 
@@ -164,6 +170,10 @@ def _pointer(path: str) -> list[str]:
     return [p.replace("~1", "/").replace("~0", "~") for p in path.lstrip("/").split("/")]
 
 
+# kube-apiserver's words for a failed JSON-patch `test` op (it names neither path nor values)
+TEST_FAILED = "the server rejected our request due to an error in our request"
+
+
 def json_patch(doc: Any, ops: list[dict]) -> Any:
     """RFC 6902 JSON patch (add, remove, replace, test); a failed test raises UnprocessableEntity."""
     doc = copy.deepcopy(doc)
@@ -172,7 +182,7 @@ def json_patch(doc: Any, ops: list[dict]) -> Any:
         if not parts:
             if op["op"] == "test":
                 if doc != op.get("value"):
-                    raise UnprocessableEntity(status=422, reason="Invalid", message=f"test failed at {op['path']}")
+                    raise UnprocessableEntity(status=422, reason="Invalid", message=TEST_FAILED)
                 continue
             doc = copy.deepcopy(op["value"])
             continue
@@ -187,8 +197,7 @@ def json_patch(doc: Any, ops: list[dict]) -> Any:
             except (IndexError, ValueError):
                 cur = None
             if cur != op.get("value"):
-                raise UnprocessableEntity(status=422, reason="Invalid",
-                                          message=f"test failed at {op['path']}: {cur!r} != {op.get('value')!r}")
+                raise UnprocessableEntity(status=422, reason="Invalid", message=TEST_FAILED)
         elif kind == "remove":
             if isinstance(parent, list):
                 parent.pop(int(last))
@@ -343,7 +352,7 @@ class KubeAPI(kmock.KubernetesEmulator):
         """GET one object by key (kmock's own fetch scans every object: slow with thousands)."""
         live = self._live((request.resource, request.namespace, request.name))
         if live is None:
-            raise KubernetesObjectNotFoundError()
+            raise not_found(request.resource, request.name)
         return live.raw
 
     def _create(self, request, events, body: dict | None = None, operation: str = "Update") -> dict:
@@ -430,8 +439,10 @@ class KubeAPI(kmock.KubernetesEmulator):
             causes += validation.check(name, schema["properties"]["metadata"]["properties"]["name"], "metadata.name")[1]
         mode = request.params.get("fieldValidation", "Warn")
         if unknown and mode == "Strict":
-            raise KubernetesError(status=400, reason="BadRequest", message="strict decoding error: " + ", ".join(
-                f'unknown field "{u}"' for u in unknown))
+            kind, version = obj.get("kind", ""), str(obj.get("apiVersion", "")).rpartition("/")[2]
+            raise KubernetesError(status=400, reason="BadRequest", message=(
+                f'{kind} in version "{version}" cannot be handled as a {kind}: strict decoding error: '
+                + ", ".join(f'unknown field "{u}"' for u in unknown)))
         if mode == "Warn":
             self._warnings += [f'unknown field "{u}"' for u in unknown]
         return out, causes if old is None else validation.ratchet(causes, old, out)
@@ -451,7 +462,7 @@ class KubeAPI(kmock.KubernetesEmulator):
         if live is None:
             if apply and request.subresource is None:
                 return self._create(request, events, data, operation="Apply")
-            raise KubernetesObjectNotFoundError()
+            raise not_found(request.resource, request.name)
         old = live.raw
         on_status = request.subresource == "status"
         managed = None
@@ -476,7 +487,9 @@ class KubeAPI(kmock.KubernetesEmulator):
         elif ctype == "application/strategic-merge-patch+json":
             if self.resources[request.resource].kind == "LLMDeployment":
                 raise UnprocessableEntity(status=415, reason="UnsupportedMediaType",
-                                          message="strategic merge patch is not supported for custom resources")
+                                          message="the body of the request was in an unknown format - accepted "
+                                          "media types include: application/json-patch+json, "
+                                          "application/merge-patch+json, application/apply-patch+yaml")
             new = apiserver.strategic_merge(old, data)
         else:  # merge-patch+json or unspecified
             new = merge_patch(old, data)
@@ -518,12 +531,13 @@ class KubeAPI(kmock.KubernetesEmulator):
         key = (resource, namespace, name)
         live = self._live(key)
         if live is None:
-            raise KubernetesObjectNotFoundError()
+            raise not_found(resource, name)
         obj = live.raw
         if obj["metadata"].get("finalizers"):
             if not obj["metadata"].get("deletionTimestamp"):
                 new = copy.deepcopy(obj)
-                new["metadata"]["deletionTimestamp"] = _now()
+                new["metadata"].update(deletionTimestamp=_now(), deletionGracePeriodSeconds=0,
+                                       generation=int(new["metadata"].get("generation", 1)) + 1)
                 self._stamp(new)
                 live.create(new)
                 events.append((resource, {"type": "MODIFIED", "object": new}))
