@@ -257,3 +257,12 @@ class PodTwins:
         for twin in self.twins.values():
             twin.stop()
         self.twins.clear()
+
+
+@pytest.fixture()
+def fault_proxy(control_plane: ControlPlane):
+    """A `FaultProxy` in front of the real apiserver (tests/support/fault_proxy.py), for one test."""
+    from tests.support.fault_proxy import FaultProxy
+
+    with FaultProxy(control_plane) as proxy:
+        yield proxy
