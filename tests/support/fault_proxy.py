@@ -173,15 +173,17 @@ class FaultProxy:
         serving.load_cert_chain(str(self.plane.pki.serving[0]), str(self.plane.pki.serving[1]))
         app = aiohttp.web.Application(client_max_size=64 * 1024 ** 2)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = aiohttp.web.AppRunner(app, handle_signals=False, access_log=None)
+        self._runner = aiohttp.web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=5)
         await self._runner.setup()
         await aiohttp.web.TCPSite(self._runner, self.host, self.port, ssl_context=serving).start()
 
     async def _stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
+        # the upstream session first: a watch still streaming through ends (its handler returns),
+        # so the server has no open request to wait for
         if self._session is not None:
             await self._session.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
 
     def start(self) -> "FaultProxy":
         self._loop = asyncio.new_event_loop()
