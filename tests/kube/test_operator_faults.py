@@ -176,8 +176,10 @@ def test_a_status_write_lost_after_a_patch_keeps_the_cooldown(control_plane, tok
             wait_for(lambda: pods.sync() and patches(control_plane, "cool"), timeout_s=180, what="a patch")
             wait_for(lambda: events(admin, NS, "StatusWriteFailed", "cool"), timeout_s=60, what="the failed write")
             wait_for(lambda: pods.sync() and 16 in pods.caps.values(), timeout_s=120, what="the restarted pod's twin")
-            wait_for(lambda: status(admin, NS, "cool").get("lastDecision", {}).get("reason") == "Cooldown",
-                     timeout_s=90, what="a Cooldown decision")
+            wait_for(lambda: pods.sync() and (events(admin, NS, "Cooldown", "cool") or status(admin, NS, "cool")
+                                              .get("lastDecision", {}).get("reason") == "Cooldown"),
+                     timeout_s=90, what="a Cooldown decision",
+                     explain=lambda: (status(admin, NS, "cool").get("lastDecision"), pods.caps))
             sim.wait(15.0)  # several more ticks inside the cooldown
             st = status(admin, NS, "cool")
     finally:
@@ -258,8 +260,10 @@ def test_a_refused_service_is_visible_and_the_loop_observes_without_acting(contr
                for e in events(admin, NS, "Logging", "svc")), events(admin, NS, name="svc")
     refused = fault_proxy.faulted("POST", r"/services$")
     got = series(metrics)
-    assert got[("kneecap_api_errors_total", (("code", "422"), ("resource", "services"),
-                                             ("verb", "create")))] == len(refused) >= 2
+    # every error counted is a refusal the proxy gave (the last may have been answered as the
+    # operator stopped, before it counted it)
+    counted = got[("kneecap_api_errors_total", (("code", "422"), ("resource", "services"), ("verb", "create")))]
+    assert 2 <= counted <= len(refused) <= counted + 1
 
 
 def test_a_status_write_that_fails_is_merged_into_the_next_and_reported(control_plane, token, fault_proxy):

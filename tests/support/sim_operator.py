@@ -54,7 +54,8 @@ def sim_operator(url: str, plane: ControlPlane, token: str, ns: str, config: Ope
                       registry=build_registry(config), settings=settings, timeout=60)
 
 
-def wait_for(fn, timeout_s: float = 60.0, what: str = "condition", every_s: float = 0.1):
+def wait_for(fn, timeout_s: float = 60.0, what: str = "condition", every_s: float = 0.1, explain=None):
+    """`fn()` once truthy; on a timeout the error carries `explain()` (the state that was seen)."""
     deadline = time.monotonic() + timeout_s
     last = None
     while time.monotonic() < deadline:
@@ -62,7 +63,8 @@ def wait_for(fn, timeout_s: float = 60.0, what: str = "condition", every_s: floa
         if last:
             return last
         time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last: {last!r}")
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last: {last!r}"
+                         + (f"; {explain()}" if explain else ""))
 
 
 def status(admin: KubeClient, ns: str, name: str) -> dict:
