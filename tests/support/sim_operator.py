@@ -90,6 +90,13 @@ def writes_to(plane: ControlPlane, user: str, resource: str, name: str, verbs: t
             and 200 <= e["responseStatus"].get("code", 0) < 300]
 
 
+def templates(admin: KubeClient, ns: str, deployment: str) -> int:
+    """How many pod templates the Deployment has had: its ReplicaSets (one per template, kept by
+    revisionHistoryLimit), so a restart of its pods is one more and a scale none."""
+    return sum(1 for rs in admin.list("apps/v1/replicasets", ns)
+               if any(o.get("name") == deployment for o in rs["metadata"].get("ownerReferences") or []))
+
+
 def container(admin: KubeClient, ns: str, deployment: str) -> dict:
     return admin.get(DEPLOY, ns, deployment)["spec"]["template"]["spec"]["containers"][0]
 
