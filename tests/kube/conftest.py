@@ -230,7 +230,7 @@ def metric_sum(port: int, family: str) -> float:
 
 class PodTwins:
     """A `kneecap twin` on each Running pod's own IP and engine port (kwok gives pods IPs in
-    127.1.0.0/16 and runs nothing): the operator scrapes the pods exactly as in a cluster.
+    the plane's pod_cidr and runs nothing): the operator scrapes the pods exactly as in a cluster.
     `sync()` starts a twin for each Running pod with an IP that has none and stops those whose
     pod is gone; it returns the twins by pod name."""
 
@@ -257,3 +257,12 @@ class PodTwins:
         for twin in self.twins.values():
             twin.stop()
         self.twins.clear()
+
+
+@pytest.fixture()
+def fault_proxy(control_plane: ControlPlane):
+    """A `FaultProxy` in front of the real apiserver (tests/support/fault_proxy.py), for one test."""
+    from tests.support.fault_proxy import FaultProxy
+
+    with FaultProxy(control_plane) as proxy:
+        yield proxy

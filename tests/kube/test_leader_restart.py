@@ -5,7 +5,7 @@ Both tests run `kneecap run` out of process with the chart's own arguments (free
 own: the apiserver's audit log records a bound token's `jti` in
 ``user.extra["authentication.kubernetes.io/credential-id"]``, so every request is attributed to
 one process. The LLMDeployment is examples/colocated.yaml with a 2 s control interval and window;
-its pod, placed by the real scheduler and Running under kwok with an IP in 127.1.0.0/16, is a
+its pod, placed by the real scheduler and Running under kwok with an IP in the plane's loopback pod_cidr, is a
 `kneecap twin` listening on that IP and the engine port, under a light `kneecap load`, so the
 operator's scrapes succeed and status.observations (the ring of control windows SLIM is fitted
 on) fills.

@@ -12,8 +12,10 @@
   accounts, the root-CA ConfigMap; each controller with its own service-account credentials);
 * kube-scheduler;
 * kwok, which keeps the fake GPU nodes it manages Ready (leases, heartbeats) and moves pods bound to
-  them to Running with a pod IP from ``127.1.0.0/16``: a process a test starts for a pod can listen
-  on that pod's own IP and port, and the operator scrapes it exactly as in a cluster.
+  them to Running with a pod IP from a loopback /16 of its own (``pod_cidr``, 127.X.0.0/16, so
+  that control planes side by side on one machine give no two pods one address): a process a
+  test starts for a pod can listen on that pod's own IP and port, and the operator scrapes it
+  exactly as in a cluster.
 
 Every process runs in its own session and is stopped by process id (SIGTERM, then SIGKILL).
 `stop_apiserver` / `start_apiserver` restart kube-apiserver alone (same etcd, same port).
@@ -28,6 +30,7 @@ import datetime
 import ipaddress
 import json
 import os
+import random
 import signal
 import socket
 import ssl
@@ -50,7 +53,6 @@ ROOT = Path(__file__).resolve().parents[2]
 KUBE_BIN = Path(os.environ.get("KNEECAP_KUBE_DIR", ROOT / ".tools" / "kube")) / "bin"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 KWOK_STAGES = Path(__file__).resolve().parent / "kwok" / "stages.yaml"
-POD_CIDR = "127.1.0.0/16"
 SERVICE_CIDR = "10.96.0.0/16"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 KWOK_ANNOTATION = "kwok.x-k8s.io/node"
@@ -73,6 +75,14 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def pod_cidr() -> str:
+    """A loopback /16 for kwok's pod IPs that no address of it is listened on yet (127.2-254.x)."""
+    with open("/proc/net/tcp") as fh:  # local addresses as little-endian hex IPv4
+        busy = {(int(line.split()[1].split(":")[0], 16) >> 8) & 0xFF for line in fh.readlines()[1:]}
+    free = [x for x in range(2, 255) if x not in busy]
+    return f"127.{random.choice(free)}.0.0/16"
 
 
 # ------------------------------------------------------------------------------------ certificates
@@ -345,6 +355,7 @@ class ControlPlane:
         self.pki = Pki(self.dir / "pki")
         self.etcd_port, self.etcd_peer_port, self.port = free_port(), free_port(), free_port()
         self.url = f"https://127.0.0.1:{self.port}"
+        self.pod_cidr = pod_cidr()
         self.audit_log = self.dir / "audit.log"
         (self.dir / "audit-policy.yaml").write_text(AUDIT_POLICY)
         (self.dir / "tokens.csv").write_text(f'{ADMIN_TOKEN},kneecap-admin,kneecap-admin,"system:masters"\n')
@@ -434,7 +445,7 @@ class ControlPlane:
         self._component("kwok", [
             f"--kubeconfig={self.dir / 'kwok.kubeconfig'}", f"--config={KWOK_STAGES}",
             f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
-            f"--cidr={POD_CIDR}", "--node-ip=127.0.0.1", "--server-address=",
+            f"--cidr={self.pod_cidr}", "--node-ip=127.0.0.1", "--server-address=",
             "--node-lease-duration-seconds=40"]).start()
 
     def stop(self) -> None:

@@ -64,13 +64,15 @@ class Twin:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    start_timeout_s = 30.0  # how long its /health may take to answer (a hang bound)
+
     def start(self, anchor: str | None = None) -> "Twin":
         """Start the process; `anchor`: `TwinClock.anchor()`, to put its clock on that one."""
         env = dict(os.environ, PYTHONPATH=str(ROOT / "operator"))
         anchored = ["--sim-clock-anchor", anchor] if anchor else []
         self.proc = subprocess.Popen([*KNEECAP, "twin", *self.args, *anchored], cwd=ROOT, env=env,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        _wait_http(self.url + "/health", 30, self.proc)
+        _wait_http(self.url + "/health", self.start_timeout_s, self.proc)
         return self
 
     def stop(self) -> None:

@@ -1,7 +1,7 @@
 """The tick's I/O half: on real vLLM pages (tests/fixtures/vllm-metrics) each pod's scrapes are
 kept to one window, whatever another pod does, and a broken page closes its window as
-MetricsUnusable, naming why; on the emulated API a status write that fails is reported and
-merged into the next one."""
+MetricsUnusable, naming why (a status write that fails, reported and merged into the next one:
+tests/kube/test_operator_faults.py)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,9 @@ import asyncio
 import re
 
 from kneecap.control import loop as L, plan as P
-from kneecap.control.kube import KubeClient, resource_path
 from kneecap.control.metrics import OperatorMetrics
-from kneecap.control.spec import GROUP, PLURAL, VERSION
 from kneecap.observe.scrape import ScrapeHTTPError, parse_metrics
 from tests.support.data import read_capture
-from tests.support.faulty_api import FaultyAPI
-from tests.support.kmock_api import LLMD, KubeAPIThread
-from tests.support.operator_harness import MINIMAL_SPEC
 from tests.unit.test_control_plan import SPEC, live_pool
 
 GOOD = ("http://10.0.0.1:8000/metrics", "http://10.0.0.2:8000/metrics")
@@ -71,40 +66,6 @@ def test_a_garbage_page_closes_its_window_as_unusable_naming_what():
     pages[GOOD[0]] = text[: text.index("vllm:e2e_request_latency_seconds_bucket") + 60]  # cut mid-family
     w = asyncio.run(L.observe_window(ctx, mem, SPEC, state, [GOOD[0]]))
     assert (w.outcome, w.message) == (P.UNUSABLE, f"{GOOD[0]}: truncated:vllm:e2e_request_latency_seconds_count")
-
-
-def test_a_status_write_that_fails_is_merged_into_the_next_and_reported():
-    FaultyAPI.FAULTS, FaultyAPI.ARM = {("PATCH", r"/llmdeployments/llm/status$", None): [500, "etcd timed out", 1]}, {}
-    posted = []
-    with KubeAPIThread(api_class=FaultyAPI) as kube:
-        kube.add_namespace("serving")
-        kube.create(LLMD, {"apiVersion": "kneecap.io/v1alpha1", "kind": "LLMDeployment",
-                           "metadata": {"name": "llm", "namespace": "serving"}, "spec": MINIMAL_SPEC})
-        path = resource_path(f"{GROUP}/{VERSION}", PLURAL, "serving", "llm")
-
-        async def two_ticks():
-            client = KubeClient(kube.url)
-            ctx = L.LoopContext(kube=client, metrics=OperatorMetrics(), event=lambda *e: posted.append(e))
-            mem = L.LoopMemory()
-            try:
-                first = await L.write_status(ctx, path, {"observations": [{"pool": "server"}], "phase": "Running"},
-                                             mem)
-                kept = dict(mem.unwritten_status or {})
-                second = await L.write_status(ctx, path, {"phase": "Degraded"}, mem)
-                return first, kept, second, mem, ctx.metrics
-            finally:
-                await client.close()
-
-        first, kept, second, mem, metrics = asyncio.run(two_ticks())
-        st = kube.get(LLMD, "serving", "llm")["status"]
-    assert (first, second) == (False, True)
-    assert kept == {"observations": [{"pool": "server"}], "phase": "Running"}
-    assert st == {"observations": [{"pool": "server"}], "phase": "Degraded"}  # the lost ring arrived with the next
-    assert mem.unwritten_status is None and mem.status_write_failure is None
-    (etype, reason, message), = posted
-    assert (etype, reason) == ("Warning", "StatusWriteFailed") and "HTTP 500: etcd timed out" in message
-    assert metrics.registry.get_sample_value(
-        "kneecap_api_errors_total", {"verb": "patch", "resource": "llmdeployments/status", "code": "500"}) == 1.0
 
 
 class _ReadsFailingOnce:
