@@ -11,7 +11,7 @@ import threading
 
 from tests.kube.conftest import OPERATOR_USER, OperatorProcess
 from tests.support.control_plane import ControlPlane
-from tests.support.examples import ROOT, documents, llmdeployment
+from tests.support.examples import ROOT, colocated, documents, llmdeployment
 
 LLMD = "kneecap.io/v1alpha1/llmdeployments"
 NS = "controllers"
@@ -19,12 +19,7 @@ DEPLOY = "apps/v1/deployments"
 
 
 def _llmd(name: str, **spec) -> dict:
-    obj = copy.deepcopy(llmdeployment(ROOT / "examples" / "colocated.yaml"))
-    obj["metadata"] = {"name": name, "namespace": NS}
-    obj["spec"]["control"]["interval"] = "1s"
-    for key, value in spec.items():
-        obj["spec"][key] = {**obj["spec"].get(key, {}), **value} if isinstance(value, dict) else value
-    return obj
+    return colocated(name, NS, **spec)
 
 
 def _condition(admin, name: str, type_: str) -> dict:

@@ -10,7 +10,7 @@ import copy
 from tests.kube.conftest import OPERATOR_USER
 from tests.support.control_plane import ControlPlane, audit_writes, free_port
 from tests.support.counting_server import CountingServer
-from tests.support.examples import ROOT, documents, llmdeployment
+from tests.support.examples import ROOT, colocated, condition, documents, status_of
 
 LLMD = "kneecap.io/v1alpha1/llmdeployments"
 DEPLOY = "apps/v1/deployments"
@@ -19,25 +19,17 @@ NS = "ownership"
 
 
 def _llmd(name: str, **spec) -> dict:
-    obj = copy.deepcopy(llmdeployment(ROOT / "examples" / "colocated.yaml"))
-    obj["metadata"] = {"name": name, "namespace": NS}
-    obj["spec"]["control"]["interval"] = "1s"
-    for key, value in spec.items():
-        obj["spec"][key] = {**obj["spec"].get(key, {}), **value} if isinstance(value, dict) else value
-    return obj
+    return colocated(name, NS, **spec)
 
 
 def _status(admin, name: str) -> dict:
-    return (admin.get(LLMD, NS, name) or {}).get("status") or {}
+    return status_of(admin, LLMD, NS, name)
 
-
-def _condition(st: dict, type_: str) -> dict:
-    return next((c for c in st.get("conditions") or [] if c["type"] == type_), {})
 
 
 def _conflict(admin, name: str) -> dict | None:
     st = _status(admin, name)
-    return st if _condition(st, "Conflict").get("status") == "True" else None
+    return st if condition(st, "Conflict").get("status") == "True" else None
 
 
 def _writes_to(plane: ControlPlane, since: int, resource: str, name: str) -> list[tuple]:
@@ -84,10 +76,10 @@ def test_a_deployment_and_service_that_hold_the_pools_name_are_not_taken_over(co
     mark = control_plane.audit_mark()
     admin.create(LLMD, _llmd(name))
     status = control_plane.wait_for(lambda: _conflict(admin, name), 60, f"{name} Conflict")
-    cond = _condition(status, "Conflict")
+    cond = condition(status, "Conflict")
     assert cond["reason"] == "NotOwned" and f"Deployment {NS}/{name} exists and is not owned" in cond["message"], cond
     assert "Service" not in cond["message"]  # nothing at all is made or checked for a pool that is not ours
-    assert status["phase"] == "Conflict" and _condition(status, "Ready")["status"] == "False"
+    assert status["phase"] == "Conflict" and condition(status, "Ready")["status"] == "False"
     warned = control_plane.wait_for(lambda: [e for e in admin.list("v1/events", NS) if e.get("reason") == "Conflict"
                                              and e["involvedObject"]["name"] == name], 30, "a Conflict Event")
     assert warned[0]["type"] == "Warning" and f"Deployment {NS}/{name}" in warned[0]["message"]
@@ -110,7 +102,7 @@ def test_a_service_that_holds_the_pools_name_does_not_block_its_deployment(contr
     mark = control_plane.audit_mark()
     owner = admin.create(LLMD, _llmd(name))
     status = control_plane.wait_for(lambda: _conflict(admin, name), 60, f"{name} Conflict")
-    msg = _condition(status, "Conflict")["message"]
+    msg = condition(status, "Conflict")["message"]
     assert f"Service {NS}/{name}" in msg and f"Deployment {NS}" not in msg, msg
     ours = admin.get(DEPLOY, NS, name)
     assert ours["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "kneecap"
@@ -157,7 +149,7 @@ def test_only_the_pools_own_pods_are_scraped_and_only_on_their_own_ip(control_pl
         admin.patch("v1/pods", NS, b["metadata"]["name"],
                     {"metadata": {"annotations": {"kneecap.io/metrics-url": elsewhere.url()}}})
         st = control_plane.wait_for(lambda: (s := _status(admin, name))
-                                    and _condition(s, "MetricsURLIgnored").get("status") == "True" and s, 60,
+                                    and condition(s, "MetricsURLIgnored").get("status") == "True" and s, 60,
                                     "MetricsURLIgnored")
         seen_b = len(own_b.hits)
         control_plane.wait_for(lambda: len(own_b.hits) >= seen_b + 3, 60, "more scrapes of the annotated pod's IP")
@@ -166,7 +158,7 @@ def test_only_the_pools_own_pods_are_scraped_and_only_on_their_own_ip(control_pl
             s.close()
     assert set(own_a.hits) == set(own_b.hits) == {"/metrics"}
     assert impostor.hits == [] and elsewhere.hits == []
-    ignored = _condition(st, "MetricsURLIgnored")
+    ignored = condition(st, "MetricsURLIgnored")
     assert ignored["reason"] == "ForeignHost" and b["metadata"]["name"] in ignored["message"]
     assert elsewhere.url() in ignored["message"]
     _delete(control_plane, name)

@@ -5,14 +5,13 @@ say who owns `spec.replicas`), and drift of its Deployment repaired in one PATCH
 
 from __future__ import annotations
 
-import copy
 import json
 
 from kneecap.control import vllm_args as V
 from kneecap.control.kube import FIELD_MANAGER
 from tests.kube.conftest import OPERATOR_USER
 from tests.support.control_plane import ControlPlane, audit_writes
-from tests.support.examples import ROOT, llmdeployment
+from tests.support.examples import colocated, condition, status_of
 
 LLMD = "kneecap.io/v1alpha1/llmdeployments"
 DEPLOY = "apps/v1/deployments"
@@ -22,20 +21,12 @@ NS = "reconcile-operator"
 
 
 def _llmd(name: str, **spec) -> dict:
-    obj = copy.deepcopy(llmdeployment(ROOT / "examples" / "colocated.yaml"))
-    obj["metadata"] = {"name": name, "namespace": NS}
-    obj["spec"]["control"].update(interval="1s", window="1s")
-    for key, value in spec.items():
-        obj["spec"][key] = {**obj["spec"].get(key, {}), **value} if isinstance(value, dict) else value
-    return obj
+    return colocated(name, NS, window="1s", **spec)
 
 
 def _status(admin, name: str) -> dict:
-    return (admin.get(LLMD, NS, name) or {}).get("status") or {}
+    return status_of(admin, LLMD, NS, name)
 
-
-def _condition(st: dict, type_: str) -> dict:
-    return next((c for c in st.get("conditions") or [] if c["type"] == type_), {})
 
 
 def _writes(plane: ControlPlane, since: int, resources=("deployments", "services")) -> list[tuple]:
@@ -103,11 +94,11 @@ def test_an_invalid_spec_is_refused_in_status_and_an_event_and_nothing_is_made(c
     mark = control_plane.audit_mark()
     # valid for the API server (the CRD cannot know the accelerator catalog), invalid for the operator
     admin.create(LLMD, _llmd("bad", accelerator={"type": "tpu-v9"}))
-    st = control_plane.wait_for(lambda: (s := _status(admin, "bad")) and _condition(s, "Ready") and s, 60,
+    st = control_plane.wait_for(lambda: (s := _status(admin, "bad")) and condition(s, "Ready") and s, 60,
                                 "the Ready condition")
     ev = control_plane.wait_for(lambda: _events(admin, "bad", "InvalidSpec"), 30, "an InvalidSpec Event")
     _ticks(control_plane, mark, "bad", 1)
-    ready = _condition(st, "Ready")
+    ready = condition(st, "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec") and "spec.accelerator.type" in ready["message"]
     assert st["phase"] == "Invalid"
     assert ev[0]["type"] == "Warning" and "spec.accelerator.type" in ev[0]["message"]

@@ -3,6 +3,7 @@ also the Deployments it targets (spec.targetRef), as a user would apply them."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import yaml
@@ -24,3 +25,25 @@ def llmdeployment(path: Path) -> dict:
 def others(path: Path) -> list[dict]:
     """What the example applies besides the LLMDeployment (an adopt example's Deployments)."""
     return [d for d in documents(path) if d["kind"] != "LLMDeployment"]
+
+
+def colocated(name: str, namespace: str, *, window: str | None = None, **spec) -> dict:
+    """examples/colocated.yaml as `name` in `namespace`, ticking every second (and windows of
+    `window`), each keyword merged into its spec section (a dict) or replacing it."""
+    obj = copy.deepcopy(llmdeployment(ROOT / "examples" / "colocated.yaml"))
+    obj["metadata"] = {"name": name, "namespace": namespace}
+    obj["spec"]["control"]["interval"] = "1s"
+    if window is not None:
+        obj["spec"]["control"]["window"] = window
+    for key, value in spec.items():
+        obj["spec"][key] = {**obj["spec"].get(key, {}), **value} if isinstance(value, dict) else value
+    return obj
+
+
+def status_of(client, resource: str, namespace: str, name: str) -> dict:
+    """The stored object's status ({} when it or its status is absent)."""
+    return (client.get(resource, namespace, name) or {}).get("status") or {}
+
+
+def condition(status: dict, type_: str) -> dict:
+    return next((c for c in status.get("conditions") or [] if c["type"] == type_), {})
