@@ -14,7 +14,7 @@ from kneecap.control.spec import parse_spec
 from kneecap.demo.kubeapi import LLMD, KubeAPIThread
 from kneecap.demo.kubelet import Kubelet
 from kneecap.demo.pd_router import PDRouter
-from tests.support.operator_harness import NS, llmd
+from tests.support.specs import NS, llmd
 from tests.support.twins import post_completions
 
 PROMPT_TOKENS, MAX_TOKENS, N = 300, 8, 6

@@ -1,5 +1,5 @@
-"""The emulated API the embedded demo and the virtual-time replay use (`kneecap.demo.kubeapi`,
-also `tests/support/kmock_api`) judged against kube-apiserver: each request goes to both, and
+"""The emulated API the embedded demo and the virtual-time replay use (`kneecap.demo.kubeapi`)
+judged against kube-apiserver: each request goes to both, and
 the emulation must answer as the real apiserver did (status code, Status reason, message and
 causes; the stored object with its defaults, pruning, canonical quantities, generation and
 managedFields). The real apiserver is the oracle: nothing here is typed by hand.
@@ -22,7 +22,7 @@ from kneecap.control import spec as S
 from kneecap.demo.kubeapi import KubeAPIThread
 from tests.support.control_plane import ControlPlane, KubeClient
 from tests.support.examples import ROOT
-from tests.support.operator_harness import MINIMAL_SPEC as SPEC
+from tests.support.specs import MINIMAL_SPEC as SPEC
 
 LLMD = "kneecap.io/v1alpha1/llmdeployments"
 DEPLOY = "apps/v1/deployments"

@@ -21,7 +21,7 @@ import pytest
 from kneecap.control import handlers as H
 from kneecap.control.kube import selector_matches
 from kneecap.control.metrics import OperatorMetrics
-from tests.support.operator_harness import llmd
+from tests.support.specs import llmd
 
 
 class RoundTripClient:

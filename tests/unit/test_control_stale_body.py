@@ -19,7 +19,7 @@ import kopf
 
 from kneecap.control import handlers as H, loop as L, plan as P
 from kneecap.control.metrics import OperatorMetrics
-from tests.support.operator_harness import llmd
+from tests.support.specs import llmd
 from tests.unit.test_control_decide import curve, observation  # noqa: F401 (curve: the fixture)
 from tests.unit.test_control_handlers_concurrency import RoundTripClient, handler, no_kopf_events  # noqa: F401
 

@@ -14,7 +14,7 @@ import pytest
 
 from kneecap.control import spec as S
 from kneecap.demo.kubeapi import LLMD, KubeAPIThread
-from tests.support.operator_harness import MINIMAL_SPEC as SPEC
+from tests.support.specs import MINIMAL_SPEC as SPEC
 
 NS = "faithful"
 
