@@ -60,7 +60,10 @@ def main(argv: list[str]) -> int:
             base = copy.deepcopy(llmdeployment(ROOT / "examples" / "colocated.yaml"))
             admin.add_namespace("oldest")
             for what, mutate in (("garbage quantity", lambda e: e.update(resources={"limits": {"nvidia.com/gpu": "one"}})),
-                                 ("managed flag", lambda e: e.update(extraArgs=["--max-num-seqs=8"]))):
+                                 ("managed flag", lambda e: e.update(extraArgs=["--max-num-seqs=8"])),
+                                 ("tensor-parallel flag", lambda e: e.update(extraArgs=["-tp", "2"])),
+                                 ("tensorParallelSize vs accelerator.count",
+                                  lambda e: e.update(tensorParallelSize=2))):
                 obj = copy.deepcopy(base)
                 obj["metadata"] = {"name": "hostile", "namespace": "oldest"}
                 mutate(obj["spec"]["engine"])
