@@ -4,13 +4,14 @@ dashboard and alerts query.
 `kneecap run` with exactly the chart's arguments (ports swapped for free ones) logs in as the
 chart's ServiceAccount, serves kopf's /healthz where the chart's probes look and reconciles an
 LLMDeployment: the real controller-manager makes its pod, kwok runs it on an IP of
-127.1.0.0/16, and a `kneecap twin` (vLLM's metric names) listens on that IP and the engine port
+the control plane's loopback pod range, and a `kneecap twin` (vLLM's metric names) listens on that IP and the engine port
 under load, so the operator scrapes the pod as in a cluster. Every name the dashboard and the
 alerts query is then served by the operator's or the twin's /metrics (or is Prometheus' own).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import urllib.request
 
@@ -92,7 +93,7 @@ def test_chart_operator_command_logs_in_serves_probes_and_reconciles(control_pla
     deployment = control_plane.admin.get("apps/v1/deployments", NS, NAME)
     assert f"--max-num-seqs={MAX_NUM_SEQS}" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     (twin,) = twins.values()
-    assert twin.host.startswith("127.1.") and twin.port == ENGINE_PORT
+    assert ipaddress.ip_address(twin.host) in ipaddress.ip_network(control_plane.pod_cidr) and twin.port == ENGINE_PORT
 
 
 def test_dashboard_and_alerts_query_what_a_live_operator_and_twin_serve(control_plane: ControlPlane, live):

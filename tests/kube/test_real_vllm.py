@@ -1,6 +1,6 @@
 """The control loop observes a real vLLM pod on the real control plane: the operator (the chart's
 arguments and ServiceAccount) creates the pool, the real scheduler places its pod, kwok runs it
-with an IP in 127.1.0.0/16, and the session's vLLM (CPU build, tiny Llama; tests/conftest.py)
+with an IP in the control plane's loopback pod range, and the session's vLLM (CPU build, tiny Llama; tests/conftest.py)
 answers on that IP and the engine port through a TCP forwarder, so the operator scrapes the
 pod's own address exactly as in a cluster."""
 
