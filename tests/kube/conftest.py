@@ -30,6 +30,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kneecap"
 CRD_FILE = ROOT / "crds" / "llmdeployment.yaml"
 RELEASE = "kneecap"
+LLMD = "kneecap.io/v1alpha1/llmdeployments"
+CRD_NAME = "llmdeployments.kneecap.io"
 RELEASE_NS = "kneecap-system"
 SERVICE_ACCOUNT = "kneecap"  # the chart's fullname for release "kneecap"
 # four tainted 8-GPU H100 nodes (a pod needs the GPU toleration) and one untainted pool
@@ -59,10 +61,36 @@ def admin(control_plane: ControlPlane) -> KubeClient:
 
 
 @pytest.fixture(scope="module")
-def ns(admin: KubeClient, crd_applied: dict, request: pytest.FixtureRequest) -> str:
-    """The test module's namespace (its ``NS``), created once the CRD is there."""
+def ns(admin: KubeClient, crd_applied: dict, request: pytest.FixtureRequest):
+    """The test module's namespace (its ``NS``), created once the CRD is there, and emptied of
+    LLMDeployments, Deployments and pods after the module."""
     admin.add_namespace(request.module.NS)
     return request.module.NS
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_namespace_cleared(request: pytest.FixtureRequest):
+    """After each module, its namespace (``NS``) emptied (`clear_namespace`)."""
+    yield
+    namespace = getattr(request.module, "NS", None)
+    if namespace:
+        admin = request.getfixturevalue("admin")
+        if admin.get("v1/namespaces", None, namespace) and admin.get(
+                "apiextensions.k8s.io/v1/customresourcedefinitions", None, CRD_NAME):
+            clear_namespace(admin, namespace)
+
+
+def clear_namespace(admin: KubeClient, namespace: str, timeout_s: float = 120.0) -> None:
+    """Deletes the LLMDeployments (their finalizer dropped: no operator may be running now) and the
+    Deployments of `namespace`, and waits until its pods are gone: every pod asks for GPUs, and the
+    fake nodes' GPUs are shared by the whole session."""
+    for obj in admin.list(LLMD, namespace):
+        name = obj["metadata"]["name"]
+        admin.request("PATCH", admin.path(LLMD, namespace, name), {"metadata": {"finalizers": None}})
+        admin.request("DELETE", admin.path(LLMD, namespace, name))
+    admin.request("DELETE", admin.path("apps/v1/deployments", namespace) + "?propagationPolicy=Background")
+    ControlPlane.wait_for(lambda: not admin.list("v1/pods", namespace), timeout_s,
+                          f"the pods of {namespace} gone after its module")
 
 
 def kubectl(plane: ControlPlane, *args: str, input: str | None = None, check: bool = True,

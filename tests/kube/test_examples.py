@@ -13,7 +13,8 @@ from collections import Counter
 import pytest
 import yaml
 
-from tests.kube.conftest import H100_NODES, OPERATOR_USER, OperatorProcess, chart_operator_args, kubectl, with_ports
+from tests.kube.conftest import (H100_NODES, OPERATOR_USER, OperatorProcess, chart_operator_args, clear_namespace, kubectl,
+                                 with_ports)
 from tests.support.control_plane import ControlPlane, free_port
 from tests.support.examples import EXAMPLES, documents, llmdeployment
 
@@ -106,6 +107,8 @@ def examples_running(control_plane: ControlPlane, chart_installed: dict, operato
         yield op, keys
     finally:
         op.stop()
+        for namespace in sorted({llmdeployment(p)["metadata"]["namespace"] for p in EXAMPLES}):
+            clear_namespace(admin, namespace)
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
