@@ -24,7 +24,8 @@ import yaml
 from tests.support.control_plane import (ControlPlane, ControlPlaneUnavailable, KubeClient, free_port,
                                          token_credential_id)
 from tests.support.tools import tool
-from tests.support.twins import Twin
+from tests.support.sim_operator import SCALE as SIM_SCALE
+from tests.support.twins import Twin, TwinTime
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "kneecap"
@@ -294,3 +295,17 @@ def fault_proxy(control_plane: ControlPlane):
 
     with FaultProxy(control_plane) as proxy:
         yield proxy
+
+
+@pytest.fixture()
+def sim():
+    """The twins' clock (tests/support/twins.TwinTime) the in-process operator tests run on."""
+    clock = TwinTime(SIM_SCALE)
+    yield clock
+    clock.close()
+
+
+@pytest.fixture()
+def token(control_plane: ControlPlane, chart_installed: dict, ns: str) -> str:
+    """A TokenRequest token of the chart's ServiceAccount, once the module's namespace exists."""
+    return control_plane.token(RELEASE_NS, SERVICE_ACCOUNT)

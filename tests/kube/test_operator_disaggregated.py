@@ -10,29 +10,19 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 from kneecap.control import vllm_args as V
 from kneecap.control.handlers import OperatorConfig
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.control.policy import step_limit
 from tests.kube.conftest import OPERATOR_USER, RELEASE_NS, SERVICE_ACCOUNT
 from tests.support.control_plane import KubeClient
-from tests.support.sim_operator import (DEPLOY, LLMD, SCALE, SimPods, events, resource, sim_operator, status,
+from tests.support.sim_operator import (DEPLOY, LLMD, SimPods, events, resource, sim_operator, status,
                                         wait_for, writes_to)
-from tests.support.twins import TwinTime
 
 NS = "operator-disaggregated"
 DECODE_PHASES = [(0.6, 25.0), (6.0, 60.0)]  # two batch levels on the decode pool (SLIM needs more than one)
 PREFILL_PHASES = [(0.6, 80.0)]
 OVERPROVISIONED = 3  # prefill replicas before kneecap's first decision
-
-
-@pytest.fixture()
-def sim():
-    clock = TwinTime(SCALE)
-    yield clock
-    clock.close()
 
 
 def applied_snapshot(admin: KubeClient, name: str):

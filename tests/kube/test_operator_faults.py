@@ -24,7 +24,6 @@ import re
 import ssl
 
 import aiohttp
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kneecap.control import applied as A, loop as L, vllm_args as V
@@ -34,26 +33,13 @@ from kneecap.control.loop import WINDOW_FAMILIES
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.control.spec import GROUP, PLURAL, VERSION
 from kneecap.observe.scrape import parse_metrics
-from tests.kube.conftest import OPERATOR_USER, RELEASE_NS, SERVICE_ACCOUNT
+from tests.kube.conftest import OPERATOR_USER
 from tests.support.fault_proxy import Match, Rule
-from tests.support.sim_operator import (DEPLOY, LLMD, SCALE, SimPods, condition, events, resource, sim_operator,
+from tests.support.sim_operator import (DEPLOY, LLMD, PHASES, SimPods, condition, events, resource, sim_operator,
                                         status, templates, wait_for, writes_to)
 from tests.support.twins import TwinTime
 
 NS = "operator-faults"
-PHASES = [(0.6, 25.0), (6.0, 60.0)]  # low then high load: two batch levels (SLIM needs more than one)
-
-
-@pytest.fixture()
-def sim():
-    clock = TwinTime(SCALE)
-    yield clock
-    clock.close()
-
-
-@pytest.fixture()
-def token(control_plane, chart_installed, ns) -> str:
-    return control_plane.token(RELEASE_NS, SERVICE_ACCOUNT)
 
 
 def series(metrics: OperatorMetrics) -> dict[tuple, float]:

@@ -17,25 +17,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from kneecap.control import status as St, vllm_args as V
 from kneecap.control.handlers import OperatorConfig
 from kneecap.control.metrics import OperatorMetrics
-from tests.kube.conftest import OPERATOR_USER, RELEASE_NS, SERVICE_ACCOUNT
-from tests.support.sim_operator import (DEPLOY, LLMD, SCALE, SERVICE, SimPods, condition, container, events,
+from tests.kube.conftest import OPERATOR_USER
+from tests.support.sim_operator import (DEPLOY, LLMD, PHASES, SERVICE, SimPods, condition, container, events,
                                         resource, sim_operator, status, templates, wait_for, writes_to)
 from tests.support.twins import TwinTime
 
 NS = "operator-loop"
-PHASES = [(0.6, 25.0), (6.0, 60.0)]  # low then high load: two batch levels (SLIM needs more than one)
-
-
-@pytest.fixture()
-def sim():
-    clock = TwinTime(SCALE)
-    yield clock
-    clock.close()
-
-
-@pytest.fixture()
-def token(control_plane, chart_installed, ns) -> str:
-    return control_plane.token(RELEASE_NS, SERVICE_ACCOUNT)
 
 
 def config(sim: TwinTime, metrics: OperatorMetrics | None = None) -> OperatorConfig:

@@ -28,6 +28,7 @@ SERVICE = "v1/services"
 SCALE = 10.0
 MODEL, ARCH, GPU = "facebook/opt-1.3b", "opt-1.3b", "h100-64gb"
 ENGINE_PORT = 8000  # spec.engine.port's default
+PHASES = [(0.6, 25.0), (6.0, 60.0)]  # low then high load: two batch levels (SLIM needs more than one)
 TWIN_START_S = 120.0  # a hang bound on a twin's start (its /health answering)
 
 
