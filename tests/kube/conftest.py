@@ -82,14 +82,15 @@ def _module_namespace_cleared(request: pytest.FixtureRequest):
 
 
 def clear_namespace(admin: KubeClient, namespace: str, timeout_s: float = 120.0) -> None:
-    """Deletes the LLMDeployments (their finalizer dropped: no operator may be running now) and the
-    Deployments of `namespace`, and waits until its pods are gone: every pod asks for GPUs, and the
+    """Deletes the LLMDeployments (their finalizer dropped: no operator may be running now), the
+    Deployments and the pods of `namespace`, and waits until its pods are gone: every pod asks for GPUs, and the
     fake nodes' GPUs are shared by the whole session."""
     for obj in admin.list(LLMD, namespace):
         name = obj["metadata"]["name"]
         admin.request("PATCH", admin.path(LLMD, namespace, name), {"metadata": {"finalizers": None}})
         admin.request("DELETE", admin.path(LLMD, namespace, name))
     admin.request("DELETE", admin.path("apps/v1/deployments", namespace) + "?propagationPolicy=Background")
+    admin.request("DELETE", admin.path("v1/pods", namespace))  # pods a test made itself, owned by no Deployment
     ControlPlane.wait_for(lambda: not admin.list("v1/pods", namespace), timeout_s,
                           f"the pods of {namespace} gone after its module")
 

@@ -61,7 +61,9 @@ def test_operator_as_the_chart_service_account_reconciles_an_example(control_pla
                                         f"Deployment {ns}/{name} made by the operator")
     (owner,) = deployment["metadata"]["ownerReferences"]
     assert owner["uid"] == stored["metadata"]["uid"] and owner["kind"] == "LLMDeployment" and owner["controller"]
-    assert admin.get("v1/services", ns, name)["metadata"]["ownerReferences"][0]["uid"] == stored["metadata"]["uid"]
+    service = control_plane.wait_for(lambda: admin.get("v1/services", ns, name), 60,
+                                     f"Service {ns}/{name} made by the operator (its create follows the Deployment's)")
+    assert service["metadata"]["ownerReferences"][0]["uid"] == stored["metadata"]["uid"]
 
     def ready():
         st = (admin.get(LLMD, ns, name) or {}).get("status") or {}
