@@ -176,7 +176,9 @@ def test_a_status_write_lost_after_a_patch_keeps_the_cooldown(control_plane, tok
     assert templates(admin, NS, "cool") == 2, "one restart inside the cooldown"
     deployment = admin.get(DEPLOY, NS, "cool")
     record = A.from_deployment(deployment)
-    assert record["maxNumSeqs"] == 16 and record["restart"] is True
+    # the record of the last applied decision: the cap's restart, or a later replica scale (no restart)
+    # that carries the same cap; one restart either way (the templates above, the restart counter below)
+    assert record["maxNumSeqs"] == 16
     assert V.container_flag(deployment["spec"]["template"]["spec"]["containers"][0], "--max-num-seqs") == "16"
     assert st["applied"]["time"] == record["time"]  # read back from the Deployment's record
     assert st["lastDecision"]["reason"] != "Applied"  # (Cooldown, or a gain too small by then)
