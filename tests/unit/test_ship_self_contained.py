@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SKIP = {".git", ".venv", ".venv-vllm", ".tools", "__pycache__", "build", "dist", ".artifacts", ".pytest_cache"}
+SKIP = {".git", ".venv", ".venv-core", ".venv-vllm", ".tools", "__pycache__", "build", "dist", ".artifacts", ".pytest_cache"}
 TEXT = {".py", ".md", ".sh", ".yaml", ".yml", ".toml", ".json", ".cfg", ".ini", ".tpl", ".txt"}
 OUTSIDE = re.compile(r"\.\./" + r"shared\b|\b" + r"shared/(?:data|fixtures|design|seeds)\b|KNEECAP_" + "SHARED")
 

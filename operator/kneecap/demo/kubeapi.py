@@ -68,6 +68,7 @@ from kmock._internal.k8s import KubernetesError, KubernetesObjectConflictError, 
 from kneecap.control import spec as crd
 from kneecap.control import validation
 from kneecap.control.kube import selector_matches
+from kneecap.sim.merge_patch import merge_patch
 from kneecap.demo import apiserver
 
 assert kmock.__version__.startswith("0.8"), f"kneecap.demo.kubeapi is pinned to kmock 0.8, found {kmock.__version__}"
@@ -149,19 +150,6 @@ def _manager(request) -> str:
 
 def _now() -> str:
     return datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = copy.deepcopy(target) if isinstance(target, dict) else {}
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = merge_patch(out.get(k), v)
-    return out
 
 
 def _pointer(path: str) -> list[str]:

@@ -26,7 +26,7 @@ import uuid
 from typing import Any, Callable
 
 from kneecap.control.kube import ApiError, selector_matches
-from kneecap.demo.kubeapi import merge_patch  # RFC 7386, shared with the emulated HTTP API
+from kneecap.sim.merge_patch import merge_patch
 
 Key = tuple[str, str, str, str]  # (group/version, plural, namespace, name)
 
