@@ -89,3 +89,35 @@ def test_a_command_that_needs_an_extra_names_it(kneecap_plain, tmp_path):
     p = kneecap_plain("demo", "--out", str(tmp_path / "out"))
     assert p.returncode == 2 and "pip install 'kneecap[demo]'" in p.stderr, p.stderr
     assert not (tmp_path / "out").exists()
+
+
+EMULATIONS = ("kneecap.demo", "kneecap.sim.kubeapi_memory", "kneecap.sim.kubelet_virtual", "kneecap.sim.cluster", "kmock")
+GRAPH = """
+import contextlib, io, sys
+from kneecap.cli import main
+import kneecap.control.handlers, kneecap.control.loop, kneecap.commands.run  # what `kneecap run` starts
+for argv in {commands!r}:
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert main(argv) == 0, argv
+print(sorted(n for n in sys.modules if n.startswith({emulations!r})))
+"""
+
+
+def test_the_operator_and_the_model_commands_never_import_the_emulations(kneecap_plain, tmp_path):
+    """The emulated API and kubelet (the demo's and virtual time's) stay out of what `kneecap run`
+    and the model commands import: the import graph, read from the plain install's sys.modules."""
+    calib, points = tmp_path / "calib.json", tmp_path / "points.csv"
+    points.write_text("model,batch,input_len,output_len\nopt-1.3b,16,161,338\nopt-1.3b,64,161,338\n")
+    commands = [
+        ["fit", str(ROOT / "data" / "real-h100" / "profiles.csv"), "--gpu", "h100-64gb", "--where",
+         "source=batching_results", "-o", str(calib), "--json"],
+        ["predict", str(calib), str(points), "-o", str(tmp_path / "predicted.csv"), "--json"],
+        ["advise", str(calib), "--model", "opt-1.3b", "--input-len", "161", "--output-len", "338", "--json"],
+        ["memory", "--model", "llama-2-7b", "--gpu", "h100-64gb", "--max-num-seqs", "64", "--json"],
+        ["simulate", "--rate", "3", "--servers", "4", "--service-mean", "1", "--json"],
+        ["plan", "--model", "llama-3.1-8b", "--gpu", "a100-80gb", "--budget-per-hour", "30", "--json"],
+    ]
+    p = subprocess.run([str(kneecap_plain.python), "-c", GRAPH.format(commands=commands, emulations=EMULATIONS)],
+                       cwd=kneecap_plain.cwd, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip() == "[]", p.stdout

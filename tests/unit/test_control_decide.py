@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from kneecap.control import decide
+from kneecap.control.gauss_reuse import GaussRuns
 from kneecap.control.plan import calibration_from_status, calibration_to_status
 from kneecap.control.manifests import EngineSettings
 from kneecap.control.spec import parse_spec
@@ -339,30 +340,32 @@ def test_gauss_runs_are_reused_while_their_inputs_stay_within_tolerance(profiles
     cal, obs = _opt_fit(profiles_csv)
     spec = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb", "costPerHour": 4},
                        "engine": {"image": "vllm", "maxNumSeqs": 64}, "slo": {"ttftSeconds": 1.0, "tpotSeconds": 0.05}})
-    decide.GAUSS_RUNS.clear()
-    _, _, first = decide.colocated_replicas(spec, cal, obs)
+    runs = GaussRuns()
+    _, _, first = decide.colocated_replicas(spec, cal, obs, gauss_runs=runs)
     assert first["gaussRunReused"] is False
     # the next window's lengths wobble by 1%: the run is reused ...
     near = replace(obs, input_len_mean=obs.input_len_mean * 1.01, output_len_mean=obs.output_len_mean * 0.99)
-    _, _, again = decide.colocated_replicas(spec, cal, near)
+    _, _, again = decide.colocated_replicas(spec, cal, near, gauss_runs=runs)
     assert again["gaussRunReused"] is True
     assert again["sustainableRequestsPerSecondPerReplica"] == first["sustainableRequestsPerSecondPerReplica"]
     # ... and is within a few percent of what a fresh run at those lengths gives
-    decide.GAUSS_RUNS.clear()
-    _, _, fresh = decide.colocated_replicas(spec, cal, near)
+    _, _, fresh = decide.colocated_replicas(spec, cal, near, gauss_runs=GaussRuns())
     assert fresh["gaussRunReused"] is False
     assert again["sustainableRequestsPerSecondPerReplica"] == pytest.approx(
         fresh["sustainableRequestsPerSecondPerReplica"], rel=0.03)
     # outputs 20% longer: GAUSS runs again and λ* falls
     far = replace(obs, output_len_mean=obs.output_len_mean * 1.2)
-    _, _, longer = decide.colocated_replicas(spec, cal, far)
+    _, _, longer = decide.colocated_replicas(spec, cal, far, gauss_runs=runs)
     assert longer["gaussRunReused"] is False
     assert longer["sustainableRequestsPerSecondPerReplica"] < fresh["sustainableRequestsPerSecondPerReplica"]
     # a fit whose decode step moved by 10% is not the same engine: GAUSS runs again
     slower = replace(cal, params={**cal.params, "t_step_s": cal.params["t_step_s"] * 1.5 + 1e-3})
-    _, _, other = decide.colocated_replicas(spec, slower, obs)
+    _, _, other = decide.colocated_replicas(spec, slower, obs, gauss_runs=runs)
     assert other["gaussRunReused"] is False
-    assert decide.GAUSS_RUNS.hits == 0 and decide.GAUSS_RUNS.misses == 3
+    assert runs.hits == 1 and runs.misses == 3
+    # no store given: every call searches afresh
+    _, _, alone = decide.colocated_replicas(spec, cal, near)
+    assert alone["gaussRunReused"] is False
 
 
 def test_gauss_inputs_are_the_service_times_gauss_simulates():

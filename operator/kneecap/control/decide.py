@@ -318,9 +318,6 @@ def _kv_capacity_tokens(spec: LLMDeploymentSpec, obs: Observation, u: float, cap
         return 1
 
 
-GAUSS_RUNS = gauss_reuse.GaussRuns()  # λ* of past runs, reused while GAUSS's inputs stay within 2.5%
-
-
 def gauss_limits(spec: LLMDeploymentSpec, obs: Observation, settings: EngineSettings | None):
     """GAUSS's engine limits of a pool at ``settings``: its cap and the KV cache its memory
     setting holds (the memory split, §5.3, with the pod's measured non-KV memory); None
@@ -343,13 +340,14 @@ def gauss_limits(spec: LLMDeploymentSpec, obs: Observation, settings: EngineSett
 
 def _gauss_rate(arch_key: str, gpu_key: str, cal: calibrate.Calibration, obs: Observation,
                 slo_ttft_s: float | None, slo_tbt_s: float | None, quantile: float,
-                seed: int, limits=None, tp: int = 1) -> tuple[float, str, bool]:
+                seed: int, limits=None, tp: int = 1,
+                runs: gauss_reuse.GaussRuns | None = None) -> tuple[float, str, bool]:
     """(λ* per replica, binding, reused) from GAUSS; λ* is 0 where no load meets the SLO.
 
     GAUSS's λ search runs on the calibrated SLIM mapped to d(B, C) at the window's lengths,
     with the engine's ``limits`` (:func:`gauss_limits`); a previous run whose inputs are all
-    within tolerance (see :mod:`kneecap.control.gauss_reuse`) is reused instead, and the
-    nearest one warm-starts the search otherwise: a cold search is ~9 evaluations of 20k
+    within tolerance in ``runs`` (the caller's, see :mod:`kneecap.control.gauss_reuse`; None:
+    none kept) is reused instead, and the nearest one warm-starts the search otherwise: a cold search is ~9 evaluations of 20k
     samples (~0.1 s of CPU), a warm one ~5."""
     from kneecap.model import gauss
 
@@ -363,17 +361,18 @@ def _gauss_rate(arch_key: str, gpu_key: str, cal: calibrate.Calibration, obs: Ob
                max(obs.output_len_mean, 1.0), max(obs.output_len_cv, 0.05))
     inputs = gauss_reuse.inputs_for(coef, *lengths, kv_tokens=limits.kv_capacity_tokens)
     key = (arch_key, gpu_key, cal.form, slo_ttft_s, slo_tbt_s, quantile, seed, limits.slots, tp)
-    hit = GAUSS_RUNS.find(key, inputs)
+    hit = runs.find(key, inputs) if runs is not None else None
     if hit is not None:
         return (*hit, True)
-    near = GAUSS_RUNS.nearest(key, inputs)
+    near = runs.nearest(key, inputs) if runs is not None else None
     wl = gauss.Workload(input_tokens=gauss.LogNormalLength(lengths[0], lengths[1]),
                         output_tokens=gauss.LogNormalLength(lengths[2], lengths[3]))
     res = gauss.sustainable_rate(wl, coef, rng=np.random.default_rng(seed), samples=GAUSS_SAMPLES, replications=4,
                                  slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s, quantile=quantile,
                                  rel_tol=GAUSS_REL_TOL, hint_rps=(near[0] or None) if near else None, limits=limits)
     out = (res.rate_rps if (slo_ttft_s or slo_tbt_s) else 0.8 * res.stable_rate_rps, res.binding)
-    GAUSS_RUNS.add(key, inputs, out)
+    if runs is not None:
+        runs.add(key, inputs, out)
     return (*out, False)
 
 
@@ -406,14 +405,16 @@ def served_rate_per_replica(spec: LLMDeploymentSpec, ring, latest: Observation) 
 
 def colocated_replicas(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs: Observation,
                        seed: int = 0, served_rps: float | None = None,
-                       settings: EngineSettings | None = None) -> tuple[int, str, dict]:
+                       settings: EngineSettings | None = None,
+                       gauss_runs: gauss_reuse.GaussRuns | None = None) -> tuple[int, str, dict]:
     """GAUSS: per-replica SLO-sustainable rate λ*, replicas = ⌈headroom·λ/λ*⌉ (clamped later).
 
     λ* is GAUSS's at the cap and memory ``settings`` the pool would run with (the
     recommendation's: :func:`gauss_limits`). ``served_rps``: a per-pod rate measured within the
     SLO (:func:`served_rate_per_replica`); λ* is never below it: where the fitted model says a
     pod cannot do what it has just been seen doing, the measurement wins (a fit on a narrow
-    batch range can be far off)."""
+    batch range can be far off). ``gauss_runs``: past GAUSS runs to reuse and add to (the
+    loop's, :class:`kneecap.control.loop.LoopContext`)."""
     from kneecap.model.sara import plan_colocated
 
     rate = max(obs.request_rate_rps, 1e-6)
@@ -421,7 +422,7 @@ def colocated_replicas(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs:
     limits = gauss_limits(spec, obs, settings)
     lam_star, binding, reused = _gauss_rate(spec.model.architecture, spec.accelerator.gpu, cal, obs,
                                             spec.slo.ttft_s, spec.slo.tpot_s, spec.slo.quantile, seed, limits,
-                                            model_tp(spec))
+                                            model_tp(spec), gauss_runs)
     if served_rps is not None and served_rps > lam_star:
         lam_star, binding = served_rps, "served"
     cp = plan_colocated(lam_star, spec.gpus_per_replica, max(spec.accelerator.cost_per_hour, 1e-9),
@@ -449,7 +450,8 @@ def disaggregated_allocation(spec: LLMDeploymentSpec, cal: calibrate.Calibration
     kv = spec.topology.kv_transfer
     costs = sara.Costs(max(spec.accelerator.cost_per_hour, 1e-9), max(spec.accelerator.cost_per_hour, 1e-9),
                        kv.cost_per_gib_s_hour if kv else 0.1)
-    service, tp = None, model_tp(spec)
+    tp = model_tp(spec)
+    service = None
     if cal is not None:
         arch_key = spec.model.architecture
 

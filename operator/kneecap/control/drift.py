@@ -10,6 +10,7 @@ only the fields kneecap sets are compared.
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 from kneecap.control.quantity import canonical_quantity
@@ -17,7 +18,7 @@ from kneecap.control.quantity import canonical_quantity
 _QUANTITY_MAPS = ("limits", "requests")
 _QUANTITY_FIELDS = frozenset({"sizeLimit"})  # emptyDir's
 # non-pointer Go fields with omitempty: their zero value is not stored, so it equals absent
-_OMITTED_ZEROS = {"readOnly": False, "initialDelaySeconds": 0}
+_OMITTED_ZEROS = MappingProxyType({"readOnly": False, "initialDelaySeconds": 0})
 # pointer-to-struct fields whose empty value means something (``emptyDir: {}`` is a volume
 # source): the API server keeps them
 _MEANINGFUL_EMPTY = frozenset({"emptyDir"})

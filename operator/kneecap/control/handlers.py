@@ -18,6 +18,7 @@ import kopf
 
 from kneecap.control import loop as L, plan as P, reconcile as R, status as St
 from kneecap.control.auth import Credentials, CredentialsError
+from kneecap.control.gauss_reuse import GaussRuns
 from kneecap.control.informer import CachedReads
 from kneecap.control.kube import KubeClient, configmaps_path, resource_path
 from kneecap.control.metrics import OperatorMetrics
@@ -159,6 +160,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         # read the API: they must see an HPA created just before a spec change)
         memo.reads = CachedReads(memo.kube)
         memo.metrics = config.metrics
+        memo.gauss_runs = GaussRuns()  # shared by every resource's plan (LoopContext.gauss_runs)
         # one client session for every scrape; a connection per scrape (force_close): vLLM's
         # server drops idle keep-alive connections after 5 s, an interval is longer
         memo.scrape_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))
@@ -236,7 +238,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
                             scrape_timeout_s=config.scrape_timeout_s, scrape=config.scrape,
                             session=getattr(memo, "scrape_session", None),
                             reads=None if fresh else getattr(memo, "reads", None),
-                            reconcile_lock=reconcile_lock(memo),
+                            reconcile_lock=reconcile_lock(memo), gauss_runs=getattr(memo, "gauss_runs", None),
                             event=lambda etype, reason, message: kopf.event(body, type=etype, reason=reason,
                                                                             message=message))
         seen = dict(body)  # (kopf's body is live: the watch may replace it during the tick)

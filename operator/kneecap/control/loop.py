@@ -28,6 +28,7 @@ from typing import Awaitable, Callable
 import aiohttp
 
 from kneecap.control import manifests as M, plan as P, reconcile as R, restart
+from kneecap.control.gauss_reuse import GaussRuns
 from kneecap.control.informer import ApiReads
 from kneecap.control.kube import ApiError, ApiFailure, KubeClient, deployments_path
 from kneecap.control.metrics import OperatorMetrics
@@ -84,6 +85,9 @@ class LoopContext:
     # held while the tick reconciles: the resource's spec handlers reconcile under the same lock
     # (kopf runs them and the timer concurrently), see handlers.reconcile_lock
     reconcile_lock: asyncio.Lock | None = None
+    # past GAUSS runs, reused by every resource's plan while its inputs stay within tolerance
+    # (one per operator process; None: each plan searches afresh)
+    gauss_runs: GaussRuns | None = None
 
     @property
     def reader(self) -> ApiReads:
@@ -277,7 +281,7 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
     :func:`write_status`). Reads the clock once (``ctx.now``)."""
     now_s = ctx.now()
     g, status = await gather(ctx, body, spec, mem)
-    return await apply(ctx, g, P.plan(g, status, spec, now_s), now_s)
+    return await apply(ctx, g, P.plan(g, status, spec, now_s, ctx.gauss_runs), now_s)
 
 
 def pending_status(mem: LoopMemory, version: str | None) -> dict | None:

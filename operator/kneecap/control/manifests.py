@@ -81,7 +81,6 @@ def initial_settings(spec: LLMDeploymentSpec, role: str) -> EngineSettings:
     """Start-up values: the spec's engine flags and the smallest non-zero pool size."""
     b = pool_bounds(spec, role)
     if spec.engine is None:  # an adopted Deployment: vLLM's own defaults stand for the flags its argv lacks
-        from kneecap.model.hardware import get_gpu
         from kneecap.model.memory import vllm_default_limits
 
         seqs, _ = vllm_default_limits(spec.accelerator.gpu, True, 2048)

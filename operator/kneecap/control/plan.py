@@ -17,12 +17,13 @@ import dataclasses
 import json
 import logging
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Sequence
 
 import numpy as np
 
 from kneecap.control import applied as A, cudagraph, decide, manifests as M, policy, reconcile as R, restart
-from kneecap.control import status as St, target as T
+from kneecap.control import gauss_reuse, status as St, target as T
 from kneecap.control.kube import MERGE, ApiFailure
 from kneecap.control.metrics import CURVE_BATCHES
 from kneecap.control.spec import LLMDeploymentSpec
@@ -276,8 +277,9 @@ def batching_efficiency(cal: calibrate.Calibration, spec: LLMDeploymentSpec, obs
 
 # ---------------------------------------------------------------- calibration in status (camelCase)
 
-_METRIC_KEYS = {"mape_pct": "mapePct", "max_error_pct": "maxErrorPct", "n_points": "nPoints", "cost": "fitCost"}
-_NOTE_KEYS = {"checkedS": "checkedUnixSeconds", "ringN": "ringPoints"}
+_METRIC_KEYS = MappingProxyType({"mape_pct": "mapePct", "max_error_pct": "maxErrorPct", "n_points": "nPoints",
+                                 "cost": "fitCost"})
+_NOTE_KEYS = MappingProxyType({"checkedS": "checkedUnixSeconds", "ringN": "ringPoints"})
 
 
 def calibration_to_status(cal: calibrate.Calibration, error: float | None, accepted_time: str | None) -> dict:
@@ -329,6 +331,7 @@ class _Tick:
     m: _Metrics = field(default_factory=_Metrics)
     events: list = field(default_factory=list)
     patches: list = field(default_factory=list)
+    gauss_runs: gauss_reuse.GaussRuns | None = None  # the loop's past GAUSS runs (decide.colocated_replicas)
 
     @property
     def labels(self) -> tuple[str, str]:
@@ -356,15 +359,17 @@ class _Tick:
         return Plan(self.out, tuple(self.events), tuple(self.m.updates), tuple(self.patches))
 
 
-def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float) -> Plan:
-    """The new status, Events, metric updates and Deployment patches of one tick. Pure."""
+def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float,
+         gauss_runs: gauss_reuse.GaussRuns | None = None) -> Plan:
+    """The new status, Events, metric updates and Deployment patches of one tick; ``gauss_runs``
+    (the loop's reuse of GAUSS's λ* search) is the one state it reads and adds to."""
     status = status or {}
     if spec.adopted and any(p.state.settings.kv_cache_memory_bytes is not None for p in g.pools):
         spec = dataclasses.replace(spec, target_memory_knob="kvCacheMemoryBytes")  # the flag the user's argv sets
     if spec.adopted:  # the TP size the primary pool's argv runs with
         spec = dataclasses.replace(spec, target_tensor_parallel_size=target_tensor_parallel_size(g, spec))
     t = _Tick(g, spec, status, now_s, out={"observedGeneration": g.generation},
-              conds=list(status.get("conditions") or []))
+              conds=list(status.get("conditions") or []), gauss_runs=gauss_runs)
     labels, role = t.labels, primary_role(spec)
     _export_spec(t)
     if g.changes:
@@ -754,11 +759,12 @@ def _replicas(t: _Tick, cal, obs: Observation, current: int, restart_s: float, r
         alloc = decide.disaggregated_allocation(spec, cal, obs)
         return alloc["decodeReplicas"], "sara:" + str(alloc["binding"].get("decode", "")), alloc
     served = decide.served_rate_per_replica(spec, ring, obs)
-    n, binding, alloc = decide.colocated_replicas(spec, cal, obs, served_rps=served, settings=settings)
+    n, binding, alloc = decide.colocated_replicas(spec, cal, obs, served_rps=served, settings=settings,
+                                                  gauss_runs=t.gauss_runs)
     if alloc:  # GAUSS found λ*: outside the hysteresis band only, a scale-down stabilised (stabilised_replicas)
         band = lambda f: decide.colocated_replicas(  # noqa: E731
             spec, cal, dataclasses.replace(obs, request_rate_rps=obs.request_rate_rps * f), served_rps=served,
-            settings=settings)[0]
+            settings=settings, gauss_runs=t.gauss_runs)[0]
         n_down = band(1.0 + spec.control.hysteresis)
         if n > current:
             n = max(current, band(1.0 / (1.0 + spec.control.hysteresis)))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import urllib.parse
 from dataclasses import dataclass, field
-from typing import Any
 
 from kneecap.control import manifests as M, target as T
 from kneecap.control.drift import in_sync
@@ -27,7 +26,8 @@ log = logging.getLogger("kneecap.reconcile")
 
 @dataclass(frozen=True)
 class Conflict:
-    """An object kneecap would own that exists and belongs to someone else."""
+    """An object kneecap would own that exists and belongs to someone else (left alone; its
+    pool is not reconciled)."""
 
     kind: str  # "Deployment" | "Service"
     name: str
@@ -107,15 +107,6 @@ class PoolState:
             return True
         want = int(d["spec"].get("replicas", 1))
         return int(st.get("updatedReplicas", want)) < want or int(st.get("unavailableReplicas", 0)) > 0
-
-
-@dataclass(frozen=True)
-class Conflict:
-    """An object kneecap would own that is not its own (left alone; its pool is not reconciled)."""
-
-    kind: str
-    name: str
-    message: str
 
 
 @dataclass

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import dataclass, fields
+from types import MappingProxyType
 from typing import Any, Iterable
 
 from kneecap.naming import status_key
@@ -108,7 +109,7 @@ class RingEntry:
 
 
 RING_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RingEntry))
-_RING_KEYS = {f.name: status_key(f.name) for f in fields(RingEntry)}
+_RING_KEYS = MappingProxyType({f.name: status_key(f.name) for f in fields(RingEntry)})
 
 
 def ring_entry(observation) -> dict[str, Any]:

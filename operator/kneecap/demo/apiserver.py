@@ -18,6 +18,7 @@ import copy
 import datetime
 import json
 import re
+from types import MappingProxyType
 from typing import Any
 
 from kneecap.control.drift import omitted_zero as _omitted_zero
@@ -101,7 +102,8 @@ class DecodeError(Exception):
 
 
 # Go maps and slices are omitempty in the API types: an empty one is not stored.
-_MAP_FIELDS = {"labels", "annotations", "nodeSelector", "limits", "requests", "matchLabels", "selector", "data"}
+_MAP_FIELDS = frozenset({"labels", "annotations", "nodeSelector", "limits", "requests", "matchLabels", "selector",
+                         "data"})
 
 
 def drop_empty(value: Any, key: str = "") -> Any:
@@ -260,11 +262,11 @@ def server_defaults(kind: str, obj: dict, cluster_ip: str = "10.96.0.10") -> Non
 # ---------------------------------------------------------------- strategic merge patch
 
 # patchMergeKey of the list fields (k8s.io/api struct tags); other lists are replaced.
-_MERGE_KEYS = {"containers": "name", "initContainers": "name", "ephemeralContainers": "name",
-               "env": "name", "volumes": "name", "volumeMounts": "mountPath", "volumeDevices": "devicePath",
-               "imagePullSecrets": "name", "ownerReferences": "uid", "conditions": "type",
-               "hostAliases": "ip", "resourceClaims": "name"}
-_SET_LISTS = {"finalizers"}  # primitive lists merged as sets (patchStrategy:merge)
+_MERGE_KEYS = MappingProxyType({
+    "containers": "name", "initContainers": "name", "ephemeralContainers": "name", "env": "name", "volumes": "name",
+    "volumeMounts": "mountPath", "volumeDevices": "devicePath", "imagePullSecrets": "name", "ownerReferences": "uid",
+    "conditions": "type", "hostAliases": "ip", "resourceClaims": "name"})
+_SET_LISTS = frozenset({"finalizers"})  # primitive lists merged as sets (patchStrategy:merge)
 
 
 def _merge_key(field: str, parent_path: tuple[str, ...]) -> str | None:

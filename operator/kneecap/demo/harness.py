@@ -423,7 +423,7 @@ class _LagWatch:
                             "the demo follows the twins' clock, so rates stay right and the run takes longer")
 
 
-async def _main(cfg: DemoConfig, kube: KubeAPIThread, clock: TwinClock,
+async def _main(cfg: DemoConfig, kube: "KubeAPIThread", clock: TwinClock,
                 on_row: Callable[[IntervalRow], None], on_warning: Callable[[str], None], log_dir: Path | None,
                 on_endpoints: Callable[[list[str]], None] = lambda urls: None):
     from kneecap.demo.kubeapi import LLMD

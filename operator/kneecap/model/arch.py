@@ -11,7 +11,9 @@ of ``kv_latent_dim`` elements per token and layer instead of K and V.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 import numpy as np
 
@@ -206,7 +208,7 @@ def _gated(key, layers, hidden, q, kv, ffn, vocab, params, max_pos, nominal, hea
 # tower). Sliding-window layers (Mistral, Gemma 2/3) are counted as full attention: an upper
 # bound on KV bytes per token. DeepSeek's MLA is modelled by its cached latent (kv_lora_rank 512
 # + rope 64 per layer); its attention FLOPs are approximated by heads × (128 + 64).
-CATALOG: dict[str, ModelArch] = {a.key: a for a in [
+CATALOG: Mapping[str, ModelArch] = MappingProxyType({a.key: a for a in [
     _opt("opt-125m", 12, 768, 12, 125.2e6, 125e6),
     _opt("opt-350m", 24, 1024, 16, 331.2e6, 350e6),
     _opt("opt-1.3b", 24, 2048, 32, 1.316e9, 1.3e9),
@@ -259,9 +261,9 @@ CATALOG: dict[str, ModelArch] = {a.key: a for a in [
            source="ibm-granite/granite-3.0-8b-instruct"),
     ModelArch("gpt-3-175b", 96, 12288, 96, 96, 128, 49152, False, 50257, 175e9,
               max_position=2048, nominal_params=175e9, source="Brown et al. 2020, Table 2.1 (no config.json)"),
-]}
+]})
 
-ALIASES = {
+ALIASES = MappingProxyType({
     "llama-3-8b": "llama-3.1-8b", "gpt3-175b": "gpt-3-175b", "mixtral-8x7b-instruct": "mixtral-8x7b",
     "meta-llama/llama-3.1-8b-instruct": "llama-3.1-8b", "meta-llama/llama-3.1-70b-instruct": "llama-3.1-70b",
     "meta-llama/llama-3.2-1b-instruct": "llama-3.2-1b", "meta-llama/llama-3.2-3b-instruct": "llama-3.2-3b",
@@ -272,7 +274,7 @@ ALIASES = {
     **{f"qwen/qwen2.5-{s}-instruct": f"qwen2.5-{s}" for s in ("7b", "32b", "72b")},
     # each entry's own source repo id
     **{a.source.split(" ")[0].lower(): a.key for a in CATALOG.values() if "/" in a.source},
-}
+})
 
 
 def get_arch(key: "str | ModelArch") -> ModelArch:
@@ -286,9 +288,9 @@ def get_arch(key: "str | ModelArch") -> ModelArch:
     return CATALOG[k]
 
 
-_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4, "float8": 1, "fp8": 1, "half": 2}
+_DTYPE_BYTES = MappingProxyType({"float16": 2, "bfloat16": 2, "float32": 4, "float8": 1, "fp8": 1, "half": 2})
 # model types whose MLP is two matrices with a plain activation (no gate)
-_UNGATED = {"opt", "gpt2", "gptj", "gpt_neox", "gpt_bigcode", "bloom", "falcon", "phi", "starcoder2"}
+_UNGATED = frozenset({"opt", "gpt2", "gptj", "gpt_neox", "gpt_bigcode", "bloom", "falcon", "phi", "starcoder2"})
 
 
 def _weight_dtype_bytes(config: dict) -> float | None:

@@ -9,9 +9,10 @@ Gauss–Newton covariance from the Jacobian at the optimum.
 from __future__ import annotations
 
 import json
-import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from types import MappingProxyType
 from typing import Sequence
 
 import numpy as np
@@ -35,7 +36,7 @@ class Prior:
 
 # Plausible values on a modern GPU with vLLM (per-token overheads of ~10–100 µs, bandwidth
 # efficiencies 0.5–0.9, prefill at half of peak). Wide: one σ is a factor e^log_sigma.
-PRIORS: dict[str, Prior] = {
+PRIORS: Mapping[str, Prior] = MappingProxyType({
     "eta_c": Prior(0.5, 0.7, 0.02, 1.0),
     # Decode attention streams the KV cache near DRAM bandwidth at large context (paper §V).
     "eta_m": Prior(0.8, 0.5, 0.02, 1.0),
@@ -48,7 +49,7 @@ PRIORS: dict[str, Prior] = {
     # vs the nominal BW: measured weight streaming on the data's H100 runs ~10% above the
     # paper's 1.62 TB/s figure, so allow up to 1.3.
     "eta_w": Prior(0.9, 0.3, 0.05, 1.3),
-}
+})
 
 
 def form_priors(form: str, gpu: GPU) -> dict[str, Prior]:

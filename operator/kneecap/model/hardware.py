@@ -3,7 +3,9 @@ the interconnect tensor-parallel collectives run over (per-GPU bandwidth and per
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
+from types import MappingProxyType
 
 from kneecap.errors import InputError
 
@@ -59,7 +61,7 @@ def _gpu(key, name, peak, bw, mem, cost, source, link) -> GPU:
     return GPU(key, name, peak, bw, mem, cost, source, *link)
 
 
-GPUS: dict[str, GPU] = {g.key: g for g in [
+GPUS: Mapping[str, GPU] = MappingProxyType({g.key: g for g in [
     # peak: dense FP16/BF16 tensor FLOP/s (the datasheets' sparse figure / 2); bandwidth: the
     # datasheet's; memory: GiB as CUDA/ROCm reports the device total (a bit under the label);
     # cost: an indicative on-demand USD/h (spec.accelerator.costPerHour overrides it);
@@ -110,20 +112,20 @@ GPUS: dict[str, GPU] = {g.key: g for g in [
     _gpu("mi300x", "AMD Instinct MI300X 192GB", 1307.4e12, 5.3e12, 191.98, 4.0,
          "AMD Instinct MI300X data sheet: FP16/BF16 1,307.4 TFLOPS dense, 192 GB HBM3 5.3 TB/s, "
          "Infinity Fabric 896 GB/s peak aggregate", INFINITY_FABRIC),
-]}
+]})
 
 # Unambiguous other spellings only: a family name alone ("h100", "a100") has several variants
 # whose memory and bandwidth differ, so it is an error that lists them (get_gpu).
-ALIASES = {"h100-sxm-80gb": "h100-80gb", "h100-sxm": "h100-80gb", "h100-sxm5": "h100-80gb",
-           "h100-sxm5-80gb": "h100-80gb", "h100-pcie": "h100-pcie-80gb", "h100-nvl-94gb": "h100-nvl",
-           "h200-141gb": "h200", "h200-sxm": "h200", "b200-180gb": "b200",
-           "a100-sxm-80gb": "a100-80gb", "a100-sxm4-80gb": "a100-80gb", "a100-sxm-40gb": "a100-40gb",
-           "a100-sxm4-40gb": "a100-40gb", "l40s-48gb": "l40s", "l4-24gb": "l4",
-           "a10g-24gb": "a10g", "a10-24gb": "a10", "mi300x-192gb": "mi300x",
-           "rtx4090": "rtx-4090", "geforce-rtx-4090": "rtx-4090", "rtx-4090-24gb": "rtx-4090",
-           "rtxpro6000": "rtx-pro-6000", "rtx-pro-6000-blackwell": "rtx-pro-6000", "rtx-pro-6000-96gb": "rtx-pro-6000"}
+ALIASES = MappingProxyType({"h100-sxm-80gb": "h100-80gb", "h100-sxm": "h100-80gb", "h100-sxm5": "h100-80gb",
+                            "h100-sxm5-80gb": "h100-80gb", "h100-pcie": "h100-pcie-80gb", "h100-nvl-94gb": "h100-nvl",
+                            "h200-141gb": "h200", "h200-sxm": "h200", "b200-180gb": "b200",
+                            "a100-sxm-80gb": "a100-80gb", "a100-sxm4-80gb": "a100-80gb", "a100-sxm-40gb": "a100-40gb",
+                            "a100-sxm4-40gb": "a100-40gb", "l40s-48gb": "l40s", "l4-24gb": "l4",
+                            "a10g-24gb": "a10g", "a10-24gb": "a10", "mi300x-192gb": "mi300x",
+                            "rtx4090": "rtx-4090", "geforce-rtx-4090": "rtx-4090", "rtx-4090-24gb": "rtx-4090",
+                            "rtxpro6000": "rtx-pro-6000", "rtx-pro-6000-blackwell": "rtx-pro-6000", "rtx-pro-6000-96gb": "rtx-pro-6000"})
 
-_OVERRIDABLE = {f.name for f in fields(GPU)} - {"key", "source"}
+_OVERRIDABLE = frozenset({f.name for f in fields(GPU)} - {"key", "source"})
 
 
 def get_gpu(key: "str | GPU", /, **overrides) -> GPU:

@@ -14,7 +14,7 @@ from kneecap.model.arch import get_arch
 
 REQUIRED_FIT = ("model", "batch", "input_len", "output_len", "throughput_tok_s")
 REQUIRED_PREDICT = ("model", "batch", "input_len", "output_len")
-_TRUE = {"true", "1", "yes", "y", "t"}
+_TRUE = frozenset({"true", "1", "yes", "y", "t"})
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,9 @@ KV heads read per step (eqs 9–11 per GPU), plus 2·L ring all-reduces per forw
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
+from types import MappingProxyType
 from typing import Sequence
 
 import numpy as np
@@ -72,11 +74,11 @@ class SlimParams:
 
 
 # Parameters each form uses (the ones calibration fits).
-FORM_PARAMS: dict[str, tuple[str, ...]] = {
+FORM_PARAMS: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "paper-a": ("eta_c", "eta_m", "alpha_s", "gamma_s", "b0", "t_fixed_s"),
     "paper-b": ("eta_c", "eta_m", "alpha_s", "gamma_s", "b0", "t_fixed_s"),
     "kneecap": ("eta_c", "eta_m", "alpha_s", "gamma_s", "t_step_s", "t_layer_s", "eta_w", "t_fixed_s"),
-}
+})
 
 
 @dataclass(frozen=True)

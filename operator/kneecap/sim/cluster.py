@@ -32,6 +32,7 @@ from typing import Callable
 import numpy as np
 
 from kneecap.control import loop as L, plan as P, reconcile as R, status as St
+from kneecap.control.gauss_reuse import GaussRuns
 from kneecap.control.informer import ApiReads
 from kneecap.control.kube import resource_path
 from kneecap.control.metrics import OperatorMetrics
@@ -139,7 +140,7 @@ class OperatorDriver:
             return
         self.mem.last_tick_s = self.cluster.now()
         ctx = L.LoopContext(kube=api, metrics=self.metrics, event=self._event, now=self.cluster.now,
-                            scrape=self.scrape, reads=ApiReads(api))
+                            scrape=self.scrape, reads=ApiReads(api), gauss_runs=self.cluster.gauss_runs)
         status = self._run(L.tick(ctx, body, self.mem.spec, self.mem))
         self._run(L.write_status(ctx, path, status, self.mem))
         d = status.get("lastDecision") or {}
@@ -177,6 +178,7 @@ class VirtualCluster:
         self.budget: MissBudget | None = None
         self.misses_ttft = self.misses_tpot = 0
         self.aborted = False  # stopped early: the miss budget ran out
+        self.gauss_runs = GaussRuns()  # the operator's λ* reuse, one per run (as one per operator process)
 
     def now(self) -> float:
         return EPOCH_S + self.t_s

