@@ -186,13 +186,13 @@ def test_ring_entries_keep_what_the_fit_and_slo_attainment_read():
 def test_metrics_exposition_and_forget():
     m = OperatorMetrics()
     m.set(m.recommended_max_num_seqs, 96, "ns", "a", "server")
-    m.set(m.memory_released_gib, 31.5, "ns", "a", "server")
+    m.set(m.memory_released_bytes, 31.5 * 2**30, "ns", "a", "server")
     m.inc(m.decisions, "ns", "a", "Cooldown")
     m.inc(m.decisions, "ns", "a", "Cooldown")
     m.inc(m.scrape_failures, "ns", "b")
     text = m.exposition().decode()
     assert 'kneecap_recommended_max_num_seqs{name="a",namespace="ns",pool="server"} 96.0' in text
-    assert 'kneecap_memory_released_gib{name="a",namespace="ns",pool="server"} 31.5' in text
+    assert 'kneecap_memory_released_bytes{name="a",namespace="ns",pool="server"} 3.3822867456e+10' in text
     assert 'kneecap_decisions_total{name="a",namespace="ns",reason="Cooldown"} 2.0' in text
     m.forget("ns", "a")
     text = m.exposition().decode()

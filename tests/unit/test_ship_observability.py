@@ -282,7 +282,7 @@ def test_dashboard_shows_the_knee_decisions_memory_latency_and_calibration():
     assert panel_with("kneecap_knee_batch", "vllm:num_requests_running")
     assert panel_with("kneecap_recommended_max_num_seqs", "kneecap_applied_max_num_seqs")
     assert panel_with("kneecap_recommended_gpu_memory_utilization", "kneecap_applied_gpu_memory_utilization")
-    assert panel_with("kneecap_memory_released_gib")
+    assert panel_with("kneecap_memory_released_bytes")
     assert panel_with("vllm:time_to_first_token_seconds_bucket", "0.95", 'kneecap_slo_target_seconds', 'kind="ttft"')
     assert panel_with("vllm:inter_token_latency_seconds_bucket", "0.99", 'kneecap_slo_target_seconds', 'kind="tpot"')
     assert panel_with("kneecap_calibration_error_ratio", "time() - kneecap_calibration_timestamp_seconds")

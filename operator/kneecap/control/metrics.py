@@ -30,9 +30,9 @@ class OperatorMetrics:
                                                  "--gpu-memory-utilization recommended", POOL_LABELS, registry=r)
         self.applied_memory_fraction = Gauge("kneecap_applied_gpu_memory_utilization",
                                              "--gpu-memory-utilization live in the pool", POOL_LABELS, registry=r)
-        self.memory_released_gib = Gauge("kneecap_memory_released_gib",
-                                         "GPU memory per replica released versus the default reservation",
-                                         POOL_LABELS, registry=r)
+        self.memory_released_bytes = Gauge("kneecap_memory_released_bytes",
+                                           "GPU memory per replica released versus the default reservation",
+                                           POOL_LABELS, registry=r)
         self.knee_batch = Gauge("kneecap_knee_batch", "batch size at the knee of the throughput curve",
                                 POOL_LABELS, registry=r)
         self.predicted_throughput = Gauge("kneecap_predicted_throughput_tokens_per_second",

@@ -822,6 +822,6 @@ def _export_recommendation(t: _Tick, role: str, r: decide.Recommendation) -> Non
     labels = t.labels
     t.m.set("recommended_max_num_seqs", r.max_num_seqs, *labels, role)
     t.m.set("recommended_memory_fraction", r.gpu_memory_utilization, *labels, role)
-    t.m.set("memory_released_gib", r.released_gib, *labels, role)
+    t.m.set("memory_released_bytes", r.released_gib * decide.GIB, *labels, role)
     t.m.set("knee_batch", r.knee_batch, *labels, role)
     t.m.set("recommended_throughput", r.pred_throughput_tok_s, *labels, role)
