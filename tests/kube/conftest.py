@@ -72,10 +72,10 @@ def ns(admin: KubeClient, crd_applied: dict, request: pytest.FixtureRequest):
 @pytest.fixture(scope="module", autouse=True)
 def _module_namespace_cleared(request: pytest.FixtureRequest):
     """After each module, its namespace (``NS``) emptied (`clear_namespace`)."""
-    yield
     namespace = getattr(request.module, "NS", None)
+    admin = request.getfixturevalue("admin") if namespace else None  # (before the module: pytest's rule)
+    yield
     if namespace:
-        admin = request.getfixturevalue("admin")
         if admin.get("v1/namespaces", None, namespace) and admin.get(
                 "apiextensions.k8s.io/v1/customresourcedefinitions", None, CRD_NAME):
             clear_namespace(admin, namespace)
