@@ -17,7 +17,7 @@ SPEC = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type
                    "control": {"mode": "enforce", "cooldown": "10m", "minObservations": 3}})
 CUR = EngineSettings(64, 0.9, None, 2)
 OK = P.GuardState(now_s=10_000.0, last_applied_s=None, rollout_in_progress=False, n_observations=5,
-                  scrape_ok=True, fit_ok=True)
+                  fit_ok=True)
 
 
 def run(settings, gain=0.2, mem=0.0, state=OK, cur=CUR, memfn=None):
@@ -33,7 +33,6 @@ def test_apply_when_all_guards_pass():
 
 
 @pytest.mark.parametrize("state,reason", [
-    (replace(OK, scrape_ok=False), "ScrapeFailed"),
     (replace(OK, fit_ok=False, fit_message="MAPE 45%"), "BadFit"),
     (replace(OK, n_observations=2), "TooFewObservations"),
     (replace(OK, rollout_in_progress=True), "RolloutInProgress"),

@@ -18,7 +18,7 @@ from tests.unit.test_control_plan import NOW, OWNER, RAW, gathered, ring_status
 
 CUR = EngineSettings(256, 0.9, None, 4)
 OK = policy.GuardState(now_s=10_000.0, last_applied_s=None, rollout_in_progress=False, n_observations=5,
-                       scrape_ok=True, fit_ok=True)
+                       fit_ok=True)
 
 
 def _spec(replicas: int = 2, **control):

@@ -507,7 +507,7 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float,
     state = policy.GuardState(
         now_s=now_s, last_applied_s=A.last_applied_s(applied, records.values()),
         rollout_in_progress=any(s.rollout_in_progress for s in states),
-        n_observations=len(observations), scrape_ok=True, fit_ok=cal_out.ok, fit_message=cal_out.message,
+        n_observations=len(observations), fit_ok=cal_out.ok, fit_message=cal_out.message,
         replicas_external=external, restart=restart_cost)
     round_cap = None if cudagraph.eager(pools[role].engine_container) else (
         lambda cap: cudagraph.round_cap(cap, spec.batching.min_max_num_seqs, spec.batching.max_max_num_seqs))

@@ -45,7 +45,6 @@ class GuardState:
     last_applied_s: float | None
     rollout_in_progress: bool
     n_observations: int
-    scrape_ok: bool
     fit_ok: bool
     fit_message: str = ""
     replicas_external: bool = False
@@ -101,8 +100,6 @@ def guard(
     full = proposal
     want = proposal.settings
     hold = lambda reason, msg, target=current: Decision(HOLD, reason, msg, target)  # noqa: E731
-    if not state.scrape_ok:
-        return hold("ScrapeFailed", "metrics scrape failed; keeping the last good state")
     if not state.fit_ok:
         return hold("BadFit", f"calibration not trusted ({state.fit_message or 'fit failed'}); keeping the last good state")
     if state.n_observations < control.min_observations:
