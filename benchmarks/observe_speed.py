@@ -42,7 +42,7 @@ from _paths import RESULTS, VLLM_CAPTURES  # noqa: E402
 from kneecap.control.loop import WINDOW_FAMILIES  # noqa: E402
 from kneecap.model.arch import get_arch  # noqa: E402
 from kneecap.model.hardware import get_gpu  # noqa: E402
-from kneecap.observe.scrape import parse_metrics  # noqa: E402
+from kneecap.observe.scrape import ParseCache, parse_metrics  # noqa: E402
 from kneecap.observe.window import NoObservation, combine, window_deltas  # noqa: E402
 from kneecap.sim.engine import Engine, engine_config  # noqa: E402
 from kneecap.sim.metrics import TwinMetrics  # noqa: E402
@@ -108,13 +108,15 @@ def _plain(o) -> dict | str:
 
 def measure(pods: list[tuple[str, str, str]], repeats: int) -> dict:
     texts = [t for pod in pods for t in pod]
-    snaps = [tuple(parse_metrics(t, t_s=ts, keep=WINDOW_FAMILIES) for t, ts in zip(pod, (T0_S, (T0_S + T1_S) / 2, T1_S)))
+    cache = ParseCache()  # the loop's: one for every scrape
+    snaps = [tuple(parse_metrics(t, t_s=ts, keep=WINDOW_FAMILIES, cache=cache)
+                   for t, ts in zip(pod, (T0_S, (T0_S + T1_S) / 2, T1_S)))
              for pod in pods]  # also warms the series cache
     size = statistics.mean(len(t.encode()) for t in texts)
 
     def parse_all():
         for t in texts:
-            parse_metrics(t, t_s=T1_S, keep=WINDOW_FAMILIES)
+            parse_metrics(t, t_s=T1_S, keep=WINDOW_FAMILIES, cache=cache)
 
     def deltas_all():
         return [window_deltas(p, c, (b,)) for p, b, c in snaps]

@@ -39,10 +39,10 @@ def edits(text: str) -> list[str]:
 @pytest.mark.parametrize("name", CAPTURES)
 @pytest.mark.parametrize("keep", [None, WINDOW_FAMILIES])
 def test_cached_parse_equals_whole_family_parse(monkeypatch, name, keep):
-    S._SERIES_CACHE.clear()
+    cache = S.ParseCache()
     for text in edits(read_capture(name)):
-        cold = parse_metrics(text, t_s=T0, keep=keep)
-        warm = parse_metrics(text, t_s=T0, keep=keep)  # every series from the cache
+        cold = parse_metrics(text, t_s=T0, keep=keep, cache=cache)
+        warm = parse_metrics(text, t_s=T0, keep=keep, cache=cache)  # every series from the cache
         assert as_plain(cold) == as_plain(warm) == as_plain(whole_family_parse(monkeypatch, text, t_s=T0, keep=keep))
 
 
@@ -52,12 +52,12 @@ def test_dirty_lines_are_named_in_invalid():
 
 
 def test_cache_reads_new_values_of_known_series():
-    S._SERIES_CACHE.clear()
+    cache = S.ParseCache()
     body = '# TYPE x_total counter\nx_total{a="1"} {v}\n# TYPE y gauge\ny {v}\n'
     for v in (1.0, 2.5, 7.0):
-        snap = parse_metrics(body.replace("{v}", str(v)))
+        snap = parse_metrics(body.replace("{v}", str(v)), cache=cache)
         assert snap.series["x_total"][(("a", "1"),)] == v and snap.value("y") == v
-    snap = parse_metrics(body.replace("{v}", "nope"))
+    snap = parse_metrics(body.replace("{v}", "nope"), cache=cache)
     assert snap.get("x_total") is None and {"x_total", "y"} <= snap.invalid
 
 
@@ -108,7 +108,7 @@ VALUE_FORMS = ["7", "1e3", "+Inf", "-Inf", "NaN", "1_5", "3 1700000000000", "2.5
 
 @pytest.mark.parametrize("keep", [None, WINDOW_FAMILIES])
 def test_line_cache_reads_every_value_form_as_the_reference(monkeypatch, keep):
-    S._SERIES_CACHE.clear()
+    cache = S.ParseCache()
     text = read_capture("vllm-0.32-cpu-20req.txt")
     targets = ['vllm:prompt_tokens_total{engine="0",model_name="tiny"} ',
                'vllm:num_requests_running{engine="0",model_name="tiny"} ',
@@ -121,18 +121,19 @@ def test_line_cache_reads_every_value_form_as_the_reference(monkeypatch, keep):
             j = edited.index("\n", i)
             edited = edited[:i] + t + form + edited[j:]
         for _ in range(2):  # cold (or warm from the form before), then warm
-            snap = parse_metrics(edited, t_s=T0, keep=keep)
+            snap = parse_metrics(edited, t_s=T0, keep=keep, cache=cache)
             series, invalid = reference(edited, keep)
             assert ({k: dict(v) for k, v in snap.series.items()}, snap.invalid) == (series, invalid), repr(form)
-        assert as_plain(parse_metrics(text, t_s=T0, keep=keep)) == as_plain(
+        assert as_plain(parse_metrics(text, t_s=T0, keep=keep, cache=cache)) == as_plain(
             whole_family_parse(monkeypatch, text, t_s=T0, keep=keep))
 
 
 def test_line_cache_follows_a_changed_type_line():
     # "# TYPE jobs gauge" and "# TYPE jobs counter" share the text before their last space
     gauge, counter = "# TYPE jobs gauge\njobs 3\n", "# TYPE jobs counter\njobs 3\n"
+    cache = S.ParseCache()
     for body in (gauge, gauge, counter, counter, gauge):
-        snap = parse_metrics(body)
+        snap = parse_metrics(body, cache=cache)
         assert dict(snap.series) == ({"jobs_total": {(): 3.0}} if body == counter else {"jobs": {(): 3.0}})
 
 
@@ -141,11 +142,13 @@ def test_warm_parse_skips_the_sample_parser_and_a_cleared_cache_does_not(monkeyp
     calls = []
     parse_sample = S._parse_sample
     monkeypatch.setattr(S, "_parse_sample", lambda line: calls.append(line) or parse_sample(line))
-    S._SERIES_CACHE.clear()
-    cold = parse_metrics(text, keep=WINDOW_FAMILIES)
+    cache = S.ParseCache()
+    cold = parse_metrics(text, keep=WINDOW_FAMILIES, cache=cache)
     n_cold = len(calls)
-    warm = parse_metrics(text, keep=WINDOW_FAMILIES)
+    warm = parse_metrics(text, keep=WINDOW_FAMILIES, cache=cache)
     assert n_cold > 200 and len(calls) == n_cold and as_plain(warm) == as_plain(cold)
-    S._SERIES_CACHE.clear()  # the line cache goes with it
-    parse_metrics(text, keep=WINDOW_FAMILIES)
+    cache.series.clear()  # the line cache goes with it
+    parse_metrics(text, keep=WINDOW_FAMILIES, cache=cache)
     assert len(calls) == 2 * n_cold
+    parse_metrics(text, keep=WINDOW_FAMILIES)  # no cache: this page alone
+    assert len(calls) == 3 * n_cold

@@ -24,6 +24,7 @@ from kneecap.control.kube import KubeClient, configmaps_path, resource_path
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.control.spec import GROUP, PLURAL, VERSION, LLMDeploymentSpec, check_name, config_map_ref, parse_spec
 from kneecap.errors import InputError
+from kneecap.observe.scrape import ParseCache
 
 RESOURCE = (GROUP, VERSION, PLURAL)
 # a replica that dies without saying so is presumed dead this long after its last keep-alive
@@ -161,6 +162,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         memo.reads = CachedReads(memo.kube)
         memo.metrics = config.metrics
         memo.gauss_runs = GaussRuns()  # shared by every resource's plan (LoopContext.gauss_runs)
+        memo.parse_cache = ParseCache()  # shared by every scrape (LoopContext.parse_cache)
         # one client session for every scrape; a connection per scrape (force_close): vLLM's
         # server drops idle keep-alive connections after 5 s, an interval is longer
         memo.scrape_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))
@@ -239,6 +241,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
                             session=getattr(memo, "scrape_session", None),
                             reads=None if fresh else getattr(memo, "reads", None),
                             reconcile_lock=reconcile_lock(memo), gauss_runs=getattr(memo, "gauss_runs", None),
+                            parse_cache=getattr(memo, "parse_cache", None),
                             event=lambda etype, reason, message: kopf.event(body, type=etype, reason=reason,
                                                                             message=message))
         seen = dict(body)  # (kopf's body is live: the watch may replace it during the tick)

@@ -34,7 +34,7 @@ from kneecap.control.kube import ApiError, ApiFailure, KubeClient, deployments_p
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.control.spec import LLMDeploymentSpec
 from kneecap.observe import window as W
-from kneecap.observe.scrape import ScrapeError, Snapshot, family_filter, scrape as http_scrape
+from kneecap.observe.scrape import ParseCache, ScrapeError, Snapshot, family_filter, scrape as http_scrape
 from kneecap.observe.window import NoObservation, Observation, Reason, combine, window_deltas
 
 log = logging.getLogger("kneecap.loop")
@@ -88,6 +88,7 @@ class LoopContext:
     # past GAUSS runs, reused by every resource's plan while its inputs stay within tolerance
     # (one per operator process; None: each plan searches afresh)
     gauss_runs: GaussRuns | None = None
+    parse_cache: ParseCache | None = None  # the scrapes' parser's (one per operator process; None: each page alone)
 
     @property
     def reader(self) -> ApiReads:
@@ -96,7 +97,8 @@ class LoopContext:
     async def scrape_url(self, url: str) -> Snapshot:
         if self.scrape is not None:
             return await self.scrape(url)
-        return await http_scrape(url, timeout_s=self.scrape_timeout_s, keep=WINDOW_FAMILIES, session=self.session)
+        return await http_scrape(url, timeout_s=self.scrape_timeout_s, keep=WINDOW_FAMILIES, session=self.session,
+                                 cache=self.parse_cache)
 
 
 # ---------------------------------------------------------------- gather

@@ -1,6 +1,7 @@
 """Reading the world: vLLM /metrics scraping, parsing and windowed observations.
 
-``await scrape(url, timeout_s=, max_bytes=, session=)`` -> :class:`Snapshot`;
+``await scrape(url, timeout_s=, max_bytes=, session=, cache=)`` -> :class:`Snapshot` (``cache``: a
+:class:`ParseCache` the caller keeps across scrapes);
 ``observe(prev, cur, between=())`` -> :class:`Observation` or :class:`NoObservation`;
 ``observe_pool([(prev, cur), ...])`` -> :class:`PoolObservation`;
 ``to_status(obs)`` / ``from_status(dict)`` for the custom resource's status (camelCase).
@@ -8,6 +9,7 @@
 
 from kneecap.observe.pool import PoolObservation, from_status, observe_pool, to_status
 from kneecap.observe.scrape import (
+    ParseCache,
     ScrapeConnectionError,
     ScrapeError,
     ScrapeHTTPError,
@@ -22,6 +24,7 @@ from kneecap.observe.window import NoObservation, Observation, Reason, observe, 
 __all__ = [
     "NoObservation",
     "Observation",
+    "ParseCache",
     "PoolObservation",
     "Reason",
     "ScrapeConnectionError",

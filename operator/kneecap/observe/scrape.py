@@ -155,13 +155,14 @@ def _last_family(lines: list[str]) -> str | None:
 
 
 def parse_metrics(text: str, *, url: str = "", t_s: float | None = None,
-                  keep: frozenset[str] | None = None) -> Snapshot:
+                  keep: frozenset[str] | None = None, cache: ParseCache | None = None) -> Snapshot:
     """Parse a Prometheus text exposition into a :class:`Snapshot` (tolerant, see module doc).
 
     ``keep`` (from :func:`family_filter`): keep only the series of those names (a smaller
     snapshot; a known series not kept costs one dict lookup); the rest of the body is skipped
     and its garbage not recorded in ``invalid``. The truncation rule still applies to the whole
-    body: a kept family is dropped only if the cut fell inside it."""
+    body: a kept family is dropped only if the cut fell inside it. ``cache``: what earlier
+    parses learned (the same result, faster on series seen before; None: this page alone)."""
     t_s = time.time() if t_s is None else t_s
     size = len(text) if text.isascii() else len(text.encode("utf-8", "replace"))
     truncated = bool(text) and not text.endswith("\n")
@@ -174,7 +175,7 @@ def parse_metrics(text: str, *, url: str = "", t_s: float | None = None,
     # body when filtered: a cut in a family not kept drops nothing kept).
     dropped_family = _last_family(lines) if truncated else None
     if _parse_sample is not None:
-        series, invalid = _collect_cached(lines, keep, dropped_family)
+        series, invalid = _collect_cached(lines, keep, dropped_family, ParseCache() if cache is None else cache)
     else:
         if keep is not None:
             lines = [ln for ln in lines if _line_name(ln) in keep]
@@ -209,44 +210,54 @@ def _collect(samples, dropped_family: str | None) -> tuple[dict[str, dict[Labels
     return series, invalid
 
 
-# Series key (the sample line up to its value) -> (sample name, labels) as prometheus-client
-# parsed it. A pod exports the same series every scrape and the pods of one model share them,
-# so after the first scrape only the values are parsed, and every snapshot shares the label
-# tuples (memory). Bounded: cleared when full.
-_SERIES_CACHE: dict[str, tuple[str, Labels]] = {}
-_SERIES_CACHE_MAX = 100_000
-
-# The line cache in front of it, one per ``keep`` set: a raw line's text before its last space
-# (``line.rpartition(" ")[0]``) -> what the line means, so that a line seen before costs one
-# rpartition and one dict lookup:
-#   _SKIP                                  a known series not kept: skip the line whatever its value
-#   (0, name, labels, name kept?)          a known series: parse the value after the space
-#   (1, rest, kind "TYPE"/"HELP"/"", family, counter?)  a comment line whose text after the
-#                                          space is ``rest`` (else the line is parsed afresh)
-# A sample entry is made only for a key in _SERIES_CACHE whose line is exactly "<key> <value>",
-# so a hit reads the line as _SERIES_CACHE would; a value that is not one plain float (a
-# timestamp, '_', garbage) goes the long way. Emptied with _SERIES_CACHE (also when something
-# else empties that) and bounded by the same size.
-_LINE_CACHES: dict[frozenset[str] | None, dict[str, tuple]] = {}
-_LINE_CACHE_KEEPS_MAX = 16
-_SKIP = ()
+_SKIP = ()  # a line-cache entry: a known series not kept (see ParseCache)
 
 
-def _line_cache(keep: frozenset[str] | None) -> dict[str, tuple]:
-    if not _SERIES_CACHE or len(_LINE_CACHES) >= _LINE_CACHE_KEEPS_MAX and keep not in _LINE_CACHES:
-        _LINE_CACHES.clear()
-    cache = _LINE_CACHES.get(keep)
-    if cache is None or len(cache) >= _SERIES_CACHE_MAX:
-        cache = _LINE_CACHES[keep] = {}
-    return cache
+class ParseCache:
+    """What :func:`parse_metrics` learned from the pages it parsed, kept by its caller (the
+    operator loop holds one for all its scrapes, a virtual-time run one per run).
+
+    ``series``: a series key (the sample line up to its value) -> (sample name, labels) as
+    prometheus-client parsed it. A pod exports the same series every scrape and the pods of one
+    model share them, so after the first scrape only the values are parsed, and every snapshot
+    shares the label tuples (memory).
+
+    ``lines``: the line cache in front of it, one per ``keep`` set: a raw line's text before its
+    last space (``line.rpartition(" ")[0]``) -> what the line means, so that a line seen before
+    costs one rpartition and one dict lookup:
+      _SKIP                                  a known series not kept: skip the line whatever its value
+      (0, name, labels, name kept?)          a known series: parse the value after the space
+      (1, rest, kind "TYPE"/"HELP"/"", family, counter?)  a comment line whose text after the
+                                             space is ``rest`` (else the line is parsed afresh)
+    A sample entry is made only for a key in ``series`` whose line is exactly "<key> <value>",
+    so a hit reads the line as ``series`` would; a value that is not one plain float (a
+    timestamp, '_', garbage) goes the long way. Emptied with ``series`` and bounded by the same
+    size (``max_series``), at most ``max_keeps`` keep sets."""
+
+    def __init__(self, max_series: int = 100_000, max_keeps: int = 16):
+        self.series: dict[str, tuple[str, Labels]] = {}
+        self.lines: dict[frozenset[str] | None, dict[str, tuple]] = {}
+        self.max_series, self.max_keeps = max_series, max_keeps
+
+    def clear(self) -> None:
+        self.series.clear()
+        self.lines.clear()
+
+    def line_cache(self, keep: frozenset[str] | None) -> dict[str, tuple]:
+        if not self.series or len(self.lines) >= self.max_keeps and keep not in self.lines:
+            self.lines.clear()
+        cache = self.lines.get(keep)
+        if cache is None or len(cache) >= self.max_series:
+            cache = self.lines[keep] = {}
+        return cache
 
 
-def _collect_cached(lines: list[str], keep: frozenset[str] | None,
-                    dropped_family: str | None) -> tuple[dict[str, dict[Labels, float]], set[str]]:
+def _collect_cached(lines: list[str], keep: frozenset[str] | None, dropped_family: str | None,
+                    cache: ParseCache) -> tuple[dict[str, dict[Labels, float]], set[str]]:
     """:func:`_collect` over :func:`_samples_cached` (the same result), with the line cache
-    (``_LINE_CACHES``) in front: a line seen before is one rpartition, one dict lookup and, for
+    (``cache.lines``) in front: a line seen before is one rpartition, one dict lookup and, for
     a kept series, one float()."""
-    fast = _line_cache(keep)
+    fast = cache.line_cache(keep)
     invalid: set[str] = set()
     series: dict[str, dict[Labels, float]] = {}
     fam, fam_counter = "", False
@@ -273,7 +284,7 @@ def _collect_cached(lines: list[str], keep: frozenset[str] | None,
                 except ValueError:
                     e = None
         if e is None:
-            got = _slow_line(head + sep + val, head, keep, fast, fam, fam_counter)
+            got = _slow_line(head + sep + val, head, keep, fast, fam, fam_counter, cache)
             if got is None:
                 continue
             if got[0] is None:  # a comment: the family context it sets
@@ -305,7 +316,7 @@ def _collect_cached(lines: list[str], keep: frozenset[str] | None,
 
 
 def _slow_line(raw: str, head: str, keep: frozenset[str] | None, fast: dict[str, tuple], fam: str,
-               fam_counter: bool):
+               fam_counter: bool, parse_cache: ParseCache):
     """One line the line cache did not answer, read as :func:`_samples_cached` reads it; fills
     both caches. Returns None (nothing to yield), ``(None, family, counter?)`` for a comment that
     sets the family context, or ``(name, labels, value | None, kept?)`` for a sample (None:
@@ -325,7 +336,7 @@ def _slow_line(raw: str, head: str, keep: frozenset[str] | None, fast: dict[str,
         if kind == "HELP" and family != fam:
             return None, family, False
         return None
-    cache = _SERIES_CACHE
+    cache = parse_cache.series
     brace = line.rfind("}")
     if brace >= 0 and " # " not in line:
         key, rest = line[: brace + 1], line[brace + 1:]
@@ -349,9 +360,8 @@ def _slow_line(raw: str, head: str, keep: frozenset[str] | None, fast: dict[str,
             sample = _parse_sample(line)
             name, labels, value = sample.name, tuple(sorted(sample.labels.items())), float(sample.value)
             if key:
-                if len(cache) >= _SERIES_CACHE_MAX:
-                    cache.clear()
-                    _LINE_CACHES.clear()  # its sample entries stand for series cache entries
+                if len(cache) >= parse_cache.max_series:
+                    parse_cache.clear()  # the line caches' sample entries stand for series entries
                     fast.clear()
                 cache[key] = (name, labels)
     except Exception:  # prometheus-client raises ValueError, IndexError, ... on garbage
@@ -365,7 +375,7 @@ def _slow_line(raw: str, head: str, keep: frozenset[str] | None, fast: dict[str,
     return name, labels, value, keep is None or name in keep
 
 
-def _samples_cached(lines: list[str], keep: frozenset[str] | None = None):
+def _samples_cached(lines: list[str], keep: frozenset[str] | None = None, parse_cache: ParseCache | None = None):
     """(name, labels, value | None for a line prometheus-client rejects) per sample line (of a
     name in ``keep``, when given: the series cache makes skipping a known series a dict lookup).
 
@@ -374,7 +384,8 @@ def _samples_cached(lines: list[str], keep: frozenset[str] | None = None):
     ``text_fd_to_metric_families`` keeps it: a sample named as its ``counter`` family without
     ``_total`` is renamed ``<name>_total``. The reference for :func:`_collect_cached`, which
     parse_metrics uses."""
-    cache = _SERIES_CACHE
+    parse_cache = ParseCache() if parse_cache is None else parse_cache
+    cache = parse_cache.series
     fam, fam_counter = "", False
     for line in lines:
         line = line.strip()
@@ -408,7 +419,7 @@ def _samples_cached(lines: list[str], keep: frozenset[str] | None = None):
                 sample = _parse_sample(line)
                 name, labels, value = sample.name, tuple(sorted(sample.labels.items())), float(sample.value)
                 if key:
-                    if len(cache) >= _SERIES_CACHE_MAX:
+                    if len(cache) >= parse_cache.max_series:
                         cache.clear()
                     cache[key] = (name, labels)
         except Exception:  # prometheus-client raises ValueError, IndexError, ... on garbage
@@ -449,13 +460,14 @@ async def scrape(
     max_bytes: int = DEFAULT_MAX_BYTES,
     session: aiohttp.ClientSession | None = None,
     keep: frozenset[str] | None = None,
+    cache: ParseCache | None = None,
 ) -> Snapshot:
     """GET ``url`` (a vLLM ``/metrics`` endpoint) and parse it.
 
     Raises a :class:`ScrapeError` subclass on timeout, connection failure, non-200 status (a
     redirect included: it is not followed), a body over ``max_bytes``, or a body cut short by
     the server (Content-Length not met).
-    ``keep``: parse only these names (see :func:`parse_metrics`).
+    ``keep``, ``cache``: see :func:`parse_metrics`.
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s: expected > 0, got {timeout_s}")
@@ -493,4 +505,4 @@ async def scrape(
         if own:
             await sess.close()
     body = b"".join(chunks).decode("utf-8", errors="replace")
-    return parse_metrics(body, url=url, t_s=t_s, keep=keep)
+    return parse_metrics(body, url=url, t_s=t_s, keep=keep, cache=cache)

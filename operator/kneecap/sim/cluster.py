@@ -40,7 +40,7 @@ from kneecap.control.spec import GROUP, PLURAL, VERSION, parse_spec
 from kneecap.errors import InputError
 from kneecap.model.arch import ModelArch
 from kneecap.model.hardware import GPU
-from kneecap.observe.scrape import ScrapeConnectionError, parse_metrics
+from kneecap.observe.scrape import ParseCache, ScrapeConnectionError, parse_metrics
 from kneecap.sim.kubeapi_memory import MemoryKube
 from kneecap.sim.kubelet_virtual import (DeploymentController, Kubelet, KubeletConfig, PodRuntime,
                                          ReplicaSetController, render_metrics)
@@ -109,7 +109,8 @@ class OperatorDriver:
         if rt is None or not rt.ready or rt.metrics is None:
             raise ScrapeConnectionError(url, "connection refused (pod not serving)")
         text = render_metrics(rt.metrics, rt.engine)
-        return parse_metrics(text, url=url, t_s=self.cluster.now(), keep=L.WINDOW_FAMILIES)
+        return parse_metrics(text, url=url, t_s=self.cluster.now(), keep=L.WINDOW_FAMILIES,
+                             cache=self.cluster.parse_cache)
 
     def created(self) -> None:
         """What the create handler does: parse the spec, reconcile the owned objects, write status."""
@@ -179,6 +180,7 @@ class VirtualCluster:
         self.misses_ttft = self.misses_tpot = 0
         self.aborted = False  # stopped early: the miss budget ran out
         self.gauss_runs = GaussRuns()  # the operator's λ* reuse, one per run (as one per operator process)
+        self.parse_cache = ParseCache()  # the operator's scrape parser's, likewise
 
     def now(self) -> float:
         return EPOCH_S + self.t_s
