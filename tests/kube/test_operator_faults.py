@@ -32,7 +32,7 @@ from kneecap.control.kube import KubeClient, resource_path
 from kneecap.control.loop import WINDOW_FAMILIES
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.control.spec import GROUP, PLURAL, VERSION
-from kneecap.observe.scrape import parse_metrics
+from kneecap.observe.scrape import ParseCache, parse_metrics
 from tests.kube.conftest import OPERATOR_USER
 from tests.support.fault_proxy import Match, Rule
 from tests.support.sim_operator import (DEPLOY, LLMD, PHASES, SimPods, condition, events, resource, sim_operator,
@@ -71,13 +71,15 @@ FAULT_PAGES = [(nan_running, "invalid_value:vllm:num_requests_running"), (garbag
 
 def editing_scrape(sim: TwinTime, edit: list):
     """A scrape of the twin's real page through ``edit[0]`` (None: as served), stamped with the
-    twin's clock as served."""
+    twin's clock as served (one parse cache, as the operator's own scrapes have)."""
+    cache = ParseCache()
+
     async def scrape(url: str):
         timeout = aiohttp.ClientTimeout(total=sim.scrape_timeout_s)
         async with aiohttp.ClientSession() as s, s.get(url, timeout=timeout) as r:
             text = await r.text()
         page = edit[0](text) if edit[0] else text
-        return parse_metrics(page, url=url, t_s=sim.served_time(url, text), keep=WINDOW_FAMILIES)
+        return parse_metrics(page, url=url, t_s=sim.served_time(url, text), keep=WINDOW_FAMILIES, cache=cache)
     return scrape
 
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kneecap.demo.clock import (  # noqa: F401 (SimClock, scaled_scrape, free_port re-exported)
-    SIM_TIME_GAUGE, SimClock, TwinClock, free_port, scaled_scrape, twin_time_scrape,
+from kneecap.demo.clock import (  # noqa: F401 (free_port re-exported)
+    SIM_TIME_GAUGE, TwinClock, free_port, twin_time_scrape,
 )
 from kneecap.sim.loadgen import arrival_times
 from kneecap.sim.server import SIM_TIME_HEADER

@@ -57,13 +57,15 @@ def _line(url: str, result, as_json: bool) -> str:
 async def _loop(urls: list[str], interval_s: float, count: int, timeout_s: float, max_bytes: int, as_json: bool) -> int:
     import aiohttp
 
-    from kneecap.observe import ScrapeError, observe, observe_pool, scrape
+    from kneecap.observe import ParseCache, ScrapeError, observe, observe_pool, scrape
 
     sample_s = min(interval_s, 1.0)  # gauges (batch, queue, KV) are sampled this often
 
+    cache = ParseCache()  # one for every scrape of the run, as the operator's
+
     async def one(session, url):
         try:
-            return await scrape(url, timeout_s=timeout_s, max_bytes=max_bytes, session=session)
+            return await scrape(url, timeout_s=timeout_s, max_bytes=max_bytes, session=session, cache=cache)
         except ScrapeError as exc:
             return exc
 

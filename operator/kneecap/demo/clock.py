@@ -1,9 +1,7 @@
 """Simulated time for twins run `time_scale` times faster than the wall clock.
 
 The twin reports every latency in simulated seconds. The operator computes rates as
-Δcounter/Δt, so it gets a clock that runs at the twin's speed (`SimClock`) and stamps each
-real scrape with it (`scaled_scrape`): the scrape still goes over HTTP to the twin; only the
-timestamp is in simulated time.
+Δcounter/Δt, so each scrape (still over HTTP to the twin) is stamped in simulated time.
 
 A twin on a busy CPU runs slower than asked (kneecap.sim.server): its clock waits for its
 engine. The demo therefore uses the twins' own clocks: `TwinClock` runs `time_scale` × the
@@ -21,25 +19,7 @@ import socket
 import threading
 import time
 
-from kneecap.observe.scrape import scrape
-
-
-class SimClock:
-    """Wall clock sped up `scale` times from the moment it is made."""
-
-    def __init__(self, scale: float):
-        self.scale = scale
-        self.t0 = time.time()
-
-    def __call__(self) -> float:
-        return self.t0 + (time.time() - self.t0) * self.scale
-
-
-def scaled_scrape(clock: SimClock, timeout_s: float = 2.0):
-    async def _scrape(url: str):
-        snap = await scrape(url, timeout_s=timeout_s)
-        return dataclasses.replace(snap, t_s=clock())
-    return _scrape
+from kneecap.observe.scrape import ParseCache, scrape
 
 
 SIM_TIME_GAUGE = "kneecap_twin_sim_time_seconds"
@@ -120,9 +100,12 @@ class TwinClock:
 
 def twin_time_scrape(clock: TwinClock, timeout_s: float = 2.0):
     """A scrape stamped with the twin's own clock (`kneecap_twin_sim_time_seconds` of the same
-    body), which the demo's clock also hears; the demo's clock when a body lacks it."""
+    body), which the demo's clock also hears; the demo's clock when a body lacks it. The pages
+    are parsed with one cache, as the operator's own scrapes are (LoopContext.parse_cache)."""
+    cache = ParseCache()
+
     async def _scrape(url: str):
-        snap = await scrape(url, timeout_s=timeout_s)
+        snap = await scrape(url, timeout_s=timeout_s, cache=cache)
         sim = next(iter((snap.get(SIM_TIME_GAUGE) or {}).values()), None)
         if sim is None:
             return dataclasses.replace(snap, t_s=clock())
