@@ -377,3 +377,17 @@ def test_pods_the_scheduler_cannot_place_make_ready_false_with_its_message():
     ready = St.get_condition(p.status["conditions"], St.READY)
     assert (ready["status"], ready["reason"]) == ("False", "PodsUnschedulable")
     assert ready["message"] == f"server: {why}" and p.status["phase"] == "Pending"
+
+
+def test_ready_is_one_rule_for_the_handlers_the_tick_and_virtual_time():
+    up, down = {"status": {"readyReplicas": 1}}, {"status": {}}
+    assert St.ready([up, up]) == (True, "PodsReady", "every pool has a ready replica")
+    assert St.ready([up, down]) == (False, "PodsNotReady", "a pool has no ready replica")
+    assert St.ready([]) == (False, "PodsNotReady", "a pool has no ready replica")
+    # someone else's Deployment for a pool: not ready, though every pool kneecap runs is
+    assert St.ready([up], conflict=True)[:2] == (False, "PodsNotReady")
+    assert St.ready([up], missing=["Deployment serving/llm not found"]) == (
+        False, "TargetMissing", "Deployment serving/llm not found")
+    assert St.ready([down], unschedulable=["server: 0/5 nodes"]) == (False, "PodsUnschedulable", "server: 0/5 nodes")
+    assert St.ready([up], unschedulable=["server: 0/5 nodes"])[:2] == (True, "PodsReady")  # a surge pod Pending
+    assert St.ready([up], detail="server: in sync") == (True, "PodsReady", "server: in sync")

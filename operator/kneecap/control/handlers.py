@@ -191,16 +191,13 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         now = config.now()
         gen = body["metadata"].get("generation")
         conds = (body.get("status") or {}).get("conditions")
-        ready = bool(result.pools) and not any(c.kind == "Deployment" for c in result.conflicts) and all(
-            int((p.deployment.get("status") or {}).get("readyReplicas", 0)) >= 1 for p in result.pools)
-        ready = ready and not result.missing
         done = lambda p: ("adopted" if p.adoption else "created" if p.created  # noqa: E731
                           else "patched" if p.patched else "in sync")
-        conds = St.set_condition(conds, St.READY, ready,
-                                 "PodsReady" if ready else "TargetMissing" if result.missing else "PodsNotReady",
-                                 "; ".join(result.missing) or
-                                 ", ".join([f"{p.pool.name}: {done(p)}" for p in result.pools]
-                                           + [f"{c.name}: {c.kind} not owned" for c in result.conflicts]), gen, now)
+        conds = St.set_condition(conds, St.READY, *St.ready(
+            [p.deployment for p in result.pools], missing=result.missing,
+            conflict=any(c.kind == "Deployment" for c in result.conflicts),
+            detail=", ".join([f"{p.pool.name}: {done(p)}" for p in result.pools]
+                             + [f"{c.name}: {c.kind} not owned" for c in result.conflicts])), gen, now)
         conds = St.set_conflict(conds, result.conflicts, gen, now)
         patch.status.update({"observedGeneration": gen, "conditions": conds, "phase": St.phase_of(conds),
                              "invalidField": None, "ownership": P.ownership_status(result.pools)})

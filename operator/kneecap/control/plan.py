@@ -375,16 +375,9 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float,
     if g.changes:
         t.events.append(Event("Normal", "Reconciled", ", ".join(g.changes)))
     states = [p.state for p in g.pools]
-    ready = bool(states) and all(int((s.deployment.get("status") or {}).get("readyReplicas", 0)) >= 1
-                                 for s in states)
-    if g.missing_targets:
-        t.condition(St.READY, False, "TargetMissing", "; ".join(g.missing_targets)[:900])
-    elif not ready and any(p.unschedulable for p in g.pools):
-        t.condition(St.READY, False, "PodsUnschedulable",
-                    "; ".join(f"{p.role}: {p.unschedulable}" for p in g.pools if p.unschedulable)[:900])
-    else:
-        t.condition(St.READY, ready, "PodsReady" if ready else "PodsNotReady",
-                    "every pool has a ready replica" if ready else "a pool has no ready replica")
+    t.condition(St.READY, *St.ready([s.deployment for s in states], missing=g.missing_targets,
+                                    conflict=any(c.kind == "Deployment" for c in g.conflicts),
+                                    unschedulable=[f"{p.role}: {p.unschedulable}" for p in g.pools if p.unschedulable]))
     ignored = "; ".join(f"{p.role}: {p.ignored_metrics_url}" for p in g.pools if p.ignored_metrics_url)
     if ignored and not St.condition_true(t.conds, St.METRICS_URL_IGNORED):
         t.events.append(Event("Warning", St.METRICS_URL_IGNORED, f"ignored (its host is not the pod's IP): {ignored}"[:900]))

@@ -136,6 +136,24 @@ def condition_true(conditions: Iterable[dict] | None, type_: str) -> bool:
     return bool(c and c.get("status") == "True")
 
 
+def ready(deployments: Iterable[dict], *, missing: Iterable[str] = (), conflict: bool = False,
+          unschedulable: Iterable[str] = (), detail: str | None = None) -> tuple[bool, str, str]:
+    """The Ready condition (status, reason, message) of an LLMDeployment whose pools run as
+    ``deployments``: every one has a ready replica, no ``spec.targetRef`` Deployment is
+    ``missing`` and no pool's Deployment is someone else's (``conflict``). ``unschedulable``:
+    why pods stay Pending (the reason then); ``detail``: the message instead of the default
+    (what reconcile did to each pool)."""
+    missing, unschedulable, deployments = list(missing), list(unschedulable), list(deployments)
+    if missing:
+        return False, "TargetMissing", "; ".join(missing)[:900]
+    ok = bool(deployments) and not conflict and all(
+        int((d.get("status") or {}).get("readyReplicas", 0) or 0) >= 1 for d in deployments)
+    if not ok and unschedulable:
+        return False, "PodsUnschedulable", "; ".join(unschedulable)[:900]
+    return ok, "PodsReady" if ok else "PodsNotReady", (detail or (
+        "every pool has a ready replica" if ok else "a pool has no ready replica"))[:900]
+
+
 def phase_of(conditions: list[dict] | None, invalid: bool = False) -> str:
     """One word for `kubectl get`: Invalid, Conflict, Degraded, Calibrating, Running, Pending."""
     if invalid:

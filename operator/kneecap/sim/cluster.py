@@ -118,8 +118,8 @@ class OperatorDriver:
         body = api.get_now(llmd_path(ns, self.name))
         spec = parse_spec(body.get("spec"))
         result = self._run(R.reconcile(api, body, spec))
-        conds = St.set_condition(None, St.READY, False, "PodsNotReady", "created", body["metadata"]["generation"],
-                                 self.cluster.now())
+        conds = St.set_condition(None, St.READY, *St.ready([p.deployment for p in result.pools], detail="created"),
+                                 body["metadata"]["generation"], self.cluster.now())
         api.patch_now(llmd_path(ns, self.name) + "/status", {"status": {
             "observedGeneration": body["metadata"]["generation"], "conditions": conds, "phase": St.phase_of(conds),
             "ownership": P.ownership_status(result.pools)}})
