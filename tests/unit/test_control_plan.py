@@ -281,12 +281,21 @@ def test_inline_model_and_gpu_shapes_decide_as_their_catalog_entries_do(curve):
 
 # ---------------------------------------------------------------- replica stabilisation (HPA semantics)
 
+def rec(t_s: float, replicas, up: bool = False) -> dict:
+    """One entry of status.scaleDownRecommendations."""
+    return {"recommendedUnixSeconds": t_s, "replicas": replicas, **({"scaleUp": True} if up else {})}
+
+
 @pytest.mark.parametrize("want,want_down,history,current,replicas,kept", [
-    (6, 6, [], 4, 6, [[NOW, 6, 1]]),  # a scale-up at once, kept for the cooldown
-    (2, 3, [[NOW - 50, 4], [NOW - 80, 5]], 4, 4, [[NOW - 50, 4], [NOW, 3]]),  # the highest of the window
-    (2, 3, [[NOW - 50, 3], [NOW - 100, 5]], 4, 3, [[NOW - 50, 3], [NOW, 3]]),  # older than the window: gone
-    (2, 2, [[NOW - 200, 4, 1]], 4, 4, [[NOW - 200, 4, 1], [NOW, 2]]),  # no scale-down within the cooldown of a scale-up
-    (2, 2, [[NOW - 10, "x"], "garbage", [NOW + 5, 9]], 4, 2, [[NOW, 2]]),  # unreadable or future entries dropped
+    (6, 6, [], 4, 6, [rec(NOW, 6, True)]),  # a scale-up at once, kept for the cooldown
+    (2, 3, [rec(NOW - 50, 4), rec(NOW - 80, 5)], 4, 4, [rec(NOW - 50, 4), rec(NOW, 3)]),  # the highest of the window
+    (2, 3, [rec(NOW - 50, 3), rec(NOW - 100, 5)], 4, 3, [rec(NOW - 50, 3), rec(NOW, 3)]),  # older than the window: gone
+    (2, 2, [rec(NOW - 200, 4, True)], 4, 4, [rec(NOW - 200, 4, True), rec(NOW, 2)]),  # no scale-down within the
+    # cooldown of a scale-up
+    (2, 2, [rec(NOW - 10, "x"), "garbage", {"replicas": 3}, rec(NOW + 5, 9)], 4, 2, [rec(NOW, 2)]),  # unreadable
+    # or future entries dropped
+    (2, 2, [[NOW - 200, 4, 1], [NOW - 30, 3]], 4, 4, [rec(NOW - 200, 4, True), rec(NOW - 30, 3), rec(NOW, 2)]),  # an
+    # earlier version's positional entries are read
 ])
 def test_a_scale_up_is_immediate_and_a_scale_down_waits_for_the_window(want, want_down, history, current,
                                                                        replicas, kept):
@@ -298,10 +307,10 @@ def test_a_scale_down_waits_for_a_window_of_recommendations():
     """A pool just taken over (or whose history was lost) does not shrink on one window: the
     scale-down window must hold ``min_recommendations``; a scale-up never waits."""
     args = (NOW, 45.0, 300.0)
-    assert P.stabilised_replicas(2, 2, [], 4, *args, min_recommendations=3) == (4, [[NOW, 2]])
-    two = [[NOW - 15, 2]]
+    assert P.stabilised_replicas(2, 2, [], 4, *args, min_recommendations=3) == (4, [rec(NOW, 2)])
+    two = [rec(NOW - 15, 2)]
     assert P.stabilised_replicas(2, 2, two, 4, *args, min_recommendations=3)[0] == 4
-    three = [[NOW - 30, 3], [NOW - 15, 2]]
+    three = [rec(NOW - 30, 3), rec(NOW - 15, 2)]
     assert P.stabilised_replicas(2, 2, three, 4, *args, min_recommendations=3)[0] == 3
     assert P.stabilised_replicas(6, 6, [], 4, *args, min_recommendations=3)[0] == 6
     spec = parse_spec({**RAW, "control": {**RAW["control"], "interval": "15s", "cooldown": "300s"}})

@@ -677,22 +677,30 @@ def stabilised_replicas(want: int, want_down: int, history, current: int, now_s:
     holds ``min_recommendations`` of them (a pool just taken over, or whose history was lost,
     does not shrink on one window), and never within ``cooldown_s`` of growing (a scale-up is
     kept in the history for the cooldown: no count is left and taken again within it).
-    ``history``: ``[[unixSeconds, replicas], ...]``, a third element 1 marking a scale-up;
-    unreadable entries are dropped."""
-    kept = []
+    ``history``: ``[{"recommendedUnixSeconds", "replicas", "scaleUp"?}, ...]`` (the positional
+    ``[unixSeconds, replicas, 1?]`` of earlier versions read too); unreadable entries are
+    dropped."""
+    kept: list[tuple[float, int, bool]] = []
     for e in history or []:
         try:
-            t_s, n, up = float(e[0]), int(e[1]), len(e) > 2 and bool(e[2])
-        except (TypeError, ValueError, IndexError):
+            if isinstance(e, dict):
+                t_s, n, up = float(e["recommendedUnixSeconds"]), int(e["replicas"]), bool(e.get("scaleUp", False))
+            else:
+                t_s, n, up = float(e[0]), int(e[1]), len(e) > 2 and bool(e[2])
+        except (TypeError, ValueError, IndexError, KeyError):
             continue
         if 0.0 <= now_s - t_s < (cooldown_s if up else window_s):
-            kept.append([t_s, n, 1] if up else [t_s, n])
+            kept.append((t_s, n, up))
+
+    def as_status(entries):
+        return [{"recommendedUnixSeconds": t_s, "replicas": n, **({"scaleUp": True} if up else {})}
+                for t_s, n, up in entries]
     if want > current:
-        return want, kept + [[now_s, int(want), 1]]
-    kept.append([now_s, int(want_down)])
-    if want == current or sum(len(e) == 2 for e in kept) < min_recommendations:
-        return current, kept
-    return min(current, max(want, *(e[1] for e in kept))), kept
+        return want, as_status(kept + [(now_s, int(want), True)])
+    kept.append((now_s, int(want_down), False))
+    if want == current or sum(not up for _, _, up in kept) < min_recommendations:
+        return current, as_status(kept)
+    return min(current, max(want, *(n for _, n, _ in kept))), as_status(kept)
 
 
 def scale_down_window_s(spec: LLMDeploymentSpec, restart_s: float) -> float:
