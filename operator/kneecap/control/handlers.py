@@ -89,7 +89,7 @@ async def _connection(config: OperatorConfig, *, fresh: bool) -> kopf.Connection
 def _invalid(body, exc: InputError, now_s: float) -> dict:
     gen = body["metadata"].get("generation")
     conds = status_helpers.set_condition((body.get("status") or {}).get("conditions"), status_helpers.READY, False, "InvalidSpec",
-                             str(exc), gen, now_s)
+                                         str(exc), gen, now_s)
     return {"observedGeneration": gen, "phase": status_helpers.phase_of(conds, invalid=True), "conditions": conds,
             "invalidField": exc.field}
 
@@ -195,10 +195,10 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         done = lambda p: ("adopted" if p.adoption else "created" if p.created  # noqa: E731
                           else "patched" if p.patched else "in sync")
         conds = status_helpers.set_condition(conds, status_helpers.READY, ready,
-                                 "PodsReady" if ready else "TargetMissing" if result.missing else "PodsNotReady",
-                                 "; ".join(result.missing) or
-                                 ", ".join([f"{p.pool.name}: {done(p)}" for p in result.pools]
-                                           + [f"{c.name}: {c.kind} not owned" for c in result.conflicts]), gen, now)
+                                             "PodsReady" if ready else "TargetMissing" if result.missing else "PodsNotReady",
+                                             "; ".join(result.missing) or
+                                             ", ".join([f"{p.pool.name}: {done(p)}" for p in result.pools]
+                                                       + [f"{c.name}: {c.kind} not owned" for c in result.conflicts]), gen, now)
         conds = status_helpers.set_conflict(conds, result.conflicts, gen, now)
         patch.status.update({"observedGeneration": gen, "conditions": conds, "phase": status_helpers.phase_of(conds),
                              "invalidField": None, "ownership": plan.ownership_status(result.pools)})
@@ -235,19 +235,19 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         spec = mem.spec
         mem.last_tick_s = now
         ctx = loop.LoopContext(kube=memo.kube, metrics=memo.metrics, now=config.now,
-                            scrape_timeout_s=config.scrape_timeout_s, scrape=config.scrape,
-                            session=getattr(memo, "scrape_session", None),
-                            reads=None if fresh else getattr(memo, "reads", None),
-                            reconcile_lock=reconcile_lock(memo), gauss_runs=getattr(memo, "gauss_runs", None),
-                            event=lambda etype, reason, message: kopf.event(body, type=etype, reason=reason,
-                                                                            message=message))
+                               scrape_timeout_s=config.scrape_timeout_s, scrape=config.scrape,
+                               session=getattr(memo, "scrape_session", None),
+                               reads=None if fresh else getattr(memo, "reads", None),
+                               reconcile_lock=reconcile_lock(memo), gauss_runs=getattr(memo, "gauss_runs", None),
+                               event=lambda etype, reason, message: kopf.event(body, type=etype, reason=reason,
+                                                                               message=message))
         seen = dict(body)  # (kopf's body is live: the watch may replace it during the tick)
         status = await loop.tick(ctx, seen, spec, mem)
         # written directly (one merge patch on the status subresource, the object not read
         # back): kopf's patch would re-check the whole returned object on every tick
         meta = seen["metadata"]
         await loop.write_status(ctx, resource_path(f"{GROUP}/{VERSION}", PLURAL, meta["namespace"], meta["name"]),
-                             status, mem, base_version=meta.get("resourceVersion"))
+                                status, mem, base_version=meta.get("resourceVersion"))
 
     @kopf.on.delete(*RESOURCE, id="delete", registry=registry)
     async def delete(body, memo, logger, **_):

@@ -232,9 +232,9 @@ async def gather(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: Loo
         del mem.snapshots[role]
     ring = planner.parse_ring(status.get("observations") or [], planner.primary_role(spec), mem.parsed_ring)
     return planner.Gathered(ns, name, meta.get("generation"), windows, ring, tuple(changes), tuple(failures),
-                      reconcile_failed=bool(failures), status_write_failure=mem.status_write_failure,
-                      conflicts=tuple(conflicts), full_pass=full and not failures,
-                      missing_targets=tuple(missing)), status
+                            reconcile_failed=bool(failures), status_write_failure=mem.status_write_failure,
+                            conflicts=tuple(conflicts), full_pass=full and not failures,
+                            missing_targets=tuple(missing)), status
 
 
 # ---------------------------------------------------------------- apply
@@ -264,7 +264,7 @@ async def apply(ctx: LoopContext, g: planner.Gathered, plan: planner.Plan, now_s
             for later in reversed(plan.patches[i:]):
                 rollback.update(later.rollback)
             status, event, counters = planner.failed_write(status, failure, g.generation, now_s, g.namespace, g.name,
-                                                     rollback)
+                                                           rollback)
             events += [event] if event else []
             updates.extend(counters)
             break

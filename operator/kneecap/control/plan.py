@@ -219,7 +219,7 @@ def ring_entries(status: dict, role: str, parsed: dict | None = None) -> list[st
 
 def settings_status(s: manifests.EngineSettings) -> dict:
     return status_helpers.compact({"maxNumSeqs": s.max_num_seqs, "gpuMemoryUtilization": s.gpu_memory_utilization,
-                       "kvCacheMemoryBytes": s.kv_cache_memory_bytes, "replicas": s.replicas})
+                                   "kvCacheMemoryBytes": s.kv_cache_memory_bytes, "replicas": s.replicas})
 
 
 def workload_from_status(status: dict, role: str) -> Observation | None:
@@ -348,7 +348,7 @@ class _Tick:
         namespace."""
         self.m.inc("decisions", *self.labels, reason)
         d = status_helpers.compact({"action": action, "reason": reason, "message": message[:900], "time": status_helpers.iso(self.now_s),
-                        "target": settings_status(target) if target else None, "restart": restart_cost})
+                                    "target": settings_status(target) if target else None, "restart": restart_cost})
         self.out["lastDecision"] = d
         prev = self.status.get("lastDecision") or {}
         if reason == "Applied" or prev.get("reason") != reason or prev.get("target") != d.get("target"):
@@ -557,7 +557,7 @@ def failed_write(status: dict, failure: ApiFailure, generation, now_s: float, na
     reason = f"{failure.verb.capitalize()}Failed"
     prev = status_helpers.get_condition(out.get("conditions"), status_helpers.API_ERROR) or {}
     conds = status_helpers.set_condition(out.get("conditions"), status_helpers.API_ERROR, True, reason, str(failure)[:900], generation,
-                             now_s)
+                                         now_s)
     repeated = prev.get("status") == "True" and prev.get("message") == str(failure)[:900]
     msg = f"the Deployment patch failed, nothing applied: {failure}"[:900]
     out.update(conditions=conds, phase=status_helpers.phase_of(conds),
@@ -590,7 +590,7 @@ def _observation_held(t: _Tick, main: PoolWindow) -> bool:
     last = dict(t.status.get("lastWindow") or {})
     if main.outcome in (OBSERVED, IDLE, UNUSABLE):
         last = status_helpers.compact({"pool": main.role, "outcome": main.outcome, "time": status_helpers.iso(now_s),
-                           "usableTime": status_helpers.iso(now_s) if main.outcome != UNUSABLE else last.get("usableTime")})
+                                       "usableTime": status_helpers.iso(now_s) if main.outcome != UNUSABLE else last.get("usableTime")})
         t.out["lastWindow"] = last
     usable_s = status_helpers.parse_iso(last.get("usableTime")) if last.get("usableTime") else None
     if usable_s is not None:

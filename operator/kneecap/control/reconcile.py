@@ -186,10 +186,10 @@ async def adopted_pool(reads: ApiReads, ns: str, spec: LLMDeploymentSpec, pool: 
         settings = manifests.live_settings(live, start, c)
     except ValueError as exc:  # e.g. --max-num-seqs=$(SEQS): a value only the kubelet expands
         settings = manifests.EngineSettings(start.max_num_seqs, start.gpu_memory_utilization, None,
-                                    int(live["spec"].get("replicas", 1)))
+                                            int(live["spec"].get("replicas", 1)))
         adoption = target.Adoption(adoption.container, adoption.port, adoption.controller,
-                              f"a managed flag's value in its argv is not a number ({exc}): kneecap advises only",
-                              adoption.tensor_parallel_size)
+                                   f"a managed flag's value in its argv is not a number ({exc}): kneecap advises only",
+                                   adoption.tensor_parallel_size)
     return PoolState(pool, live, settings, replicas_owner(spec, live, hpas), adoption=adoption)
 
 
@@ -212,7 +212,7 @@ async def _reconcile_pool(kube: KubeClient, reads: ApiReads, owner: dict, spec: 
     if not ownership.external:
         bounds = manifests.pool_bounds(spec, pool.role)
         settings = manifests.EngineSettings(settings.max_num_seqs, settings.gpu_memory_utilization,
-                                    settings.kv_cache_memory_bytes, bounds.clamp(settings.replicas))
+                                            settings.kv_cache_memory_bytes, bounds.clamp(settings.replicas))
     key = _sync_key(owner, live, pool, settings, ownership.external)
     patched = False
     if key is None or key not in _IN_SYNC:

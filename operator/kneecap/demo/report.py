@@ -115,7 +115,7 @@ def adopted_summary(res) -> dict:
                                   if _written(a) != _written(b)),
             "adopted_template_changed_paths": target.changed_paths(first, last),
             "adopted_unmanaged_changed_paths": target.changed_paths(target.without_tuned_flags(first, container),
-                                                               target.without_tuned_flags(last, container)),
+                                                                    target.without_tuned_flags(last, container)),
             "adopted_owner_references": res.deployment["metadata"].get("ownerReferences") or []}
 
 

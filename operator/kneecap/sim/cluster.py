@@ -118,7 +118,7 @@ class OperatorDriver:
         spec = parse_spec(body.get("spec"))
         result = self._run(reconcile.reconcile(api, body, spec))
         conds = status_helpers.set_condition(None, status_helpers.READY, False, "PodsNotReady", "created", body["metadata"]["generation"],
-                                 self.cluster.now())
+                                             self.cluster.now())
         api.patch_now(llmd_path(ns, self.name) + "/status", {"status": {
             "observedGeneration": body["metadata"]["generation"], "conditions": conds, "phase": status_helpers.phase_of(conds),
             "ownership": plan.ownership_status(result.pools)}})
@@ -140,7 +140,7 @@ class OperatorDriver:
             return
         self.mem.last_tick_s = self.cluster.now()
         ctx = loop.LoopContext(kube=api, metrics=self.metrics, event=self._event, now=self.cluster.now,
-                            scrape=self.scrape, reads=ApiReads(api), gauss_runs=self.cluster.gauss_runs)
+                               scrape=self.scrape, reads=ApiReads(api), gauss_runs=self.cluster.gauss_runs)
         status = self._run(loop.tick(ctx, body, self.mem.spec, self.mem))
         self._run(loop.write_status(ctx, path, status, self.mem))
         d = status.get("lastDecision") or {}

@@ -191,7 +191,7 @@ def run_policy(trace: Trace, cfg: ReplayConfig, policy: str, *, static: tuple[in
                                                               "spec": llmd_spec(cfg)})
         cluster.create(deployments_path(cluster.namespace),
                        manifests.deployment(owner, parse_spec(owner["spec"]), manifests.Pool("server", NAME),
-                                    manifests.EngineSettings(DEFAULT_CAP, DEFAULT_MEMORY, None, start)))
+                                            manifests.EngineSettings(DEFAULT_CAP, DEFAULT_MEMORY, None, start)))
         op = OperatorDriver(cluster, NAME)
         op.created()
         cluster.prewarm()
