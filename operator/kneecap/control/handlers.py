@@ -88,8 +88,8 @@ async def _connection(config: OperatorConfig, *, fresh: bool) -> kopf.Connection
 
 def _invalid(body, exc: InputError, now_s: float) -> dict:
     gen = body["metadata"].get("generation")
-    conds = status_helpers.set_condition((body.get("status") or {}).get("conditions"), status_helpers.READY, False, "InvalidSpec",
-                                         str(exc), gen, now_s)
+    conds = status_helpers.set_condition((body.get("status") or {}).get("conditions"), status_helpers.READY, False,
+                                         "InvalidSpec", str(exc), gen, now_s)
     return {"observedGeneration": gen, "phase": status_helpers.phase_of(conds, invalid=True), "conditions": conds,
             "invalidField": exc.field}
 
@@ -195,10 +195,12 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         done = lambda p: ("adopted" if p.adoption else "created" if p.created  # noqa: E731
                           else "patched" if p.patched else "in sync")
         conds = status_helpers.set_condition(conds, status_helpers.READY, ready,
-                                             "PodsReady" if ready else "TargetMissing" if result.missing else "PodsNotReady",
+                                             "PodsReady" if ready
+                                             else "TargetMissing" if result.missing else "PodsNotReady",
                                              "; ".join(result.missing) or
                                              ", ".join([f"{p.pool.name}: {done(p)}" for p in result.pools]
-                                                       + [f"{c.name}: {c.kind} not owned" for c in result.conflicts]), gen, now)
+                                                       + [f"{c.name}: {c.kind} not owned" for c in result.conflicts]),
+                                             gen, now)
         conds = status_helpers.set_conflict(conds, result.conflicts, gen, now)
         patch.status.update({"observedGeneration": gen, "conditions": conds, "phase": status_helpers.phase_of(conds),
                              "invalidField": None, "ownership": plan.ownership_status(result.pools)})

@@ -135,7 +135,8 @@ async def observe_window(ctx: LoopContext, mem: LoopMemory, spec: LLMDeploymentS
         kept.append(res)
         trim_window(kept, window_s, max_scrapes)
     if errors:
-        return planner.PoolWindow(role, state, planner.SCRAPE_FAILED, "; ".join(errors)[:900], scrape_errors=len(errors))
+        return planner.PoolWindow(role, state, planner.SCRAPE_FAILED, "; ".join(errors)[:900],
+                                  scrape_errors=len(errors))
     series = [snaps[u] for u in urls]
     if any(len(sn) < 2 for sn in series):
         return planner.PoolWindow(role, state, planner.OPEN, "priming: first scrape of these pods")
@@ -156,7 +157,8 @@ async def observe_window(ctx: LoopContext, mem: LoopMemory, spec: LLMDeploymentS
         return planner.PoolWindow(role, state, planner.OBSERVED, "; ".join(f"left out {e}" for e in excluded), obs)
     if isinstance(obs, NoObservation) and obs.reason in (Reason.IDLE, Reason.NO_FINISHED) and not excluded:
         return planner.PoolWindow(role, state, planner.IDLE, obs.code)
-    return planner.PoolWindow(role, state, planner.UNUSABLE, "; ".join(excluded + ([obs.code] if obs is not None else [])))
+    return planner.PoolWindow(role, state, planner.UNUSABLE,
+                              "; ".join(excluded + ([obs.code] if obs is not None else [])))
 
 
 async def observe_pool(ctx: LoopContext, mem: LoopMemory, ns: str, name: str, spec: LLMDeploymentSpec,
@@ -173,9 +175,11 @@ async def observe_pool(ctx: LoopContext, mem: LoopMemory, ns: str, name: str, sp
         return planner.PoolWindow(state.pool.role, state, planner.NO_PODS, f"pods not read: {ApiFailure.of(exc)}")
     pods = reconcile.ready(every)
     port = state.adoption.port if state.adoption is not None else spec.engine.port
-    window = await observe_window(ctx, mem, spec, state, [u for u in (reconcile.metrics_url(p, port) for p in pods) if u])
+    window = await observe_window(ctx, mem, spec, state,
+                                  [u for u in (reconcile.metrics_url(p, port) for p in pods) if u])
     return replace(window, start_to_ready_s=tuple(restart.start_to_ready_s(pods)),
-                   unschedulable=reconcile.unschedulable(every), ignored_metrics_url=reconcile.ignored_metrics_url(pods))
+                   unschedulable=reconcile.unschedulable(every),
+                   ignored_metrics_url=reconcile.ignored_metrics_url(pods))
 
 
 async def _live_pools(ctx: LoopContext, owner: dict, spec: LLMDeploymentSpec) -> list[reconcile.PoolState]:
@@ -195,11 +199,13 @@ async def _live_pools(ctx: LoopContext, owner: dict, spec: LLMDeploymentSpec) ->
             live = None
         if live is not None and reconcile.owns(owner, live):  # someone else's is not observed either
             start = manifests.initial_settings(spec, pool.role)
-            out.append(reconcile.PoolState(pool, live, manifests.live_settings(live, start), reconcile.replicas_owner(spec, live, hpas)))
+            out.append(reconcile.PoolState(pool, live, manifests.live_settings(live, start),
+                                           reconcile.replicas_owner(spec, live, hpas)))
     return out
 
 
-async def gather(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopMemory) -> tuple[planner.Gathered, dict]:
+async def gather(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec,
+                 mem: LoopMemory) -> tuple[planner.Gathered, dict]:
     """Reconcile and observe: (what plan needs, the status it starts from: the resource's,
     with a status the last tick could not write merged in)."""
     meta = body["metadata"]

@@ -347,7 +347,8 @@ class _Tick:
         differs from the previous one (reason or target), so a steady hold does not flood the
         namespace."""
         self.m.inc("decisions", *self.labels, reason)
-        d = status_helpers.compact({"action": action, "reason": reason, "message": message[:900], "time": status_helpers.iso(self.now_s),
+        d = status_helpers.compact({"action": action, "reason": reason, "message": message[:900],
+                                    "time": status_helpers.iso(self.now_s),
                                     "target": settings_status(target) if target else None, "restart": restart_cost})
         self.out["lastDecision"] = d
         prev = self.status.get("lastDecision") or {}
@@ -388,8 +389,10 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float,
                     "every pool has a ready replica" if ready else "a pool has no ready replica")
     ignored = "; ".join(f"{p.role}: {p.ignored_metrics_url}" for p in g.pools if p.ignored_metrics_url)
     if ignored and not status_helpers.condition_true(t.conds, status_helpers.METRICS_URL_IGNORED):
-        t.events.append(Event("Warning", status_helpers.METRICS_URL_IGNORED, f"ignored (its host is not the pod's IP): {ignored}"[:900]))
-    if ignored or status_helpers.get_condition(t.conds, status_helpers.METRICS_URL_IGNORED):  # present once it has been True
+        t.events.append(Event("Warning", status_helpers.METRICS_URL_IGNORED,
+                              f"ignored (its host is not the pod's IP): {ignored}"[:900]))
+    # (the condition is present once it has been True)
+    if ignored or status_helpers.get_condition(t.conds, status_helpers.METRICS_URL_IGNORED):
         t.condition(status_helpers.METRICS_URL_IGNORED, bool(ignored), "ForeignHost" if ignored else "NoneIgnored",
                     (f"ignored (its host is not the pod's IP; the pod's IP is scraped): {ignored}"[:900]
                      if ignored else "no pod's kneecap.io/metrics-url names another host"))
@@ -456,7 +459,8 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float,
             _export_curve(t, role, cal_out.calibration, main.observation)
     if main.outcome == IDLE:  # no running batch to be past the knee with
         t.m.drop("batching_efficiency", *labels, role)
-    t.condition(status_helpers.CALIBRATED, cal_out.calibration is not None and cal_out.ok, cal_out.reason, cal_out.message)
+    t.condition(status_helpers.CALIBRATED, cal_out.calibration is not None and cal_out.ok, cal_out.reason,
+                cal_out.message)
     bad_fit = cal_out.reason in ("FitFailed", "FitRejected", "FitErrorTooHigh") or (
         cal_out.calibration is not None and not cal_out.ok)
     t.condition(status_helpers.DEGRADED, bad_fit, "BadFit" if bad_fit else "Healthy",
@@ -535,7 +539,8 @@ def _api_errors(t: _Tick) -> None:
     for f in t.g.api_failures:
         t.m.inc("api_errors", f.verb, f.resource, str(f.code))
     if not failures:
-        if status_helpers.get_condition(t.conds, status_helpers.API_ERROR):  # (absent until a write first fails: fewer bytes a tick)
+        # (absent until a write first fails: fewer bytes a tick)
+        if status_helpers.get_condition(t.conds, status_helpers.API_ERROR):
             t.condition(status_helpers.API_ERROR, False, "WritesSucceeded", "the operator's API writes succeed again")
         return
     f = failures[0]
@@ -556,12 +561,13 @@ def failed_write(status: dict, failure: ApiFailure, generation, now_s: float, na
     out = {**status, **rollback}
     reason = f"{failure.verb.capitalize()}Failed"
     prev = status_helpers.get_condition(out.get("conditions"), status_helpers.API_ERROR) or {}
-    conds = status_helpers.set_condition(out.get("conditions"), status_helpers.API_ERROR, True, reason, str(failure)[:900], generation,
-                                         now_s)
+    conds = status_helpers.set_condition(out.get("conditions"), status_helpers.API_ERROR, True, reason,
+                                         str(failure)[:900], generation, now_s)
     repeated = prev.get("status") == "True" and prev.get("message") == str(failure)[:900]
     msg = f"the Deployment patch failed, nothing applied: {failure}"[:900]
     out.update(conditions=conds, phase=status_helpers.phase_of(conds),
-               lastDecision={"action": policy.HOLD, "reason": "ApplyFailed", "message": msg, "time": status_helpers.iso(now_s)})
+               lastDecision={"action": policy.HOLD, "reason": "ApplyFailed", "message": msg,
+                             "time": status_helpers.iso(now_s)})
     return out, None if repeated else Event("Warning", reason, msg), (
         MetricUpdate("inc", "api_errors", (failure.verb, failure.resource, str(failure.code)), 1.0),
         MetricUpdate("inc", "decisions", (namespace, name, "ApplyFailed"), 1.0))
@@ -578,7 +584,8 @@ def _observation_held(t: _Tick, main: PoolWindow) -> bool:
         p = failed[0]
         consecutive += 1
         fails = {"consecutive": consecutive, "lastReason": p.outcome,
-                 "lastMessage": "; ".join(f"{q.role}: {q.message}" for q in failed)[:900], "lastTime": status_helpers.iso(now_s)}
+                 "lastMessage": "; ".join(f"{q.role}: {q.message}" for q in failed)[:900],
+                 "lastTime": status_helpers.iso(now_s)}
         t.out["observationFailures"] = fails
         for q in failed:
             t.m.inc("observation_failures", *labels, q.outcome)
@@ -590,7 +597,8 @@ def _observation_held(t: _Tick, main: PoolWindow) -> bool:
     last = dict(t.status.get("lastWindow") or {})
     if main.outcome in (OBSERVED, IDLE, UNUSABLE):
         last = status_helpers.compact({"pool": main.role, "outcome": main.outcome, "time": status_helpers.iso(now_s),
-                                       "usableTime": status_helpers.iso(now_s) if main.outcome != UNUSABLE else last.get("usableTime")})
+                                       "usableTime": status_helpers.iso(now_s) if main.outcome != UNUSABLE
+                                       else last.get("usableTime")})
         t.out["lastWindow"] = last
     usable_s = status_helpers.parse_iso(last.get("usableTime")) if last.get("usableTime") else None
     if usable_s is not None:
@@ -651,7 +659,8 @@ def _prefill_replicas(t: _Tick, pre: reconcile.PoolState, want: int, state: poli
     cur = pre.settings
     target = manifests.EngineSettings(cur.max_num_seqs, cur.gpu_memory_utilization, cur.kv_cache_memory_bytes, want)
     d = policy.guard(cur, policy.Proposal(target, 0.0, 0.0), spec.control, spec.batching,
-                     manifests.pool_bounds(spec, "prefill"), dataclasses.replace(state, replicas_external=pre.ownership.external))
+                     manifests.pool_bounds(spec, "prefill"),
+                     dataclasses.replace(state, replicas_external=pre.ownership.external))
     decision = {"reason": d.reason, "message": d.message, "replicas": d.target.replicas}
     alloc = t.out.setdefault("allocation", {})
     advise_only = pre.adoption is not None and pre.adoption.advise_only

@@ -245,7 +245,8 @@ _IN_SYNC: dict[tuple, None] = {}
 _IN_SYNC_MAX = 8192
 
 
-def _sync_key(owner: dict, live: dict, pool: manifests.Pool, settings: manifests.EngineSettings, external: bool) -> tuple | None:
+def _sync_key(owner: dict, live: dict, pool: manifests.Pool, settings: manifests.EngineSettings,
+              external: bool) -> tuple | None:
     """The owner's generation stands for its spec (None: an API without generations, or
     without resourceVersions: compare every time)."""
     meta, lmeta = owner["metadata"], live.get("metadata") or {}
@@ -333,7 +334,8 @@ def metrics_url(pod: dict, port: int) -> str | None:
         if _points_at(ann, ip):
             return ann
         log.warning("pod %s/%s: %s=%r ignored: its host must be the pod's IP %s",
-                    pod["metadata"].get("namespace"), pod["metadata"].get("name"), manifests.METRICS_URL_ANNOTATION, ann, ip)
+                    pod["metadata"].get("namespace"), pod["metadata"].get("name"), manifests.METRICS_URL_ANNOTATION,
+                    ann, ip)
     if not ip:
         return None
     return f"http://[{ip}]:{port}/metrics" if ":" in ip else f"http://{ip}:{port}/metrics"

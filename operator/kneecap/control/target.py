@@ -115,8 +115,8 @@ def settings_patch(deploy: dict, container_name: str, settings: manifests.Engine
         new = vllm_args.set_container_flag(new, manifests.KV_CACHE_MEMORY_BYTES, int(settings.kv_cache_memory_bytes),
                                            keep_spelling=True)
     else:
-        new = vllm_args.set_container_flag(new, manifests.GPU_MEMORY_UTILIZATION, f"{settings.gpu_memory_utilization:g}",
-                                           keep_spelling=True)
+        new = vllm_args.set_container_flag(new, manifests.GPU_MEMORY_UTILIZATION,
+                                           f"{settings.gpu_memory_utilization:g}", keep_spelling=True)
     changed = {k: new[k] for k in ("command", "args") if new.get(k) != c.get(k)}
     patch: dict = {"spec": {"template": {"spec": {"containers": [{"name": container_name, **changed}]}}}}
     if set_replicas:

@@ -272,7 +272,8 @@ class Kubelet:
             self.pods.pop(pod_name, None)
             return None
         await asyncio.to_thread(add_owned_pod, self.kube, d, pod_name, "127.0.0.1", port,
-                                {manifests.METRICS_URL_ANNOTATION: pod.url + "/metrics", "kneecap.io/template-hash": tmpl})
+                                {manifests.METRICS_URL_ANNOTATION: pod.url + "/metrics",
+                                 "kneecap.io/template-hash": tmpl})
         pod.ready = pod.in_api = True
         self.events.append({"event": "ready", "deployment": name, "pod": pod_name, "template": tmpl,
                             "argv": argv})

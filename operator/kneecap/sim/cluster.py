@@ -117,10 +117,11 @@ class OperatorDriver:
         body = api.get_now(llmd_path(ns, self.name))
         spec = parse_spec(body.get("spec"))
         result = self._run(reconcile.reconcile(api, body, spec))
-        conds = status_helpers.set_condition(None, status_helpers.READY, False, "PodsNotReady", "created", body["metadata"]["generation"],
-                                             self.cluster.now())
+        conds = status_helpers.set_condition(None, status_helpers.READY, False, "PodsNotReady", "created",
+                                             body["metadata"]["generation"], self.cluster.now())
         api.patch_now(llmd_path(ns, self.name) + "/status", {"status": {
-            "observedGeneration": body["metadata"]["generation"], "conditions": conds, "phase": status_helpers.phase_of(conds),
+            "observedGeneration": body["metadata"]["generation"], "conditions": conds,
+            "phase": status_helpers.phase_of(conds),
             "ownership": plan.ownership_status(result.pools)}})
 
     def tick(self, t_s: float) -> None:

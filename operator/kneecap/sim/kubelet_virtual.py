@@ -297,9 +297,10 @@ class Kubelet:
         """The engine a pod's vLLM flags describe (cached per distinct flags)."""
         cs = pod["spec"]["containers"]
         c = next((x for x in cs if x.get("name") == manifests.CONTAINER), cs[0])
-        key = tuple(vllm_args.container_flag(c, f) for f in (manifests.MAX_NUM_SEQS, manifests.GPU_MEMORY_UTILIZATION,
-                                                             manifests.KV_CACHE_MEMORY_BYTES, "--max-num-batched-tokens",
-                                                             "--max-model-len", "--tensor-parallel-size"))
+        key = tuple(vllm_args.container_flag(c, f)
+                    for f in (manifests.MAX_NUM_SEQS, manifests.GPU_MEMORY_UTILIZATION,
+                              manifests.KV_CACHE_MEMORY_BYTES, "--max-num-batched-tokens",
+                              "--max-model-len", "--tensor-parallel-size"))
         cfg = self._configs.get(key)
         if cfg is None:
             num = lambda v, f: f(v) if v is not None else None  # noqa: E731

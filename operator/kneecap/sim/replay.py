@@ -135,7 +135,8 @@ def static_deployment(cfg: ReplayConfig, cluster: VirtualCluster, cap: int, memo
     """The Deployment the operator would write for these settings, owned by nobody (a team's own)."""
     spec = parse_spec(llmd_spec(cfg))
     owner = {"metadata": {"name": NAME, "namespace": cluster.namespace}}
-    d = manifests.deployment(owner, spec, manifests.Pool("server", NAME), manifests.EngineSettings(cap, memory_fraction, None, replicas))
+    d = manifests.deployment(owner, spec, manifests.Pool("server", NAME),
+                             manifests.EngineSettings(cap, memory_fraction, None, replicas))
     d["metadata"].pop("ownerReferences")
     return d
 
