@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from kneecap.control import cudagraph, manifests as M, plan as P, policy, restart, status as St
+from kneecap.control import cudagraph, manifests as M, plan as P, policy, reconcile, restart, status as St
 from kneecap.control.manifests import EngineSettings
 from kneecap.control.spec import parse_spec
 from kneecap.model.arch import get_arch
@@ -146,7 +146,7 @@ def _live(replicas: int, spec):
     deploy = M.deployment(OWNER, spec, pool, settings)
     deploy["metadata"]["generation"] = 1
     deploy["status"] = {"observedGeneration": 1, "readyReplicas": replicas, "updatedReplicas": replicas}
-    return P.R.PoolState(pool, deploy, settings, P.R.Ownership("kneecap"))
+    return reconcile.PoolState(pool, deploy, settings, reconcile.Ownership("kneecap"))
 
 
 def _plan(curve, spec, replicas=2, measured=(), status_extra=None):

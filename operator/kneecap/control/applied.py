@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Iterable
 
-from kneecap.control import status as St
+from kneecap.control import status
 
 APPLIED_ANNOTATION = "kneecap.io/applied"
 RECORD_KEYS = ("maxNumSeqs", "gpuMemoryUtilization", "kvCacheMemoryBytes", "replicas", "time", "reason", "restart")
@@ -30,7 +30,7 @@ def from_deployment(deploy: dict | None) -> dict | None:
     raw = (((deploy or {}).get("metadata") or {}).get("annotations") or {}).get(APPLIED_ANNOTATION)
     try:
         record = json.loads(raw) if raw else None
-        if not isinstance(record, dict) or St.parse_iso(record.get("time")) is None:
+        if not isinstance(record, dict) or status.parse_iso(record.get("time")) is None:
             return None
     except (ValueError, TypeError):
         return None
@@ -39,7 +39,7 @@ def from_deployment(deploy: dict | None) -> dict | None:
 
 def time_s(record: dict | None) -> float | None:
     try:
-        return St.parse_iso((record or {}).get("time"))
+        return status.parse_iso((record or {}).get("time"))
     except (ValueError, TypeError):
         return None
 

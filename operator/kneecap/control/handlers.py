@@ -16,7 +16,7 @@ from typing import Callable
 import aiohttp
 import kopf
 
-from kneecap.control import loop as L, plan as P, reconcile as R, status as St
+from kneecap.control import loop, plan, reconcile as reconciler, status as status_helpers
 from kneecap.control.auth import Credentials, CredentialsError
 from kneecap.control.gauss_reuse import GaussRuns
 from kneecap.control.informer import CachedReads
@@ -42,7 +42,7 @@ class OperatorConfig:
     tick_s: float = 10.0  # how often timers wake to check whether spec.control.interval elapsed
     scrape_timeout_s: float = 5.0
     now: Callable[[], float] = time.time
-    scrape: L.ScrapeFn | None = None
+    scrape: loop.ScrapeFn | None = None
     # leader election (kopf peering; used when the operator runs with --peering): None picks
     # oldest_first_priority(), so exactly one replica is active and a new one never preempts it
     peering_priority: int | None = None
@@ -89,9 +89,9 @@ async def _connection(config: OperatorConfig, *, fresh: bool) -> kopf.Connection
 
 def _invalid(body, exc: InputError, now_s: float) -> dict:
     gen = body["metadata"].get("generation")
-    conds = St.set_condition((body.get("status") or {}).get("conditions"), St.READY, False, "InvalidSpec",
-                             str(exc), gen, now_s)
-    return {"observedGeneration": gen, "phase": St.phase_of(conds, invalid=True), "conditions": conds,
+    conds = status_helpers.set_condition((body.get("status") or {}).get("conditions"), status_helpers.READY, False,
+                                         "InvalidSpec", str(exc), gen, now_s)
+    return {"observedGeneration": gen, "phase": status_helpers.phase_of(conds, invalid=True), "conditions": conds,
             "invalidField": exc.field}
 
 
@@ -187,20 +187,20 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         if spec is None:
             return
         async with reconcile_lock(memo):
-            result = await R.reconcile(memo.kube, dict(body), spec)
+            result = await reconciler.reconcile(memo.kube, dict(body), spec)
         now = config.now()
         gen = body["metadata"].get("generation")
         conds = (body.get("status") or {}).get("conditions")
         done = lambda p: ("adopted" if p.adoption else "created" if p.created  # noqa: E731
                           else "patched" if p.patched else "in sync")
-        conds = St.set_condition(conds, St.READY, *St.ready(
+        conds = status_helpers.set_condition(conds, status_helpers.READY, *status_helpers.ready(
             [p.deployment for p in result.pools], missing=result.missing,
             conflict=any(c.kind == "Deployment" for c in result.conflicts),
             detail=", ".join([f"{p.pool.name}: {done(p)}" for p in result.pools]
                              + [f"{c.name}: {c.kind} not owned" for c in result.conflicts])), gen, now)
-        conds = St.set_conflict(conds, result.conflicts, gen, now)
-        patch.status.update({"observedGeneration": gen, "conditions": conds, "phase": St.phase_of(conds),
-                             "invalidField": None, "ownership": P.ownership_status(result.pools)})
+        conds = status_helpers.set_conflict(conds, result.conflicts, gen, now)
+        patch.status.update({"observedGeneration": gen, "conditions": conds, "phase": status_helpers.phase_of(conds),
+                             "invalidField": None, "ownership": plan.ownership_status(result.pools)})
         for c in result.conflicts:
             kopf.warn(body, reason="Conflict", message=c.message)
         for m in result.missing:
@@ -212,7 +212,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
 
     @kopf.timer(*RESOURCE, interval=config.tick_s, initial_delay=config.tick_s, id="control", registry=registry)
     async def control(body, patch, memo, logger, **_):
-        mem: L.LoopMemory = memo.setdefault("loop", L.LoopMemory())
+        mem: loop.LoopMemory = memo.setdefault("loop", loop.LoopMemory())
         now = config.now()
         gen = body["metadata"].get("generation")
         gen = gen if gen is not None else repr(body.get("spec"))  # an API server without generations
@@ -224,7 +224,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         if mem.spec_generation != gen:  # parsed once per generation, not on every tick
             try:
                 mem.spec = await _parse(body, patch, logger, config, memo.kube, emit=False)
-            except L.API_EXCEPTIONS as exc:  # the model's ConfigMap not read: retried next tick
+            except loop.API_EXCEPTIONS as exc:  # the model's ConfigMap not read: retried next tick
                 logger.warning("spec.model.configMapRef not read: %s", exc)
                 return
             mem.spec_generation = gen
@@ -233,25 +233,25 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
                 return
         spec = mem.spec
         mem.last_tick_s = now
-        ctx = L.LoopContext(kube=memo.kube, metrics=memo.metrics, now=config.now,
-                            scrape_timeout_s=config.scrape_timeout_s, scrape=config.scrape,
-                            session=getattr(memo, "scrape_session", None),
-                            reads=None if fresh else getattr(memo, "reads", None),
-                            reconcile_lock=reconcile_lock(memo), gauss_runs=getattr(memo, "gauss_runs", None),
-                            parse_cache=getattr(memo, "parse_cache", None),
-                            event=lambda etype, reason, message: kopf.event(body, type=etype, reason=reason,
-                                                                            message=message))
+        ctx = loop.LoopContext(kube=memo.kube, metrics=memo.metrics, now=config.now,
+                               scrape_timeout_s=config.scrape_timeout_s, scrape=config.scrape,
+                               session=getattr(memo, "scrape_session", None),
+                               reads=None if fresh else getattr(memo, "reads", None),
+                               reconcile_lock=reconcile_lock(memo), gauss_runs=getattr(memo, "gauss_runs", None),
+                               parse_cache=getattr(memo, "parse_cache", None),
+                               event=lambda etype, reason, message: kopf.event(body, type=etype, reason=reason,
+                                                                               message=message))
         seen = dict(body)  # (kopf's body is live: the watch may replace it during the tick)
-        status = await L.tick(ctx, seen, spec, mem)
+        status = await loop.tick(ctx, seen, spec, mem)
         # written directly (one merge patch on the status subresource, the object not read
         # back): kopf's patch would re-check the whole returned object on every tick
         meta = seen["metadata"]
-        await L.write_status(ctx, resource_path(f"{GROUP}/{VERSION}", PLURAL, meta["namespace"], meta["name"]),
-                             status, mem, base_version=meta.get("resourceVersion"))
+        await loop.write_status(ctx, resource_path(f"{GROUP}/{VERSION}", PLURAL, meta["namespace"], meta["name"]),
+                                status, mem, base_version=meta.get("resourceVersion"))
 
     @kopf.on.delete(*RESOURCE, id="delete", registry=registry)
     async def delete(body, memo, logger, **_):
-        gone = await R.delete_owned(memo.kube, dict(body))
+        gone = await reconciler.delete_owned(memo.kube, dict(body))
         memo.metrics.forget(body["metadata"]["namespace"], body["metadata"]["name"])
         logger.info("deleted owned objects: %s", ", ".join(gone) or "none left")
 

@@ -27,23 +27,24 @@ from typing import Awaitable, Callable
 
 import aiohttp
 
-from kneecap.control import manifests as M, plan as P, reconcile as R, restart
+from kneecap.control import manifests, plan as planner, reconcile, restart
 from kneecap.control.gauss_reuse import GaussRuns
 from kneecap.control.informer import ApiReads
 from kneecap.control.kube import ApiError, ApiFailure, KubeClient, deployments_path
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.control.spec import LLMDeploymentSpec
-from kneecap.observe import window as W
 from kneecap.observe.scrape import ParseCache, ScrapeError, Snapshot, family_filter, scrape as http_scrape
-from kneecap.observe.window import NoObservation, Observation, Reason, combine, window_deltas
+from kneecap.observe.window import (CACHE_CONFIG, PROCESS_START, PROMPT_TOKENS_CREATED, SUCCESS_CREATED, _COUNTERS,
+                                    _GAUGES, _HISTOGRAMS, NoObservation, Observation, Reason, combine,
+                                    window_deltas)
 
 log = logging.getLogger("kneecap.loop")
 
 # The metric families window_deltas reads; a scrape parses only these (a vLLM page has ~90
 # families, the window needs ~20: less parsing and smaller snapshots held between ticks).
 WINDOW_FAMILIES = family_filter(
-    [n for table in (W._COUNTERS, W._HISTOGRAMS, W._GAUGES) for names, _ in table.values() for n in names]
-    + [W.CACHE_CONFIG, W.PROCESS_START, W.SUCCESS_CREATED, W.PROMPT_TOKENS_CREATED])
+    [n for table in (_COUNTERS, _HISTOGRAMS, _GAUGES) for names, _ in table.values() for n in names]
+    + [CACHE_CONFIG, PROCESS_START, SUCCESS_CREATED, PROMPT_TOKENS_CREATED])
 
 FULL_RECONCILE_TICKS = 10  # a full reconcile (Services, pruning) every this many control ticks
 
@@ -113,8 +114,8 @@ def trim_window(scrapes: list[Snapshot], window_s: float, max_scrapes: int) -> N
         del scrapes[:len(scrapes) - max_scrapes]
 
 
-async def observe_window(ctx: LoopContext, mem: LoopMemory, spec: LLMDeploymentSpec, state: R.PoolState,
-                         urls: list[str]) -> P.PoolWindow:
+async def observe_window(ctx: LoopContext, mem: LoopMemory, spec: LLMDeploymentSpec, state: reconcile.PoolState,
+                         urls: list[str]) -> planner.PoolWindow:
     """Scrape the pool's pods and, once ``spec.control.window`` has passed since the window
     opened, turn it into one observation (the scrapes in between give the gauge samples
     (batch, queue, KV usage) their time average)."""
@@ -123,7 +124,7 @@ async def observe_window(ctx: LoopContext, mem: LoopMemory, spec: LLMDeploymentS
     for gone in set(snaps) - set(urls):
         del snaps[gone]
     if not urls:
-        return P.PoolWindow(role, state, P.NO_PODS, "no ready pod with an IP or a metrics URL")
+        return planner.PoolWindow(role, state, planner.NO_PODS, "no ready pod with an IP or a metrics URL")
     results = await asyncio.gather(*(ctx.scrape_url(u) for u in urls), return_exceptions=True)
     window_s = spec.control.window_s
     max_scrapes = 2 * math.ceil(window_s / max(spec.control.interval_s, 1e-3)) + 2
@@ -136,13 +137,14 @@ async def observe_window(ctx: LoopContext, mem: LoopMemory, spec: LLMDeploymentS
         kept.append(res)
         trim_window(kept, window_s, max_scrapes)
     if errors:
-        return P.PoolWindow(role, state, P.SCRAPE_FAILED, "; ".join(errors)[:900], scrape_errors=len(errors))
+        return planner.PoolWindow(role, state, planner.SCRAPE_FAILED, "; ".join(errors)[:900],
+                                  scrape_errors=len(errors))
     series = [snaps[u] for u in urls]
     if any(len(sn) < 2 for sn in series):
-        return P.PoolWindow(role, state, P.OPEN, "priming: first scrape of these pods")
+        return planner.PoolWindow(role, state, planner.OPEN, "priming: first scrape of these pods")
     span = min(sn[-1].t_s - sn[0].t_s for sn in series)
     if span < window_s * 0.999:
-        return P.PoolWindow(role, state, P.OPEN, f"window open: {span:.0f}s of {window_s:.0f}s")
+        return planner.PoolWindow(role, state, planner.OPEN, f"window open: {span:.0f}s of {window_s:.0f}s")
     parts, excluded = [], []
     for url in urls:
         sn = snaps[url]
@@ -154,14 +156,15 @@ async def observe_window(ctx: LoopContext, mem: LoopMemory, spec: LLMDeploymentS
             parts.append(d)
     obs = combine(parts) if parts else None
     if isinstance(obs, Observation):
-        return P.PoolWindow(role, state, P.OBSERVED, "; ".join(f"left out {e}" for e in excluded), obs)
+        return planner.PoolWindow(role, state, planner.OBSERVED, "; ".join(f"left out {e}" for e in excluded), obs)
     if isinstance(obs, NoObservation) and obs.reason in (Reason.IDLE, Reason.NO_FINISHED) and not excluded:
-        return P.PoolWindow(role, state, P.IDLE, obs.code)
-    return P.PoolWindow(role, state, P.UNUSABLE, "; ".join(excluded + ([obs.code] if obs is not None else [])))
+        return planner.PoolWindow(role, state, planner.IDLE, obs.code)
+    return planner.PoolWindow(role, state, planner.UNUSABLE,
+                              "; ".join(excluded + ([obs.code] if obs is not None else [])))
 
 
 async def observe_pool(ctx: LoopContext, mem: LoopMemory, ns: str, name: str, spec: LLMDeploymentSpec,
-                       state: R.PoolState) -> P.PoolWindow:
+                       state: reconcile.PoolState) -> planner.PoolWindow:
     """The pool's window from its ready pods' scrapes (an adopted Deployment's pods through its
     own selector and ReplicaSets, on the port its vLLM listens on), with their creation → Ready
     times (the pool's restart cost)."""
@@ -171,15 +174,17 @@ async def observe_pool(ctx: LoopContext, mem: LoopMemory, ns: str, name: str, sp
         else:
             every = await ctx.reader.pods(ns, name, state.pool.role)
     except API_EXCEPTIONS as exc:
-        return P.PoolWindow(state.pool.role, state, P.NO_PODS, f"pods not read: {ApiFailure.of(exc)}")
-    pods = R.ready(every)
+        return planner.PoolWindow(state.pool.role, state, planner.NO_PODS, f"pods not read: {ApiFailure.of(exc)}")
+    pods = reconcile.ready(every)
     port = state.adoption.port if state.adoption is not None else spec.engine.port
-    window = await observe_window(ctx, mem, spec, state, [u for u in (R.metrics_url(p, port) for p in pods) if u])
+    window = await observe_window(ctx, mem, spec, state,
+                                  [u for u in (reconcile.metrics_url(p, port) for p in pods) if u])
     return replace(window, start_to_ready_s=tuple(restart.start_to_ready_s(pods)),
-                   unschedulable=R.unschedulable(every), ignored_metrics_url=R.ignored_metrics_url(pods))
+                   unschedulable=reconcile.unschedulable(every),
+                   ignored_metrics_url=reconcile.ignored_metrics_url(pods))
 
 
-async def _live_pools(ctx: LoopContext, owner: dict, spec: LLMDeploymentSpec) -> list[R.PoolState]:
+async def _live_pools(ctx: LoopContext, owner: dict, spec: LLMDeploymentSpec) -> list[reconcile.PoolState]:
     """The pools as they are live, read only (a reconcile that failed wrote nothing to trust)."""
     ns, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
     try:
@@ -189,18 +194,20 @@ async def _live_pools(ctx: LoopContext, owner: dict, spec: LLMDeploymentSpec) ->
     if spec.adopted:  # (reading an adopted pool writes nothing: it failed on a read)
         return []
     out = []
-    for pool in M.pools(name, spec):
+    for pool in manifests.pools(name, spec):
         try:
             live = await ctx.reader.deployment(ns, pool.name)
         except API_EXCEPTIONS:
             live = None
-        if live is not None and R.owns(owner, live):  # someone else's is not observed either
-            start = M.initial_settings(spec, pool.role)
-            out.append(R.PoolState(pool, live, M.live_settings(live, start), R.replicas_owner(spec, live, hpas)))
+        if live is not None and reconcile.owns(owner, live):  # someone else's is not observed either
+            start = manifests.initial_settings(spec, pool.role)
+            out.append(reconcile.PoolState(pool, live, manifests.live_settings(live, start),
+                                           reconcile.replicas_owner(spec, live, hpas)))
     return out
 
 
-async def gather(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopMemory) -> tuple[P.Gathered, dict]:
+async def gather(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec,
+                 mem: LoopMemory) -> tuple[planner.Gathered, dict]:
     """Reconcile and observe: (what plan needs, the status it starts from: the resource's,
     with a status the last tick could not write merged in)."""
     meta = body["metadata"]
@@ -214,11 +221,11 @@ async def gather(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: Loo
     mem.ticks += 1
     failures: list[ApiFailure] = []
     changes: list[str] = []
-    conflicts: list[R.Conflict] = []
+    conflicts: list[reconcile.Conflict] = []
     missing: list[str] = []
     try:
         async with ctx.reconcile_lock or contextlib.nullcontext():
-            rec = await R.reconcile(ctx.kube, body, spec, full=full, reads=ctx.reader)
+            rec = await reconcile.reconcile(ctx.kube, body, spec, full=full, reads=ctx.reader)
         pools = rec.pools
         conflicts, missing = list(rec.conflicts), list(rec.missing)
         changes = ([f"{p.pool.name} {'created' if p.created else 'patched'}" for p in rec.pools
@@ -231,16 +238,16 @@ async def gather(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: Loo
     windows = tuple([await observe_pool(ctx, mem, ns, name, spec, p) for p in pools])
     for role in set(mem.snapshots) - {p.pool.role for p in pools}:
         del mem.snapshots[role]
-    ring = P.parse_ring(status.get("observations") or [], P.primary_role(spec), mem.parsed_ring)
-    return P.Gathered(ns, name, meta.get("generation"), windows, ring, tuple(changes), tuple(failures),
-                      reconcile_failed=bool(failures), status_write_failure=mem.status_write_failure,
-                      conflicts=tuple(conflicts), full_pass=full and not failures,
-                      missing_targets=tuple(missing)), status
+    ring = planner.parse_ring(status.get("observations") or [], planner.primary_role(spec), mem.parsed_ring)
+    return planner.Gathered(ns, name, meta.get("generation"), windows, ring, tuple(changes), tuple(failures),
+                            reconcile_failed=bool(failures), status_write_failure=mem.status_write_failure,
+                            conflicts=tuple(conflicts), full_pass=full and not failures,
+                            missing_targets=tuple(missing)), status
 
 
 # ---------------------------------------------------------------- apply
 
-def _update_metric(metrics: OperatorMetrics, u: P.MetricUpdate) -> None:
+def _update_metric(metrics: OperatorMetrics, u: planner.MetricUpdate) -> None:
     series = getattr(metrics, u.metric)
     if u.op == "set":
         metrics.set(series, u.value, *u.labels)
@@ -250,7 +257,7 @@ def _update_metric(metrics: OperatorMetrics, u: P.MetricUpdate) -> None:
         metrics.drop(series, *u.labels)
 
 
-async def apply(ctx: LoopContext, g: P.Gathered, plan: P.Plan, now_s: float) -> dict:
+async def apply(ctx: LoopContext, g: planner.Gathered, plan: planner.Plan, now_s: float) -> dict:
     """Write the plan's patches in order; the first that fails is recorded (its status changes
     and those of the patches after it undone, ApiError, an Event, the counters) and the rest
     are not sent. Then the metrics and the Events. Returns the status to write."""
@@ -264,8 +271,8 @@ async def apply(ctx: LoopContext, g: P.Gathered, plan: P.Plan, now_s: float) -> 
             rollback: dict = {}
             for later in reversed(plan.patches[i:]):
                 rollback.update(later.rollback)
-            status, event, counters = P.failed_write(status, failure, g.generation, now_s, g.namespace, g.name,
-                                                     rollback)
+            status, event, counters = planner.failed_write(status, failure, g.generation, now_s, g.namespace, g.name,
+                                                           rollback)
             events += [event] if event else []
             updates.extend(counters)
             break
@@ -283,7 +290,7 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
     :func:`write_status`). Reads the clock once (``ctx.now``)."""
     now_s = ctx.now()
     g, status = await gather(ctx, body, spec, mem)
-    return await apply(ctx, g, P.plan(g, status, spec, now_s, ctx.gauss_runs), now_s)
+    return await apply(ctx, g, planner.plan(g, status, spec, now_s, ctx.gauss_runs), now_s)
 
 
 def pending_status(mem: LoopMemory, version: str | None) -> dict | None:

@@ -22,11 +22,12 @@ from typing import Sequence
 
 import numpy as np
 
-from kneecap.control import applied as A, cudagraph, decide, manifests as M, policy, reconcile as R, restart
-from kneecap.control import gauss_reuse, status as St, target as T
+from kneecap.control import applied as applied_record, cudagraph, decide, gauss_reuse, manifests, policy, reconcile
+from kneecap.control import restart, status as status_helpers
 from kneecap.control.kube import MERGE, ApiFailure
 from kneecap.control.metrics import CURVE_BATCHES
 from kneecap.control.spec import LLMDeploymentSpec
+from kneecap.control.target import STRATEGIC, settings_patch
 from kneecap.errors import InputError
 from kneecap.model import calibrate, slim
 from kneecap.model.arch import get_arch
@@ -52,7 +53,7 @@ class PoolWindow:
     """One pool at this tick: its live state and what its window gave."""
 
     role: str
-    state: R.PoolState
+    state: reconcile.PoolState
     outcome: str  # OBSERVED | IDLE | OPEN | NO_PODS | UNUSABLE | SCRAPE_FAILED
     message: str = ""
     observation: Observation | None = None
@@ -70,13 +71,13 @@ class Gathered:
     name: str
     generation: int | str | None
     pools: tuple[PoolWindow, ...]
-    ring: tuple[tuple[dict, St.RingEntry | None], ...] = ()  # status.observations, each with its parse
+    ring: tuple[tuple[dict, status_helpers.RingEntry | None], ...] = ()  # status.observations, each with its parse
     # (None: another pool's entry, or unreadable); see parse_ring
     changes: tuple[str, ...] = ()  # what reconcile created, patched or deleted
     api_failures: tuple[ApiFailure, ...] = ()  # writes refused while gathering (reconcile)
     reconcile_failed: bool = False  # reconcile stopped on one of api_failures
     status_write_failure: ApiFailure | None = None  # the previous tick's status write failed
-    conflicts: tuple[R.Conflict, ...] = ()  # owned objects that are not kneecap's
+    conflicts: tuple[reconcile.Conflict, ...] = ()  # owned objects that are not kneecap's
     full_pass: bool = False  # reconcile checked every owned object (Services too): no conflict means none
     missing_targets: tuple[str, ...] = ()  # spec.targetRef Deployments not found (nothing is created for them)
 
@@ -150,7 +151,7 @@ def target_tensor_parallel_size(g: "Gathered", spec: LLMDeploymentSpec) -> int |
     return None if p is None else p.state.adoption.tensor_parallel_size
 
 
-def ownership_status(pools: Sequence[R.PoolState]) -> dict:
+def ownership_status(pools: Sequence[reconcile.PoolState]) -> dict:
     """Who owns each pool's replicas; kneecap does not fight an HPA or a person."""
     out = {}
     for p in pools:
@@ -159,13 +160,13 @@ def ownership_status(pools: Sequence[R.PoolState]) -> dict:
                             "message": (f"replicas are owned by {o.replicas_owner}; kneecap only recommends them"
                                         if o.external else "kneecap manages replicas")}
         if p.adoption is not None:  # spec.targetRef: whose Deployment kneecap tunes
-            out[p.pool.role]["target"] = St.compact({
+            out[p.pool.role]["target"] = status_helpers.compact({
                 "deployment": p.pool.name, "container": p.adoption.container, "controller": p.adoption.controller,
                 "adviseOnly": p.adoption.advise_only, "tensorParallelSize": p.adoption.tensor_parallel_size})
     return out
 
 
-def _advisory(t: "_Tick", states: Sequence[R.PoolState]) -> None:
+def _advisory(t: "_Tick", states: Sequence[reconcile.PoolState]) -> None:
     """The Advisory condition of an adopted deployment: True (reason TargetControlled, naming
     the controller, or ArgvNotWritable) when kneecap may not write to a target, so it only
     advises; decisions are still computed and reported."""
@@ -173,10 +174,10 @@ def _advisory(t: "_Tick", states: Sequence[R.PoolState]) -> None:
     if held:
         s = held[0]
         reason = "TargetControlled" if s.adoption.controller else "ArgvNotWritable"
-        t.condition(St.ADVISORY, True, reason, "; ".join(
+        t.condition(status_helpers.ADVISORY, True, reason, "; ".join(
             f"Deployment {x.pool.name}: {x.adoption.why_advise_only}" for x in held)[:900])
     else:
-        t.condition(St.ADVISORY, False, "TargetWritable",
+        t.condition(status_helpers.ADVISORY, False, "TargetWritable",
                     "kneecap may patch the managed flags of every target Deployment"
                     + ("" if t.spec.enforce else " (spec.control.mode is advise)"))
 
@@ -197,7 +198,7 @@ def parse_ring(entries: Sequence[dict], role: str, parsed: dict | None = None) -
             obs = parsed.get(key) if parsed is not None else None
             if obs is None:
                 try:
-                    obs = St.ring_entry_from_status(e)
+                    obs = status_helpers.ring_entry_from_status(e)
                 except ValueError:
                     obs = None
             if obs is not None:
@@ -211,14 +212,14 @@ def parse_ring(entries: Sequence[dict], role: str, parsed: dict | None = None) -
     return tuple(out)
 
 
-def ring_entries(status: dict, role: str, parsed: dict | None = None) -> list[St.RingEntry]:
+def ring_entries(status: dict, role: str, parsed: dict | None = None) -> list[status_helpers.RingEntry]:
     """The ring's observations of one pool (entries that do not parse are skipped)."""
     return [o for _, o in parse_ring(status.get("observations") or [], role, parsed) if o is not None]
 
 
-def settings_status(s: M.EngineSettings) -> dict:
-    return St.compact({"maxNumSeqs": s.max_num_seqs, "gpuMemoryUtilization": s.gpu_memory_utilization,
-                       "kvCacheMemoryBytes": s.kv_cache_memory_bytes, "replicas": s.replicas})
+def settings_status(s: manifests.EngineSettings) -> dict:
+    return status_helpers.compact({"maxNumSeqs": s.max_num_seqs, "gpuMemoryUtilization": s.gpu_memory_utilization,
+                                   "kvCacheMemoryBytes": s.kv_cache_memory_bytes, "replicas": s.replicas})
 
 
 def workload_from_status(status: dict, role: str) -> Observation | None:
@@ -233,7 +234,7 @@ def workload_from_status(status: dict, role: str) -> Observation | None:
         return None
 
 
-def slo_met(spec: LLMDeploymentSpec, o: Observation | St.RingEntry) -> tuple[bool, str] | None:
+def slo_met(spec: LLMDeploymentSpec, o: Observation | status_helpers.RingEntry) -> tuple[bool, str] | None:
     checks = decide.slo_checks(spec, o)
     if not checks:
         return None
@@ -243,7 +244,7 @@ def slo_met(spec: LLMDeploymentSpec, o: Observation | St.RingEntry) -> tuple[boo
     return True, ", ".join(f"{n} p95 {v:.3g}s ≤ {slo:g}s" for slo, v, n in checks)
 
 
-def slo_attainment(spec: LLMDeploymentSpec, ring: Sequence[Observation | St.RingEntry]) -> float | None:
+def slo_attainment(spec: LLMDeploymentSpec, ring: Sequence[Observation | status_helpers.RingEntry]) -> float | None:
     """Fraction of the ring's windows whose p95 latencies met every declared SLO (None: no SLO
     declared, or no window measured one)."""
     met = [r[0] for r in (slo_met(spec, o) for o in ring) if r is not None]
@@ -286,7 +287,7 @@ def calibration_to_status(cal: calibrate.Calibration, error: float | None, accep
     """A Calibration as status.calibration: camelCase keys (SLIM's parameters included, e.g.
     ``t_fixed_s`` → ``tFixedSeconds``), the fit's error on the current ring (``fitErrorPct``)
     and when it was created and accepted."""
-    return St.compact({
+    return status_helpers.compact({
         "version": cal.version, "form": cal.form, "gpu": cal.gpu, "models": list(cal.models),
         "parameters": {status_key(k): v for k, v in cal.params.items()},
         "parameterStd": {status_key(k): v for k, v in cal.std.items()},
@@ -338,16 +339,17 @@ class _Tick:
         return self.g.namespace, self.g.name
 
     def condition(self, type_: str, ok: bool | None, reason: str, message: str) -> None:
-        self.conds = St.set_condition(self.conds, type_, ok, reason, message, self.g.generation, self.now_s)
+        self.conds = status_helpers.set_condition(self.conds, type_, ok, reason, message, self.g.generation, self.now_s)
 
     def decision(self, reason: str, message: str, etype: str = "Normal", action: str = policy.HOLD,
-                 target: M.EngineSettings | None = None, restart_cost: dict | None = None) -> dict:
+                 target: manifests.EngineSettings | None = None, restart_cost: dict | None = None) -> dict:
         """Status, metrics and an Event for a decision. The Event is posted when the decision
         differs from the previous one (reason or target), so a steady hold does not flood the
         namespace."""
         self.m.inc("decisions", *self.labels, reason)
-        d = St.compact({"action": action, "reason": reason, "message": message[:900], "time": St.iso(self.now_s),
-                        "target": settings_status(target) if target else None, "restart": restart_cost})
+        d = status_helpers.compact({"action": action, "reason": reason, "message": message[:900],
+                                    "time": status_helpers.iso(self.now_s),
+                                    "target": settings_status(target) if target else None, "restart": restart_cost})
         self.out["lastDecision"] = d
         prev = self.status.get("lastDecision") or {}
         if reason == "Applied" or prev.get("reason") != reason or prev.get("target") != d.get("target"):
@@ -355,7 +357,7 @@ class _Tick:
         return d
 
     def finish(self) -> Plan:
-        self.out.update(conditions=self.conds, phase=St.phase_of(self.conds))
+        self.out.update(conditions=self.conds, phase=status_helpers.phase_of(self.conds))
         return Plan(self.out, tuple(self.events), tuple(self.m.updates), tuple(self.patches))
 
 
@@ -375,18 +377,21 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float,
     if g.changes:
         t.events.append(Event("Normal", "Reconciled", ", ".join(g.changes)))
     states = [p.state for p in g.pools]
-    t.condition(St.READY, *St.ready([s.deployment for s in states], missing=g.missing_targets,
-                                    conflict=any(c.kind == "Deployment" for c in g.conflicts),
-                                    unschedulable=[f"{p.role}: {p.unschedulable}" for p in g.pools if p.unschedulable]))
+    t.condition(status_helpers.READY, *status_helpers.ready(
+        [s.deployment for s in states], missing=g.missing_targets,
+        conflict=any(c.kind == "Deployment" for c in g.conflicts),
+        unschedulable=[f"{p.role}: {p.unschedulable}" for p in g.pools if p.unschedulable]))
     ignored = "; ".join(f"{p.role}: {p.ignored_metrics_url}" for p in g.pools if p.ignored_metrics_url)
-    if ignored and not St.condition_true(t.conds, St.METRICS_URL_IGNORED):
-        t.events.append(Event("Warning", St.METRICS_URL_IGNORED, f"ignored (its host is not the pod's IP): {ignored}"[:900]))
-    if ignored or St.get_condition(t.conds, St.METRICS_URL_IGNORED):  # present once it has been True
-        t.condition(St.METRICS_URL_IGNORED, bool(ignored), "ForeignHost" if ignored else "NoneIgnored",
+    if ignored and not status_helpers.condition_true(t.conds, status_helpers.METRICS_URL_IGNORED):
+        t.events.append(Event("Warning", status_helpers.METRICS_URL_IGNORED,
+                              f"ignored (its host is not the pod's IP): {ignored}"[:900]))
+    # (the condition is present once it has been True)
+    if ignored or status_helpers.get_condition(t.conds, status_helpers.METRICS_URL_IGNORED):
+        t.condition(status_helpers.METRICS_URL_IGNORED, bool(ignored), "ForeignHost" if ignored else "NoneIgnored",
                     (f"ignored (its host is not the pod's IP; the pod's IP is scraped): {ignored}"[:900]
                      if ignored else "no pod's kneecap.io/metrics-url names another host"))
     if g.conflicts or g.full_pass:
-        t.conds = St.set_conflict(t.conds, g.conflicts, g.generation, now_s)
+        t.conds = status_helpers.set_conflict(t.conds, g.conflicts, g.generation, now_s)
     if spec.adopted:
         _advisory(t, states)
     t.out["ownership"] = ownership_status(states)
@@ -404,7 +409,7 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float,
     for p in g.pools:
         if p.observation is not None:
             engine = {k: v for k, v in settings_status(p.state.settings).items() if k != "replicas"}
-            entry = {"pool": p.role, "engine": engine, **St.ring_entry(p.observation)}
+            entry = {"pool": p.role, "engine": engine, **status_helpers.ring_entry(p.observation)}
             ring = (ring + [(entry, p.observation if p.role == role else None)])[-spec.control.observation_history:]
     if any(p.observation is not None for p in g.pools) or "observations" not in status:
         t.out["observations"] = [e for e, _ in ring]  # (unchanged, it is not re-sent: most of the status)
@@ -419,12 +424,12 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float,
         t.decision(reason, f"not acting: {why}", "Warning")
         return t.finish()
     if main.observation is not None:
-        t.out["workload"] = {"pool": role, **St.rounded(obs_pool.to_status(main.observation))}
+        t.out["workload"] = {"pool": role, **status_helpers.rounded(obs_pool.to_status(main.observation))}
         per_pod = (main.observation.prompt_tok_s + main.observation.generation_tok_s) / max(main.observation.pods, 1)
         t.m.set("observed_throughput", per_pod, *labels, role)
         ok = slo_met(spec, main.observation)
         if ok is not None:
-            t.condition(St.SLO_MET, ok[0], "SLOMet" if ok[0] else "SLOMissed", ok[1])
+            t.condition(status_helpers.SLO_MET, ok[0], "SLOMet" if ok[0] else "SLOMissed", ok[1])
         t.m.set("slo_attainment", slo_attainment(spec, observations), *labels)
 
     if _observation_held(t, main):
@@ -438,20 +443,21 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float,
     if cal_out.calibration is not None:
         # acceptedTime: when the fit in use was accepted (a rejected first fit never was; a fit
         # that a refit on fresh windows could not beat is accepted anew)
-        accepted = (St.iso(now_s) if (cal_out.refit or cal_out.revalidated) and cal_out.ok
+        accepted = (status_helpers.iso(now_s) if (cal_out.refit or cal_out.revalidated) and cal_out.ok
                     else None if cal_out.refit else (previous_status or {}).get("acceptedTime"))
         t.out["calibration"] = calibration_to_status(cal_out.calibration, cal_out.error, accepted)
         t.m.set("calibration_error", cal_out.error, *labels)
         if accepted:
-            t.m.set("calibration_timestamp", St.parse_iso(accepted), *labels)
+            t.m.set("calibration_timestamp", status_helpers.parse_iso(accepted), *labels)
         if main.observation is not None:
             _export_curve(t, role, cal_out.calibration, main.observation)
     if main.outcome == IDLE:  # no running batch to be past the knee with
         t.m.drop("batching_efficiency", *labels, role)
-    t.condition(St.CALIBRATED, cal_out.calibration is not None and cal_out.ok, cal_out.reason, cal_out.message)
+    t.condition(status_helpers.CALIBRATED, cal_out.calibration is not None and cal_out.ok, cal_out.reason,
+                cal_out.message)
     bad_fit = cal_out.reason in ("FitFailed", "FitRejected", "FitErrorTooHigh") or (
         cal_out.calibration is not None and not cal_out.ok)
-    t.condition(St.DEGRADED, bad_fit, "BadFit" if bad_fit else "Healthy",
+    t.condition(status_helpers.DEGRADED, bad_fit, "BadFit" if bad_fit else "Healthy",
                 cal_out.message if bad_fit else "observations are fresh and the fit is healthy")
 
     latest = main.observation or workload_from_status(status, role)  # the last full window when this one is open
@@ -476,7 +482,7 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float,
         r = dataclasses.replace(r, replicas=int(replicas), replicas_binding=rbind, allocation=dict(alloc or {}))
     except Exception as exc:  # noqa: BLE001 - a model failure must not take the operator down
         log.exception("decision failed for %s/%s", *labels)
-        t.condition(St.DEGRADED, True, "ModelError", f"{type(exc).__name__}: {exc}"[:900])
+        t.condition(status_helpers.DEGRADED, True, "ModelError", f"{type(exc).__name__}: {exc}"[:900])
         t.decision("ModelError", f"{type(exc).__name__}: {exc}", "Warning")
         return t.finish()
     t.out["recommendation"] = r.to_status()
@@ -488,8 +494,8 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float,
                 float(slim_curve(cal_out.calibration, spec, main.observation, np.array([r.knee_batch]))[0]),
                 *labels, role)
 
-    records = {p.role: A.from_deployment(p.state.deployment) for p in g.pools}
-    applied = A.newest(status.get("applied"), records.get(role))
+    records = {p.role: applied_record.from_deployment(p.state.deployment) for p in g.pools}
+    applied = applied_record.newest(status.get("applied"), records.get(role))
     t.out["applied"] = {**applied, **settings_status(cur), "pool": role}
     if g.reconcile_failed or g.conflicts or g.missing_targets:
         why = "; ".join([str(f) for f in g.api_failures] + [c.message for c in g.conflicts] + list(g.missing_targets))
@@ -498,14 +504,14 @@ def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float,
         return t.finish()
 
     state = policy.GuardState(
-        now_s=now_s, last_applied_s=A.last_applied_s(applied, records.values()),
+        now_s=now_s, last_applied_s=applied_record.last_applied_s(applied, records.values()),
         rollout_in_progress=any(s.rollout_in_progress for s in states),
         n_observations=len(observations), fit_ok=cal_out.ok, fit_message=cal_out.message,
         replicas_external=external, restart=restart_cost)
     round_cap = None if cudagraph.eager(pools[role].engine_container) else (
         lambda cap: cudagraph.round_cap(cap, spec.batching.min_max_num_seqs, spec.batching.max_max_num_seqs))
     d = policy.guard(cur, policy.Proposal(r.settings, r.throughput_gain, r.memory_gain), spec.control,
-                     spec.batching, M.pool_bounds(spec, role), state,
+                     spec.batching, manifests.pool_bounds(spec, role), state,
                      memory_for_cap=lambda cap: decide.memory_for_cap(spec, latest, cap)[:2], round_cap=round_cap,
                      gains_for=lambda target: decide.gains(spec, cal_out.calibration, latest, cur, target))
     if d.action == policy.APPLY and spec.enforce:
@@ -527,15 +533,16 @@ def _api_errors(t: _Tick) -> None:
     for f in t.g.api_failures:
         t.m.inc("api_errors", f.verb, f.resource, str(f.code))
     if not failures:
-        if St.get_condition(t.conds, St.API_ERROR):  # (absent until a write first fails: fewer bytes a tick)
-            t.condition(St.API_ERROR, False, "WritesSucceeded", "the operator's API writes succeed again")
+        # (absent until a write first fails: fewer bytes a tick)
+        if status_helpers.get_condition(t.conds, status_helpers.API_ERROR):
+            t.condition(status_helpers.API_ERROR, False, "WritesSucceeded", "the operator's API writes succeed again")
         return
     f = failures[0]
     reason = ("StatusWriteFailed" if f is t.g.status_write_failure and not t.g.api_failures
               else f"{f.verb.capitalize()}Failed")
     message = "; ".join(map(str, failures))[:900]
-    prev = St.get_condition(t.conds, St.API_ERROR) or {}
-    t.condition(St.API_ERROR, True, reason, message)
+    prev = status_helpers.get_condition(t.conds, status_helpers.API_ERROR) or {}
+    t.condition(status_helpers.API_ERROR, True, reason, message)
     if t.g.api_failures and not (prev.get("status") == "True" and prev.get("message") == message):
         t.events.append(Event("Warning", reason, message))
 
@@ -547,13 +554,14 @@ def failed_write(status: dict, failure: ApiFailure, generation, now_s: float, na
     (None when ApiError already said the same). Pure."""
     out = {**status, **rollback}
     reason = f"{failure.verb.capitalize()}Failed"
-    prev = St.get_condition(out.get("conditions"), St.API_ERROR) or {}
-    conds = St.set_condition(out.get("conditions"), St.API_ERROR, True, reason, str(failure)[:900], generation,
-                             now_s)
+    prev = status_helpers.get_condition(out.get("conditions"), status_helpers.API_ERROR) or {}
+    conds = status_helpers.set_condition(out.get("conditions"), status_helpers.API_ERROR, True, reason,
+                                         str(failure)[:900], generation, now_s)
     repeated = prev.get("status") == "True" and prev.get("message") == str(failure)[:900]
     msg = f"the Deployment patch failed, nothing applied: {failure}"[:900]
-    out.update(conditions=conds, phase=St.phase_of(conds),
-               lastDecision={"action": policy.HOLD, "reason": "ApplyFailed", "message": msg, "time": St.iso(now_s)})
+    out.update(conditions=conds, phase=status_helpers.phase_of(conds),
+               lastDecision={"action": policy.HOLD, "reason": "ApplyFailed", "message": msg,
+                             "time": status_helpers.iso(now_s)})
     return out, None if repeated else Event("Warning", reason, msg), (
         MetricUpdate("inc", "api_errors", (failure.verb, failure.resource, str(failure.code)), 1.0),
         MetricUpdate("inc", "decisions", (namespace, name, "ApplyFailed"), 1.0))
@@ -570,7 +578,8 @@ def _observation_held(t: _Tick, main: PoolWindow) -> bool:
         p = failed[0]
         consecutive += 1
         fails = {"consecutive": consecutive, "lastReason": p.outcome,
-                 "lastMessage": "; ".join(f"{q.role}: {q.message}" for q in failed)[:900], "lastTime": St.iso(now_s)}
+                 "lastMessage": "; ".join(f"{q.role}: {q.message}" for q in failed)[:900],
+                 "lastTime": status_helpers.iso(now_s)}
         t.out["observationFailures"] = fails
         for q in failed:
             t.m.inc("observation_failures", *labels, q.outcome)
@@ -581,10 +590,11 @@ def _observation_held(t: _Tick, main: PoolWindow) -> bool:
 
     last = dict(t.status.get("lastWindow") or {})
     if main.outcome in (OBSERVED, IDLE, UNUSABLE):
-        last = St.compact({"pool": main.role, "outcome": main.outcome, "time": St.iso(now_s),
-                           "usableTime": St.iso(now_s) if main.outcome != UNUSABLE else last.get("usableTime")})
+        last = status_helpers.compact({"pool": main.role, "outcome": main.outcome, "time": status_helpers.iso(now_s),
+                                       "usableTime": status_helpers.iso(now_s) if main.outcome != UNUSABLE
+                                       else last.get("usableTime")})
         t.out["lastWindow"] = last
-    usable_s = St.parse_iso(last.get("usableTime")) if last.get("usableTime") else None
+    usable_s = status_helpers.parse_iso(last.get("usableTime")) if last.get("usableTime") else None
     if usable_s is not None:
         t.m.set("observation_age", now_s - usable_s, *labels)
 
@@ -593,20 +603,20 @@ def _observation_held(t: _Tick, main: PoolWindow) -> bool:
         what = fails.get("lastMessage", "")
         message = (f"{consecutive} failed observation(s) since the last usable window, the last "
                    f"{fails.get('lastTime')}: {what}; keeping the last good state")[:900]
-        t.condition(St.DEGRADED, True, reason, message)
+        t.condition(status_helpers.DEGRADED, True, reason, message)
         t.decision(reason, message, "Warning")
         return True
     if usable_s is not None and now_s - usable_s > spec.control.max_observation_age_s:
         message = (f"the last usable window closed {now_s - usable_s:.0f}s ago (> maxObservationAge "
                    f"{spec.control.max_observation_age_s:.0f}s): {main.message or main.outcome}; "
                    f"keeping the last good state")[:900]
-        t.condition(St.DEGRADED, True, STALE, message)
+        t.condition(status_helpers.DEGRADED, True, STALE, message)
         t.decision(STALE, message, "Warning")
         return True
     return False
 
 
-def _apply_primary(t: _Tick, pool: R.PoolState, d: policy.Decision, cur: M.EngineSettings,
+def _apply_primary(t: _Tick, pool: reconcile.PoolState, d: policy.Decision, cur: manifests.EngineSettings,
                    external: bool) -> None:
     role, labels = pool.pool.role, t.labels
     if pool.adoption is not None and pool.adoption.advise_only:
@@ -614,13 +624,13 @@ def _apply_primary(t: _Tick, pool: R.PoolState, d: policy.Decision, cur: M.Engin
                               f"{pool.adoption.why_advise_only}): " + d.message, action=d.action, target=d.target)
         return
     restart = not policy.only_replicas_changed(cur, d.target)
-    record = {**settings_status(d.target), "time": St.iso(t.now_s), "reason": d.reason, "restart": restart}
+    record = {**settings_status(d.target), "time": status_helpers.iso(t.now_s), "reason": d.reason, "restart": restart}
     if pool.adoption is not None:  # only the managed flags of the user's container, strategic merge
-        body = T.settings_patch(pool.deployment, pool.adoption.container, d.target, set_replicas=not external)
-        content_type = T.STRATEGIC
+        body = settings_patch(pool.deployment, pool.adoption.container, d.target, set_replicas=not external)
+        content_type = STRATEGIC
     else:
-        body, content_type = M.with_settings(pool.deployment, d.target, set_replicas=not external), MERGE
-    body = {**body, **A.annotation_patch(record)}
+        body, content_type = manifests.with_settings(pool.deployment, d.target, set_replicas=not external), MERGE
+    body = {**body, **applied_record.annotation_patch(record)}
     rollback = {"applied": t.out["applied"]}
     t.out["applied"] = {**record, "pool": role}
     decisions_before = len(t.m.updates), len(t.events)
@@ -637,21 +647,22 @@ def _apply_primary(t: _Tick, pool: R.PoolState, d: policy.Decision, cur: M.Engin
                                      content_type))
 
 
-def _prefill_replicas(t: _Tick, pre: R.PoolState, want: int, state: policy.GuardState) -> None:
+def _prefill_replicas(t: _Tick, pre: reconcile.PoolState, want: int, state: policy.GuardState) -> None:
     """SARA's prefill pool size, through the same guards (a replica change restarts no pod)."""
     spec, labels = t.spec, t.labels
     cur = pre.settings
-    target = M.EngineSettings(cur.max_num_seqs, cur.gpu_memory_utilization, cur.kv_cache_memory_bytes, want)
+    target = manifests.EngineSettings(cur.max_num_seqs, cur.gpu_memory_utilization, cur.kv_cache_memory_bytes, want)
     d = policy.guard(cur, policy.Proposal(target, 0.0, 0.0), spec.control, spec.batching,
-                     M.pool_bounds(spec, "prefill"), dataclasses.replace(state, replicas_external=pre.ownership.external))
+                     manifests.pool_bounds(spec, "prefill"),
+                     dataclasses.replace(state, replicas_external=pre.ownership.external))
     decision = {"reason": d.reason, "message": d.message, "replicas": d.target.replicas}
     alloc = t.out.setdefault("allocation", {})
     advise_only = pre.adoption is not None and pre.adoption.advise_only
     if d.action == policy.APPLY and spec.enforce and not pre.ownership.external and not advise_only:
-        now = St.iso(t.now_s)
+        now = status_helpers.iso(t.now_s)
         rollback = {"applied": dict(t.out["applied"]), "allocation": {**alloc, "prefillDecision": decision}}
         record = {"replicas": d.target.replicas, "time": now, "reason": d.reason, "restart": False}
-        body = {"spec": {"replicas": d.target.replicas}, **A.annotation_patch(record)}
+        body = {"spec": {"replicas": d.target.replicas}, **applied_record.annotation_patch(record)}
         t.out["applied"] = {**t.out["applied"], "prefill": {"replicas": d.target.replicas, "time": now},
                             "time": now}  # one cooldown for the whole deployment
         alloc["prefillDecision"] = {**decision, "reason": "Applied"}
@@ -726,7 +737,7 @@ def min_scale_down_recommendations(spec: LLMDeploymentSpec, restart_s: float) ->
     return max(3, int(scale_down_window_s(spec, restart_s) // spec.control.interval_s))
 
 
-def _restart_cost(t: _Tick, pool: R.PoolState, obs: Observation) -> restart.RestartCost:
+def _restart_cost(t: _Tick, pool: reconcile.PoolState, obs: Observation) -> restart.RestartCost:
     """The pool's restart cost: this tick's creation → Ready measurement (kept in
     ``status.restartCost``), else the last one kept, else the model (weights / load bandwidth +
     start-up); the window's throughput; the live Deployment's rollout."""
@@ -735,7 +746,7 @@ def _restart_cost(t: _Tick, pool: R.PoolState, obs: Observation) -> restart.Rest
     window = next((p for p in t.g.pools if p.role == role), None)
     measured = restart.pool_restart_s(list(window.start_to_ready_s)) if window else None
     if measured is not None:
-        kept[role] = {"seconds": round(measured, 1), "source": restart.MEASURED, "time": St.iso(t.now_s)}
+        kept[role] = {"seconds": round(measured, 1), "source": restart.MEASURED, "time": status_helpers.iso(t.now_s)}
         t.out["restartCost"] = kept
     last = kept.get(role) or {}
     try:

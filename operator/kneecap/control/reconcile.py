@@ -15,7 +15,7 @@ import logging
 import urllib.parse
 from dataclasses import dataclass, field
 
-from kneecap.control import manifests as M, target as T
+from kneecap.control import manifests, target
 from kneecap.control.drift import in_sync
 from kneecap.control.informer import ApiReads
 from kneecap.control.kube import FIELD_MANAGER, KubeClient, deployments_path, services_path
@@ -37,15 +37,15 @@ class Conflict:
 def owns(owner: dict, obj: dict) -> bool:
     """kneecap made `obj` for `owner`: kneecap's managed-by label and an ownerReference to its uid."""
     meta, uid = obj.get("metadata") or {}, owner["metadata"].get("uid")
-    return ((meta.get("labels") or {}).get(M.MANAGER_LABEL) == M.MANAGER
+    return ((meta.get("labels") or {}).get(manifests.MANAGER_LABEL) == manifests.MANAGER
             and any(r.get("uid") == uid for r in meta.get("ownerReferences") or []))
 
 
 def _conflict(owner: dict, kind: str, obj: dict) -> Conflict:
     meta = obj["metadata"]
     why = ("no ownerReference to uid " + str(owner["metadata"].get("uid"))
-           if (meta.get("labels") or {}).get(M.MANAGER_LABEL) == M.MANAGER else
-           f"no {M.MANAGER_LABEL}={M.MANAGER} label")
+           if (meta.get("labels") or {}).get(manifests.MANAGER_LABEL) == manifests.MANAGER else
+           f"no {manifests.MANAGER_LABEL}={manifests.MANAGER} label")
     return Conflict(kind, meta["name"], f"{kind} {meta.get('namespace', owner['metadata']['namespace'])}/"
                                         f"{meta['name']} exists and is not owned by this LLMDeployment "
                                         f"({why}); kneecap changes nothing")
@@ -83,19 +83,19 @@ def replicas_owner(spec: LLMDeploymentSpec, deploy: dict | None, hpas: list[dict
 
 @dataclass
 class PoolState:
-    pool: M.Pool
+    pool: manifests.Pool
     deployment: dict
-    settings: M.EngineSettings
+    settings: manifests.EngineSettings
     ownership: Ownership
     created: bool = False
     patched: bool = False
-    adoption: T.Adoption | None = None  # spec.targetRef: the user's Deployment (None: kneecap's own)
+    adoption: target.Adoption | None = None  # spec.targetRef: the user's Deployment (None: kneecap's own)
 
     @property
     def engine_container(self) -> dict:
         """The live vLLM container: the adopted one by name, else kneecap's (manifests.vllm_container)."""
-        found = T.find_container(self.deployment, self.adoption.container) if self.adoption is not None else None
-        return found or M.vllm_container(self.deployment)
+        found = target.find_container(self.deployment, self.adoption.container) if self.adoption is not None else None
+        return found or manifests.vllm_container(self.deployment)
 
     @property
     def rollout_in_progress(self) -> bool:
@@ -142,12 +142,12 @@ async def reconcile(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec, *, f
     result = ReconcileResult()
     hpas = await _hpas(reads, ns)
     if spec.adopted:
-        for pool, ref in zip(M.pools(name, spec), spec.targets):
+        for pool, ref in zip(manifests.pools(name, spec), spec.targets):
             state = await adopted_pool(reads, ns, spec, pool, ref.container, hpas, result)
             if state is not None:
                 result.pools.append(state)
         return result
-    for pool in M.pools(name, spec):
+    for pool in manifests.pools(name, spec):
         state = await _reconcile_pool(kube, reads, owner, spec, pool, hpas, result)
         if state is None:
             continue  # the Deployment is someone else's: nothing is made for this pool
@@ -157,7 +157,7 @@ async def reconcile(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec, *, f
 
     if not full:
         return result
-    keep = {p.name for p in M.pools(name, spec)}
+    keep = {p.name for p in manifests.pools(name, spec)}
     for path_fn, obj in await _owned(kube, owner):
         n = obj["metadata"]["name"]
         if n not in keep:
@@ -166,7 +166,7 @@ async def reconcile(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec, *, f
     return result
 
 
-async def adopted_pool(reads: ApiReads, ns: str, spec: LLMDeploymentSpec, pool: M.Pool, container: str | None,
+async def adopted_pool(reads: ApiReads, ns: str, spec: LLMDeploymentSpec, pool: manifests.Pool, container: str | None,
                        hpas: list[dict], result: ReconcileResult) -> PoolState | None:
     """A spec.targetRef Deployment as it is live, read only: kneecap creates, repairs and owns
     nothing of it. None (and `result.missing` says why) when it or its container is absent."""
@@ -175,48 +175,48 @@ async def adopted_pool(reads: ApiReads, ns: str, spec: LLMDeploymentSpec, pool: 
         result.missing.append(f"Deployment {ns}/{pool.name} (spec.targetRef, {pool.role}) not found; "
                               "kneecap creates nothing for it")
         return None
-    c = T.find_container(live, container)
+    c = target.find_container(live, container)
     if c is None:
         result.missing.append(f"Deployment {ns}/{pool.name} has no container {container!r} "
                               "(spec.targetRef.container)")
         return None
-    adoption = T.adoption(live, c)
-    start = M.initial_settings(spec, pool.role)
+    adoption = target.adoption(live, c)
+    start = manifests.initial_settings(spec, pool.role)
     try:
-        settings = M.live_settings(live, start, c)
+        settings = manifests.live_settings(live, start, c)
     except ValueError as exc:  # e.g. --max-num-seqs=$(SEQS): a value only the kubelet expands
-        settings = M.EngineSettings(start.max_num_seqs, start.gpu_memory_utilization, None,
-                                    int(live["spec"].get("replicas", 1)))
-        adoption = T.Adoption(adoption.container, adoption.port, adoption.controller,
-                              f"a managed flag's value in its argv is not a number ({exc}): kneecap advises only",
-                              adoption.tensor_parallel_size)
+        settings = manifests.EngineSettings(start.max_num_seqs, start.gpu_memory_utilization, None,
+                                            int(live["spec"].get("replicas", 1)))
+        adoption = target.Adoption(adoption.container, adoption.port, adoption.controller,
+                                   f"a managed flag's value in its argv is not a number ({exc}): kneecap advises only",
+                                   adoption.tensor_parallel_size)
     return PoolState(pool, live, settings, replicas_owner(spec, live, hpas), adoption=adoption)
 
 
 async def _reconcile_pool(kube: KubeClient, reads: ApiReads, owner: dict, spec: LLMDeploymentSpec,
-                          pool: M.Pool, hpas: list[dict], result: ReconcileResult) -> PoolState | None:
+                          pool: manifests.Pool, hpas: list[dict], result: ReconcileResult) -> PoolState | None:
     """Create or repair one pool's Deployment; None (and a Conflict) when it is not kneecap's."""
     ns = owner["metadata"]["namespace"]
     live = await reads.deployment(ns, pool.name)
-    start = M.initial_settings(spec, pool.role)
+    start = manifests.initial_settings(spec, pool.role)
     created = False
     if live is None:
-        live, created = await kube.create(deployments_path(ns), M.deployment(owner, spec, pool, start))
+        live, created = await kube.create(deployments_path(ns), manifests.deployment(owner, spec, pool, start))
     if not owns(owner, live):  # (also one created by someone else a moment before ours: 409)
         result.conflicts.append(_conflict(owner, "Deployment", live))
         return None
     ownership = replicas_owner(spec, live, hpas)
     if created:
-        return PoolState(pool, live, M.live_settings(live, start), ownership, created=True)
-    settings = M.live_settings(live, start)
+        return PoolState(pool, live, manifests.live_settings(live, start), ownership, created=True)
+    settings = manifests.live_settings(live, start)
     if not ownership.external:
-        bounds = M.pool_bounds(spec, pool.role)
-        settings = M.EngineSettings(settings.max_num_seqs, settings.gpu_memory_utilization,
-                                    settings.kv_cache_memory_bytes, bounds.clamp(settings.replicas))
+        bounds = manifests.pool_bounds(spec, pool.role)
+        settings = manifests.EngineSettings(settings.max_num_seqs, settings.gpu_memory_utilization,
+                                            settings.kv_cache_memory_bytes, bounds.clamp(settings.replicas))
     key = _sync_key(owner, live, pool, settings, ownership.external)
     patched = False
     if key is None or key not in _IN_SYNC:
-        desired = M.deployment(owner, spec, pool, settings)
+        desired = manifests.deployment(owner, spec, pool, settings)
         # labels, the owner reference and the pod template (replicas unless an HPA or a person
         # owns them); other metadata (the loop's kneecap.io/applied annotation) is left as it is
         want = {"metadata": {"labels": desired["metadata"]["labels"],
@@ -224,7 +224,7 @@ async def _reconcile_pool(kube: KubeClient, reads: ApiReads, owner: dict, spec: 
                 "spec": {"template": desired["spec"]["template"]}}
         if not ownership.external:
             want["spec"]["replicas"] = desired["spec"]["replicas"]
-        removed = M.removed_template_fields(desired, live)
+        removed = manifests.removed_template_fields(desired, live)
         patched = not in_sync(want, live) or bool(removed)
         if patched:
             if removed:  # what the spec dropped (a toleration list, a nodeSelector) leaves the live template too
@@ -235,7 +235,7 @@ async def _reconcile_pool(kube: KubeClient, reads: ApiReads, owner: dict, spec: 
             if len(_IN_SYNC) >= _IN_SYNC_MAX:
                 _IN_SYNC.clear()
             _IN_SYNC[key] = None
-    return PoolState(pool, live, M.live_settings(live, start), ownership, patched=patched)
+    return PoolState(pool, live, manifests.live_settings(live, start), ownership, patched=patched)
 
 
 # Deployments found in sync with what the builder makes, keyed by everything the builder and
@@ -245,7 +245,8 @@ _IN_SYNC: dict[tuple, None] = {}
 _IN_SYNC_MAX = 8192
 
 
-def _sync_key(owner: dict, live: dict, pool: M.Pool, settings: M.EngineSettings, external: bool) -> tuple | None:
+def _sync_key(owner: dict, live: dict, pool: manifests.Pool, settings: manifests.EngineSettings,
+              external: bool) -> tuple | None:
     """The owner's generation stands for its spec (None: an API without generations, or
     without resourceVersions: compare every time)."""
     meta, lmeta = owner["metadata"], live.get("metadata") or {}
@@ -255,11 +256,11 @@ def _sync_key(owner: dict, live: dict, pool: M.Pool, settings: M.EngineSettings,
             lmeta["resourceVersion"], pool, settings, external)
 
 
-async def _reconcile_service(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec, pool: M.Pool,
+async def _reconcile_service(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec, pool: manifests.Pool,
                              result: ReconcileResult) -> None:
     """Create or repair one pool's Service; a Conflict when it is not kneecap's."""
     ns = owner["metadata"]["namespace"]
-    svc = M.service(owner, spec, pool)
+    svc = manifests.service(owner, spec, pool)
     live = await kube.get(services_path(ns, pool.name))
     created = False
     if live is None:
@@ -280,7 +281,7 @@ async def _owned(kube: KubeClient, owner: dict) -> list[tuple]:
     (its labels and an ownerReference to its uid), read from the API."""
     ns, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
     return [(path_fn, obj) for path_fn in (deployments_path, services_path)
-            for obj in await kube.list(path_fn(ns), M.owned_selector(name)) if owns(owner, obj)]
+            for obj in await kube.list(path_fn(ns), manifests.owned_selector(name)) if owns(owner, obj)]
 
 
 async def delete_owned(kube: KubeClient, owner: dict) -> list[str]:
@@ -316,9 +317,9 @@ def ignored_metrics_url(pods: list[dict]) -> str:
     (kneecap scrapes the pod's IP instead), for a Warning condition; "" when none."""
     out = []
     for p in pods:
-        ann = (p["metadata"].get("annotations") or {}).get(M.METRICS_URL_ANNOTATION)
+        ann = (p["metadata"].get("annotations") or {}).get(manifests.METRICS_URL_ANNOTATION)
         if ann and not _points_at(ann, (p.get("status") or {}).get("podIP")):
-            out.append(f"pod {p['metadata'].get('name')}: {M.METRICS_URL_ANNOTATION}={ann!r}")
+            out.append(f"pod {p['metadata'].get('name')}: {manifests.METRICS_URL_ANNOTATION}={ann!r}")
     return "; ".join(out)
 
 
@@ -328,12 +329,13 @@ def metrics_url(pod: dict, port: int) -> str | None:
     other host is ignored (logged): a pod's annotations must not make the operator fetch
     arbitrary URLs (cloud metadata endpoints, internal services)."""
     ip = (pod.get("status") or {}).get("podIP")
-    ann = (pod["metadata"].get("annotations") or {}).get(M.METRICS_URL_ANNOTATION)
+    ann = (pod["metadata"].get("annotations") or {}).get(manifests.METRICS_URL_ANNOTATION)
     if ann:
         if _points_at(ann, ip):
             return ann
         log.warning("pod %s/%s: %s=%r ignored: its host must be the pod's IP %s",
-                    pod["metadata"].get("namespace"), pod["metadata"].get("name"), M.METRICS_URL_ANNOTATION, ann, ip)
+                    pod["metadata"].get("namespace"), pod["metadata"].get("name"), manifests.METRICS_URL_ANNOTATION,
+                    ann, ip)
     if not ip:
         return None
     return f"http://[{ip}]:{port}/metrics" if ":" in ip else f"http://{ip}:{port}/metrics"

@@ -21,7 +21,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from kneecap.control import status as St
+from kneecap.control import status
 
 MODEL_LOAD_GIB_S = 2.0  # modelled weight-load bandwidth (object store or PVC to GPU) before a measurement
 STARTUP_S = 30.0  # modelled start-up besides the weights (engine init, CUDA-graph capture, warm-up)
@@ -42,8 +42,8 @@ def start_to_ready_s(pods) -> list[float]:
         ready = next((c for c in (p.get("status") or {}).get("conditions") or []
                       if c.get("type") == "Ready" and c.get("status") == "True"), None)
         try:
-            t_ready = St.parse_iso((ready or {}).get("lastTransitionTime"))
-            t_created = St.parse_iso(p.get("metadata", {}).get("creationTimestamp"))
+            t_ready = status.parse_iso((ready or {}).get("lastTransitionTime"))
+            t_created = status.parse_iso(p.get("metadata", {}).get("creationTimestamp"))
         except (TypeError, ValueError):
             continue
         if t_ready is not None and t_created is not None and t_ready > t_created:

@@ -13,12 +13,12 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 
-from kneecap.control import manifests as M, vllm_args as V
+from kneecap.control import manifests, vllm_args
 
 VLLM_PORT_DEFAULT = 8000  # `vllm serve` listens here without --port
 STRATEGIC = "application/strategic-merge-patch+json"
 # the flags kneecap writes in an adopted container (not --port, --host or the KV role: those are the user's)
-TUNED_FLAGS = (M.MAX_NUM_SEQS, M.GPU_MEMORY_UTILIZATION, M.KV_CACHE_MEMORY_BYTES)
+TUNED_FLAGS = (manifests.MAX_NUM_SEQS, manifests.GPU_MEMORY_UTILIZATION, manifests.KV_CACHE_MEMORY_BYTES)
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def _containers(deploy: dict) -> list[dict]:
 def runs_vllm(container: dict) -> bool:
     """The container's argv starts vLLM (`vllm serve`, `python -m vllm.entrypoints...`, a script calling it)."""
     return any(tok == "vllm" or tok.endswith("/vllm") or tok.startswith("vllm.entrypoints")
-               for tok in V.read_argv(container).argv)
+               for tok in vllm_args.read_argv(container).argv)
 
 
 def find_container(deploy: dict, name: str | None) -> dict | None:
@@ -58,7 +58,7 @@ def find_container(deploy: dict, name: str | None) -> dict | None:
     cs = _containers(deploy)
     if name is not None:
         return next((c for c in cs if c.get("name") == name), None)
-    return (next((c for c in cs if c.get("name") == M.CONTAINER), None)
+    return (next((c for c in cs if c.get("name") == manifests.CONTAINER), None)
             or next((c for c in cs if runs_vllm(c)), None) or (cs[0] if cs else None))
 
 
@@ -71,7 +71,7 @@ def controller_of(deploy: dict) -> str | None:
 
 def port_of(container: dict) -> int:
     """The port vLLM listens on: its --port, else vLLM's default."""
-    raw = V.container_flag(container, "--port")
+    raw = vllm_args.container_flag(container, "--port")
     try:
         return int(raw) if raw is not None else VLLM_PORT_DEFAULT
     except ValueError:
@@ -81,7 +81,7 @@ def port_of(container: dict) -> int:
 def tensor_parallel_of(container: dict) -> int | None:
     """The GPUs vLLM shards over: --tensor-parallel-size N, =N or -tp N in the argv, vLLM's
     default 1 without it; None when the value is no positive integer (e.g. ``$(TP)``)."""
-    raw = V.container_flag(container, M.TENSOR_PARALLEL_SIZE)
+    raw = vllm_args.container_flag(container, manifests.TENSOR_PARALLEL_SIZE)
     if raw is None:
         return 1
     try:
@@ -92,14 +92,14 @@ def tensor_parallel_of(container: dict) -> int | None:
 
 
 def adoption(deploy: dict, container: dict) -> Adoption:
-    shape = V.read_argv(container).shape
+    shape = vllm_args.read_argv(container).shape
     return Adoption(container["name"], port_of(container), controller_of(deploy),
                     unpatchable=("its vLLM argv is a shell script (sh -c): kneecap advises only, it does not "
                                  "rewrite scripts" if shape == "shell" else None),
                     tensor_parallel_size=tensor_parallel_of(container))
 
 
-def settings_patch(deploy: dict, container_name: str, settings: M.EngineSettings, *,
+def settings_patch(deploy: dict, container_name: str, settings: manifests.EngineSettings, *,
                    set_replicas: bool) -> dict:
     """Strategic merge patch moving the container's managed flags (and replicas) to `settings`.
 
@@ -110,13 +110,13 @@ def settings_patch(deploy: dict, container_name: str, settings: M.EngineSettings
     c = find_container(deploy, container_name)
     if c is None:
         raise ValueError(f"no container {container_name!r} in Deployment {deploy['metadata']['name']}")
-    new = V.set_container_flag(c, M.MAX_NUM_SEQS, settings.max_num_seqs, keep_spelling=True)
+    new = vllm_args.set_container_flag(c, manifests.MAX_NUM_SEQS, settings.max_num_seqs, keep_spelling=True)
     if settings.kv_cache_memory_bytes is not None:
-        new = V.set_container_flag(new, M.KV_CACHE_MEMORY_BYTES, int(settings.kv_cache_memory_bytes),
-                                   keep_spelling=True)
+        new = vllm_args.set_container_flag(new, manifests.KV_CACHE_MEMORY_BYTES, int(settings.kv_cache_memory_bytes),
+                                           keep_spelling=True)
     else:
-        new = V.set_container_flag(new, M.GPU_MEMORY_UTILIZATION, f"{settings.gpu_memory_utilization:g}",
-                                   keep_spelling=True)
+        new = vllm_args.set_container_flag(new, manifests.GPU_MEMORY_UTILIZATION,
+                                           f"{settings.gpu_memory_utilization:g}", keep_spelling=True)
     changed = {k: new[k] for k in ("command", "args") if new.get(k) != c.get(k)}
     patch: dict = {"spec": {"template": {"spec": {"containers": [{"name": container_name, **changed}]}}}}
     if set_replicas:
@@ -134,7 +134,7 @@ def without_tuned_flags(template: dict, container_name: str) -> dict:
         for key in ("command", "args"):
             if c.get(key):
                 for flag in TUNED_FLAGS:
-                    c[key] = V.remove_flag(c[key], flag)
+                    c[key] = vllm_args.remove_flag(c[key], flag)
     return out
 
 

@@ -36,7 +36,7 @@ from typing import Callable
 
 import aiohttp
 
-from kneecap.control import vllm_args as V
+from kneecap.control import vllm_args
 from kneecap.control.manifests import GPU_MEMORY_UTILIZATION, MAX_NUM_SEQS, pool_name, vllm_container
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.control.status import parse_iso
@@ -288,7 +288,7 @@ class DemoResult:
 
 def _flags(deploy: dict) -> tuple[int, float]:
     c = vllm_container(deploy)
-    return int(V.container_flag(c, MAX_NUM_SEQS)), float(V.container_flag(c, GPU_MEMORY_UTILIZATION))
+    return int(vllm_args.container_flag(c, MAX_NUM_SEQS)), float(vllm_args.container_flag(c, GPU_MEMORY_UTILIZATION))
 
 
 def _row(t_s: float, st: dict, deploy: dict, restarts: int, phase: str) -> IntervalRow:

@@ -29,7 +29,7 @@ from typing import Callable
 
 import aiohttp
 
-from kneecap.control import manifests as M
+from kneecap.control import manifests
 from kneecap.demo.clock import free_port
 from kneecap.demo.kubeapi import LLMD, KubeAPIThread
 
@@ -88,7 +88,7 @@ def add_owned_pod(kube: KubeAPIThread, deploy: dict | str, name: str, ip: str = 
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": rs["metadata"]["namespace"], "labels": rs["metadata"]["labels"],
                      "annotations": annotations or {}, "ownerReferences": [_controller_ref(rs, "ReplicaSet")]},
-        "spec": {"containers": [{"name": M.CONTAINER, "image": "x", "ports": [{"containerPort": port}]}]},
+        "spec": {"containers": [{"name": manifests.CONTAINER, "image": "x", "ports": [{"containerPort": port}]}]},
         "status": {"phase": "Running", "podIP": ip,
                    "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
     })
@@ -169,7 +169,7 @@ class Kubelet:
 
     async def sync(self) -> None:
         deploys = await asyncio.to_thread(self.kube.list, DEPLOY, self.namespace,
-                                          None if self.unowned else f"app.kubernetes.io/managed-by={M.MANAGER}")
+                                          None if self.unowned else f"app.kubernetes.io/managed-by={manifests.MANAGER}")
         live = {d["metadata"]["name"] for d in deploys}
         for d in deploys:
             await self._sync_deployment(d)
@@ -246,7 +246,7 @@ class Kubelet:
         self._seq += 1
         pod_name = f"{name}-{tmpl[:6]}-{self._seq}"
         port = free_port()
-        argv = twin_argv(M.vllm_container(d), arch, gpu, port, self.time_scale,
+        argv = twin_argv(manifests.vllm_container(d), arch, gpu, port, self.time_scale,
                          self.clock.anchor() if self.clock is not None else None)
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])  # the source tree, for an uninstalled checkout
@@ -272,7 +272,8 @@ class Kubelet:
             self.pods.pop(pod_name, None)
             return None
         await asyncio.to_thread(add_owned_pod, self.kube, d, pod_name, "127.0.0.1", port,
-                                {M.METRICS_URL_ANNOTATION: pod.url + "/metrics", "kneecap.io/template-hash": tmpl})
+                                {manifests.METRICS_URL_ANNOTATION: pod.url + "/metrics",
+                                 "kneecap.io/template-hash": tmpl})
         pod.ready = pod.in_api = True
         self.events.append({"event": "ready", "deployment": name, "pod": pod_name, "template": tmpl,
                             "argv": argv})

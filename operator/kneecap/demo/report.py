@@ -105,17 +105,17 @@ def adopted_summary(res) -> dict:
     those left once the flags kneecap tunes are taken out: none, when it kept to its flags)."""
     if res.user_deployment is None:
         return {}
-    from kneecap.control import target as T
+    from kneecap.control import target
 
-    container = T.find_container(res.user_deployment, None)["name"]
+    container = target.find_container(res.user_deployment, None)["name"]
     first, last = res.user_deployment["spec"]["template"], res.deployment["spec"]["template"]
     return {"adopted_deployment": res.user_deployment["metadata"]["name"],
             "adopted_container": container,
             "adopted_writes": sum(1 for a, b in zip(res.deployment_history, res.deployment_history[1:])
                                   if _written(a) != _written(b)),
-            "adopted_template_changed_paths": T.changed_paths(first, last),
-            "adopted_unmanaged_changed_paths": T.changed_paths(T.without_tuned_flags(first, container),
-                                                               T.without_tuned_flags(last, container)),
+            "adopted_template_changed_paths": target.changed_paths(first, last),
+            "adopted_unmanaged_changed_paths": target.changed_paths(target.without_tuned_flags(first, container),
+                                                                    target.without_tuned_flags(last, container)),
             "adopted_owner_references": res.deployment["metadata"].get("ownerReferences") or []}
 
 

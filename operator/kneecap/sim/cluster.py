@@ -31,7 +31,7 @@ from typing import Callable
 
 import numpy as np
 
-from kneecap.control import loop as L, plan as P, reconcile as R, status as St
+from kneecap.control import loop, plan, reconcile, status as status_helpers
 from kneecap.control.gauss_reuse import GaussRuns
 from kneecap.control.informer import ApiReads
 from kneecap.control.kube import resource_path
@@ -88,7 +88,7 @@ class OperatorDriver:
 
     def __init__(self, cluster: "VirtualCluster", name: str):
         self.cluster, self.name = cluster, name
-        self.mem = L.LoopMemory()
+        self.mem = loop.LoopMemory()
         self.metrics = OperatorMetrics()
         self.events: list[dict] = []
         self.decisions: list[dict] = []
@@ -109,7 +109,7 @@ class OperatorDriver:
         if rt is None or not rt.ready or rt.metrics is None:
             raise ScrapeConnectionError(url, "connection refused (pod not serving)")
         text = render_metrics(rt.metrics, rt.engine)
-        return parse_metrics(text, url=url, t_s=self.cluster.now(), keep=L.WINDOW_FAMILIES,
+        return parse_metrics(text, url=url, t_s=self.cluster.now(), keep=loop.WINDOW_FAMILIES,
                              cache=self.cluster.parse_cache)
 
     def created(self) -> None:
@@ -117,12 +117,14 @@ class OperatorDriver:
         api, ns = self.cluster.api, self.cluster.namespace
         body = api.get_now(llmd_path(ns, self.name))
         spec = parse_spec(body.get("spec"))
-        result = self._run(R.reconcile(api, body, spec))
-        conds = St.set_condition(None, St.READY, *St.ready([p.deployment for p in result.pools], detail="created"),
-                                 body["metadata"]["generation"], self.cluster.now())
+        result = self._run(reconcile.reconcile(api, body, spec))
+        conds = status_helpers.set_condition(
+            None, status_helpers.READY, *status_helpers.ready([p.deployment for p in result.pools], detail="created"),
+            body["metadata"]["generation"], self.cluster.now())
         api.patch_now(llmd_path(ns, self.name) + "/status", {"status": {
-            "observedGeneration": body["metadata"]["generation"], "conditions": conds, "phase": St.phase_of(conds),
-            "ownership": P.ownership_status(result.pools)}})
+            "observedGeneration": body["metadata"]["generation"], "conditions": conds,
+            "phase": status_helpers.phase_of(conds),
+            "ownership": plan.ownership_status(result.pools)}})
 
     def tick(self, t_s: float) -> None:
         api, ns = self.cluster.api, self.cluster.namespace
@@ -140,10 +142,10 @@ class OperatorDriver:
         if self.mem.spec is None:
             return
         self.mem.last_tick_s = self.cluster.now()
-        ctx = L.LoopContext(kube=api, metrics=self.metrics, event=self._event, now=self.cluster.now,
-                            scrape=self.scrape, reads=ApiReads(api), gauss_runs=self.cluster.gauss_runs)
-        status = self._run(L.tick(ctx, body, self.mem.spec, self.mem))
-        self._run(L.write_status(ctx, path, status, self.mem))
+        ctx = loop.LoopContext(kube=api, metrics=self.metrics, event=self._event, now=self.cluster.now,
+                               scrape=self.scrape, reads=ApiReads(api), gauss_runs=self.cluster.gauss_runs)
+        status = self._run(loop.tick(ctx, body, self.mem.spec, self.mem))
+        self._run(loop.write_status(ctx, path, status, self.mem))
         d = status.get("lastDecision") or {}
         self.decisions.append({"t_s": round(t_s, 3), "reason": d.get("reason"), "action": d.get("action"),
                                "target": d.get("target"), "applied": d.get("reason") == "Applied"})

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kneecap.control import manifests as M
+from kneecap.control import manifests
 from kneecap.control import vllm_args
 from kneecap.control.kube import deployments_path, pods_path, resource_path
 from kneecap.control.restart import rolling_update
@@ -296,10 +296,11 @@ class Kubelet:
     def _engine_config(self, pod: dict):
         """The engine a pod's vLLM flags describe (cached per distinct flags)."""
         cs = pod["spec"]["containers"]
-        c = next((x for x in cs if x.get("name") == M.CONTAINER), cs[0])
-        key = tuple(vllm_args.container_flag(c, f) for f in (M.MAX_NUM_SEQS, M.GPU_MEMORY_UTILIZATION,
-                                                             M.KV_CACHE_MEMORY_BYTES, "--max-num-batched-tokens",
-                                                             "--max-model-len", "--tensor-parallel-size"))
+        c = next((x for x in cs if x.get("name") == manifests.CONTAINER), cs[0])
+        key = tuple(vllm_args.container_flag(c, f)
+                    for f in (manifests.MAX_NUM_SEQS, manifests.GPU_MEMORY_UTILIZATION,
+                              manifests.KV_CACHE_MEMORY_BYTES, "--max-num-batched-tokens",
+                              "--max-model-len", "--tensor-parallel-size"))
         cfg = self._configs.get(key)
         if cfg is None:
             num = lambda v, f: f(v) if v is not None else None  # noqa: E731

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from kneecap.control import manifests as M
+from kneecap.control import manifests
 from kneecap.control.kube import deployments_path
 from kneecap.control.spec import parse_spec
 from kneecap.errors import InputError
@@ -135,7 +135,8 @@ def static_deployment(cfg: ReplayConfig, cluster: VirtualCluster, cap: int, memo
     """The Deployment the operator would write for these settings, owned by nobody (a team's own)."""
     spec = parse_spec(llmd_spec(cfg))
     owner = {"metadata": {"name": NAME, "namespace": cluster.namespace}}
-    d = M.deployment(owner, spec, M.Pool("server", NAME), M.EngineSettings(cap, memory_fraction, None, replicas))
+    d = manifests.deployment(owner, spec, manifests.Pool("server", NAME),
+                             manifests.EngineSettings(cap, memory_fraction, None, replicas))
     d["metadata"].pop("ownerReferences")
     return d
 
@@ -190,8 +191,8 @@ def run_policy(trace: Trace, cfg: ReplayConfig, policy: str, *, static: tuple[in
                                                               "kind": "LLMDeployment", "metadata": {"name": NAME},
                                                               "spec": llmd_spec(cfg)})
         cluster.create(deployments_path(cluster.namespace),
-                       M.deployment(owner, parse_spec(owner["spec"]), M.Pool("server", NAME),
-                                    M.EngineSettings(DEFAULT_CAP, DEFAULT_MEMORY, None, start)))
+                       manifests.deployment(owner, parse_spec(owner["spec"]), manifests.Pool("server", NAME),
+                                            manifests.EngineSettings(DEFAULT_CAP, DEFAULT_MEMORY, None, start)))
         op = OperatorDriver(cluster, NAME)
         op.created()
         cluster.prewarm()
