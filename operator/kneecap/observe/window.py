@@ -69,9 +69,6 @@ _GAUGES: dict[str, tuple[tuple[str, ...], bool]] = {
     "waiting": ((WAITING,), True),
     "kv_usage": (KV_USAGE, True),
 }
-# every metric name window_deltas reads (a scrape may keep only these: kneecap.observe.scrape.family_filter)
-READ_NAMES = tuple([n for table in (_COUNTERS, _HISTOGRAMS, _GAUGES) for names, _ in table.values() for n in names]
-                   + [CACHE_CONFIG, PROCESS_START, SUCCESS_CREATED, PROMPT_TOKENS_CREATED])
 
 QUANTILE = 0.95
 
