@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.control_plane import (ControlPlane, ControlPlaneUnavailable, KubeClient, free_port,
+from tests.support.control_plane import (ApiError, ControlPlane, ControlPlaneUnavailable, KubeClient, free_port,
                                          token_credential_id)
 from tests.support.tools import tool
 from tests.support.sim_operator import SCALE as SIM_SCALE
@@ -123,7 +123,16 @@ def crd_applied(control_plane: ControlPlane) -> dict:
         conditions = (crd.get("status") or {}).get("conditions") or []
         return crd if any(c["type"] == "Established" and c["status"] == "True" for c in conditions) else None
 
-    return control_plane.wait_for(established, 60, "the LLMDeployment CRD Established")
+    crd = control_plane.wait_for(established, 60, "the LLMDeployment CRD Established")
+
+    def served():  # (Established comes before its storage: a list answers 429 "storage is (re)initializing")
+        try:
+            return control_plane.admin.list_version(LLMD, "default")
+        except ApiError:
+            return None
+
+    control_plane.wait_for(served, 60, "a list of LLMDeployments answered")
+    return crd
 
 
 @pytest.fixture(scope="session")
