@@ -1,5 +1,6 @@
-"""Shared fixtures: the repository's data files, and a real vLLM server (CPU build) on a tiny
-local Llama, one per session (tests/integration and tests/kube share it).
+"""Shared fixtures: the repository's data files and the measured curve ``curve`` read from one,
+and a real vLLM server (CPU build) on a tiny local Llama, one per session (tests/integration and
+tests/kube share it).
 
 One server serves every real-vLLM check: ``--max-num-seqs 4`` caps the batch and
 ``--num-gpu-blocks-override 8`` (8 blocks of 128 tokens) saturates the KV cache once four
@@ -15,12 +16,19 @@ from pathlib import Path
 import pytest
 
 from tests.support.data import PROFILES_CSV
+from tests.support.profile_observations import curve_rows
 from tests.support.vllm_server import VllmServer, VllmUnavailable, build_tiny_llama, check_vllm_python, start_server
 
 
 @pytest.fixture(scope="session")
 def profiles_csv() -> Path:
     return PROFILES_CSV
+
+
+@pytest.fixture(scope="module")
+def curve(profiles_csv: Path) -> dict[int, dict]:
+    """The measured Llama-2-7B curve of tests/support/profile_observations.py, rows by batch cap."""
+    return curve_rows(profiles_csv)
 
 
 MAX_NUM_SEQS = 4

@@ -20,7 +20,7 @@ from kneecap.control.spec import parse_spec
 from tests.kube.conftest import OPERATOR_USER, RELEASE_NS, SERVICE_ACCOUNT
 from tests.support.control_plane import ControlPlane, audit_writes, free_port
 from tests.support.counting_server import CountingServer
-from tests.unit.test_control_decide import curve, observation  # noqa: F401 (curve: the fixture)
+from tests.support.profile_observations import observation
 
 LLMD = "kneecap.io/v1alpha1/llmdeployments"
 DEPLOY = "apps/v1/deployments"

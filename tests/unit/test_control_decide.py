@@ -15,36 +15,10 @@ from kneecap.control.plan import calibration_from_status, calibration_to_status
 from kneecap.control.manifests import EngineSettings
 from kneecap.control.spec import parse_spec
 from kneecap.errors import InputError
-from kneecap.observe.window import Observation
+from tests.support.profile_observations import observation
 
-CURVE = "advisor_output_length/llama-2-7b/ol130/n2000/mem0.9"
 SPEC = parse_spec({"model": {"name": "meta-llama/Llama-2-7b-hf"}, "accelerator": {"type": "h100-64gb"},
                    "engine": {"image": "vllm", "maxNumSeqs": 8}})
-
-
-def observation(row: dict) -> Observation:
-    """One measured operating point as the window observation the loop would have made."""
-    thr = float(row["throughput_tok_s"])
-    il, ol = float(row["input_len"]), float(row["output_len"])
-    rps = float(row["request_throughput"])
-    e2e = float(row["e2e_client_ms"]) / 1e3
-    return Observation(
-        window_s=60.0, t_end_s=0.0, pods=1, finished_requests=rps * 60, request_rate_rps=rps,
-        mean_batch=float(row["batch"]), max_batch=float(row["max_num_seqs"]), batch_samples=12, queue_len=0.0,
-        prompt_tokens=rps * 60 * il, generation_tokens=rps * 60 * ol, prompt_tok_s=thr * il / (il + ol),
-        generation_tok_s=thr * ol / (il + ol), input_len_mean=il, input_len_cv=0.0, input_len_p95=il,
-        output_len_mean=ol, output_len_cv=0.0, output_len_p95=ol, ttft_mean_s=0.05, ttft_p95_s=0.1,
-        itl_mean_s=float(row["itl_ms"]) / 1e3, itl_p95_s=float(row["itl_ms"]) / 1e3, e2e_mean_s=e2e,
-        e2e_p95_s=e2e, kv_usage=float(row["kv_usage_mean"]), kv_usage_max=float(row["kv_usage_max"]),
-        kv_capacity_tokens=float(row["kv_capacity_tokens"]),
-        gpu_memory_utilization=float(row["gpu_memory_utilization"]))
-
-
-@pytest.fixture(scope="module")
-def curve(profiles_csv):
-    rows = [r for r in csv.DictReader(open(profiles_csv)) if r["curve"] == CURVE]
-    assert len(rows) == 9
-    return {int(r["max_num_seqs"]): r for r in rows}
 
 
 def test_fit_rows_are_per_pod_total_token_throughput(curve):

@@ -12,7 +12,7 @@ from kneecap.control import loop as L, plan as P
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.observe.scrape import ScrapeHTTPError, parse_metrics
 from tests.support.data import read_capture
-from tests.unit.test_control_plan import SPEC, live_pool
+from tests.support.plan_inputs import OWNER, SPEC, live_pool
 
 GOOD = ("http://10.0.0.1:8000/metrics", "http://10.0.0.2:8000/metrics")
 BAD = "http://10.0.0.3:8000/metrics"
@@ -89,7 +89,6 @@ class _ReadsFailingOnce:
 
 
 def test_after_a_failed_reconcile_only_a_deployment_kneecap_owns_is_observed():
-    from tests.unit.test_control_plan import OWNER
     ours = live_pool().deployment
     theirs = {**ours, "metadata": {**ours["metadata"], "ownerReferences": [], "labels": {"app": "payments"}}}
     for deploy, pools in ((ours, 1), (theirs, 0)):

@@ -9,55 +9,17 @@ from dataclasses import replace
 
 import pytest
 
-from kneecap.control import applied as A, manifests as M, plan as P, reconcile as R, status as St, vllm_args as V
+from kneecap.control import applied as A, plan as P, reconcile as R, status as St, vllm_args as V
 from kneecap.control.kube import ApiError, ApiFailure
 from kneecap.control.spec import parse_spec
-from tests.unit.test_control_decide import curve, observation  # noqa: F401 (curve: the fixture)
+from tests.support.plan_inputs import LABELS, NOW, RAW, SPEC, cond, gathered, live_pool, ring_status
+from tests.support.profile_observations import observation
 
-NOW = 1_800_000_000.0
 WINDOW = 60.0
-RAW = {"model": {"name": "meta-llama/Llama-2-7b-hf"}, "accelerator": {"type": "h100-64gb"},
-       "engine": {"image": "vllm", "maxNumSeqs": 32},
-       # one replica: a restart is downtime, allowed here (the restart table below holds it by default)
-       "control": {"mode": "enforce", "interval": "30s", "window": "60s", "cooldown": "600s", "minObservations": 3,
-                   "allowDowntime": True}}
-SPEC = parse_spec(RAW)
-OWNER = {"apiVersion": "kneecap.io/v1alpha1", "kind": "LLMDeployment",
-         "metadata": {"name": "llm", "namespace": "serving", "uid": "u1", "generation": 2}}
-LABELS = ("serving", "llm")
-
-
-def live_pool(annotation: dict | None = None, ready: int = 1) -> R.PoolState:
-    (pool,) = M.pools("llm", SPEC)
-    settings = M.EngineSettings(32, 0.9, None, 1)
-    deploy = M.deployment(OWNER, SPEC, pool, settings)
-    deploy["metadata"]["generation"] = 1
-    deploy["status"] = {"observedGeneration": 1, "readyReplicas": ready, "updatedReplicas": 1}
-    if annotation:
-        deploy["metadata"].update(A.annotation_patch(annotation)["metadata"])
-    return R.PoolState(pool, deploy, settings, R.Ownership("kneecap"))
-
-
-def ring_status(curve) -> tuple[dict, tuple]:
-    """A status whose ring holds three windows (caps 8, 16, 32) ending one interval ago."""
-    obs = [replace(observation(curve[c]), t_end_s=NOW - 30.0 * (3 - i)) for i, c in enumerate((8, 16, 32))]
-    entries = [{"pool": "server", **St.ring_entry(o)} for o in obs]
-    status = {"observations": entries, "workload": {"pool": "server", **St.rounded(P.obs_pool.to_status(obs[-1]))},
-              "lastWindow": {"pool": "server", "outcome": P.OBSERVED, "time": St.iso(NOW - 30),
-                             "usableTime": St.iso(NOW - 30)}}
-    return status, P.parse_ring(entries, "server")
-
-
-def gathered(window: P.PoolWindow, ring=(), **kw) -> P.Gathered:
-    return P.Gathered("serving", "llm", 2, (window,), ring, **kw)
 
 
 def updates(plan: P.Plan, metric: str) -> list[P.MetricUpdate]:
     return [u for u in plan.metrics if u.metric == metric]
-
-
-def cond(status: dict, type_: str) -> dict:
-    return St.get_condition(status["conditions"], type_) or {}
 
 
 def test_a_fresh_window_in_enforce_patches_once_with_the_applied_record_in_the_same_patch(curve):

@@ -13,8 +13,8 @@ from kneecap.control import cudagraph, manifests as M, plan as P, policy, reconc
 from kneecap.control.manifests import EngineSettings
 from kneecap.control.spec import parse_spec
 from kneecap.model.arch import get_arch
-from tests.unit.test_control_decide import curve, observation  # noqa: F401 (curve: the fixture)
-from tests.unit.test_control_plan import NOW, OWNER, RAW, gathered, ring_status
+from tests.support.plan_inputs import NOW, OWNER, RAW, gathered, ring_status
+from tests.support.profile_observations import observation
 
 CUR = EngineSettings(256, 0.9, None, 4)
 OK = policy.GuardState(now_s=10_000.0, last_applied_s=None, rollout_in_progress=False, n_observations=5,

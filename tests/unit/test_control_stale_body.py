@@ -19,9 +19,9 @@ import kopf
 
 from kneecap.control import handlers as H, loop as L, plan as P
 from kneecap.control.metrics import OperatorMetrics
+from tests.support.handler_harness import RoundTripClient, handler
+from tests.support.profile_observations import observation
 from tests.support.specs import llmd
-from tests.unit.test_control_decide import curve, observation  # noqa: F401 (curve: the fixture)
-from tests.unit.test_control_handlers_concurrency import RoundTripClient, handler, no_kopf_events  # noqa: F401
 
 STATUS = "/apis/kneecap.io/v1alpha1/namespaces/serving/llmdeployments/llm/status"
 

@@ -15,8 +15,8 @@ from kneecap.control import applied as A, manifests as M, plan as P, reconcile a
 from kneecap.control import vllm_args as V
 from kneecap.control.spec import parse_spec
 from kneecap.demo.apiserver import strategic_merge
-from tests.unit.test_control_decide import curve, observation  # noqa: F401 (curve: the fixture)
-from tests.unit.test_control_plan import LABELS, NOW, cond, ring_status
+from tests.support.plan_inputs import LABELS, NOW, cond, ring_status
+from tests.support.profile_observations import observation
 
 SIDECAR = {"name": "log-shipper", "image": "fluent-bit:3", "args": ["--max-num-seqs", "7"]}  # not vLLM
 

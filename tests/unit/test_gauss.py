@@ -11,17 +11,7 @@ from scipy.optimize import brentq
 
 from kneecap.errors import InputError
 from kneecap.model import gauss as g
-
-
-def rng(seed=0):
-    return np.random.default_rng(seed)
-
-
-def erlang_c(k: int, a: float) -> float:
-    """Textbook Erlang C: probability that an arrival waits in M/M/k with offered load a = λ/μ."""
-    head = sum(a**i / math.factorial(i) for i in range(k))
-    tail = a**k / math.factorial(k) * k / (k - a)
-    return tail / (head + tail)
+from tests.support.gauss_reference import COEF, WL, erlang_c, rng
 
 
 # ------------------------------------------------------------------ recurrences are exact
@@ -185,11 +175,6 @@ def test_bucket_workload_weights_and_cached_prefix():
 # ------------------------------------------------------------------ service model
 
 
-COEF = g.ServiceCoefficients(prefill_s_per_token=3e-5, prefill_s_per_attended_token=1e-9, prefill_s_per_chunk=2e-3,
-                             decode_step_s=0.012, decode_s_per_context_token=1e-6, decode_s_per_seq=5e-4,
-                             decode_s_per_resident_token=4e-8, chunk_tokens=512, request_overhead_s=0.01)
-
-
 def test_prefill_closed_form_matches_chunk_by_chunk_sum():
     for inp, cached in ((1, 0), (512, 0), (513, 0), (5000, 1200), (3000, 2999)):
         s, c, total, n = inp - cached, cached, 0.0, 0
@@ -269,9 +254,6 @@ def test_decode_without_a_fixed_step_cost_has_a_batch_and_finite_tbt():
     assert r.decode_batch > 0 and math.isfinite(r.tbt.p99)
     assert r.tbt.p50 == pytest.approx(float(g.decode_step_s(coef, 1.0, 876.0)), rel=0.05)
     assert 0 < r.sustainable_rate_rps < r.stable_rate_rps
-
-
-WL = g.Workload(g.LogNormalLength(800, 1.0), g.LogNormalLength(150, 1.0))
 
 
 def test_engine_simulation_light_load_is_service_time():

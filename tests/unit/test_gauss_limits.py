@@ -12,7 +12,7 @@ from kneecap.model import gauss as g
 from kneecap.model.arch import get_arch
 from kneecap.model.hardware import get_gpu
 from kneecap.model.memory import memory_split
-from tests.unit.test_gauss import COEF, WL, erlang_c, rng
+from tests.support.gauss_reference import COEF, WL, erlang_c, rng
 
 
 def naive_seat_starts(arrival, service, hold_after, seats):

@@ -9,8 +9,8 @@ import sys
 import pytest
 from aiohttp import web
 
+from tests.support.capture_windows import zeroed
 from tests.support.data import read_capture
-from tests.unit.test_observe_window import zeroed
 
 
 async def _serve(texts: list[str]):

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from kneecap.observe import NoObservation, Observation, from_status, observe, observe_pool, parse_metrics, to_status
+from tests.support.capture_windows import T0, T1, zeroed
 from tests.support.data import read_capture
-from tests.unit.test_observe_window import T0, T1, zeroed
 
 
 def _pair(name, url, t0=T0, t1=T1, edit=lambda t: t):

@@ -10,8 +10,8 @@ import pytest
 
 from kneecap.control.loop import WINDOW_FAMILIES
 from kneecap.observe import NoObservation, Observation, observe, parse_metrics
+from tests.support.capture_windows import CAPTURES, T0, T1, cut_inside, zeroed
 from tests.support.data import read_capture
-from tests.unit.test_observe_window import CAPTURES, T0, T1, _cut_inside, zeroed
 
 S = importlib.import_module("kneecap.observe.scrape")
 
@@ -32,7 +32,7 @@ def edits(text: str) -> list[str]:
                          "# HELP vllm:num_requests_running") + "vllm:half_written_metric{engine=\n"
     dirty = dirty.replace('vllm:prompt_tokens_total{engine="0",model_name="tiny"} ',
                           'vllm:prompt_tokens_total{engine="0",model_name="tiny"} NaN #', 1)
-    return [text, dirty, _cut_inside(text, 'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.5"'),
+    return [text, dirty, cut_inside(text, 'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.5"'),
             text[:-40]]
 
 
@@ -78,7 +78,7 @@ def test_window_from_filtered_scrapes_is_the_same(name):
 
 def test_filtered_cut_outside_the_kept_families_keeps_them():
     text = read_capture("vllm-0.32-cpu-20req.txt")
-    cut = _cut_inside(text, "http_request_duration_seconds_bucket{", 30)
+    cut = cut_inside(text, "http_request_duration_seconds_bucket{", 30)
     snap = parse_metrics(cut, keep=WINDOW_FAMILIES)
     assert snap.truncated and snap.dropped_family == "http_request_duration_seconds"
     assert isinstance(observe(parse_metrics(zeroed(text), t_s=T0, keep=WINDOW_FAMILIES),
@@ -87,7 +87,7 @@ def test_filtered_cut_outside_the_kept_families_keeps_them():
 
 def test_filtered_cut_inside_a_kept_family_drops_it():
     text = read_capture("vllm-0.32-cpu-20req.txt")
-    cut = _cut_inside(text, 'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.5"')
+    cut = cut_inside(text, 'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.5"')
     snap = parse_metrics(cut, keep=WINDOW_FAMILIES)
     assert snap.dropped_family == "vllm:time_to_first_token_seconds"
     assert snap.get("vllm:time_to_first_token_seconds_bucket") is None

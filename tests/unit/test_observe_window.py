@@ -14,22 +14,8 @@ import re
 import pytest
 
 from kneecap.observe import NoObservation, Observation, Reason, observe, parse_metrics
+from tests.support.capture_windows import CAPTURES, T0, T1, cut_inside, zeroed
 from tests.support.data import read_capture
-
-CAPTURES = ("vllm-0.32-cpu-20req.txt", "vllm-0.32-cpu-kv-saturated.txt", "vllm-0.32-cpu-run4.txt")
-T0, T1 = 1000.0, 1010.0
-
-
-def zeroed(text: str) -> str:
-    """The same exposition with every vLLM sample at 0 (cache config and *_created kept)."""
-    out = []
-    for line in text.split("\n"):
-        name = line.split("{")[0].split(" ")[0]
-        if line.startswith("vllm:") and name != "vllm:cache_config_info" and not name.endswith("_created"):
-            line = re.sub(r" \S+$", " 0.0", line)
-        out.append(line)
-    return "\n".join(out)
-
 
 def window(name: str, edit=lambda t: t, edit_prev=None):
     text = read_capture(name)
@@ -292,14 +278,9 @@ def test_inconsistent_histogram_is_invalid():
     assert isinstance(o, NoObservation) and o.reason is Reason.INVALID_VALUE
 
 
-def _cut_inside(text: str, marker: str, extra_chars: int = 20) -> str:
-    i = text.index(marker)
-    return text[: i + extra_chars]
-
-
 def test_body_cut_inside_a_needed_histogram_is_truncated():
     text = read_capture("vllm-0.32-cpu-20req.txt")
-    cut = _cut_inside(text, 'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.5"')
+    cut = cut_inside(text, 'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.5"')
     snap = parse_metrics(cut)
     assert snap.truncated and snap.dropped_family == "vllm:time_to_first_token_seconds"
     assert snap.get("vllm:time_to_first_token_seconds_bucket") is None  # not a partial histogram
@@ -311,14 +292,14 @@ def test_body_cut_inside_a_needed_histogram_is_truncated():
 def test_body_cut_inside_a_counter_family_drops_it():
     text = _two_engines(read_capture("vllm-0.32-cpu-20req.txt"))
     # cut after engine 0's line, inside engine 1's: a sum over engines would be half the truth
-    cut = _cut_inside(text, 'vllm:prompt_tokens_total{engine="1"')
+    cut = cut_inside(text, 'vllm:prompt_tokens_total{engine="1"')
     snap = parse_metrics(cut)
     assert snap.truncated and snap.get("vllm:prompt_tokens_total") is None
 
 
 def test_body_cut_in_trailing_unneeded_lines_still_observes():
     text = read_capture("vllm-0.32-cpu-20req.txt")
-    cut = _cut_inside(text, "http_request_duration_seconds_bucket{", 30)
+    cut = cut_inside(text, "http_request_duration_seconds_bucket{", 30)
     o = observe(parse_metrics(zeroed(text), t_s=T0), parse_metrics(cut, t_s=T1))
     assert isinstance(o, Observation)
     assert o == window("vllm-0.32-cpu-20req.txt")
