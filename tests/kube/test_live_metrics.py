@@ -20,8 +20,8 @@ import pytest
 from tests.kube.conftest import PodTwins, chart_operator_args, start_chart_operator
 from tests.support.control_plane import ControlPlane
 from tests.support.dashboard import dashboard, dashboard_queries
+from tests.support.observability import PROMETHEUS_SYNTHETIC, alert_rules, assert_old_names_only_as_fallback
 from tests.support.twins import load
-from tests.unit.test_ship_observability import PROMETHEUS_SYNTHETIC, alert_rules, assert_old_names_only_as_fallback
 
 LLMD = "kneecap.io/v1alpha1/llmdeployments"
 NS = "live-metrics"

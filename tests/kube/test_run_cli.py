@@ -1,6 +1,6 @@
 """`kneecap run` as a process on the real API, as the chart's ServiceAccount (its kubeconfig):
 namespace-scoped and standalone, its liveness probe and metrics port, JSON logs, and a clean
-exit on SIGTERM. (Bad flags, refused before any API is needed: tests/unit/test_run_flags.py.)"""
+exit on SIGTERM. (Bad flags, refused before any API is needed: tests/integration/test_run_flags.py.)"""
 
 from __future__ import annotations
 

@@ -27,6 +27,23 @@ def others(path: Path) -> list[dict]:
     return [d for d in documents(path) if d["kind"] != "LLMDeployment"]
 
 
+def kneecap_pod_examples() -> list[Path]:
+    """The examples whose pods kneecap makes (an adopt example's pods are the user's Deployment's)."""
+    return [p for p in EXAMPLES if "engine" in llmdeployment(p)["spec"]]
+
+
+def rendered_deployments(path: Path) -> list[dict]:
+    """The Deployments kneecap renders for the example's pools, with their initial settings."""
+    from kneecap.control import manifests
+    from kneecap.control.spec import parse_spec
+
+    doc = llmdeployment(path)
+    owner = {**doc, "metadata": {**doc["metadata"], "uid": "4b7e0d0e-0000-4000-8000-000000000001"}}
+    spec = parse_spec(doc["spec"])
+    return [manifests.deployment(owner, spec, pool, manifests.initial_settings(spec, pool.role))
+            for pool in manifests.pools(doc["metadata"]["name"], spec)]
+
+
 def colocated(name: str, namespace: str, *, window: str | None = None, **spec) -> dict:
     """examples/colocated.yaml as `name` in `namespace`, ticking every second (and windows of
     `window`), each keyword merged into its spec section (a dict) or replacing it."""

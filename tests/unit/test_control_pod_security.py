@@ -1,12 +1,11 @@
 """The vLLM pods kneecap creates are admitted in a Pod Security "restricted" namespace and carry
-no API token; the rendered Deployments are valid for the current Kubernetes (kubernetes-validate)."""
+no API token. kubernetes-validate on the rendered Deployments:
+tests/integration/test_control_pod_security_validate.py."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,22 +14,11 @@ import yaml
 from kneecap.control import manifests as M
 from kneecap.control.spec import parse_spec
 from kneecap.errors import InputError
+from tests.support.examples import kneecap_pod_examples, llmdeployment, rendered_deployments as rendered
 from tests.support.pod_security import restricted_violations
 
-from tests.support.examples import EXAMPLES as ALL_EXAMPLES, llmdeployment
-
 ROOT = Path(__file__).resolve().parents[2]
-# the examples whose pods kneecap makes (an adopt example's pods are the user's Deployment's)
-EXAMPLES = [p for p in ALL_EXAMPLES if "engine" in llmdeployment(p)["spec"]]
-K8S_VERSION = "1.37.0"
-
-
-def rendered(example: Path) -> list[dict]:
-    doc = llmdeployment(example)
-    owner = {**doc, "metadata": {**doc["metadata"], "uid": "4b7e0d0e-0000-4000-8000-000000000001"}}
-    spec = parse_spec(doc["spec"])
-    return [M.deployment(owner, spec, pool, M.initial_settings(spec, pool.role))
-            for pool in M.pools(doc["metadata"]["name"], spec)]
+EXAMPLES = kneecap_pod_examples()
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
@@ -107,16 +95,3 @@ def test_user_env_overrides_home_and_extra_args_cannot_override_managed_flags():
     assert c["args"] == [spec.model.name, f"--port={spec.engine.port}", f"--max-num-seqs={spec.engine.max_num_seqs}",
                          f"--gpu-memory-utilization={spec.engine.gpu_memory_utilization:g}",
                          "--max-model-len=8192", "--enforce-eager"]
-
-
-def test_rendered_deployments_validate_strict_for_current_kubernetes(tmp_path):
-    exe = Path(sys.executable).parent / "kubernetes-validate"
-    if not exe.exists():
-        pytest.fail("kubernetes-validate is not installed in the venv: run `bash scripts/setup.sh` (test extra)")
-    docs = [d for example in EXAMPLES for d in rendered(example)]
-    path = tmp_path / "pools.yaml"
-    path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
-    p = subprocess.run([str(exe), "--strict", "-k", K8S_VERSION, str(path)], capture_output=True, text=True,
-                       timeout=120)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert p.stdout.count(" passed for resource ") == len(docs) >= len(EXAMPLES), p.stdout

@@ -248,65 +248,6 @@ def test_unknown_catalog_key_names_the_field_and_lists_the_keys(path, value, fie
         {"b200", "mi300x", "a10g", "l4"} <= set(listed.split(", "))
 
 
-LLAMA_32_3B_CONFIG = {  # meta-llama/Llama-3.2-3B config.json (fields that matter)
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 3072, "num_hidden_layers": 28,
-    "num_attention_heads": 24, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 8192,
-    "vocab_size": 128256, "hidden_act": "silu", "max_position_embeddings": 131072, "torch_dtype": "bfloat16",
-    "tie_word_embeddings": True,
-}
-
-
-def test_config_map_reference_read_through_the_operator_parsing_path():
-    """The operator reads spec.model.configMapRef from the (faithful emulated) API, then parses:
-    the shape equals the catalog's; a missing ConfigMap, a missing key and bad JSON are
-    InvalidSpec naming the field."""
-    import asyncio
-    import json
-    import logging
-
-    import kopf
-
-    from kneecap.control import handlers as H
-    from kneecap.control.kube import KubeClient
-    from kneecap.demo.kubeapi import KubeAPIThread
-    from kneecap.model.arch import get_arch
-
-    def body(ref):
-        return {"metadata": {"name": "house", "namespace": "m", "generation": 1},
-                "spec": edit({"model.name": "acme/house-3b", "model.configMapRef": ref})}
-
-    async def parse(url, b):
-        kube = KubeClient(url)
-        patch = kopf.Patch()
-        try:
-            spec = await H._parse(b, patch, logging.getLogger("t"), H.OperatorConfig(), kube, emit=False)
-        finally:
-            await kube.close()
-        return spec, dict(patch.get("status") or {})
-
-    with KubeAPIThread() as api:
-        api.add_namespace("m")
-        api.create("v1/configmaps", {"apiVersion": "v1", "kind": "ConfigMap",
-                                     "metadata": {"name": "house-config", "namespace": "m"},
-                                     "data": {"config.json": json.dumps(LLAMA_32_3B_CONFIG), "bad.json": "{nope"}})
-        spec, _ = asyncio.run(parse(api.url, body({"name": "house-config"})))
-        a, ref = spec.model.architecture, get_arch("llama-3.2-3b")
-        assert a.key == "house-3b" and spec.model.config_map_ref == S.ConfigMapRef("house-config", "config.json")
-        assert (a.layers, a.hidden, a.q_heads, a.kv_heads, a.head_dim, a.ffn, a.vocab, a.tied, a.dtype_bytes) == \
-            (ref.layers, ref.hidden, ref.q_heads, ref.kv_heads, ref.head_dim, ref.ffn, ref.vocab, ref.tied, ref.dtype_bytes)
-        assert a.kv_bytes_per_token == ref.kv_bytes_per_token == 114_688
-        assert a.params == pytest.approx(ref.params, rel=1e-3)
-        for ref_spec, field, needle in [
-            ({"name": "absent"}, "spec.model.configMapRef.name", "'absent' not found"),
-            ({"name": "house-config", "key": "other.json"}, "spec.model.configMapRef.key", "keys: bad.json, config.json"),
-            ({"name": "house-config", "key": "bad.json"}, "spec.model.configMapRef.key", "not valid JSON"),
-        ]:
-            spec, status = asyncio.run(parse(api.url, body(ref_spec)))
-            assert spec is None and status["invalidField"] == field
-            (ready,) = [c for c in status["conditions"] if c["type"] == "Ready"]
-            assert ready["reason"] == "InvalidSpec" and needle in ready["message"]
-
-
 @pytest.mark.parametrize("name,key", [("Qwen/Qwen3-30B-A3B-Instruct-2507", "qwen3-30b-a3b"),
                                       ("mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b"),
                                       ("google/gemma-3-27b-it", "gemma-3-27b"), ("deepseek-ai/DeepSeek-V3", "deepseek-v3"),

@@ -1,64 +1,32 @@
-"""Alerts and dashboard, checked by the real tools and against the metrics that really exist.
+"""Alerts and dashboard against the metrics that really exist.
 
-* promtool (Debian's prometheus 2.42, from scripts/setup-tools.sh): `check rules` on the alert
-  source and on the rendered PrometheusRule, `test rules` on deploy/prometheus/tests/ where each
-  alert fires on a series that should fire it and stays silent on one that should not.
 * Every metric name in an alert or a dashboard query is exported: operator names from
   kneecap.control.metrics' registry, vLLM names from the real vLLM 0.32 captures in
-  tests/fixtures/vllm-metrics/ (the twin serves the same names; DESIGN §6).
-* Every dashboard query parses (promtool check rules on them as recording rules).
+  tests/fixtures/vllm-metrics/ (the twin serves the same names; DESIGN §6); old vLLM names only
+  as the fallbacks the operator reads.
+* Every alert is documented, has a firing and a silent case in deploy/prometheus/tests/; the
+  dashboard is a valid Grafana dashboard showing what the operator decides.
+
+promtool on the rules, the dashboard's queries and the promtool tests, and the dashboard
+generator: tests/integration/test_ship_observability_promtool.py.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 from tests.support.dashboard import dashboard, dashboard_queries
-from tests.support.data import VLLM_CAPTURES
-from tests.support.tools import tool
+from tests.support.observability import (PROMTOOL_TESTS, alert_rules, assert_old_names_only_as_fallback,
+                                         exported_metric_names, metric_names, vllm_metric_names, vllm_renamed)
 
 ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "kneecap"
-ALERTS = CHART / "files" / "alerts.yaml"
-PROMTOOL_TESTS = sorted((ROOT / "deploy" / "prometheus" / "tests").glob("*.yaml"))
 OPERATIONS_DOC = ROOT / "docs" / "operations.md"
-# Series Prometheus itself writes for every target.
-PROMETHEUS_SYNTHETIC = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
-
-
-
-
-def promtool(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([tool("promtool"), *args], capture_output=True, text=True, timeout=120)
 
 
 # ------------------------------------------------------------------ metric names
-
-_KEYWORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right", "bool",
-             "offset", "inf", "nan", "Inf", "NaN"}
-
-
-def metric_names(expr: str) -> set[str]:
-    """Metric names a PromQL (or Grafana label_values) query selects."""
-    e = re.sub(r"^label_values\((.*?)(,\s*\w+)?\)$", r"\1", expr.strip())  # Grafana: label_values(metric{..}, label)
-    e = re.sub(r"\{[^}]*\}", " ", e)  # label matchers (with their strings)
-    e = re.sub(r"\[[^\]]*\]", " ", e)  # ranges
-    e = re.sub(r'"[^"]*"', " ", e)
-    e = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", e)
-    e = re.sub(r"\$\w+", " ", e)  # Grafana variables
-    names = set()
-    for m in re.finditer(r"(?<![\w.])([a-zA-Z_:][a-zA-Z0-9_:]*)(\s*\()?", e):
-        tok, call = m.group(1), m.group(2)
-        if call or tok in _KEYWORDS:
-            continue
-        names.add(tok)
-    return names
-
 
 def test_metric_name_extraction():
     assert metric_names('histogram_quantile(0.95, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket'
@@ -70,60 +38,9 @@ def test_metric_name_extraction():
     assert metric_names("vector($ttft_slo)") == set()
 
 
-def operator_metric_names() -> set[str]:
-    """Series names kneecap.control.metrics exports, from its registry's metric families."""
-    from kneecap.control.metrics import OperatorMetrics
-
-    suffixes = {"counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count", "_created"),
-                "summary": ("", "_sum", "_count", "_created"), "info": ("_info",)}
-    out = set()
-    for family in OperatorMetrics().registry.collect():
-        out |= {family.name + s for s in suffixes[family.type]}
-    return out
-
-
-def vllm_metric_names() -> set[str]:
-    """Sample names in the real vLLM /metrics captures (vLLM 0.32, CPU)."""
-    names = set()
-    captures = sorted(VLLM_CAPTURES.glob("*.txt"))
-    assert captures, f"no vLLM metric captures in {VLLM_CAPTURES}"
-    for path in captures:
-        for line in path.read_text().splitlines():
-            if line and not line.startswith("#"):
-                names.add(re.match(r"[a-zA-Z_:][a-zA-Z0-9_:]*", line).group(0))
-    return names
-
-
-def vllm_renamed() -> dict[str, set[str]]:
-    """Old vLLM series names the operator still reads, by the current name that replaced them
-    (kneecap.observe.window's name tuples: current first, then the names older vLLMs export)."""
-    from kneecap.observe import window as W
-
-    out: dict[str, set[str]] = {}
-    for names in vars(W).values():
-        if isinstance(names, tuple) and len(names) > 1 and all(isinstance(n, str) and n.startswith("vllm:") for n in names):
-            current, *old = names
-            for suffix in ("", "_bucket", "_sum", "_count"):
-                out.setdefault(current + suffix, set()).update(o + suffix for o in old)
-    return out
-
-
 @pytest.fixture(scope="module")
 def exported() -> dict[str, set[str]]:
-    return {"operator": operator_metric_names(), "vllm": vllm_metric_names(),
-            "prometheus": PROMETHEUS_SYNTHETIC}
-
-
-def assert_old_names_only_as_fallback(where: str, expr: str, exported: dict[str, set[str]]) -> set[str]:
-    """Old vLLM names may appear only as the `or` fallback of their current name, which vLLM 0.32
-    exports; returns the names of `expr` with those fallbacks removed."""
-    names = metric_names(expr)
-    for current, old in vllm_renamed().items():
-        for o in names & old:
-            assert current in names and current in exported["vllm"], f"{where}: {o} without {current}"
-            assert " or " in expr and expr.index(current) < expr.index(o), f"{where}: {o} is not a fallback of {current}"
-        names -= old
-    return names
+    return exported_metric_names()
 
 
 def test_old_vllm_names_are_the_fallbacks_the_operator_reads():
@@ -144,56 +61,6 @@ def test_exported_names_are_what_the_operator_and_vllm_serve(exported):
 
 
 # ------------------------------------------------------------------ alerts
-
-def alert_rules() -> dict[str, dict]:
-    doc = yaml.safe_load(ALERTS.read_text())
-    return {r["alert"]: r for g in doc["groups"] for r in g["rules"]}
-
-
-def test_promtool_check_rules_on_the_source_and_the_rendered_prometheusrule(tmp_path):
-    p = promtool("check", "rules", str(ALERTS))
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert f"SUCCESS: {len(alert_rules())} rules found" in p.stdout
-    helm = subprocess.run([tool("helm"), "template", "kc", str(CHART), "--show-only", "templates/prometheusrule.yaml",
-                           "--api-versions", "monitoring.coreos.com/v1"],
-                          capture_output=True, text=True, timeout=60)
-    assert helm.returncode == 0, helm.stderr
-    rendered = tmp_path / "rendered-rules.yaml"
-    rendered.write_text(yaml.safe_dump(yaml.safe_load(helm.stdout)["spec"]))
-    p = promtool("check", "rules", str(rendered))
-    assert p.returncode == 0, p.stdout + p.stderr
-
-
-def test_promtool_rejects_a_broken_rule(tmp_path):
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("groups: [{name: x, rules: [{alert: X, expr: 'sum by (x (y)'}]}]\n")
-    assert promtool("check", "rules", str(bad)).returncode != 0
-
-
-def test_promtool_unit_tests_pass():
-    assert PROMTOOL_TESTS
-    p = promtool("test", "rules", *map(str, PROMTOOL_TESTS))
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "SUCCESS" in p.stdout
-
-
-def test_promtool_unit_tests_fail_when_no_alert_fires(tmp_path):
-    """The unit tests demand firing: with every expression made silent they fail, per alert."""
-    doc = yaml.safe_load(ALERTS.read_text())
-    for g in doc["groups"]:
-        for r in g["rules"]:
-            r["expr"] = "vector(1) < 0"
-    silent = tmp_path / "charts" / "kneecap" / "files"
-    silent.mkdir(parents=True)
-    (silent / "alerts.yaml").write_text(yaml.safe_dump(doc))
-    tests_dir = tmp_path / "deploy" / "prometheus" / "tests"
-    tests_dir.mkdir(parents=True)
-    for t in PROMTOOL_TESTS:
-        shutil.copy(t, tests_dir / t.name)
-    p = promtool("test", "rules", *[str(tests_dir / t.name) for t in PROMTOOL_TESTS])
-    assert p.returncode != 0
-    failed = set(re.findall(r"alertname: (\w+), time:", p.stdout + p.stderr))
-    assert failed == set(alert_rules()), failed
 
 
 def _identity(labels: dict) -> tuple:
@@ -243,11 +110,6 @@ def test_every_alert_is_documented_and_names_exported_metrics(exported):
 
 
 # ------------------------------------------------------------------ dashboard
-
-def test_dashboard_is_what_the_generator_writes():
-    p = subprocess.run(["python3", str(ROOT / "scripts" / "gen-dashboard.py"), "--check"], capture_output=True,
-                       text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
 
 
 def test_dashboard_json_is_a_valid_grafana_dashboard():
@@ -320,38 +182,3 @@ def test_dashboard_queries_name_only_exported_metrics(exported):
         seen |= names
     # the dashboard uses both sources
     assert seen & exported["operator"] and seen & exported["vllm"]
-
-
-def test_dashboard_queries_parse_as_promql(tmp_path):
-    subst = {"$__rate_interval": "5m", "$namespace": "demo", "$name": "llama", "$pool": ".*"}
-    rules = []
-    for i, (where, expr) in enumerate(dashboard_queries(dashboard(), subst)):
-        rules.append({"record": f"kneecap:dashboard_query:{i}", "expr": expr})
-    path = tmp_path / "dashboard-queries.yaml"
-    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
-    p = promtool("check", "rules", str(path))
-    assert p.returncode == 0, p.stdout + p.stderr
-
-
-def test_decisions_annotation_marks_a_reasons_first_count(tmp_path):
-    """prometheus_client exports a labelled counter first at 1 (no 0 before it): the annotation marks
-    that first decision, then only later increments, and never a guard's reason (promtool)."""
-    ann = {a["name"]: a["expr"] for a in dashboard()["annotations"]["list"] if "expr" in a}
-    expr = ann["kneecap decisions"].replace("$namespace", "demo").replace("$name", "llama")
-    assert "$" not in expr
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(
-        {"groups": [{"name": "t", "rules": [{"record": "annotation", "expr": f"count({expr})"}]}]}))
-    series = 'kneecap_decisions_total{namespace="demo", name="llama", reason="%s"}'
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump({
-        "rule_files": ["rules.yaml"], "evaluation_interval": "1m",
-        "tests": [{"interval": "1m",
-                   "input_series": [{"series": series % "Applied", "values": "_x5 1x10 2x10"},
-                                    {"series": series % "Cooldown", "values": "1+1x25"}],
-                   "promql_expr_test": [
-                       {"expr": "annotation", "eval_time": "4m", "exp_samples": []},
-                       {"expr": "annotation", "eval_time": "6m", "exp_samples": [{"labels": "annotation", "value": 1}]},
-                       {"expr": "annotation", "eval_time": "10m", "exp_samples": []},
-                       {"expr": "annotation", "eval_time": "17m", "exp_samples": [{"labels": "annotation", "value": 1}]},
-                       {"expr": "annotation", "eval_time": "24m", "exp_samples": []}]}]}))
-    p = promtool("test", "rules", str(tmp_path / "test.yaml"))
-    assert p.returncode == 0, p.stdout + p.stderr

@@ -2,15 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-import numpy as np
 import pytest
 
 from kneecap import cli
@@ -20,18 +13,7 @@ from kneecap.control.kube import deployments_path
 from kneecap.sim.cluster import llmd_path
 from kneecap.sim.replay import NAME, ReplayConfig, run_policy, score
 from kneecap.sim.trace import read_trace
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _trace(tmp_path, rate_rps: float, duration_s: float, seed: int = 3) -> Path:
-    rng = np.random.default_rng(seed)
-    t = np.cumsum(rng.exponential(1 / rate_rps, int(rate_rps * duration_s)))
-    inp = np.maximum(rng.lognormal(np.log(900), 0.5, t.size).astype(int), 1)
-    out = np.maximum(rng.lognormal(np.log(180), 0.5, t.size).astype(int), 1)
-    p = tmp_path / "trace.csv"
-    p.write_text("arrival_s,input_tokens,output_tokens\n" + "".join(f"{a:.6f},{i},{o}\n" for a, i, o in zip(t, inp, out)))
-    return p
+from tests.support.replay_traces import replay_json, write_trace
 
 
 def test_operator_moves_the_cap_down_from_256_with_one_restart(tmp_path):
@@ -39,7 +21,7 @@ def test_operator_moves_the_cap_down_from_256_with_one_restart(tmp_path):
     it scraped from the twin, applies a BCA cap below vLLM's 256 with the memory that holds it;
     the kubelet replaces the pod once and the new pod serves with the new flags (the spec allows
     the one pod's downtime and values the memory it releases)."""
-    trace = read_trace(_trace(tmp_path, 20.0, 150.0))
+    trace = read_trace(write_trace(tmp_path, 20.0, 150.0))
     cfg = ReplayConfig(min_replicas=1, max_replicas=1, interval_s=15.0, cooldown_s=300.0, allow_downtime=True,
                        released_memory_value=1.0)
     run = run_policy(trace, cfg, "kneecap")
@@ -62,33 +44,8 @@ def test_operator_moves_the_cap_down_from_256_with_one_restart(tmp_path):
     assert s["completed"] + s["lost"] == s["requests"]
 
 
-def _replay_json(args: list[str]) -> str:
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        assert cli.main(["replay", *args, "--json"]) == 0
-    return buf.getvalue()
-
-
-def test_replay_is_byte_identical_across_runs_and_processes(tmp_path):
-    p = _trace(tmp_path, 12.0, 90.0)
-    args = [str(p), "--policy", "kneecap", "--policy", "defaults+hpa", "--max-replicas", "3", "--start-replicas", "2",
-            "--seed", "7"]
-    a = _replay_json(args)
-    b = _replay_json(args)
-    assert a == b
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "operator"), PYTHONHASHSEED="12345")
-    c = subprocess.run([sys.executable, "-m", "kneecap", "replay", *args, "--json"], capture_output=True, text=True,
-                       env=env, check=True).stdout
-    assert c == a
-    report = json.loads(a)
-    assert set(report["policies"]) == {"kneecap", "defaults+hpa"}
-    for s in report["policies"].values():
-        assert s["requests"] == 1080 and s["completed"] + s["lost"] + s["rejected"] == 1080
-        assert s["gpu_hours"] > 0
-
-
 def test_replay_cli_bad_input_names_the_field(tmp_path, capsys):
-    p = _trace(tmp_path, 5.0, 10.0)
+    p = write_trace(tmp_path, 5.0, 10.0)
     assert cli.main(["replay", str(p), "--compress", "0"]) == 2
     assert "compress" in capsys.readouterr().err
     assert cli.main(["replay", str(p), "--min-replicas", "3", "--max-replicas", "2"]) == 2
@@ -109,7 +66,7 @@ def test_replay_cli_bad_input_names_the_field(tmp_path, capsys):
                                           (["--gpu", "tpu-v9"], "spec.accelerator.type"),
                                           (["--hpa-target", "0"], "hpa.target")])
 def test_replay_options_are_checked_before_any_run(tmp_path, capsys, flags, field):
-    p = _trace(tmp_path, 5.0, 10.0)
+    p = write_trace(tmp_path, 5.0, 10.0)
     try:
         rc = cli.main(["replay", str(p), *flags, "--json"])
     except SystemExit as exc:  # a flag's type (--quantile) is argparse's to check
@@ -124,7 +81,7 @@ def test_compression_for_peak_is_the_least_factor_that_needs_the_replicas(tmp_pa
     from kneecap.sim.replay import DEFAULT_CAP, DEFAULT_MEMORY, compression_for_peak, slo_met
     from kneecap.sim.trace import compress
 
-    trace = read_trace(_trace(tmp_path, 6.0, 60.0))
+    trace = read_trace(write_trace(tmp_path, 6.0, 60.0))
     cfg = ReplayConfig(max_replicas=4)
     k = compression_for_peak(trace, cfg, 2)
     assert k > 1
@@ -138,8 +95,8 @@ def test_compression_for_peak_is_the_least_factor_that_needs_the_replicas(tmp_pa
 
 
 def test_replay_peak_replicas_option(tmp_path, capsys):
-    p = _trace(tmp_path, 6.0, 60.0)
-    report = json.loads(_replay_json([str(p), "--peak-replicas", "2", "--policy", "defaults", "--max-replicas", "4"]))
+    p = write_trace(tmp_path, 6.0, 60.0)
+    report = json.loads(replay_json([str(p), "--peak-replicas", "2", "--policy", "defaults", "--max-replicas", "4"]))
     assert report["compress"] > 1 and report["compress_for_peak_replicas"] == 2
     assert report["policies"]["defaults"]["settings"]["replicas"] >= 2
     with pytest.raises(SystemExit) as e:  # one way to say the compression
