@@ -5,9 +5,10 @@ For every point of the two points tables (llm-d-benchmark: Llama-3.1-70B on A100
 per-request record is replayed:
 
 1. calibration: the project's own, ``kneecap fit data/real-h100/profiles.csv --gpu h100-64gb
-   --where source=batching_results`` (the README's), moved to the run's GPU by
-   :func:`kneecap.model.transfer.calibration_on`, as ``kneecap simulate`` does (efficiencies carried, the target's FLOP/s
-   and bandwidth in the hardware terms). Nothing is fitted to this data;
+   --where source=batching_results`` (docs/getting-started.md's worked example), moved to the
+   run's GPU by :func:`kneecap.model.transfer.calibration_on`, as ``kneecap simulate`` does
+   (efficiencies carried, the target's FLOP/s and bandwidth in the hardware terms). Nothing is
+   fitted to this data;
 2. GAUSS: :func:`kneecap.model.gauss.replay` on the run's arrivals and per-request input and
    output lengths, with the run's engine arguments (max_num_seqs, max_num_batched_tokens,
    gpu_memory_utilization or the recorded KV blocks, prefix caching) through
