@@ -44,8 +44,8 @@ def ring_status(curve) -> tuple[dict, tuple]:
     return status, plan.parse_ring(entries, "server")
 
 
-def gathered(window: plan.PoolWindow, ring=(), **kw) -> plan.Gathered:
-    return plan.Gathered("serving", "llm", 2, (window,), ring, **kw)
+def gathered(window: plan.PoolWindow, ring=(), **kw) -> plan.TickInput:
+    return plan.TickInput("serving", "llm", 2, (window,), ring, **kw)
 
 
 def cond(status: dict, type_: str) -> dict:

@@ -186,7 +186,7 @@ def test_a_failed_patch_rolls_back_what_it_would_have_changed(curve):
     p = P.plan(gathered(P.PoolWindow("server", live_pool(), P.OBSERVED, observation=obs), ring), status, SPEC, NOW)
     failure = ApiFailure.of(ApiError(422, {"message": "spec.template.spec.containers[0].env[0].name: Required value"},
                                      "PATCH /apis/apps/v1/namespaces/serving/deployments/llm"))
-    out, event, counters = P.failed_write(p.status, failure, 2, NOW, *LABELS, p.patches[0].rollback)
+    out, event, counters = p.patches[0].if_failed.outcome(failure)
     assert out["applied"] == p.patches[0].rollback["applied"] and "time" not in out["applied"]
     assert out["lastDecision"]["reason"] == "ApplyFailed" and "env[0].name" in out["lastDecision"]["message"]
     c = cond(out, "ApiError")
@@ -194,13 +194,14 @@ def test_a_failed_patch_rolls_back_what_it_would_have_changed(curve):
     assert (event.type, event.reason) == ("Warning", "PatchFailed")
     assert counters[0] == P.MetricUpdate("inc", "api_errors", ("patch", "deployments", "422"), 1.0)
     # the same refusal on the next tick: counted, no second Event
-    _, again, counted = P.failed_write({**p.status, **out}, failure, 2, NOW + 30, *LABELS, p.patches[0].rollback)
+    next_tick = replace(p.patches[0].if_failed, status={**p.status, **out}, now_s=NOW + 30)
+    _, again, counted = next_tick.outcome(failure)
     assert again is None and counted == counters
 
 
 def test_a_pool_left_out_for_a_conflict_is_not_acted_on(curve):
     status, _ = ring_status(curve)
-    g = P.Gathered("serving", "llm", 2, (), conflicts=(R.Conflict("Deployment", "llm", "not owned by kneecap"),))
+    g = P.TickInput("serving", "llm", 2, (), conflicts=(R.Conflict("Deployment", "llm", "not owned by kneecap"),))
     p = P.plan(g, status, SPEC, NOW)
     assert p.patches == () and p.status["lastDecision"]["reason"] == "OwnershipConflict"
     assert "not owned by kneecap" in p.status["lastDecision"]["message"]

@@ -135,7 +135,7 @@ def adopted(owner_refs=None, container=USER, external=True) -> R.PoolState:
 def plan_for(state: R.PoolState, curve, spec=SPEC, **kw) -> P.Plan:
     status, ring = ring_status(curve)
     obs = replace(observation(curve[32]), t_end_s=NOW)
-    g = P.Gathered("serving", "llm", 2, (P.PoolWindow("server", state, P.OBSERVED, observation=obs),), ring,
+    g = P.TickInput("serving", "llm", 2, (P.PoolWindow("server", state, P.OBSERVED, observation=obs),), ring,
                    full_pass=True, **kw)
     return P.plan(g, status, spec, NOW)
 
@@ -178,7 +178,7 @@ def test_a_target_kneecap_may_not_write_is_advised_only(curve, refs, container, 
 def test_a_missing_target_creates_nothing_and_says_so(curve):
     status, ring = ring_status(curve)
     msg = "Deployment serving/llama-serving (spec.targetRef, server) not found; kneecap creates nothing for it"
-    p = P.plan(P.Gathered("serving", "llm", 2, (), ring, full_pass=True, missing_targets=(msg,)), status, SPEC, NOW)
+    p = P.plan(P.TickInput("serving", "llm", 2, (), ring, full_pass=True, missing_targets=(msg,)), status, SPEC, NOW)
     assert p.patches == ()
     r = cond(p.status, St.READY)
     assert r["status"] == "False" and r["reason"] == "TargetMissing" and r["message"] == msg
@@ -220,7 +220,7 @@ def test_an_adopted_pair_with_a_controlled_prefill_pool_patches_only_the_decode_
         e["pool"] = "decode"
     status["workload"]["pool"] = status["lastWindow"]["pool"] = "decode"
     obs = replace(observation(curve[32]), t_end_s=NOW)
-    g = P.Gathered("serving", "llm", 2, (P.PoolWindow("prefill", states["prefill"], P.IDLE),
+    g = P.TickInput("serving", "llm", 2, (P.PoolWindow("prefill", states["prefill"], P.IDLE),
                                          P.PoolWindow("decode", states["decode"], P.OBSERVED, observation=obs)),
                    P.parse_ring(status["observations"], "decode"), full_pass=True)
     p = P.plan(g, status, spec, NOW)

@@ -33,6 +33,8 @@ from kneecap.control.informer import ApiReads
 from kneecap.control.kube import ApiError, ApiFailure, KubeClient, deployments_path
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.control.spec import LLMDeploymentSpec
+from kneecap.control.tick import (IDLE, NO_PODS, OBSERVED, OPEN, SCRAPE_FAILED, UNUSABLE, MetricUpdate, Plan,
+                                  PoolWindow, TickInput)
 from kneecap.observe.scrape import ParseCache, ScrapeError, Snapshot, family_filter, scrape as http_scrape
 from kneecap.observe.window import (CACHE_CONFIG, PROCESS_START, PROMPT_TOKENS_CREATED, SUCCESS_CREATED, _COUNTERS,
                                     _GAUGES, _HISTOGRAMS, NoObservation, Observation, Reason, combine,
@@ -115,7 +117,7 @@ def trim_window(scrapes: list[Snapshot], window_s: float, max_scrapes: int) -> N
 
 
 async def observe_window(ctx: LoopContext, mem: LoopMemory, spec: LLMDeploymentSpec, state: reconcile.PoolState,
-                         urls: list[str]) -> planner.PoolWindow:
+                         urls: list[str]) -> PoolWindow:
     """Scrape the pool's pods and, once ``spec.control.window`` has passed since the window
     opened, turn it into one observation (the scrapes in between give the gauge samples
     (batch, queue, KV usage) their time average)."""
@@ -124,7 +126,7 @@ async def observe_window(ctx: LoopContext, mem: LoopMemory, spec: LLMDeploymentS
     for gone in set(snaps) - set(urls):
         del snaps[gone]
     if not urls:
-        return planner.PoolWindow(role, state, planner.NO_PODS, "no ready pod with an IP or a metrics URL")
+        return PoolWindow(role, state, NO_PODS, "no ready pod with an IP or a metrics URL")
     results = await asyncio.gather(*(ctx.scrape_url(u) for u in urls), return_exceptions=True)
     window_s = spec.control.window_s
     max_scrapes = 2 * math.ceil(window_s / max(spec.control.interval_s, 1e-3)) + 2
@@ -137,14 +139,14 @@ async def observe_window(ctx: LoopContext, mem: LoopMemory, spec: LLMDeploymentS
         kept.append(res)
         trim_window(kept, window_s, max_scrapes)
     if errors:
-        return planner.PoolWindow(role, state, planner.SCRAPE_FAILED, "; ".join(errors)[:900],
+        return PoolWindow(role, state, SCRAPE_FAILED, "; ".join(errors)[:900],
                                   scrape_errors=len(errors))
     series = [snaps[u] for u in urls]
     if any(len(sn) < 2 for sn in series):
-        return planner.PoolWindow(role, state, planner.OPEN, "priming: first scrape of these pods")
+        return PoolWindow(role, state, OPEN, "priming: first scrape of these pods")
     span = min(sn[-1].t_s - sn[0].t_s for sn in series)
     if span < window_s * 0.999:
-        return planner.PoolWindow(role, state, planner.OPEN, f"window open: {span:.0f}s of {window_s:.0f}s")
+        return PoolWindow(role, state, OPEN, f"window open: {span:.0f}s of {window_s:.0f}s")
     parts, excluded = [], []
     for url in urls:
         sn = snaps[url]
@@ -156,15 +158,15 @@ async def observe_window(ctx: LoopContext, mem: LoopMemory, spec: LLMDeploymentS
             parts.append(d)
     obs = combine(parts) if parts else None
     if isinstance(obs, Observation):
-        return planner.PoolWindow(role, state, planner.OBSERVED, "; ".join(f"left out {e}" for e in excluded), obs)
+        return PoolWindow(role, state, OBSERVED, "; ".join(f"left out {e}" for e in excluded), obs)
     if isinstance(obs, NoObservation) and obs.reason in (Reason.IDLE, Reason.NO_FINISHED) and not excluded:
-        return planner.PoolWindow(role, state, planner.IDLE, obs.code)
-    return planner.PoolWindow(role, state, planner.UNUSABLE,
+        return PoolWindow(role, state, IDLE, obs.code)
+    return PoolWindow(role, state, UNUSABLE,
                               "; ".join(excluded + ([obs.code] if obs is not None else [])))
 
 
 async def observe_pool(ctx: LoopContext, mem: LoopMemory, ns: str, name: str, spec: LLMDeploymentSpec,
-                       state: reconcile.PoolState) -> planner.PoolWindow:
+                       state: reconcile.PoolState) -> PoolWindow:
     """The pool's window from its ready pods' scrapes (an adopted Deployment's pods through its
     own selector and ReplicaSets, on the port its vLLM listens on), with their creation → Ready
     times (the pool's restart cost)."""
@@ -174,7 +176,7 @@ async def observe_pool(ctx: LoopContext, mem: LoopMemory, ns: str, name: str, sp
         else:
             every = await ctx.reader.pods(ns, name, state.pool.role)
     except API_EXCEPTIONS as exc:
-        return planner.PoolWindow(state.pool.role, state, planner.NO_PODS, f"pods not read: {ApiFailure.of(exc)}")
+        return PoolWindow(state.pool.role, state, NO_PODS, f"pods not read: {ApiFailure.of(exc)}")
     pods = reconcile.ready(every)
     port = state.adoption.port if state.adoption is not None else spec.engine.port
     window = await observe_window(ctx, mem, spec, state,
@@ -207,7 +209,7 @@ async def _live_pools(ctx: LoopContext, owner: dict, spec: LLMDeploymentSpec) ->
 
 
 async def gather(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec,
-                 mem: LoopMemory) -> tuple[planner.Gathered, dict]:
+                 mem: LoopMemory) -> tuple[TickInput, dict]:
     """Reconcile and observe: (what plan needs, the status it starts from: the resource's,
     with a status the last tick could not write merged in)."""
     meta = body["metadata"]
@@ -239,7 +241,7 @@ async def gather(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec,
     for role in set(mem.snapshots) - {p.pool.role for p in pools}:
         del mem.snapshots[role]
     ring = planner.parse_ring(status.get("observations") or [], planner.primary_role(spec), mem.parsed_ring)
-    return planner.Gathered(ns, name, meta.get("generation"), windows, ring, tuple(changes), tuple(failures),
+    return TickInput(ns, name, meta.get("generation"), windows, ring, tuple(changes), tuple(failures),
                             reconcile_failed=bool(failures), status_write_failure=mem.status_write_failure,
                             conflicts=tuple(conflicts), full_pass=full and not failures,
                             missing_targets=tuple(missing)), status
@@ -247,7 +249,7 @@ async def gather(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec,
 
 # ---------------------------------------------------------------- apply
 
-def _update_metric(metrics: OperatorMetrics, u: planner.MetricUpdate) -> None:
+def _update_metric(metrics: OperatorMetrics, u: MetricUpdate) -> None:
     series = getattr(metrics, u.metric)
     if u.op == "set":
         metrics.set(series, u.value, *u.labels)
@@ -257,22 +259,18 @@ def _update_metric(metrics: OperatorMetrics, u: planner.MetricUpdate) -> None:
         metrics.drop(series, *u.labels)
 
 
-async def apply(ctx: LoopContext, g: planner.Gathered, plan: planner.Plan, now_s: float) -> dict:
-    """Write the plan's patches in order; the first that fails is recorded (its status changes
-    and those of the patches after it undone, ApiError, an Event, the counters) and the rest
-    are not sent. Then the metrics and the Events. Returns the status to write."""
+async def apply(ctx: LoopContext, g: TickInput, plan: Plan) -> dict:
+    """Write the plan's patches in order; at the first that fails, the status the plan computed
+    for that case (`DeploymentPatch.if_failed`) replaces its own and the rest are not sent.
+    Then the metrics and the Events. Returns the status to write."""
     status, events, updates = plan.status, list(plan.events), list(plan.metrics)
-    for i, patch in enumerate(plan.patches):
+    for patch in plan.patches:
         try:
             await ctx.kube.patch(deployments_path(g.namespace, patch.name), patch.body, patch.content_type)
         except API_EXCEPTIONS as exc:
             failure = ApiFailure.of(exc)
             log.warning("patch of %s/%s failed: %s", g.namespace, patch.name, failure)
-            rollback: dict = {}
-            for later in reversed(plan.patches[i:]):
-                rollback.update(later.rollback)
-            status, event, counters = planner.failed_write(status, failure, g.generation, now_s, g.namespace, g.name,
-                                                           rollback)
+            status, event, counters = patch.if_failed.outcome(failure)
             events += [event] if event else []
             updates.extend(counters)
             break
@@ -290,7 +288,7 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
     :func:`write_status`). Reads the clock once (``ctx.now``)."""
     now_s = ctx.now()
     g, status = await gather(ctx, body, spec, mem)
-    return await apply(ctx, g, planner.plan(g, status, spec, now_s, ctx.gauss_runs), now_s)
+    return await apply(ctx, g, planner.plan(g, status, spec, now_s, ctx.gauss_runs))
 
 
 def pending_status(mem: LoopMemory, version: str | None) -> dict | None:

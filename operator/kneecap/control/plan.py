@@ -24,7 +24,7 @@ import numpy as np
 
 from kneecap.control import applied as applied_record, cudagraph, decide, gauss_reuse, manifests, policy, reconcile
 from kneecap.control import restart, status as status_helpers
-from kneecap.control.kube import MERGE, ApiFailure
+from kneecap.control.kube import MERGE
 from kneecap.control.metrics import CURVE_BATCHES
 from kneecap.control.spec import LLMDeploymentSpec
 from kneecap.control.target import STRATEGIC, settings_patch
@@ -33,92 +33,12 @@ from kneecap.model import calibrate, slim
 from kneecap.model.arch import get_arch
 from kneecap.naming import status_key
 from kneecap.observe import pool as obs_pool
+from kneecap.control.tick import (APPLY_FAILED, FAILED, IDLE, NO_PODS, OBSERVED, OPEN, SCRAPE_FAILED, STALE,
+                                  UNUSABLE, DeploymentPatch, Event, FailedPatch, MetricUpdate, Plan, PoolWindow,
+                                  TickInput, decision_status)
 from kneecap.observe.window import Observation
 
 log = logging.getLogger("kneecap.plan")
-
-# What a tick saw of a pool's window.
-OBSERVED = "Observed"  # a window closed with an observation
-IDLE = "Idle"  # a window closed with no traffic (usable: nothing to decide)
-OPEN = "WindowOpen"  # no window closed (first scrapes of a pod, or the window is still open)
-NO_PODS = "NoReadyPods"
-UNUSABLE = "MetricsUnusable"  # a window closed, its metrics unusable (the message names why)
-SCRAPE_FAILED = "ScrapeFailed"
-FAILED = (UNUSABLE, SCRAPE_FAILED)
-STALE = "ObservationStale"
-
-
-@dataclass(frozen=True)
-class PoolWindow:
-    """One pool at this tick: its live state and what its window gave."""
-
-    role: str
-    state: reconcile.PoolState
-    outcome: str  # OBSERVED | IDLE | OPEN | NO_PODS | UNUSABLE | SCRAPE_FAILED
-    message: str = ""
-    observation: Observation | None = None
-    scrape_errors: int = 0  # failed scrapes this tick
-    start_to_ready_s: tuple[float, ...] = ()  # the Ready pods' creation → Ready times (restart.start_to_ready_s)
-    unschedulable: str = ""  # why the scheduler leaves a pod of the pool Pending (reconcile.unschedulable)
-    ignored_metrics_url: str = ""  # pods whose metrics-url annotation names another host (reconcile.ignored_metrics_url)
-
-
-@dataclass(frozen=True)
-class Gathered:
-    """What the I/O half of a tick read and tried."""
-
-    namespace: str
-    name: str
-    generation: int | str | None
-    pools: tuple[PoolWindow, ...]
-    ring: tuple[tuple[dict, status_helpers.RingEntry | None], ...] = ()  # status.observations, each with its parse
-    # (None: another pool's entry, or unreadable); see parse_ring
-    changes: tuple[str, ...] = ()  # what reconcile created, patched or deleted
-    api_failures: tuple[ApiFailure, ...] = ()  # writes refused while gathering (reconcile)
-    reconcile_failed: bool = False  # reconcile stopped on one of api_failures
-    status_write_failure: ApiFailure | None = None  # the previous tick's status write failed
-    conflicts: tuple[reconcile.Conflict, ...] = ()  # owned objects that are not kneecap's
-    full_pass: bool = False  # reconcile checked every owned object (Services too): no conflict means none
-    missing_targets: tuple[str, ...] = ()  # spec.targetRef Deployments not found (nothing is created for them)
-
-
-@dataclass(frozen=True)
-class Event:
-    type: str  # Normal | Warning
-    reason: str
-    message: str
-
-
-@dataclass(frozen=True)
-class MetricUpdate:
-    """One change to an OperatorMetrics series: ``op`` set | inc | drop of attribute ``metric``."""
-
-    op: str
-    metric: str
-    labels: tuple[str, ...]
-    value: float | None = None
-
-
-@dataclass(frozen=True)
-class DeploymentPatch:
-    """A merge patch of one pool's Deployment, with what depends on it succeeding."""
-
-    role: str
-    name: str  # the Deployment
-    body: dict
-    rollback: dict  # status keys as they were before this change, restored when the write fails
-    events: tuple[Event, ...] = ()  # posted once it succeeded
-    metrics: tuple[MetricUpdate, ...] = ()  # applied once it succeeded
-    content_type: str = MERGE  # an adopted Deployment: a strategic merge patch of its container (target.py)
-
-
-@dataclass(frozen=True)
-class Plan:
-    status: dict  # the status patch to write (the ring only when it changed)
-    events: tuple[Event, ...]
-    metrics: tuple[MetricUpdate, ...]
-    patches: tuple[DeploymentPatch, ...]  # at most one per pool, the primary pool's first
-
 
 class _Metrics:
     """Collects MetricUpdates with the OperatorMetrics call shape."""
@@ -144,7 +64,7 @@ def primary_role(spec: LLMDeploymentSpec) -> str:
     return "decode" if spec.disaggregated else "server"
 
 
-def target_tensor_parallel_size(g: "Gathered", spec: LLMDeploymentSpec) -> int | None:
+def target_tensor_parallel_size(g: "TickInput", spec: LLMDeploymentSpec) -> int | None:
     """--tensor-parallel-size of the primary pool's adopted container (None: unread)."""
     role = primary_role(spec)
     p = next((p for p in g.pools if p.state.pool.role == role and p.state.adoption is not None), None)
@@ -323,7 +243,7 @@ def calibration_from_status(d: dict | None) -> calibrate.Calibration | None:
 class _Tick:
     """The plan being built (private; `plan` returns a frozen Plan)."""
 
-    g: Gathered
+    g: TickInput
     spec: LLMDeploymentSpec
     status: dict
     now_s: float
@@ -347,9 +267,8 @@ class _Tick:
         differs from the previous one (reason or target), so a steady hold does not flood the
         namespace."""
         self.m.inc("decisions", *self.labels, reason)
-        d = status_helpers.compact({"action": action, "reason": reason, "message": message[:900],
-                                    "time": status_helpers.iso(self.now_s),
-                                    "target": settings_status(target) if target else None, "restart": restart_cost})
+        d = decision_status(action, reason, message, self.now_s, settings_status(target) if target else None,
+                            restart_cost)
         self.out["lastDecision"] = d
         prev = self.status.get("lastDecision") or {}
         if reason == "Applied" or prev.get("reason") != reason or prev.get("target") != d.get("target"):
@@ -358,10 +277,15 @@ class _Tick:
 
     def finish(self) -> Plan:
         self.out.update(conditions=self.conds, phase=status_helpers.phase_of(self.conds))
-        return Plan(self.out, tuple(self.events), tuple(self.m.updates), tuple(self.patches))
+        patches, undone = [], {}
+        for patch in reversed(self.patches):  # a failed patch's later ones are not sent either
+            undone = {**undone, **patch.rollback}
+            failed = FailedPatch({**self.out, **undone}, self.g.generation, self.now_s, self.labels)
+            patches.insert(0, dataclasses.replace(patch, if_failed=failed))
+        return Plan(self.out, tuple(self.events), tuple(self.m.updates), tuple(patches))
 
 
-def plan(g: Gathered, status: dict, spec: LLMDeploymentSpec, now_s: float,
+def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
          gauss_runs: gauss_reuse.GaussRuns | None = None) -> Plan:
     """The new status, Events, metric updates and Deployment patches of one tick; ``gauss_runs``
     (the loop's reuse of GAUSS's λ* search) is the one state it reads and adds to."""
@@ -545,26 +469,6 @@ def _api_errors(t: _Tick) -> None:
     t.condition(status_helpers.API_ERROR, True, reason, message)
     if t.g.api_failures and not (prev.get("status") == "True" and prev.get("message") == message):
         t.events.append(Event("Warning", reason, message))
-
-
-def failed_write(status: dict, failure: ApiFailure, generation, now_s: float, namespace: str, name: str,
-                 rollback: dict) -> tuple[dict, Event | None, tuple[MetricUpdate, ...]]:
-    """A Deployment patch of the plan failed: the status without what it would have changed,
-    ApiError and a held decision that name the failure, the counters, and a Warning Event
-    (None when ApiError already said the same). Pure."""
-    out = {**status, **rollback}
-    reason = f"{failure.verb.capitalize()}Failed"
-    prev = status_helpers.get_condition(out.get("conditions"), status_helpers.API_ERROR) or {}
-    conds = status_helpers.set_condition(out.get("conditions"), status_helpers.API_ERROR, True, reason,
-                                         str(failure)[:900], generation, now_s)
-    repeated = prev.get("status") == "True" and prev.get("message") == str(failure)[:900]
-    msg = f"the Deployment patch failed, nothing applied: {failure}"[:900]
-    out.update(conditions=conds, phase=status_helpers.phase_of(conds),
-               lastDecision={"action": policy.HOLD, "reason": "ApplyFailed", "message": msg,
-                             "time": status_helpers.iso(now_s)})
-    return out, None if repeated else Event("Warning", reason, msg), (
-        MetricUpdate("inc", "api_errors", (failure.verb, failure.resource, str(failure.code)), 1.0),
-        MetricUpdate("inc", "decisions", (namespace, name, "ApplyFailed"), 1.0))
 
 
 def _observation_held(t: _Tick, main: PoolWindow) -> bool:
