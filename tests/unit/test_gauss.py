@@ -11,6 +11,8 @@ from scipy.optimize import brentq
 
 from kneecap.errors import InputError
 from kneecap.model import gauss as g
+from kneecap.model.gauss import search as gauss_search
+from kneecap.model.gauss.queues import _layout
 from tests.support.gauss_reference import COEF, WL, erlang_c, rng
 
 
@@ -71,7 +73,7 @@ def test_mm1_mean_wait_and_tail(rho, samples):
     assert r.wait.mean == pytest.approx(rho / mu_minus_lam, rel=0.02)  # E[W] = ρ/(μ − λ)
     assert r.ttft.mean == pytest.approx(1.0 / mu_minus_lam, rel=0.02)  # sojourn = 1/(μ − λ)
     # P(W > t) = ρ·e^{−(μ−λ)t}, checked on the raw waits of the same configuration
-    chains, kept, warm = g._layout(samples, 4, 1)
+    chains, kept, warm = _layout(samples, 4, 1)
     gen = rng(1)
     inter = g.unit_interarrivals((chains, kept + warm), gen) / rho
     S = gen.standard_exponential((chains, kept + warm))
@@ -286,8 +288,8 @@ def test_engine_simulation_tail_grows_with_load_and_finds_lambda_star():
 
 def _counting_evaluations(monkeypatch):
     calls = []
-    real = g._evaluate
-    monkeypatch.setattr(g, "_evaluate", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
+    real = gauss_search._evaluate  # the λ search's evaluations, where _sustainable looks them up
+    monkeypatch.setattr(gauss_search, "_evaluate", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
     return calls
 
 

@@ -10,6 +10,7 @@ import pytest
 from kneecap.errors import InputError
 from kneecap.model import gauss as g
 from kneecap.model.arch import get_arch
+from kneecap.model.gauss.admission import _admit, _admit_kv
 from kneecap.model.hardware import get_gpu
 from kneecap.model.memory import memory_split
 from tests.support.gauss_reference import COEF, WL, erlang_c, rng
@@ -35,15 +36,15 @@ def test_seat_recurrence_matches_an_event_simulation():
     arrival = np.cumsum(r.exponential(0.2, shape), axis=1)
     service, after = r.exponential(0.05, shape), r.exponential(1.5, shape)
     no = np.zeros(shape, dtype=bool)
-    p, p0, used, switched = g._admit(arrival, service, service, no, np.zeros(shape), after, 1, 5)
+    p, p0, used, switched = _admit(arrival, service, service, no, np.zeros(shape), after, 1, 5)
     for row in range(3):
         np.testing.assert_allclose(p[row], naive_seat_starts(arrival[row], service[row], after[row], 5), atol=1e-9)
     np.testing.assert_allclose(p0, arrival + g.lindley_waits(service, np.diff(arrival, axis=1, prepend=0.0)),
                                atol=1e-9)  # p0: the prefill slot alone
     assert np.all(p >= p0) and (p > p0).mean() > 0.2 and not switched.any() and np.array_equal(used, service)
     # the event-by-event KV admission with a cache that never fills is the same recurrence
-    kv = g._admit_kv(arrival, service, service, no, np.zeros(shape), after, 1, 5, 1e12, np.ones(shape),
-                     np.ones(shape), service, service, np.ones(shape))
+    kv = _admit_kv(arrival, service, service, no, np.zeros(shape), after, 1, 5, 1e12, np.ones(shape),
+                   np.ones(shape), service, service, np.ones(shape))
     np.testing.assert_allclose(kv[0], p, atol=1e-9)
     assert not kv[4].any() and not kv[5].any() and not kv[6].any()
 
@@ -53,9 +54,9 @@ def test_a_full_kv_cache_preempts_the_newest_and_delays_it():
     second (newest) is preempted when the cache fills, waits for the first to leave, then
     recomputes and finishes late; the first is untouched."""
     one = lambda *v: np.array([v], dtype=float)  # noqa: E731
-    out = g._admit_kv(one(0.0, 0.1), one(0.2, 0.2), one(0.2, 0.2), np.zeros((1, 2), bool), one(0.0, 0.0),
-                      one(2.0, 2.0), 1, 8, 1300.0, one(600.0, 600.0), one(100.0, 100.0), one(0.2, 0.2),
-                      one(0.4, 0.4), one(200.0, 200.0))
+    out = _admit_kv(one(0.0, 0.1), one(0.2, 0.2), one(0.2, 0.2), np.zeros((1, 2), bool), one(0.0, 0.0),
+                    one(2.0, 2.0), 1, 8, 1300.0, one(600.0, 600.0), one(100.0, 100.0), one(0.2, 0.2),
+                    one(0.4, 0.4), one(200.0, 200.0))
     p, _, _, _, preemptions, first_delay, decode_delay = (x[0] for x in out)
     assert list(preemptions) == [0, 1] and first_delay[1] == 0.0
     # prefills 0-0.2 and 0.2-0.4; R = 1200 + 100·(t − 0.2) + 100·(t − 0.4) reaches 1300 at t = 0.8,
