@@ -57,7 +57,8 @@ MODULES = _pure_modules()
 def test_the_pure_modules_are_found():
     names = {m.__name__ for m in MODULES}
     assert {"kneecap.model.gauss", "kneecap.model.slim", "kneecap.control.decide", "kneecap.control.plan",
-            "kneecap.control.policy", "kneecap.control.status"} <= names
+            "kneecap.control.policy", "kneecap.control.status", "kneecap.observe.observation",
+            "kneecap.observe.vllm_metric_names"} <= names
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)

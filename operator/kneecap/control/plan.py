@@ -33,7 +33,7 @@ from kneecap.model import calibrate, slim
 from kneecap.model.arch import get_arch
 from kneecap.naming import status_key
 from kneecap.observe import pool as obs_pool
-from kneecap.observe.window import Observation
+from kneecap.observe.observation import Observation
 
 log = logging.getLogger("kneecap.plan")
 
