@@ -19,8 +19,8 @@ benchmarks/results/observe_speed.json (other labels kept) and writes the table o
 observe_speed.md; each run also stores the observations it computed, and a run whose
 observations differ from the stored ``before`` ones says so (and exits 1). To time older code
 under the same load, run this script from an export of that commit (``git archive <commit>
-operator benchmarks``, with this file copied in) with ``--label before --code <commit>`` and
-move that run into this results file.
+operator benchmarks tests``, with this file and tests/support/capture_windows.py copied in) with
+``--label before --code <commit>`` and move that run into this results file.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -46,20 +47,10 @@ from kneecap.observe.scrape import ParseCache, parse_metrics  # noqa: E402
 from kneecap.observe.window import NoObservation, combine, window_deltas  # noqa: E402
 from kneecap.sim.engine import Engine, engine_config  # noqa: E402
 from kneecap.sim.metrics import TwinMetrics  # noqa: E402
+from tests.support.capture_windows import zeroed  # noqa: E402
 
 CAPTURES = ("vllm-0.32-cpu-20req.txt", "vllm-0.32-cpu-kv-saturated.txt", "vllm-0.32-cpu-run4.txt")
 T0_S, T1_S = 1000.0, 1010.0
-
-
-def zeroed(text: str) -> str:
-    """Every vLLM sample at 0 (cache config and *_created kept): the same server just started."""
-    out = []
-    for line in text.split("\n"):
-        name = line.split("{")[0].split(" ")[0]
-        if line.startswith("vllm:") and name != "vllm:cache_config_info" and not name.endswith("_created"):
-            line = line[: line.rindex(" ")] + " 0.0"
-        out.append(line)
-    return "\n".join(out)
 
 
 def vllm_pods() -> list[tuple[str, str, str]]:

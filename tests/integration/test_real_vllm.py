@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from kneecap.observe import Observation, observe, scrape, to_status
-from kneecap.observe.window import OBSERVATION_FIELDS
+from kneecap.observe.observation import OBSERVATION_FIELDS
 from kneecap.sim.loadgen import client_session
 from tests.conftest import BLOCK_SIZE, MAX_NUM_SEQS, NUM_GPU_BLOCKS
 from tests.support.vllm_server import free_port

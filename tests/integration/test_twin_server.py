@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kneecap.observe import Observation, observe, scrape
-from kneecap.observe.window import OBSERVATION_FIELDS
+from kneecap.observe.observation import OBSERVATION_FIELDS
 from kneecap.sim.loadgen import run_load
 
 MAX_NUM_SEQS = 8

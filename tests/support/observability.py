@@ -66,11 +66,12 @@ def vllm_metric_names() -> set[str]:
 
 def vllm_renamed() -> dict[str, set[str]]:
     """Old vLLM series names the operator still reads, by the current name that replaced them
-    (kneecap.observe.window's name tuples: current first, then the names older vLLMs export)."""
-    from kneecap.observe import window as W
+    (kneecap.observe.vllm_metric_names' name tuples: current first, then the names older vLLMs
+    export)."""
+    from kneecap.observe import vllm_metric_names
 
     out: dict[str, set[str]] = {}
-    for names in vars(W).values():
+    for names in vars(vllm_metric_names).values():
         if isinstance(names, tuple) and len(names) > 1 and all(isinstance(n, str) and n.startswith("vllm:") for n in names):
             current, *old = names
             for suffix in ("", "_bucket", "_sum", "_count"):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from kneecap.observe.window import Observation
+from kneecap.observe.observation import Observation
 
 CURVE = "advisor_output_length/llama-2-7b/ol130/n2000/mem0.9"
 

@@ -163,7 +163,7 @@ def test_ring_entries_are_rounded_to_six_significant_digits_and_times_to_the_mil
 
 def test_ring_entries_keep_what_the_fit_and_slo_attainment_read():
     from kneecap.observe import pool as obs_pool
-    from kneecap.observe.window import OBSERVATION_FIELDS, Observation
+    from kneecap.observe.observation import OBSERVATION_FIELDS, Observation
 
     obs = Observation(**{f: 1.2345678 + i for i, f in enumerate(OBSERVATION_FIELDS)} | {"pods": 4, "batch_samples": 3})
     entry = St.ring_entry(obs)

@@ -4,7 +4,7 @@ import pytest
 
 from kneecap.control.decide import Recommendation
 from kneecap.naming import status_key
-from kneecap.observe.window import Observation
+from kneecap.observe.observation import Observation
 
 
 @pytest.mark.parametrize("name,key", [

@@ -370,7 +370,7 @@ def _general_deltas(monkeypatch, prev, cur, between=()):
     from kneecap.observe import window as W
 
     with monkeypatch.context() as m:
-        m.setattr(W, "_bucket_plan", lambda keys: None)
+        m.setattr(W, "bucket_plan", lambda keys: None)
         return W.window_deltas(prev, cur, between)
 
 
@@ -433,7 +433,7 @@ def test_bad_le_label_is_invalid():
 def test_merge_histograms_sums_over_common_bounds():
     import numpy as np
 
-    from kneecap.observe.window import Histogram, merge_histograms
+    from kneecap.observe.histogram import Histogram, merge_histograms
 
     inf = math.inf
     a = Histogram(np.array([1.0, 2.0, 5.0, inf]), np.array([1.0, 3.0, 4.0, 6.0]), 10.5, 6.0)
@@ -450,7 +450,8 @@ def test_merge_histograms_sums_over_common_bounds():
 
 
 def test_cv_is_the_same_with_plan_bounds_and_fresh_bounds():
-    from kneecap.observe.window import Histogram, window_deltas
+    from kneecap.observe.histogram import Histogram
+    from kneecap.observe.window import window_deltas
 
     text = read_capture("vllm-0.32-cpu-kv-saturated.txt")
     d = window_deltas(parse_metrics(zeroed(text), t_s=T0), parse_metrics(text, t_s=T1))
@@ -487,7 +488,8 @@ def _reference_cv(h) -> float:
 
 @pytest.mark.parametrize("name", CAPTURES)
 def test_cv_is_the_reference_cv_exactly(name):
-    from kneecap.observe.window import Histogram, window_deltas
+    from kneecap.observe.histogram import Histogram
+    from kneecap.observe.window import window_deltas
 
     text = read_capture(name)
     d = window_deltas(parse_metrics(zeroed(text), t_s=T0), parse_metrics(text, t_s=T1))
@@ -504,6 +506,7 @@ def test_histogram_one_by_one_reads_reordered_series(monkeypatch):
     # the earlier scrape lists the TTFT buckets in reverse: same series, other order. The
     # batched path steps aside; histogram by histogram reads the same deltas.
     from kneecap.observe import window as W
+    from kneecap.observe.vllm_metric_names import HISTOGRAMS
 
     text = read_capture("vllm-0.32-cpu-20req.txt")
     lines = zeroed(text).split("\n")
@@ -514,7 +517,7 @@ def test_histogram_one_by_one_reads_reordered_series(monkeypatch):
     assert W._histograms_batched(prev, cur) is None
     d = W.window_deltas(prev, cur)
     slow = _general_deltas(monkeypatch, prev, cur)
-    for k, (names, req) in W._HISTOGRAMS.items():
+    for k, (names, req) in HISTOGRAMS.items():
         assert _same_histogram(d.histograms[k], slow.histograms[k]), k
         assert _same_histogram(W._histogram(names, prev, cur, req), slow.histograms[k]), k
     assert d.histograms["ttft"].cumulative.tolist() == [0.0] * 8 + [12.0] + [20.0] * 14

@@ -21,7 +21,7 @@ from kneecap.errors import InputError
 from kneecap.model import calibrate, memory
 from kneecap.model.arch import get_arch
 from kneecap.model.hardware import get_gpu
-from kneecap.observe.window import Observation
+from kneecap.observe.observation import Observation
 from kneecap.naming import status_key
 
 GIB = 1024**3

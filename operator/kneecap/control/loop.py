@@ -36,17 +36,14 @@ from kneecap.control.spec import LLMDeploymentSpec
 from kneecap.control.tick import (IDLE, NO_PODS, OBSERVED, OPEN, SCRAPE_FAILED, UNUSABLE, MetricUpdate, Plan,
                                   PoolWindow, TickInput)
 from kneecap.observe.scrape import ParseCache, ScrapeError, Snapshot, family_filter, scrape as http_scrape
-from kneecap.observe.window import (CACHE_CONFIG, PROCESS_START, PROMPT_TOKENS_CREATED, SUCCESS_CREATED, _COUNTERS,
-                                    _GAUGES, _HISTOGRAMS, NoObservation, Observation, Reason, combine,
-                                    window_deltas)
+from kneecap.observe.vllm_metric_names import WINDOW_METRICS
+from kneecap.observe.window import NoObservation, Observation, Reason, combine, window_deltas
 
 log = logging.getLogger("kneecap.loop")
 
 # The metric families window_deltas reads; a scrape parses only these (a vLLM page has ~90
 # families, the window needs ~20: less parsing and smaller snapshots held between ticks).
-WINDOW_FAMILIES = family_filter(
-    [n for table in (_COUNTERS, _HISTOGRAMS, _GAUGES) for names, _ in table.values() for n in names]
-    + [CACHE_CONFIG, PROCESS_START, SUCCESS_CREATED, PROMPT_TOKENS_CREATED])
+WINDOW_FAMILIES = family_filter(WINDOW_METRICS)
 
 FULL_RECONCILE_TICKS = 10  # a full reconcile (Services, pruning) every this many control ticks
 

@@ -28,15 +28,15 @@ from kneecap.control.kube import MERGE
 from kneecap.control.metrics import CURVE_BATCHES
 from kneecap.control.spec import LLMDeploymentSpec
 from kneecap.control.target import STRATEGIC, settings_patch
+from kneecap.control.tick import (APPLY_FAILED, FAILED, IDLE, NO_PODS, OBSERVED, OPEN, SCRAPE_FAILED, STALE,
+                                  UNUSABLE, DeploymentPatch, Event, FailedPatch, MetricUpdate, Plan, PoolWindow,
+                                  TickInput, decision_status)
 from kneecap.errors import InputError
 from kneecap.model import calibrate, slim
 from kneecap.model.arch import get_arch
 from kneecap.naming import status_key
 from kneecap.observe import pool as obs_pool
-from kneecap.control.tick import (APPLY_FAILED, FAILED, IDLE, NO_PODS, OBSERVED, OPEN, SCRAPE_FAILED, STALE,
-                                  UNUSABLE, DeploymentPatch, Event, FailedPatch, MetricUpdate, Plan, PoolWindow,
-                                  TickInput, decision_status)
-from kneecap.observe.window import Observation
+from kneecap.observe.observation import Observation
 
 log = logging.getLogger("kneecap.plan")
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from kneecap.control import policy, reconcile, status as status_helpers
 from kneecap.control.kube import MERGE, ApiFailure
-from kneecap.observe.window import Observation
+from kneecap.observe.observation import Observation
 
 # What a tick saw of a pool's window.
 OBSERVED = "Observed"  # a window closed with an observation

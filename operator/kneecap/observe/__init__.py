@@ -7,6 +7,7 @@
 ``to_status(obs)`` / ``from_status(dict)`` for the custom resource's status (camelCase).
 """
 
+from kneecap.observe.observation import NoObservation, Observation, Reason
 from kneecap.observe.pool import PoolObservation, from_status, observe_pool, to_status
 from kneecap.observe.scrape import (
     ParseCache,
@@ -19,7 +20,7 @@ from kneecap.observe.scrape import (
     parse_metrics,
     scrape,
 )
-from kneecap.observe.window import NoObservation, Observation, Reason, observe, window_deltas
+from kneecap.observe.window import observe, window_deltas
 
 __all__ = [
     "NoObservation",

@@ -13,15 +13,9 @@ from dataclasses import dataclass, fields
 from typing import Any, Mapping, Sequence
 
 from kneecap.naming import status_key
+from kneecap.observe.observation import NoObservation, Observation, Reason
 from kneecap.observe.scrape import Snapshot
-from kneecap.observe.window import (
-    NoObservation,
-    Observation,
-    Reason,
-    WindowDeltas,
-    combine,
-    window_deltas,
-)
+from kneecap.observe.window import WindowDeltas, combine, window_deltas
 
 @dataclass(frozen=True)
 class PoolObservation:

@@ -6,262 +6,34 @@ average of the gauge samples available in the window. Series of several ``engine
 values are summed. Every failure mode answers with a typed :class:`NoObservation`, never a
 wrong number: counter resets, series appearing or vanishing, missing or renamed metrics,
 NaN/garbage values, truncated bodies, idle windows.
+
+:func:`window_deltas` reads one pod's window, :func:`combine` turns pods' deltas into one
+observation, :func:`observe` does both for one pod. The metric names it reads are in
+:mod:`kneecap.observe.vllm_metric_names`, the histogram maths in :mod:`kneecap.observe.histogram`,
+the result types in :mod:`kneecap.observe.observation` (re-exported here).
 """
 
 from __future__ import annotations
 
-import enum
 import math
-import operator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from itertools import chain
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from kneecap.observe.histogram import Histogram, batched_plan, bucket_plan, merge_histograms
+from kneecap.observe.observation import OBSERVATION_FIELDS, NoObservation, Observation, Reason
 from kneecap.observe.scrape import Labels, Snapshot
+from kneecap.observe.vllm_metric_names import (CACHE_CONFIG, COUNTERS, GAUGES, HISTOGRAMS, PROMPT_TOKENS_CREATED,
+                                               SUCCESS_CREATED)
 
-# --- metric names (vLLM V1; old names second) -------------------------------------------
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-PREEMPTIONS = "vllm:num_preemptions_total"
-PROMPT_TOKENS = "vllm:prompt_tokens_total"
-GENERATION_TOKENS = "vllm:generation_tokens_total"
-SUCCESS = "vllm:request_success_total"
-CACHE_CONFIG = "vllm:cache_config_info"
-PROCESS_START = "process_start_time_seconds"
-SUCCESS_CREATED = "vllm:request_success_created"  # a new value means the counters restarted
-PROMPT_TOKENS_CREATED = "vllm:prompt_tokens_created"
-
-H_PROMPT = ("vllm:request_prompt_tokens",)
-H_GENERATION = ("vllm:request_generation_tokens",)
-H_TTFT = ("vllm:time_to_first_token_seconds",)
-H_ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
-H_TPOT = ("vllm:request_time_per_output_token_seconds",)
-H_E2E = ("vllm:e2e_request_latency_seconds",)
-H_QUEUE = ("vllm:request_queue_time_seconds",)
-H_PREFILL = ("vllm:request_prefill_time_seconds",)
-H_DECODE = ("vllm:request_decode_time_seconds",)
-H_INFERENCE = ("vllm:request_inference_time_seconds",)
-
-# field prefix -> (histogram names, required)
-_HISTOGRAMS: dict[str, tuple[tuple[str, ...], bool]] = {
-    "input_len": (H_PROMPT, True),
-    "output_len": (H_GENERATION, True),
-    "ttft": (H_TTFT, True),
-    "itl": (H_ITL, True),
-    "tpot": (H_TPOT, False),
-    "e2e": (H_E2E, True),
-    "queue_time": (H_QUEUE, False),
-    "prefill_time": (H_PREFILL, False),
-    "decode_time": (H_DECODE, False),
-    "inference_time": (H_INFERENCE, False),
-}
-_COUNTERS: dict[str, tuple[tuple[str, ...], bool]] = {
-    "finished": ((SUCCESS,), True),
-    "prompt_tokens": ((PROMPT_TOKENS,), True),
-    "generation_tokens": ((GENERATION_TOKENS,), True),
-    "preemptions": ((PREEMPTIONS,), False),
-}
-_GAUGES: dict[str, tuple[tuple[str, ...], bool]] = {
-    "running": ((RUNNING,), True),
-    "waiting": ((WAITING,), True),
-    "kv_usage": (KV_USAGE, True),
-}
+__all__ = ["OBSERVATION_FIELDS", "Histogram", "NoObservation", "Observation", "Reason", "WindowDeltas", "combine",
+           "merge_histograms", "observe", "window_deltas"]
 
 QUANTILE = 0.95
 
 
-class Reason(str, enum.Enum):
-    """Why a window gave no observation."""
-
-    IDLE = "idle"  # nothing ran, nothing finished
-    NO_FINISHED = "no_finished_requests"  # work ran but no request finished: no distributions
-    COUNTER_RESET = "counter_reset"  # a counter went down or the process restarted
-    SERIES_CHANGED = "series_changed"  # a series (e.g. an engine) appeared or vanished
-    MISSING_METRIC = "missing_metric"
-    INVALID_VALUE = "invalid_value"  # NaN/inf/garbage, or an inconsistent histogram
-    TRUNCATED = "truncated"  # the body was cut inside a metric we need
-    BAD_WINDOW = "bad_window"  # non-positive window length
-    NO_PODS = "no_pods"
-
-
-@dataclass(frozen=True)
-class NoObservation:
-    """A window that yields no observation, and why (``code`` is e.g. ``missing_metric:vllm:x``)."""
-
-    reason: Reason
-    detail: str = ""
-
-    @property
-    def code(self) -> str:
-        return f"{self.reason.value}:{self.detail}" if self.detail else self.reason.value
-
-    def __str__(self) -> str:
-        return self.code
-
-
-@dataclass(frozen=True)
-class Observation:
-    """One window of one pod (or of a pool, see :mod:`kneecap.observe.pool`).
-
-    Counts and rates are window totals (pool: summed over pods). ``mean_batch``,
-    ``max_batch``, ``kv_usage`` and the KV capacity/memory fields are per pod (pool: averaged
-    over pods). Lengths are in tokens, times in seconds. ``None`` marks a metric this vLLM
-    version does not export.
-    """
-
-    window_s: float
-    t_end_s: float
-    pods: int
-    finished_requests: float
-    request_rate_rps: float
-    mean_batch: float
-    max_batch: float
-    batch_samples: int
-    queue_len: float
-    prompt_tokens: float
-    generation_tokens: float
-    prompt_tok_s: float
-    generation_tok_s: float
-    input_len_mean: float
-    input_len_cv: float
-    input_len_p95: float
-    output_len_mean: float
-    output_len_cv: float
-    output_len_p95: float
-    ttft_mean_s: float
-    ttft_p95_s: float
-    itl_mean_s: float
-    itl_p95_s: float
-    e2e_mean_s: float
-    e2e_p95_s: float
-    kv_usage: float
-    kv_usage_max: float
-    tpot_mean_s: float | None = None
-    tpot_p95_s: float | None = None
-    queue_time_mean_s: float | None = None
-    queue_time_p95_s: float | None = None
-    prefill_time_mean_s: float | None = None
-    prefill_time_p95_s: float | None = None
-    decode_time_mean_s: float | None = None
-    decode_time_p95_s: float | None = None
-    mean_batch_little: float | None = None  # Σ inference time / window (Little's law)
-    preemptions: float | None = None
-    kv_capacity_tokens: float | None = None
-    gpu_memory_utilization: float | None = None
-    kv_cache_memory_bytes: float | None = None
-
-
-OBSERVATION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Observation))
-
-
-# --- histogram maths (vectorised) ---------------------------------------------------------
-@dataclass(frozen=True)
-class Histogram:
-    """A window's histogram delta: cumulative counts per upper bound (last is +inf)."""
-
-    bounds: np.ndarray  # ascending, last = +inf
-    cumulative: np.ndarray
-    sum: float
-    count: float
-
-    def mean(self) -> float:
-        return self.sum / self.count
-
-    def quantile(self, q: float) -> float:
-        """Linear interpolation inside the bucket holding rank q·count (Prometheus
-        ``histogram_quantile``); lower edge of the first bucket is 0. A rank in the +inf
-        bucket returns the highest finite bound, a lower bound of the truth."""
-        rank = q * self.count
-        i = int(np.searchsorted(self.cumulative, rank, side="left"))
-        i = min(i, len(self.bounds) - 1)
-        if not math.isfinite(self.bounds[i]):
-            return float(self.bounds[i - 1]) if i > 0 else 0.0
-        lo = float(self.bounds[i - 1]) if i > 0 else min(0.0, float(self.bounds[0]))
-        below = float(self.cumulative[i - 1]) if i > 0 else 0.0
-        in_bucket = float(self.cumulative[i]) - below
-        if in_bucket <= 0:
-            return float(self.bounds[i])
-        return lo + (float(self.bounds[i]) - lo) * (rank - below) / in_bucket
-
-    def cv(self) -> float:
-        """Coefficient of variation from the buckets, mass uniform inside each finite bucket
-        (E[x²] of U(a,b) = (a²+ab+b²)/3); the +inf bucket's mass sits where it makes the
-        bucket mean equal the exact mean Δsum/Δcount (at its lower edge if that is lower).
-        Its resolution is the bucket width: a tight distribution inside one bucket reads as
-        that bucket's uniform spread."""
-        c = np.concatenate(([0.0], self.cumulative))
-        counts = c[1:] - c[:-1]  # np.diff, without its Python-level wrapper
-        info = _BOUNDS_INFO.get(id(self.bounds))
-        if info is None or info[0] is not self.bounds:
-            info = _bounds_moments(self.bounds)
-        _, finite, infinite, lo_inf, m1, m2, m1_finite = info
-        n_inf = float(counts[infinite].sum())
-        if n_inf > 0:
-            rest = float((counts[finite] * m1_finite).sum())
-            x_inf = max(lo_inf, (self.sum - rest) / n_inf)
-            m1 = np.where(finite, m1, x_inf)
-            m2 = np.where(finite, m2, x_inf**2)
-        mean_b = float((counts * m1).sum()) / self.count
-        var_b = max(float((counts * m2).sum()) / self.count - mean_b**2, 0.0)
-        return math.sqrt(var_b) / mean_b if mean_b > 0 else 0.0
-
-
-def _bounds_moments(bounds: np.ndarray) -> tuple:
-    """What :meth:`Histogram.cv` needs of the bounds alone: (bounds, finite mask, its negation,
-    lower edge of the first infinite bucket, per-bucket E[x] and E[x²] of U(lo, hi) (0 where
-    infinite), E[x] of the finite buckets)."""
-    hi = bounds.astype(float)
-    lo = np.concatenate([[min(0.0, hi[0])], hi[:-1]])
-    finite = np.isfinite(hi)
-    m1 = np.where(finite, (lo + np.where(finite, hi, 0.0)) / 2.0, 0.0)
-    m2 = np.where(finite, (lo**2 + lo * np.where(finite, hi, 0.0) + np.where(finite, hi, 0.0) ** 2) / 3.0, 0.0)
-    infinite = ~finite
-    lo_inf = float(lo[infinite][0]) if infinite.any() else math.nan  # read only when +inf has mass
-    return bounds, finite, infinite, lo_inf, m1, m2, m1[finite]
-
-
-# Read-only bounds of the bucket plans (below), by id -> _bounds_moments(bounds): known
-# ascending, and their moments computed once. Cleared with the plans.
-_BOUNDS_INFO: dict[int, tuple] = {}
-
-
-def merge_histograms(parts: Sequence[Histogram]) -> Histogram:
-    """Sum histogram deltas (engines or pods) over their common bucket bounds."""
-    b0 = parts[0].bounds
-    if _same_bounds(b0, parts):  # the usual case: the sum below is what the general one adds
-        cum = np.zeros(len(b0))
-        for p in parts:
-            cum += p.cumulative
-        return Histogram(b0, cum, math.fsum(p.sum for p in parts), math.fsum(p.count for p in parts))
-    common = b0
-    for p in parts[1:]:
-        common = np.intersect1d(common, p.bounds)
-    cum = np.zeros(len(common))
-    for p in parts:
-        cum += p.cumulative[np.searchsorted(p.bounds, common)]
-    return Histogram(common, cum, math.fsum(p.sum for p in parts), math.fsum(p.count for p in parts))
-
-
-def _same_bounds(b0: np.ndarray, parts: Sequence[Histogram]) -> bool:
-    """Every part has bounds ``b0`` bit for bit, and ``b0`` is strictly ascending (then the
-    common bounds are ``b0`` and each part's cumulative counts are already on them)."""
-    raw = None
-    for p in parts[1:]:
-        b = p.bounds
-        if b is not b0:
-            if raw is None:
-                raw = b0.tobytes()
-            if b.shape != b0.shape or b.dtype != b0.dtype or b.tobytes() != raw:
-                return False
-    if _BOUNDS_INFO.get(id(b0), (None,))[0] is b0:
-        return True  # a bucket plan's bounds: ascending, read-only
-    return b0.ndim == 1 and (len(b0) < 2 or bool((b0[1:] > b0[:-1]).all()))
-
-
-# --- window deltas -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class WindowDeltas:
     """Everything one pod's window contributes, before turning it into an observation."""
@@ -333,53 +105,6 @@ def _counter(names: tuple[str, ...], prev: Snapshot, cur: Snapshot, required: bo
     return math.fsum(_series_delta(name, prev, cur).values())
 
 
-# A histogram's bucket series, as the tuple of their label tuples in the order the scrape
-# listed them -> per series (labels without `le`): the index of each bucket in that order,
-# ascending by bound, and the bounds (read-only, shared). The label tuples are the series
-# cache's (kneecap.observe.scrape), the same objects every scrape of every pod of a model, so
-# after the first window only bucket values are read. None: anything unusual (a bad or repeated
-# `le`, no +Inf bucket, unordered bounds): the general path below reads it. Bounded: cleared
-# when full.
-# Keyed by the id of the first label tuple (the entry holds it, so the id is not reused), the
-# entry checked against the whole tuple: with shared label tuples that is an identity check per
-# bucket, where hashing the labels would cost more than the rest of the window.
-_BucketPlan = tuple[tuple[Labels, np.ndarray, np.ndarray], ...]
-_BUCKET_PLANS: dict[int, tuple[tuple[Labels, ...], _BucketPlan | None]] = {}
-_BUCKET_PLANS_MAX = 10_000
-
-
-def _bucket_plan(keys: tuple[Labels, ...]) -> _BucketPlan | None:
-    hit = _BUCKET_PLANS.get(id(keys[0]))
-    if hit is not None and hit[0] == keys:
-        return hit[1]
-    per_series: dict[Labels, dict[float, int]] = {}
-    plan = None
-    try:
-        for i, labels in enumerate(keys):
-            rest = tuple(kv for kv in labels if kv[0] != "le")
-            per_series.setdefault(rest, {})[float(dict(labels).get("le"))] = i  # type: ignore[arg-type]
-        groups, shared = [], {}
-        for rest, buckets in per_series.items():
-            bounds = np.array(sorted(buckets))
-            ok = bounds[-1] == math.inf and (len(bounds) < 2 or bool((bounds[1:] > bounds[:-1]).all()))
-            if not ok or sum(1 for labels in keys if tuple(kv for kv in labels if kv[0] != "le") == rest) != len(bounds):
-                break  # unordered (NaN) bounds, no +Inf bucket, or two buckets of one bound
-            bounds = shared.setdefault(bounds.tobytes(), bounds)
-            bounds.flags.writeable = False
-            _BOUNDS_INFO[id(bounds)] = _bounds_moments(bounds)
-            idx = np.array([buckets[b] for b in bounds], dtype=np.intp)
-            groups.append((rest, idx, bounds))
-        else:
-            plan = tuple(groups)
-    except (TypeError, ValueError):
-        plan = None
-    if len(_BUCKET_PLANS) >= _BUCKET_PLANS_MAX:
-        _BUCKET_PLANS.clear()
-        _BOUNDS_INFO.clear()
-    _BUCKET_PLANS[id(keys[0])] = (keys, plan)
-    return plan
-
-
 def _histogram(names: tuple[str, ...], prev: Snapshot, cur: Snapshot, required: bool) -> Histogram | None:
     base = _pick(names, "_count", (prev, cur), required)
     if base is None:
@@ -391,7 +116,7 @@ def _histogram(names: tuple[str, ...], prev: Snapshot, cur: Snapshot, required: 
     a, b = prev.series[name], cur.series[name]
     keys = tuple(b)
     same_order = tuple(a) == keys  # shared label tuples: identity checks, no hashing
-    plan = _bucket_plan(keys) if same_order or a.keys() == b.keys() else None
+    plan = bucket_plan(keys) if same_order or a.keys() == b.keys() else None
     if plan is None:
         return _histogram_general(base, prev, cur)
     # _series_delta of the buckets, vectorised (the same subtractions)
@@ -419,40 +144,6 @@ def _histogram(names: tuple[str, ...], prev: Snapshot, cur: Snapshot, required: 
     return merge_histograms(parts)
 
 
-# The bucket plans of a window's histograms (by their ids; the entry holds them) -> the bucket
-# order of all of them at once: per histogram its groups as (labels without `le`, bounds, slice
-# of the concatenated cumulative counts); the gather index into the concatenated bucket deltas,
-# which differences are inside a group, and the index of each group's last bucket.
-_BATCHES: dict[tuple[int, ...], tuple] = {}
-_BATCHES_MAX = 1_000
-
-
-def _batch(plans: tuple[_BucketPlan, ...]) -> tuple:
-    key = tuple(map(id, plans))
-    hit = _BATCHES.get(key)
-    if hit is not None and all(map(operator.is_, hit[0], plans)):
-        return hit
-    gather, inner, last, groups = [], [], [], []
-    offset = at = 0
-    for plan in plans:
-        gs = []
-        n = 0
-        for rest, idx, bounds in plan:
-            gather.append(idx + offset)
-            inner.extend([False] + [True] * (len(idx) - 1))
-            gs.append((rest, bounds, slice(at, at + len(idx))))
-            at += len(idx)
-            last.append(at - 1)
-            n += len(idx)
-        groups.append(tuple(gs))
-        offset += n
-    if len(_BATCHES) >= _BATCHES_MAX:
-        _BATCHES.clear()
-    hit = _BATCHES[key] = (plans, tuple(groups), np.concatenate(gather), np.array(inner[1:], dtype=bool),
-                           np.array(last, dtype=np.intp))
-    return hit
-
-
 def _histograms_batched(prev: Snapshot, cur: Snapshot) -> dict[str, Histogram | None] | None:
     """Every histogram of the window at once (one subtraction, one check of all buckets), or
     None when anything is unusual (a metric missing or renamed on one side, series changed or
@@ -462,7 +153,7 @@ def _histograms_batched(prev: Snapshot, cur: Snapshot) -> dict[str, Histogram | 
     bases, plans, news, olds, sums, counts = [], [], [], [], [], []
     n_all = 0
     try:
-        for names, required in _HISTOGRAMS.values():
+        for names, required in HISTOGRAMS.values():
             base = None
             for n in names:
                 if ps.get(n + "_count") and cs.get(n + "_count"):
@@ -479,7 +170,7 @@ def _histograms_batched(prev: Snapshot, cur: Snapshot) -> dict[str, Histogram | 
             keys = tuple(b)
             if tuple(a) != keys:
                 return None
-            plan = _bucket_plan(keys)
+            plan = bucket_plan(keys)
             if plan is None:
                 return None
             d_sum = _series_delta(base + "_sum", prev, cur)
@@ -502,7 +193,7 @@ def _histograms_batched(prev: Snapshot, cur: Snapshot) -> dict[str, Histogram | 
     d = np.fromiter(chain.from_iterable(news), float, n_all) - np.fromiter(chain.from_iterable(olds), float, n_all)
     if (d < 0).any():
         return None
-    _, groups, gather, inner, last = _batch(tuple(plans))
+    _, groups, gather, inner, last = batched_plan(tuple(plans))
     cum = d[gather]
     count_all = np.fromiter((dc[rest] for gs, dc in zip(groups, counts) for rest, _, _ in gs), float, len(last))
     if (((cum[1:] - cum[:-1]) < -1e-9) & inner).any() or \
@@ -511,7 +202,7 @@ def _histograms_batched(prev: Snapshot, cur: Snapshot) -> dict[str, Histogram | 
     cum += 0.0  # what merge_histograms' zeros + cumulative gives
     out: dict[str, Histogram | None] = {}
     it = iter(zip(groups, sums, counts))
-    for k, base in zip(_HISTOGRAMS, bases):
+    for k, base in zip(HISTOGRAMS, bases):
         if base is None:
             out[k] = None
             continue
@@ -611,14 +302,14 @@ def window_deltas(prev: Snapshot, cur: Snapshot, between: Sequence[Snapshot] = (
         if ca and cb and any(k in ca and ca[k] != v for k, v in cb.items()):
             return NoObservation(Reason.COUNTER_RESET, f"{created} changed")
     try:
-        counters = {k: _counter(names, prev, cur, req) for k, (names, req) in _COUNTERS.items()}
+        counters = {k: _counter(names, prev, cur, req) for k, (names, req) in COUNTERS.items()}
         hists = _histograms_batched(prev, cur)
         if hists is None:  # something unusual: histogram by histogram, each failure typed
-            hists = {k: _histogram(names, prev, cur, req) for k, (names, req) in _HISTOGRAMS.items()}
+            hists = {k: _histogram(names, prev, cur, req) for k, (names, req) in HISTOGRAMS.items()}
         snaps = (prev, *between, cur)
-        running = _gauge_samples(_GAUGES["running"][0], snaps, "sum")
-        waiting = _gauge_samples(_GAUGES["waiting"][0], snaps, "sum")
-        kv = _gauge_samples(_GAUGES["kv_usage"][0], snaps, "mean")
+        running = _gauge_samples(GAUGES["running"][0], snaps, "sum")
+        waiting = _gauge_samples(GAUGES["waiting"][0], snaps, "sum")
+        kv = _gauge_samples(GAUGES["kv_usage"][0], snaps, "mean")
     except _Fail as f:
         return f.no
     capacity, gmu, kvb = _cache_config(cur)
@@ -641,7 +332,7 @@ def combine(parts: Sequence[WindowDeltas]) -> Observation | NoObservation:
     if not parts:
         return NoObservation(Reason.NO_PODS)
     window_s = _mean(p.window_s for p in parts)
-    total = {k: _all_or_none([p.counters[k] for p in parts]) for k in _COUNTERS}
+    total = {k: _all_or_none([p.counters[k] for p in parts]) for k in COUNTERS}
     finished = math.fsum(total["finished"])
     if finished <= 0:
         busy = (
@@ -651,7 +342,7 @@ def combine(parts: Sequence[WindowDeltas]) -> Observation | NoObservation:
         )
         return NoObservation(Reason.NO_FINISHED if busy else Reason.IDLE)
     hist: dict[str, Histogram | None] = {}
-    for k in _HISTOGRAMS:
+    for k in HISTOGRAMS:
         hs = _all_or_none([p.histograms[k] for p in parts])
         hist[k] = merge_histograms(hs) if hs else None
     for k in ("input_len", "output_len", "ttft", "e2e"):

@@ -1,0 +1,204 @@
+"""Histogram deltas of a window, vectorised: the :class:`Histogram` (mean, Prometheus-style
+quantile, coefficient of variation from the buckets), :func:`merge_histograms` over engines or
+pods, and bucket plans: where a scrape's bucket series sit, by series and bound, so that after
+the first window only bucket values are read.
+
+The bucket plans and their bounds' moments are caches (bounded, cleared when full) keyed by
+the identity of the scrape's shared label tuples; they change how fast, never what, a window
+computes.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from kneecap.observe.scrape import Labels
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """A window's histogram delta: cumulative counts per upper bound (last is +inf)."""
+
+    bounds: np.ndarray  # ascending, last = +inf
+    cumulative: np.ndarray
+    sum: float
+    count: float
+
+    def mean(self) -> float:
+        return self.sum / self.count
+
+    def quantile(self, q: float) -> float:
+        """Linear interpolation inside the bucket holding rank q·count (Prometheus
+        ``histogram_quantile``); lower edge of the first bucket is 0. A rank in the +inf
+        bucket returns the highest finite bound, a lower bound of the truth."""
+        rank = q * self.count
+        i = int(np.searchsorted(self.cumulative, rank, side="left"))
+        i = min(i, len(self.bounds) - 1)
+        if not math.isfinite(self.bounds[i]):
+            return float(self.bounds[i - 1]) if i > 0 else 0.0
+        lo = float(self.bounds[i - 1]) if i > 0 else min(0.0, float(self.bounds[0]))
+        below = float(self.cumulative[i - 1]) if i > 0 else 0.0
+        in_bucket = float(self.cumulative[i]) - below
+        if in_bucket <= 0:
+            return float(self.bounds[i])
+        return lo + (float(self.bounds[i]) - lo) * (rank - below) / in_bucket
+
+    def cv(self) -> float:
+        """Coefficient of variation from the buckets, mass uniform inside each finite bucket
+        (E[x²] of U(a,b) = (a²+ab+b²)/3); the +inf bucket's mass sits where it makes the
+        bucket mean equal the exact mean Δsum/Δcount (at its lower edge if that is lower).
+        Its resolution is the bucket width: a tight distribution inside one bucket reads as
+        that bucket's uniform spread."""
+        c = np.concatenate(([0.0], self.cumulative))
+        counts = c[1:] - c[:-1]  # np.diff, without its Python-level wrapper
+        info = _BOUNDS_INFO.get(id(self.bounds))
+        if info is None or info[0] is not self.bounds:
+            info = _bounds_moments(self.bounds)
+        _, finite, infinite, lo_inf, m1, m2, m1_finite = info
+        n_inf = float(counts[infinite].sum())
+        if n_inf > 0:
+            rest = float((counts[finite] * m1_finite).sum())
+            x_inf = max(lo_inf, (self.sum - rest) / n_inf)
+            m1 = np.where(finite, m1, x_inf)
+            m2 = np.where(finite, m2, x_inf**2)
+        mean_b = float((counts * m1).sum()) / self.count
+        var_b = max(float((counts * m2).sum()) / self.count - mean_b**2, 0.0)
+        return math.sqrt(var_b) / mean_b if mean_b > 0 else 0.0
+
+
+def _bounds_moments(bounds: np.ndarray) -> tuple:
+    """What :meth:`Histogram.cv` needs of the bounds alone: (bounds, finite mask, its negation,
+    lower edge of the first infinite bucket, per-bucket E[x] and E[x²] of U(lo, hi) (0 where
+    infinite), E[x] of the finite buckets)."""
+    hi = bounds.astype(float)
+    lo = np.concatenate([[min(0.0, hi[0])], hi[:-1]])
+    finite = np.isfinite(hi)
+    m1 = np.where(finite, (lo + np.where(finite, hi, 0.0)) / 2.0, 0.0)
+    m2 = np.where(finite, (lo**2 + lo * np.where(finite, hi, 0.0) + np.where(finite, hi, 0.0) ** 2) / 3.0, 0.0)
+    infinite = ~finite
+    lo_inf = float(lo[infinite][0]) if infinite.any() else math.nan  # read only when +inf has mass
+    return bounds, finite, infinite, lo_inf, m1, m2, m1[finite]
+
+
+# Read-only bounds of the bucket plans (below), by id -> _bounds_moments(bounds): known
+# ascending, and their moments computed once. Cleared with the plans.
+_BOUNDS_INFO: dict[int, tuple] = {}
+
+
+def merge_histograms(parts: Sequence[Histogram]) -> Histogram:
+    """Sum histogram deltas (engines or pods) over their common bucket bounds."""
+    b0 = parts[0].bounds
+    if _same_bounds(b0, parts):  # the usual case: the sum below is what the general one adds
+        cum = np.zeros(len(b0))
+        for p in parts:
+            cum += p.cumulative
+        return Histogram(b0, cum, math.fsum(p.sum for p in parts), math.fsum(p.count for p in parts))
+    common = b0
+    for p in parts[1:]:
+        common = np.intersect1d(common, p.bounds)
+    cum = np.zeros(len(common))
+    for p in parts:
+        cum += p.cumulative[np.searchsorted(p.bounds, common)]
+    return Histogram(common, cum, math.fsum(p.sum for p in parts), math.fsum(p.count for p in parts))
+
+
+def _same_bounds(b0: np.ndarray, parts: Sequence[Histogram]) -> bool:
+    """Every part has bounds ``b0`` bit for bit, and ``b0`` is strictly ascending (then the
+    common bounds are ``b0`` and each part's cumulative counts are already on them)."""
+    raw = None
+    for p in parts[1:]:
+        b = p.bounds
+        if b is not b0:
+            if raw is None:
+                raw = b0.tobytes()
+            if b.shape != b0.shape or b.dtype != b0.dtype or b.tobytes() != raw:
+                return False
+    if _BOUNDS_INFO.get(id(b0), (None,))[0] is b0:
+        return True  # a bucket plan's bounds: ascending, read-only
+    return b0.ndim == 1 and (len(b0) < 2 or bool((b0[1:] > b0[:-1]).all()))
+
+
+# A histogram's bucket series, as the tuple of their label tuples in the order the scrape
+# listed them -> per series (labels without `le`): the index of each bucket in that order,
+# ascending by bound, and the bounds (read-only, shared). The label tuples are the series
+# cache's (kneecap.observe.scrape), the same objects every scrape of every pod of a model, so
+# after the first window only bucket values are read. None: anything unusual (a bad or repeated
+# `le`, no +Inf bucket, unordered bounds): the general path of kneecap.observe.window reads it.
+# Bounded: cleared when full.
+# Keyed by the id of the first label tuple (the entry holds it, so the id is not reused), the
+# entry checked against the whole tuple: with shared label tuples that is an identity check per
+# bucket, where hashing the labels would cost more than the rest of the window.
+BucketPlan = tuple[tuple[Labels, np.ndarray, np.ndarray], ...]
+_BUCKET_PLANS: dict[int, tuple[tuple[Labels, ...], BucketPlan | None]] = {}
+_BUCKET_PLANS_MAX = 10_000
+
+
+def bucket_plan(keys: tuple[Labels, ...]) -> BucketPlan | None:
+    hit = _BUCKET_PLANS.get(id(keys[0]))
+    if hit is not None and hit[0] == keys:
+        return hit[1]
+    per_series: dict[Labels, dict[float, int]] = {}
+    plan = None
+    try:
+        for i, labels in enumerate(keys):
+            rest = tuple(kv for kv in labels if kv[0] != "le")
+            per_series.setdefault(rest, {})[float(dict(labels).get("le"))] = i  # type: ignore[arg-type]
+        groups, shared = [], {}
+        for rest, buckets in per_series.items():
+            bounds = np.array(sorted(buckets))
+            ok = bounds[-1] == math.inf and (len(bounds) < 2 or bool((bounds[1:] > bounds[:-1]).all()))
+            if not ok or sum(1 for labels in keys if tuple(kv for kv in labels if kv[0] != "le") == rest) != len(bounds):
+                break  # unordered (NaN) bounds, no +Inf bucket, or two buckets of one bound
+            bounds = shared.setdefault(bounds.tobytes(), bounds)
+            bounds.flags.writeable = False
+            _BOUNDS_INFO[id(bounds)] = _bounds_moments(bounds)
+            idx = np.array([buckets[b] for b in bounds], dtype=np.intp)
+            groups.append((rest, idx, bounds))
+        else:
+            plan = tuple(groups)
+    except (TypeError, ValueError):
+        plan = None
+    if len(_BUCKET_PLANS) >= _BUCKET_PLANS_MAX:
+        _BUCKET_PLANS.clear()
+        _BOUNDS_INFO.clear()
+    _BUCKET_PLANS[id(keys[0])] = (keys, plan)
+    return plan
+
+
+# The bucket plans of a window's histograms (by their ids; the entry holds them) -> the bucket
+# order of all of them at once: per histogram its groups as (labels without `le`, bounds, slice
+# of the concatenated cumulative counts); the gather index into the concatenated bucket deltas,
+# which differences are inside a group, and the index of each group's last bucket.
+_BATCHES: dict[tuple[int, ...], tuple] = {}
+_BATCHES_MAX = 1_000
+
+
+def batched_plan(plans: tuple[BucketPlan, ...]) -> tuple:
+    key = tuple(map(id, plans))
+    hit = _BATCHES.get(key)
+    if hit is not None and all(map(operator.is_, hit[0], plans)):
+        return hit
+    gather, inner, last, groups = [], [], [], []
+    offset = at = 0
+    for plan in plans:
+        gs = []
+        n = 0
+        for rest, idx, bounds in plan:
+            gather.append(idx + offset)
+            inner.extend([False] + [True] * (len(idx) - 1))
+            gs.append((rest, bounds, slice(at, at + len(idx))))
+            at += len(idx)
+            last.append(at - 1)
+            n += len(idx)
+        groups.append(tuple(gs))
+        offset += n
+    if len(_BATCHES) >= _BATCHES_MAX:
+        _BATCHES.clear()
+    hit = _BATCHES[key] = (plans, tuple(groups), np.concatenate(gather), np.array(inner[1:], dtype=bool),
+                           np.array(last, dtype=np.intp))
+    return hit
