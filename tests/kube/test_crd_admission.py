@@ -111,3 +111,29 @@ def test_a_metrics_url_the_operator_would_ignore_is_refused(admin, ns, field, mu
     body = _rejected(admin, _hostile(mutate))
     (cause,) = [c for c in body["details"]["causes"] if c["field"] == field]
     assert "must name the pod's own IP" in cause["message"], cause
+
+
+def test_the_status_the_operator_writes_is_stored_whole_and_earlier_keys_are_pruned(admin, ns, curve):
+    """A tick's status, merge-patched over one an earlier version wrote (abbreviated keys), is
+    stored as written: every field declared, the earlier keys pruned where the schema is closed."""
+    import json
+    from dataclasses import replace
+
+    from kneecap.control import plan
+    from tests.support.plan_inputs import NOW, SPEC, gathered, live_pool, ring_status
+    from tests.support.profile_observations import observation
+
+    status, ring = ring_status(curve)
+    obs = replace(observation(curve[32]), t_end_s=NOW)
+    written = plan.plan(gathered(plan.PoolWindow("server", live_pool(), plan.OBSERVED, observation=obs), ring),
+                        status, SPEC, NOW).status
+    obj = copy.deepcopy(llmdeployment(ROOT / "examples" / "colocated.yaml"))
+    obj["metadata"] = {"name": "status-keys", "namespace": NS}
+    admin.create(LLMD, obj)
+    earlier = {"calibration": {**written["calibration"], "mapePct": 3.2, "nPoints": 14},
+               "recommendation": {**written["recommendation"], "kvGiB": 47.5},
+               "workload": {**written["workload"], "inputLengthCV": 0.5}}
+    admin.patch(LLMD, NS, "status-keys", {"status": earlier}, sub="status")
+    stored = admin.patch(LLMD, NS, "status-keys", {"status": written}, sub="status")["status"]
+    expected = json.loads(json.dumps(written), object_hook=lambda d: {k: v for k, v in d.items() if v is not None})
+    assert stored == expected

@@ -392,7 +392,7 @@ def test_apiserver_restart_mid_run_loses_no_window_and_applies_nothing_twice(
     if cal_after["createdTime"] == cal_before["createdTime"]:
         assert cal_after["parameters"] == cal_before["parameters"]
     else:
-        assert cal_after["createdTime"] > cal_before["createdTime"] and cal_after["nPoints"] >= cal_before["nPoints"]
+        assert cal_after["createdTime"] > cal_before["createdTime"] and cal_after["points"] >= cal_before["points"]
     # (and no status read after the stop holds an older fit than the one before it)
     assert all(st["calibration"]["createdTime"] >= cal_before["createdTime"]
                for read_at, st in rings.statuses if read_at > stopped_at and st.get("calibration"))

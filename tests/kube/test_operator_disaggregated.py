@@ -66,7 +66,7 @@ def test_disaggregated_enforce_sets_decode_cap_and_sara_prefill_pool(control_pla
         prefill.stop()
     assert runner.exit_code == 0, runner.output
     alloc = st["allocation"]
-    assert alloc["prefillReplicas"] >= 1 and alloc["decodeReplicas"] >= 1 and alloc["kvBandwidthGiBps"] > 0
+    assert alloc["prefillReplicas"] >= 1 and alloc["decodeReplicas"] >= 1 and alloc["kvBandwidthBytesPerSecond"] > 0
     assert set(alloc["binding"]) >= {"prefill", "kv", "decode"}
     # BCA's cap on the decode pool, ×2 from 8 by the step limit; the prefill pool keeps its cap
     assert V.container_flag(dec["spec"]["template"]["spec"]["containers"][0], "--max-num-seqs") == "16"

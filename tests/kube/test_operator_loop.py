@@ -79,8 +79,8 @@ def test_advise_records_but_never_patches(control_plane, token, sim):
     # status explains the decision from the numbers
     rec, cal = st["recommendation"], st["calibration"]
     assert rec["maxNumSeqs"] > 8 and rec["throughputGain"] > 0.05  # a cap of 8 is far below OPT-1.3B's knee
-    assert 0.05 <= rec["gpuMemoryUtilization"] <= 0.95 and rec["kvGiB"] > 0
-    assert cal["nPoints"] >= 2 and cal["parameters"]["etaM"] > 0 and cal["fitErrorPct"] < 50
+    assert 0.05 <= rec["gpuMemoryUtilization"] <= 0.95 and rec["kvBytes"] > 0
+    assert cal["points"] >= 2 and cal["parameters"]["etaM"] > 0 and cal["fitErrorPercent"] < 50
     assert 3 <= len(st["observations"]) <= 50 and all(o["pool"] == "server" for o in st["observations"])
     assert st["workload"]["requestsPerSecond"] > 0 and st["workload"]["outputLengthMean"] == pytest.approx(400, rel=0.05)
     assert st["lastDecision"]["reason"] == "Advised" and st["applied"]["maxNumSeqs"] == 8
@@ -200,7 +200,7 @@ def test_restart_keeps_calibration_and_observations_and_does_not_restart_pods(co
     new = [o["windowEndUnixSeconds"] for o in after["observations"]]
     assert new[:len(old)] == old or set(old[-len(new):]) <= set(new) or old[-1] in new
     # the calibration came back from status (same fit, or a refit on the kept ring)
-    assert after["calibration"]["nPoints"] >= before["calibration"]["nPoints"]
+    assert after["calibration"]["points"] >= before["calibration"]["points"]
     assert condition(after, "Calibrated")["status"] == "True"
     # no pod restart: the second operator wrote nothing to the Deployment (cooldown read back
     # from status), and the pods that ran before run still

@@ -50,9 +50,10 @@ def test_calibrate_then_recommend_on_the_measured_curve(curve):
     # Llama-2-7B's 512 KiB/token KV fills the cache first (the data plateaus at ~238 sequences
     # = 90832 tokens / 381): the cap is KV-bound and the KV is sized to hold exactly it.
     assert rec.binding == "kv_capacity"
-    assert rec.kv_gib * 2**30 >= rec.max_num_seqs * (250 + 131) * 524288 * 0.99
-    st = rec.to_status()
-    assert st["maxNumSeqs"] == rec.max_num_seqs and st["releasedGiB"] == pytest.approx(rec.released_gib)
+    assert rec.kv_bytes >= rec.max_num_seqs * (250 + 131) * 524288 * 0.99
+    st = rec.to_status()  # quantities in bytes, integers (API conventions: base units)
+    assert st["maxNumSeqs"] == rec.max_num_seqs and st["releasedBytes"] == rec.released_bytes
+    assert isinstance(st["kvBytes"], int) and isinstance(st["releasedBytes"], int)
 
 
 def test_small_model_releases_memory(profiles_csv):
@@ -66,7 +67,7 @@ def test_small_model_releases_memory(profiles_csv):
     rec = decide.recommend(spec, "server", out.calibration, obs[-1], EngineSettings(64, 0.9, None, 1))
     # OPT-1.3B needs 192 KiB/token: the cap's KV is a fraction of the default 0.9 reservation
     assert rec.max_num_seqs > 64
-    assert rec.gpu_memory_utilization < 0.9 and rec.released_gib > 5.0 and rec.memory_gain > 0.1
+    assert rec.gpu_memory_utilization < 0.9 and rec.released_bytes > 5 * 2**30 and rec.memory_gain > 0.1
     measured = {c: float(rows[c]["throughput_tok_s"]) for c in rows}
     caps = np.array(sorted(measured))
     nearest = caps[np.argmin(np.abs(caps - rec.max_num_seqs))]
@@ -76,10 +77,10 @@ def test_small_model_releases_memory(profiles_csv):
     tp2 = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb"},
                       "engine": {"image": "vllm", "maxNumSeqs": 64, "tensorParallelSize": 2}})
     rec2 = decide.recommend(tp2, "server", out.calibration, obs[-1], EngineSettings(64, 0.9, None, 1))
-    per_gpu_gib = tp2.accelerator.gpu.memory_gib * (0.9 - rec2.gpu_memory_utilization)
-    assert rec2.released_gib == pytest.approx(2 * per_gpu_gib, rel=1e-6)
+    per_gpu = tp2.accelerator.gpu.memory_bytes * (0.9 - rec2.gpu_memory_utilization)
+    assert rec2.released_bytes == pytest.approx(2 * per_gpu, rel=1e-6)
     assert rec2.memory_gain == pytest.approx(1 - rec2.gpu_memory_utilization / 0.9, rel=1e-6)
-    assert rec2.kv_gib < rec.kv_gib  # one rank's KV for the same cap
+    assert rec2.kv_bytes < rec.kv_bytes  # one rank's KV for the same cap
 
 
 def test_a_fit_that_no_longer_explains_the_pool_is_rejected(curve):
@@ -118,15 +119,31 @@ def test_calibration_roundtrips_through_status(curve):
     out = decide.recalibrate("llama-2-7b", "h100-64gb", [observation(curve[c]) for c in (8, 16, 32)], None, 0.3)
     st = calibration_to_status(out.calibration, out.error, "2026-11-30T05:00:00Z")
     back = calibration_from_status(st)
-    assert back == out.calibration and st["nPoints"] == 3 and st["acceptedTime"] == "2026-11-30T05:00:00Z"
+    assert back == out.calibration and st["points"] == 3 and st["acceptedTime"] == "2026-11-30T05:00:00Z"
     # camelCase throughout: SLIM's parameters, the fit's metrics and notes
     assert st["parameters"]["tFixedSeconds"] == out.calibration.params["t_fixed_s"] > 0
-    assert {"mapePct", "maxErrorPct", "fitCost", "fitErrorPct", "createdTime"} <= set(st)
+    assert {"meanErrorPercent", "maxErrorPercent", "fitCost", "fitErrorPercent", "createdTime"} <= set(st)
     assert set(st["notes"]) == {"batchMin", "batchMax"}
-    assert all("_" not in k for k in [*st, *st["parameters"], *st["parameterStd"], *st["notes"]])
+    assert all("_" not in k for k in [*st, *st["parameters"], *st["parameterStandardDeviations"], *st["notes"]])
     assert calibration_from_status({**st, "parameters": {"etaC": "x"}}) is None
     assert calibration_from_status({k: v for k, v in st.items() if k != "form"}) is None
     assert calibration_from_status(None) is None
+
+
+def test_a_calibration_an_earlier_version_wrote_is_read(curve):
+    """An operator upgraded in place reads the status.calibration its predecessor wrote
+    (abbreviated keys: mapePct, maxErrorPct, nPoints, parameterStd, fitErrorPct, ringErrorPct)."""
+    out = decide.recalibrate("llama-2-7b", "h100-64gb", [observation(curve[c]) for c in (8, 16, 32)], None, 0.3)
+    cal = replace(out.calibration, notes={**out.calibration.notes, "ringErrorPct": 2.5, "ringN": 3})
+    st = calibration_to_status(cal, out.error, "2026-11-30T05:00:00Z")
+    renamed = {"meanErrorPercent": "mapePct", "maxErrorPercent": "maxErrorPct", "points": "nPoints",
+               "parameterStandardDeviations": "parameterStd", "fitErrorPercent": "fitErrorPct"}
+    old = {renamed.get(k, k): v for k, v in st.items()}
+    old["notes"] = {{"ringErrorPercent": "ringErrorPct"}.get(k, k): v for k, v in st["notes"].items()}
+    assert "points" not in old and old["nPoints"] == 3 and old["notes"]["ringErrorPct"] == 2.5
+    assert calibration_from_status(old) == cal
+    # written again, it has the current keys only
+    assert calibration_to_status(calibration_from_status(old), out.error, "2026-11-30T05:00:00Z") == st
 
 
 def _opt_fit(profiles_csv):
@@ -220,7 +237,7 @@ def test_disaggregated_allocation_from_sara(profiles_csv):
                        "engine": {"image": "vllm", "maxNumSeqs": 64}, "slo": {"ttftSeconds": 1.0, "tpotSeconds": 0.05},
                        "topology": {"mode": "disaggregated", "kvTransfer": {}}, "budget": {"maxCostPerHour": 40}})
     a = decide.disaggregated_allocation(spec, cal, obs)
-    assert a["prefillReplicas"] >= 1 and a["decodeReplicas"] >= 1 and a["kvBandwidthGiBps"] > 0
+    assert a["prefillReplicas"] >= 1 and a["decodeReplicas"] >= 1 and a["kvBandwidthBytesPerSecond"] > 0
     assert set(a["binding"]) == {"prefill", "kv", "decode"} and a["budgetFeasible"] and a["goodputRequestsPerSecond"] > 0
     big = decide.disaggregated_allocation(spec, cal, replace(obs, request_rate_rps=20 * obs.request_rate_rps))
     assert big["decodeReplicas"] + big["prefillReplicas"] > a["decodeReplicas"] + a["prefillReplicas"]
@@ -417,7 +434,7 @@ def test_a_70b_replica_is_advised_at_tp2_and_refused_at_tp1(curve):
            "slo": {"ttftSeconds": 2.0, "tpotSeconds": 0.1}}
     tp2 = parse_spec(raw)
     rec = decide.recommend(tp2, "server", cal, live, EngineSettings(64, 0.9, None, 1))
-    assert 0 < rec.gpu_memory_utilization <= 0.95 and rec.kv_gib > 0 and rec.max_num_seqs >= 1
+    assert 0 < rec.gpu_memory_utilization <= 0.95 and rec.kv_bytes > 0 and rec.max_num_seqs >= 1
     n, _, alloc = decide.colocated_replicas(tp2, cal, live, settings=EngineSettings(rec.max_num_seqs, 0.9, None, 1))
     assert alloc["gpusPerReplica"] == 2 and alloc["costPerHour"] == pytest.approx(10.0 * n)
     tp1 = parse_spec({**raw, "engine": {**raw["engine"], "tensorParallelSize": 1}})

@@ -363,3 +363,43 @@ def test_ready_is_one_rule_for_the_handlers_the_tick_and_virtual_time():
     assert St.ready([down], unschedulable=["server: 0/5 nodes"]) == (False, "PodsUnschedulable", "server: 0/5 nodes")
     assert St.ready([up], unschedulable=["server: 0/5 nodes"])[:2] == (True, "PodsReady")  # a surge pod Pending
     assert St.ready([up], detail="server: in sync") == (True, "PodsReady", "server: in sync")
+
+
+def _keys(value, path: str = "status"):
+    """Every (path, key) of a status document, lists' items included."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield path, k
+            yield from _keys(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for item in value:
+            yield from _keys(item, f"{path}[]")
+
+
+def test_the_status_written_is_declared_in_the_crd_in_full_words_and_base_units(curve):
+    """The status a tick writes (and a failed patch's) passes the CRD's status schema as the API
+    server checks it, with nothing pruned and every top-level field declared; its keys follow the
+    API conventions: camelCase, no abbreviations (mapePct, nPoints, ...), bytes not GiB."""
+    import re
+
+    from kneecap.control import validation
+    from kneecap.control.spec import resource_schema
+
+    schema = resource_schema()["properties"]["status"]
+    status, ring = ring_status(curve)
+    obs = replace(observation(curve[32]), t_end_s=NOW)
+    p = P.plan(gathered(P.PoolWindow("server", live_pool(), P.OBSERVED, observation=obs), ring), status, SPEC, NOW)
+    failed, _, _ = P.failed_write(p.status, ApiFailure.of(ApiError(422, {"message": "no"}, "PATCH /x")), 2, NOW,
+                                  *LABELS, p.patches[0].rollback)
+    assert {"calibration", "recommendation", "allocation", "workload", "lastDecision"} <= set(p.status)
+    for written in (p.status, failed, {**p.status, "invalidField": "spec.engine.image"}):
+        pruned, causes, unknown = validation.check(json.loads(json.dumps(written)), schema, "status")
+        assert causes == [] and unknown == []
+        assert set(written) <= set(schema["properties"]), set(written) - set(schema["properties"])
+        # nothing dropped but the nulls merge-patch deletes with
+        assert pruned == json.loads(json.dumps(written, default=str), object_hook=lambda d: {
+            k: v for k, v in d.items() if v is not None})
+    banned = {"len", "pred", "pct", "mape", "cv", "std", "n", "gib"}
+    for path, key in _keys(p.status):
+        words = {w.lower() for w in re.findall(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])", key)}
+        assert re.fullmatch(r"[a-z][A-Za-z0-9]*", key) and not words & banned and "GiB" not in key, (path, key)

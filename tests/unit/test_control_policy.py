@@ -176,8 +176,12 @@ def test_ring_entries_keep_what_the_fit_and_slo_attainment_read():
     # an entry written by an earlier version (every Observation field) still reads
     old = St.ring_entry_from_status({"pool": "server", "engine": {"maxNumSeqs": 8}, **obs_pool.to_status(obs)})
     assert all(getattr(old, name) == getattr(obs, name) for name in St.RING_FIELDS)
-    with pytest.raises(ValueError, match="observation.outputLengthCV: missing"):
-        St.ring_entry_from_status({k: v for k, v in entry.items() if k != "outputLengthCV"})
+    # ... and one with the abbreviated key of an earlier version (outputLengthCV)
+    key = "outputLengthCoefficientOfVariation"
+    abbreviated = {("outputLengthCV" if k == key else k): v for k, v in entry.items()}
+    assert key not in abbreviated and St.ring_entry_from_status(abbreviated) == back
+    with pytest.raises(ValueError, match=f"observation.{key}: missing"):
+        St.ring_entry_from_status({k: v for k, v in entry.items() if k != key})
     with pytest.raises(ValueError, match="observation.ttftP95Seconds: expected a finite number"):
         St.ring_entry_from_status({**entry, "ttftP95Seconds": float("nan")})
 

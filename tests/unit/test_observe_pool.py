@@ -76,10 +76,14 @@ def test_status_round_trip():
     o = observe(*_pair("vllm-0.32-cpu-20req.txt", "u"))
     d = to_status(o)
     assert d["requestsPerSecond"] == 2.0 and d["ttftP95Seconds"] == pytest.approx(0.46875)
-    assert d["kvCapacityTokens"] == 1048576 and d["inputLengthCV"] == pytest.approx(o.input_len_cv)
+    assert d["kvCapacityTokens"] == 1048576
+    assert d["inputLengthCoefficientOfVariation"] == pytest.approx(o.input_len_cv)
     assert all("_" not in k for k in d)
     back = from_status(json.loads(json.dumps(d)))
     assert back == o
+    # status.workload as an earlier version wrote it (abbreviated CV keys) reads the same
+    earlier = {k.replace("CoefficientOfVariation", "CV"): v for k, v in d.items()}
+    assert "inputLengthCV" in earlier and from_status(earlier) == o
 
 
 def test_status_omits_none_and_restores_it():

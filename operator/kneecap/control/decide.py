@@ -242,8 +242,8 @@ class Recommendation:
     max_num_seqs: int
     gpu_memory_utilization: float
     kv_cache_memory_bytes: int | None
-    kv_gib: float
-    released_gib: float
+    kv_bytes: int  # per GPU, the KV cache the cap needs
+    released_bytes: int  # per replica, versus the live reservation (negative: it reserves more)
     replicas: int
     pred_throughput_tok_s: float  # per replica at the recommended cap
     current_pred_throughput_tok_s: float  # per replica at the live cap
@@ -473,8 +473,8 @@ def disaggregated_allocation(spec: LLMDeploymentSpec, cal: calibrate.Calibration
             + alloc.kv_bandwidth_gibps * costs.kv_per_gibps_hour)  # SARA (20b), per pod
     out = {"prefillReplicas": alloc.prefill_replicas, "decodeReplicas": decode_pods,
            "gpusPerReplica": gpus, "decodeGpus": alloc.decode_replicas,
-           "kvBandwidthGiBps": round(alloc.kv_bandwidth_gibps, 4), "maxNumSeqs": alloc.max_num_seqs,
-           "costPerHour": round(cost, 4), "targetRequestsPerSecond": round(rate, 6),
+           "kvBandwidthBytesPerSecond": int(round(alloc.kv_bandwidth_gibps * GIB)),
+           "maxNumSeqs": alloc.max_num_seqs, "costPerHour": round(cost, 4), "targetRequestsPerSecond": round(rate, 6),
            "binding": binding}
     if spec.max_cost_per_hour:
         p = sara.plan(pb, spec.max_cost_per_hour)
@@ -545,7 +545,7 @@ def recommend(spec: LLMDeploymentSpec, role: str, cal: calibrate.Calibration, ob
     released, memory_gain = _released(spec, current, u)
     return Recommendation(
         pool=role, max_num_seqs=cap, gpu_memory_utilization=float(u), kv_cache_memory_bytes=kvb,
-        kv_gib=kv_bytes / GIB, released_gib=released / GIB,
+        kv_bytes=int(round(kv_bytes)), released_bytes=int(round(released)),
         replicas=current.replicas if replicas is None else int(replicas),
         pred_throughput_tok_s=new_thr, current_pred_throughput_tok_s=cur_thr,
         pred_e2e_s=float(res.pred_e2e_s), efficiency=float(res.efficiency), knee_batch=float(res.knee_batch),

@@ -26,10 +26,12 @@ class OperatorMetrics:
                                               "BCA cap (--max-num-seqs) recommended", POOL_LABELS, registry=r)
         self.applied_max_num_seqs = Gauge("kneecap_applied_max_num_seqs", "--max-num-seqs live in the pool",
                                           POOL_LABELS, registry=r)
-        self.recommended_memory_fraction = Gauge("kneecap_recommended_gpu_memory_utilization",
-                                                 "--gpu-memory-utilization recommended", POOL_LABELS, registry=r)
-        self.applied_memory_fraction = Gauge("kneecap_applied_gpu_memory_utilization",
-                                             "--gpu-memory-utilization live in the pool", POOL_LABELS, registry=r)
+        self.recommended_gpu_memory_utilization = Gauge("kneecap_recommended_gpu_memory_utilization",
+                                                        "--gpu-memory-utilization recommended", POOL_LABELS,
+                                                        registry=r)
+        self.applied_gpu_memory_utilization = Gauge("kneecap_applied_gpu_memory_utilization",
+                                                    "--gpu-memory-utilization live in the pool", POOL_LABELS,
+                                                    registry=r)
         self.memory_released_bytes = Gauge("kneecap_memory_released_bytes",
                                            "GPU memory per replica released versus the default reservation",
                                            POOL_LABELS, registry=r)

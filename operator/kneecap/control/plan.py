@@ -198,29 +198,36 @@ def batching_efficiency(cal: calibrate.Calibration, spec: LLMDeploymentSpec, obs
 
 # ---------------------------------------------------------------- calibration in status (camelCase)
 
-_METRIC_KEYS = MappingProxyType({"mape_pct": "mapePct", "max_error_pct": "maxErrorPct", "n_points": "nPoints",
-                                 "cost": "fitCost"})
-_NOTE_KEYS = MappingProxyType({"checkedS": "checkedUnixSeconds", "ringN": "ringPoints"})
+_METRIC_KEYS = MappingProxyType({"mape_pct": "meanErrorPercent", "max_error_pct": "maxErrorPercent",
+                                 "n_points": "points", "cost": "fitCost"})
+_NOTE_KEYS = MappingProxyType({"checkedS": "checkedUnixSeconds", "ringN": "ringPoints",
+                               "ringErrorPct": "ringErrorPercent"})
+# status.calibration keys earlier versions wrote → the current ones (an upgraded operator reads them)
+_EARLIER_CALIBRATION_KEYS = MappingProxyType({
+    "mapePct": "meanErrorPercent", "maxErrorPct": "maxErrorPercent", "nPoints": "points",
+    "fitErrorPct": "fitErrorPercent", "parameterStd": "parameterStandardDeviations"})
 
 
 def calibration_to_status(cal: calibrate.Calibration, error: float | None, accepted_time: str | None) -> dict:
     """A Calibration as status.calibration: camelCase keys (SLIM's parameters included, e.g.
-    ``t_fixed_s`` → ``tFixedSeconds``), the fit's error on the current ring (``fitErrorPct``)
+    ``t_fixed_s`` → ``tFixedSeconds``), the fit's error on the current ring (``fitErrorPercent``)
     and when it was created and accepted."""
     return status_helpers.compact({
         "version": cal.version, "form": cal.form, "gpu": cal.gpu, "models": list(cal.models),
         "parameters": {status_key(k): v for k, v in cal.params.items()},
-        "parameterStd": {status_key(k): v for k, v in cal.std.items()},
+        "parameterStandardDeviations": {status_key(k): v for k, v in cal.std.items()},
         **{_METRIC_KEYS.get(k, status_key(k)): v for k, v in cal.metrics.items()},
-        "fitErrorPct": None if error is None else round(100.0 * error, 3),
+        "fitErrorPercent": None if error is None else round(100.0 * error, 3),
         "notes": {_NOTE_KEYS.get(k, k): v for k, v in (cal.notes or {}).items()} or None,
         "createdTime": cal.created, "acceptedTime": accepted_time})
 
 
 def calibration_from_status(d: dict | None) -> calibrate.Calibration | None:
-    """Inverse of :func:`calibration_to_status` (None: absent or unreadable)."""
+    """Inverse of :func:`calibration_to_status`, the keys of earlier versions read too (None:
+    absent or unreadable)."""
     if not d or "parameters" not in d or d.get("form") not in slim.FORM_PARAMS:
         return None
+    d = obs_pool.with_current_keys(d, _EARLIER_CALIBRATION_KEYS)
     names = {status_key(k): k for k in slim.FORM_PARAMS[d["form"]]}
     metrics_back = {v: k for k, v in _METRIC_KEYS.items()}
     notes_back = {v: k for k, v in _NOTE_KEYS.items()}
@@ -229,7 +236,7 @@ def calibration_from_status(d: dict | None) -> calibrate.Calibration | None:
             "version": d.get("version", calibrate.CALIBRATION_VERSION), "form": d["form"], "gpu": d.get("gpu"),
             "models": d.get("models", []),
             "params": {names.get(k, k): v for k, v in dict(d["parameters"]).items()},
-            "std": {names.get(k, k): v for k, v in dict(d.get("parameterStd") or {}).items()},
+            "std": {names.get(k, k): v for k, v in dict(d.get("parameterStandardDeviations") or {}).items()},
             "metrics": {metrics_back[k]: d[k] for k in metrics_back if k in d},
             "created": d.get("createdTime", ""),
             "notes": {notes_back.get(k, k): v for k, v in dict(d.get("notes") or {}).items()}}))
@@ -326,7 +333,7 @@ def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
         t.m.inc("scrape_failures", *labels, amount=p.scrape_errors)
         t.m.set("replicas", p.state.settings.replicas, *labels, p.role)
         t.m.set("applied_max_num_seqs", p.state.settings.max_num_seqs, *labels, p.role)
-        t.m.set("applied_memory_fraction", p.state.settings.gpu_memory_utilization, *labels, p.role)
+        t.m.set("applied_gpu_memory_utilization", p.state.settings.gpu_memory_utilization, *labels, p.role)
 
     # the ring: this tick's observations appended as they are (status keeps them across restarts)
     ring = list(g.ring)
@@ -544,7 +551,8 @@ def _apply_primary(t: _Tick, pool: reconcile.PoolState, d: policy.Decision, cur:
     events = t.events[decisions_before[1]:]
     del t.m.updates[decisions_before[0]:], t.events[decisions_before[1]:]
     metrics += [MetricUpdate("set", "applied_max_num_seqs", (*labels, role), float(d.target.max_num_seqs)),
-                MetricUpdate("set", "applied_memory_fraction", (*labels, role), float(d.target.gpu_memory_utilization))]
+                MetricUpdate("set", "applied_gpu_memory_utilization", (*labels, role),
+                             float(d.target.gpu_memory_utilization))]
     if restart:
         metrics.append(MetricUpdate("inc", "restarts", (*labels, d.reason), 1.0))
     t.patches.append(DeploymentPatch(role, pool.pool.name, body, rollback, tuple(events), tuple(metrics),
@@ -737,7 +745,7 @@ def _export_curve(t: _Tick, role: str, cal: calibrate.Calibration, obs: Observat
 def _export_recommendation(t: _Tick, role: str, r: decide.Recommendation) -> None:
     labels = t.labels
     t.m.set("recommended_max_num_seqs", r.max_num_seqs, *labels, role)
-    t.m.set("recommended_memory_fraction", r.gpu_memory_utilization, *labels, role)
-    t.m.set("memory_released_bytes", r.released_gib * decide.GIB, *labels, role)
+    t.m.set("recommended_gpu_memory_utilization", r.gpu_memory_utilization, *labels, role)
+    t.m.set("memory_released_bytes", r.released_bytes, *labels, role)
     t.m.set("knee_batch", r.knee_batch, *labels, role)
     t.m.set("recommended_throughput", r.pred_throughput_tok_s, *labels, role)

@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import Any, Iterable
 
 from kneecap.naming import status_key
-from kneecap.observe.pool import numbers_from_status
+from kneecap.observe.pool import numbers_from_status, with_current_keys
 
 READY = "Ready"
 CALIBRATED = "Calibrated"
@@ -120,8 +120,9 @@ def ring_entry(observation) -> dict[str, Any]:
 
 def ring_entry_from_status(data: dict[str, Any]) -> RingEntry:
     """Inverse of :func:`ring_entry`. Other keys are ignored (entries written by earlier versions
-    carry every Observation field); raises ValueError naming a missing or non-numeric one."""
-    return numbers_from_status(RingEntry, data, _RING_KEYS, ints=("pods",))
+    carry every Observation field) and their renamed keys read (``outputLengthCV``); raises
+    ValueError naming a missing or non-numeric one."""
+    return numbers_from_status(RingEntry, with_current_keys(data), _RING_KEYS, ints=("pods",))
 
 
 def push_observation(ring: list[dict] | None, observation: dict, limit: int) -> list[dict]:

@@ -80,7 +80,7 @@ def summarize(res) -> dict:
         "slo_intervals_met": sum(slo_rows), "slo_intervals": len(slo_rows),
         "slo_attainment_intervals": (sum(slo_rows) / len(slo_rows)) if slo_rows else None,
         "restarts": res.kubelet_restarts, "twins_started": res.kubelet_started,
-        "phase": st.get("phase"), "calibration_error_pct": (st.get("calibration") or {}).get("fitErrorPct"),
+        "phase": st.get("phase"), "calibration_error_pct": (st.get("calibration") or {}).get("fitErrorPercent"),
         "load_completed": res.load.get("completed"), "load_failed": res.load.get("failed"),
         "load_stopped_at_end": bool(res.load.get("stopped")),
         "wall_s": round(res.wall_s, 1),

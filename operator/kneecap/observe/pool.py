@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 from kneecap.naming import status_key
@@ -49,6 +50,16 @@ def observe_pool(windows: Sequence[tuple[Snapshot, ...]]) -> PoolObservation:
 # --- Kubernetes status dicts ---------------------------------------------------------------
 _TO_CAMEL = {f.name: status_key(f.name) for f in fields(Observation)}
 _FROM_CAMEL = {v: k for k, v in _TO_CAMEL.items()}
+# keys earlier versions wrote → the current ones: an upgraded operator reads the status (ring,
+# workload) its predecessor wrote
+EARLIER_KEYS = MappingProxyType({"inputLengthCV": "inputLengthCoefficientOfVariation",
+                                 "outputLengthCV": "outputLengthCoefficientOfVariation"})
+
+
+def with_current_keys(data: Mapping[str, Any], earlier: Mapping[str, str] = EARLIER_KEYS) -> dict[str, Any]:
+    """``data`` with the keys of earlier versions renamed to the current ones (``earlier``:
+    old → new); where both are present the current key's value is kept."""
+    return {earlier.get(k, k): v for k, v in data.items() if not (k in earlier and earlier[k] in data)}
 
 
 def to_status(obs: Observation) -> dict[str, Any]:
@@ -57,8 +68,9 @@ def to_status(obs: Observation) -> dict[str, Any]:
 
 
 def from_status(data: Mapping[str, Any]) -> Observation:
-    """Inverse of :func:`to_status`. Raises ValueError naming an unknown, missing or
-    non-numeric key."""
+    """Inverse of :func:`to_status` (the keys of earlier versions read too). Raises ValueError
+    naming an unknown, missing or non-numeric key."""
+    data = with_current_keys(data)
     unknown = set(data) - set(_FROM_CAMEL)
     if unknown:
         raise ValueError(f"observation: unknown keys {sorted(unknown)}")
