@@ -389,8 +389,7 @@ def test_the_status_written_is_declared_in_the_crd_in_full_words_and_base_units(
     status, ring = ring_status(curve)
     obs = replace(observation(curve[32]), t_end_s=NOW)
     p = P.plan(gathered(P.PoolWindow("server", live_pool(), P.OBSERVED, observation=obs), ring), status, SPEC, NOW)
-    failed, _, _ = P.failed_write(p.status, ApiFailure.of(ApiError(422, {"message": "no"}, "PATCH /x")), 2, NOW,
-                                  *LABELS, p.patches[0].rollback)
+    failed, _, _ = p.patches[0].if_failed.outcome(ApiFailure.of(ApiError(422, {"message": "no"}, "PATCH /x")))
     assert {"calibration", "recommendation", "allocation", "workload", "lastDecision"} <= set(p.status)
     for written in (p.status, failed, {**p.status, "invalidField": "spec.engine.image"}):
         pruned, causes, unknown = validation.check(json.loads(json.dumps(written)), schema, "status")

@@ -1,9 +1,10 @@
-"""The types one control tick passes between its stages (DESIGN §4): gather → plan → apply.
+"""The types one control tick passes between its stages (DESIGN §4): gather → plan → apply;
+pure data.
 
 gather reads the pools, their pods and scrapes into one :class:`TickInput` (a :class:`PoolWindow`
 per pool); plan turns it, the resource's status and spec into one :class:`Plan` (the status to
 write, Events, metric updates and the Deployment patches, each patch with the status to write
-instead should it fail); apply writes the patches and reports what happened. Pure data.
+instead should it fail); apply writes the patches and reports what happened.
 """
 
 from __future__ import annotations
