@@ -164,16 +164,16 @@ def test_dashboard_shows_the_knee_decisions_memory_latency_and_calibration():
 
 
 def test_decisions_annotation_asks_for_reasons_the_operator_records():
-    """The annotation's reasons are those kneecap.control.plan (and tick.FailedPatch) counts in kneecap_decisions_total
+    """The annotation's reasons are those kneecap.control.plan (and tick.FailedWrite) counts in kneecap_decisions_total
     (the policy's "Recommended" becomes Applied or Advised there and is never counted)."""
     ann = {a["name"]: a["expr"] for a in dashboard()["annotations"]["list"] if "expr" in a}
     (alternatives,) = set(re.findall(r'reason=~"([^"]+)"', ann["kneecap decisions"]))
     plan = (ROOT / "operator" / "kneecap" / "control" / "plan.py").read_text()
     counted = set(re.findall(r't\.decision\("(\w+)"', plan)) | set(
         re.findall(r'MetricUpdate\("inc", "decisions", \([^)]*"(\w+)"\)', plan))
-    failed_patch = (ROOT / "operator" / "kneecap" / "control" / "tick.py").read_text()  # FailedPatch.outcome
-    if re.search(r'MetricUpdate\("inc", "decisions", \([^)]*APPLY_FAILED\)', failed_patch):
-        counted.add(tick.APPLY_FAILED)
+    failed_write = (ROOT / "operator" / "kneecap" / "control" / "tick.py").read_text()  # FailedWrite.outcome
+    if re.search(r'MetricUpdate\("inc", "decisions", \(\*self\.labels, self\.reason\)', failed_write):
+        counted |= {tick.APPLY_FAILED, tick.RECONCILE_FAILED}
     assert {"Applied", "Advised", "ApplyFailed"} <= counted and "Recommended" not in counted
     assert set(alternatives.split("|")) <= counted
 

@@ -1,12 +1,14 @@
 """One control-loop iteration per LLMDeployment (DESIGN §4): gather → plan → apply.
 
-gather (I/O): reconcile the owned Deployments, scrape each pool's ready pods and turn the
-window since the last scrapes into an observation. plan (pure, :mod:`kneecap.control.plan`):
-observation ring → recalibrate SLIM → BCA cap + memory → SARA allocation (disaggregated) or
-GAUSS replica count (colocated) → guards → the new status, Events, metric updates and at most
-one Deployment patch per pool. apply (I/O): write the patches (a failed one is recorded, never
-raised), update the metrics and post the Events; the caller writes the returned status
-(:func:`write_status`).
+gather (reads only): the owned Deployments (and, every few ticks, Services and what to prune),
+each pool's ready pods and their scrapes, turned into the window's observation once it closes:
+one :class:`~kneecap.control.tick.TickInput`. plan (pure, :mod:`kneecap.control.plan`): the
+writes that reconcile the owned objects; observation ring → recalibrate SLIM → BCA cap + memory
+→ SARA allocation (disaggregated) or GAUSS replica count (colocated) → guards → the new status,
+Events, metric updates and at most one Deployment patch per pool: one
+:class:`~kneecap.control.tick.Plan`. apply (writes only): the writes in order (a failed one is
+reported as plan computed for that case, never raised), the metrics and the Events; the caller
+writes the returned status (:func:`write_status`).
 
 Everything a restarted operator needs lives in the resource's status (observation ring,
 calibration, failure counts) and in the Deployments' `kneecap.io/applied` record (what was
@@ -27,14 +29,14 @@ from typing import Awaitable, Callable
 
 import aiohttp
 
-from kneecap.control import manifests, plan as planner, reconcile, restart
+from kneecap.control import plan as planner, reconcile, restart
 from kneecap.control.gauss_reuse import GaussRuns
 from kneecap.control.informer import ApiReads
 from kneecap.control.kube import ApiError, ApiFailure, KubeClient, deployments_path
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.control.spec import LLMDeploymentSpec
-from kneecap.control.tick import (IDLE, NO_PODS, OBSERVED, OPEN, SCRAPE_FAILED, UNUSABLE, MetricUpdate, Plan,
-                                  PoolWindow, TickInput)
+from kneecap.control.tick import (IDLE, NO_PODS, OBSERVED, OPEN, SCRAPE_FAILED, UNUSABLE, Event, MetricUpdate, Plan,
+                                  PoolWindow, ReconcileWrite, TickInput)
 from kneecap.observe.scrape import ParseCache, ScrapeError, Snapshot, family_filter, scrape as http_scrape
 from kneecap.observe.vllm_metric_names import WINDOW_METRICS
 from kneecap.observe.window import NoObservation, Observation, Reason, combine, window_deltas
@@ -183,32 +185,30 @@ async def observe_pool(ctx: LoopContext, mem: LoopMemory, ns: str, name: str, sp
                    ignored_metrics_url=reconcile.ignored_metrics_url(pods))
 
 
-async def _live_pools(ctx: LoopContext, owner: dict, spec: LLMDeploymentSpec) -> list[reconcile.PoolState]:
-    """The pools as they are live, read only (a reconcile that failed wrote nothing to trust)."""
-    ns, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
+async def read_owned(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec,
+                     full: bool) -> tuple[reconcile.LiveObjects | None, reconcile.ReconcileResult, ApiFailure | None]:
+    """The owned (or adopted) objects as read and what they show (the pools, conflicts, missing
+    targets), read only. When the read fails: no objects to reconcile from (None), the pools of
+    a read of the Deployments alone (their windows still count), and the failure."""
     try:
-        hpas = await ctx.reader.hpas(ns)
-    except Exception:  # noqa: BLE001 - no HPA API is the same as no HPA
-        hpas = []
-    if spec.adopted:  # (reading an adopted pool writes nothing: it failed on a read)
-        return []
-    out = []
-    for pool in manifests.pools(name, spec):
-        try:
-            live = await ctx.reader.deployment(ns, pool.name)
-        except API_EXCEPTIONS:
-            live = None
-        if live is not None and reconcile.owns(owner, live):  # someone else's is not observed either
-            start = manifests.initial_settings(spec, pool.role)
-            out.append(reconcile.PoolState(pool, live, manifests.live_settings(live, start),
-                                           reconcile.replicas_owner(spec, live, hpas)))
-    return out
+        live = await reconcile.read_live(ctx.kube, body, spec, full=full, reads=ctx.reader)
+        return live, reconcile.plan_reconcile(body, spec, live), None
+    except API_EXCEPTIONS as exc:
+        failure = ApiFailure.of(exc)
+        log.warning("reading the objects of %s/%s failed: %s", body["metadata"]["namespace"],
+                    body["metadata"]["name"], failure)
+    try:
+        partial = reconcile.plan_reconcile(body, spec, await reconcile.read_live(ctx.kube, body, spec, full=False,
+                                                                                 reads=ctx.reader))
+    except API_EXCEPTIONS:
+        return None, reconcile.ReconcileResult(), failure
+    return None, reconcile.ReconcileResult(pools=[p for p in partial.pools if not p.created]), failure
 
 
 async def gather(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec,
                  mem: LoopMemory) -> tuple[TickInput, dict]:
-    """Reconcile and observe: (what plan needs, the status it starts from: the resource's,
-    with a status the last tick could not write merged in)."""
+    """Read and observe, writing nothing: (what plan needs, the status it starts from: the
+    resource's, with a status the last tick could not write merged in)."""
     meta = body["metadata"]
     ns, name = meta["namespace"], meta["name"]
     status = {**(body.get("status") or {}), **(pending_status(mem, meta.get("resourceVersion")) or {}),
@@ -218,30 +218,17 @@ async def gather(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec,
     # pass on every spec change)
     full = mem.ticks % FULL_RECONCILE_TICKS == 0 or mem.reconcile_failed
     mem.ticks += 1
-    failures: list[ApiFailure] = []
-    changes: list[str] = []
-    conflicts: list[reconcile.Conflict] = []
-    missing: list[str] = []
-    try:
-        async with ctx.reconcile_lock or contextlib.nullcontext():
-            rec = await reconcile.reconcile(ctx.kube, body, spec, full=full, reads=ctx.reader)
-        pools = rec.pools
-        conflicts, missing = list(rec.conflicts), list(rec.missing)
-        changes = ([f"{p.pool.name} {'created' if p.created else 'patched'}" for p in rec.pools
-                    if p.created or p.patched] + [f"{d} deleted" for d in rec.deleted])
-    except API_EXCEPTIONS as exc:
-        failures.append(ApiFailure.of(exc))
-        log.warning("reconcile of %s/%s failed: %s", ns, name, failures[-1])
-        pools = await _live_pools(ctx, body, spec)
-    mem.reconcile_failed = bool(failures)
+    live, seen, failure = await read_owned(ctx, body, spec, full)
+    pools = seen.pools
     windows = tuple([await observe_pool(ctx, mem, ns, name, spec, p) for p in pools])
     for role in set(mem.snapshots) - {p.pool.role for p in pools}:
         del mem.snapshots[role]
     ring = planner.parse_ring(status.get("observations") or [], planner.primary_role(spec), mem.parsed_ring)
-    return TickInput(ns, name, meta.get("generation"), windows, ring, tuple(changes), tuple(failures),
-                            reconcile_failed=bool(failures), status_write_failure=mem.status_write_failure,
-                            conflicts=tuple(conflicts), full_pass=full and not failures,
-                            missing_targets=tuple(missing)), status
+    return TickInput(ns, name, meta.get("generation"), windows, ring, owner=body, live=live,
+                     api_failures=(failure,) if failure else (), reconcile_failed=failure is not None,
+                     status_write_failure=mem.status_write_failure,
+                     conflicts=tuple(seen.conflicts), full_pass=full and live is not None,
+                     missing_targets=tuple(seen.missing)), status
 
 
 # ---------------------------------------------------------------- apply
@@ -256,36 +243,55 @@ def _update_metric(metrics: OperatorMetrics, u: MetricUpdate) -> None:
         metrics.drop(series, *u.labels)
 
 
-async def apply(ctx: LoopContext, g: TickInput, plan: Plan) -> dict:
-    """Write the plan's patches in order; at the first that fails, the status the plan computed
-    for that case (`DeploymentPatch.if_failed`) replaces its own and the rest are not sent.
-    Then the metrics and the Events. Returns the status to write."""
+async def apply(ctx: LoopContext, g: TickInput, plan: Plan) -> tuple[dict, bool]:
+    """Send the plan's writes in order, the reconcile writes first; at the first that fails,
+    the status the plan computed for that case (``if_failed``) replaces its own and the rest
+    are not sent. Then the metrics and the Events. Returns (the status to write, whether a
+    reconcile write failed)."""
     status, events, updates = plan.status, list(plan.events), list(plan.metrics)
-    for patch in plan.patches:
+    changes: list[str] = []
+    failed = None
+    for action in plan.reconcile:
+        try:
+            _, changed = await reconcile.write(ctx.kube, action.write)
+        except API_EXCEPTIONS as exc:
+            failed = action, ApiFailure.of(exc)
+            break
+        changes += [action.write.change] if changed else []
+    if changes:
+        events.insert(0, Event("Normal", "Reconciled", ", ".join(changes)[:900]))
+    for patch in plan.patches if failed is None else ():
         try:
             await ctx.kube.patch(deployments_path(g.namespace, patch.name), patch.body, patch.content_type)
         except API_EXCEPTIONS as exc:
-            failure = ApiFailure.of(exc)
-            log.warning("patch of %s/%s failed: %s", g.namespace, patch.name, failure)
-            status, event, counters = patch.if_failed.outcome(failure)
-            events += [event] if event else []
-            updates.extend(counters)
+            failed = patch, ApiFailure.of(exc)
             break
         events.extend(patch.events)
         updates.extend(patch.metrics)
+    if failed is not None:
+        action, failure = failed
+        log.warning("a write of %s/%s failed: %s", g.namespace, g.name, failure)
+        status, event, counters = action.if_failed.outcome(failure)
+        events += [event] if event else []
+        updates.extend(counters)
     for u in updates:
         _update_metric(ctx.metrics, u)
     for e in events:
         ctx.event(e.type, e.reason, e.message)
-    return status
+    return status, failed is not None and isinstance(failed[0], ReconcileWrite)
 
 
 async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopMemory) -> dict:
-    """One iteration: gather, plan, apply. Returns the status patch (the caller writes it, see
-    :func:`write_status`). Reads the clock once (``ctx.now``)."""
+    """One iteration: gather (reads only), plan (pure), apply (writes only). Returns the status
+    patch (the caller writes it, see :func:`write_status`). Reads the clock once (``ctx.now``).
+    Holds the resource's reconcile lock throughout: the spec handlers' reconcile passes do not
+    interleave with a tick's reads and writes."""
     now_s = ctx.now()
-    g, status = await gather(ctx, body, spec, mem)
-    return await apply(ctx, g, planner.plan(g, status, spec, now_s, ctx.gauss_runs))
+    async with ctx.reconcile_lock or contextlib.nullcontext():
+        g, status = await gather(ctx, body, spec, mem)
+        status, mem.reconcile_failed = await apply(ctx, g, planner.plan(g, status, spec, now_s, ctx.gauss_runs))
+    mem.reconcile_failed = mem.reconcile_failed or g.reconcile_failed
+    return status
 
 
 def pending_status(mem: LoopMemory, version: str | None) -> dict | None:

@@ -28,9 +28,9 @@ from kneecap.control.kube import MERGE
 from kneecap.control.metrics import CURVE_BATCHES
 from kneecap.control.spec import LLMDeploymentSpec
 from kneecap.control.target import STRATEGIC, settings_patch
-from kneecap.control.tick import (APPLY_FAILED, FAILED, IDLE, NO_PODS, OBSERVED, OPEN, SCRAPE_FAILED, STALE,
-                                  UNUSABLE, DeploymentPatch, Event, FailedPatch, MetricUpdate, Plan, PoolWindow,
-                                  TickInput, decision_status)
+from kneecap.control.tick import (APPLY_FAILED, FAILED, IDLE, NO_PODS, OBSERVED, OPEN, RECONCILE_FAILED,
+                                  SCRAPE_FAILED, STALE, UNUSABLE, DeploymentPatch, Event, FailedWrite, MetricUpdate,
+                                  Plan, PoolWindow, ReconcileWrite, TickInput, decision_status)
 from kneecap.errors import InputError
 from kneecap.model import calibrate, slim
 from kneecap.model.arch import get_arch
@@ -259,6 +259,7 @@ class _Tick:
     m: _Metrics = field(default_factory=_Metrics)
     events: list = field(default_factory=list)
     patches: list = field(default_factory=list)
+    reconcile_writes: tuple = ()  # reconcile.ObjectWrite, sent before the patches
     gauss_runs: gauss_reuse.GaussRuns | None = None  # the loop's past GAUSS runs (decide.colocated_replicas)
 
     @property
@@ -285,11 +286,15 @@ class _Tick:
     def finish(self) -> Plan:
         self.out.update(conditions=self.conds, phase=status_helpers.phase_of(self.conds))
         patches, undone = [], {}
-        for patch in reversed(self.patches):  # a failed patch's later ones are not sent either
+        for patch in reversed(self.patches):  # a failed write's later ones are not sent either
             undone = {**undone, **patch.rollback}
-            failed = FailedPatch({**self.out, **undone}, self.g.generation, self.now_s, self.labels)
+            failed = FailedWrite({**self.out, **undone}, self.g.generation, self.now_s, self.labels)
             patches.insert(0, dataclasses.replace(patch, if_failed=failed))
-        return Plan(self.out, tuple(self.events), tuple(self.m.updates), tuple(patches))
+        writes = tuple(ReconcileWrite(w, FailedWrite(
+            {**self.out, **undone}, self.g.generation, self.now_s, self.labels, RECONCILE_FAILED,
+            f"not acting until the pools reconcile: the {w.verb} of {w.kind} {w.name} failed"))
+            for w in self.reconcile_writes)
+        return Plan(self.out, tuple(self.events), tuple(self.m.updates), tuple(patches), writes)
 
 
 def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
@@ -305,8 +310,8 @@ def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
               conds=list(status.get("conditions") or []), gauss_runs=gauss_runs)
     labels, role = t.labels, primary_role(spec)
     _export_spec(t)
-    if g.changes:
-        t.events.append(Event("Normal", "Reconciled", ", ".join(g.changes)))
+    if g.live is not None and g.owner is not None:  # the owned objects brought to the spec first
+        t.reconcile_writes = tuple(reconcile.plan_reconcile(g.owner, spec, g.live).writes)
     states = [p.state for p in g.pools]
     t.condition(status_helpers.READY, *status_helpers.ready(
         [s.deployment for s in states], missing=g.missing_targets,
@@ -350,7 +355,7 @@ def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
     if main is None:
         why = ("; ".join(c.message for c in g.conflicts) or "; ".join(map(str, g.api_failures))
                or "; ".join(g.missing_targets) or f"no {role} pool")
-        reason = ("OwnershipConflict" if g.conflicts else "ReconcileFailed" if g.reconcile_failed
+        reason = ("OwnershipConflict" if g.conflicts else RECONCILE_FAILED if g.reconcile_failed
                   else "TargetMissing" if g.missing_targets else "PoolMissing")
         t.decision(reason, f"not acting: {why}", "Warning")
         return t.finish()
@@ -430,7 +435,7 @@ def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
     t.out["applied"] = {**applied, **settings_status(cur), "pool": role}
     if g.reconcile_failed or g.conflicts or g.missing_targets:
         why = "; ".join([str(f) for f in g.api_failures] + [c.message for c in g.conflicts] + list(g.missing_targets))
-        t.decision("OwnershipConflict" if g.conflicts else "ReconcileFailed" if g.reconcile_failed
+        t.decision("OwnershipConflict" if g.conflicts else RECONCILE_FAILED if g.reconcile_failed
                    else "TargetMissing", f"not acting until the pools reconcile: {why}", "Warning")
         return t.finish()
 

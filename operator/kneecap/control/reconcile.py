@@ -90,6 +90,7 @@ class PoolState:
     created: bool = False
     patched: bool = False
     adoption: target.Adoption | None = None  # spec.targetRef: the user's Deployment (None: kneecap's own)
+    rollout_pending: bool = False  # a planned patch changes its spec: a rollout starts once it is sent
 
     @property
     def engine_container(self) -> dict:
@@ -99,7 +100,10 @@ class PoolState:
 
     @property
     def rollout_in_progress(self) -> bool:
-        """Deployment controller has not caught up, or not all replicas run the new template."""
+        """Deployment controller has not caught up, or not all replicas run the new template (or a
+    patch about to be sent changes its spec)."""
+        if self.rollout_pending:
+            return True
         d, st = self.deployment, self.deployment.get("status") or {}
         if not st:
             return False
@@ -109,12 +113,43 @@ class PoolState:
         return int(st.get("updatedReplicas", want)) < want or int(st.get("unavailableReplicas", 0)) > 0
 
 
+@dataclass(frozen=True)
+class ObjectWrite:
+    """One write reconcile decided: create, patch or delete an owned Deployment or Service."""
+
+    verb: str  # create | patch | delete
+    kind: str  # Deployment | Service
+    name: str
+    path: str  # the collection's path for create, the object's otherwise
+    body: dict | None = None  # the object (create) or the merge patch (patch)
+
+    @property
+    def change(self) -> str:
+        """What it does, for the Reconciled Event: "llm created", "Service/llm-old deleted"."""
+        return f"{self.kind}/{self.name} deleted" if self.verb == "delete" else f"{self.name} {self.verb}d"
+
+
+@dataclass(frozen=True)
+class LiveObjects:
+    """What reconcile reads of one LLMDeployment's owned (or adopted) objects; read only."""
+
+    hpas: tuple[dict, ...]
+    deployments: dict[str, dict | None]  # pool Deployment name -> live object (None: absent)
+    services: dict[str, dict | None] | None = None  # pool Service name -> live object; a full pass only
+    owned: tuple[tuple[str, dict], ...] | None = None  # (kind, object) kneecap made for the owner; a full pass only
+
+    @property
+    def full(self) -> bool:
+        return self.owned is not None
+
+
 @dataclass
 class ReconcileResult:
     pools: list[PoolState] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     conflicts: list[Conflict] = field(default_factory=list)  # their pools are left out of `pools`
     missing: list[str] = field(default_factory=list)  # spec.targetRef Deployments (or containers) not found
+    writes: list[ObjectWrite] = field(default_factory=list)  # what brings the live objects to the spec, in order
 
     @property
     def changed(self) -> bool:
@@ -128,93 +163,143 @@ async def _hpas(reads: ApiReads, ns: str) -> list[dict]:
         return []
 
 
-async def reconcile(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec, *, full: bool = True,
-                    reads: ApiReads | None = None) -> ReconcileResult:
-    """Create what is missing, patch what drifted from the spec, delete pools the spec dropped.
-
-    ``full=False`` (the control loop's ticks between full passes): Deployments only, no
-    Service check and no pruning; what a spec change adds or drops is handled by the spec
-    handlers, which always run a full pass. ``reads``: where the live Deployments and HPAs are
-    read (the API by default; the ticks pass their watch-backed caches). Writes and pruning
-    always go to the API."""
+async def read_live(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec, *, full: bool = True,
+                    reads: ApiReads | None = None) -> LiveObjects:
+    """Read what reconcile compares: the pools' Deployments and the namespace's HPAs (from
+    ``reads``: the API by default, the ticks' watch-backed caches), and on a full pass the
+    Services and every object kneecap made for ``owner`` (from the API). Writes nothing."""
     ns, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
     reads = reads or ApiReads(kube)
+    pools = manifests.pools(name, spec)
+    hpas = tuple(await _hpas(reads, ns))
+    deployments = {pool.name: await reads.deployment(ns, pool.name) for pool in pools}
+    if spec.adopted or not full:
+        return LiveObjects(hpas, deployments)
+    services = {pool.name: await kube.get(services_path(ns, pool.name)) for pool in pools}
+    owned = tuple((_KIND[path_fn], obj) for path_fn, obj in await _owned(kube, owner))
+    return LiveObjects(hpas, deployments, services, owned)
+
+
+def plan_reconcile(owner: dict, spec: LLMDeploymentSpec, live: LiveObjects) -> ReconcileResult:
+    """Compare the live objects with what the spec asks for (pure): each pool's state as it will
+    be, the conflicts, and the writes that create what is missing, patch what drifted and (a full
+    pass) delete the pools the spec dropped. A pool to be created is represented by the object to
+    be created (``created``); one to be patched by its live object (``patched``: its rollout
+    starts with the patch, so the loop holds its decisions until the next tick)."""
+    ns, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
     result = ReconcileResult()
-    hpas = await _hpas(reads, ns)
+    pools = manifests.pools(name, spec)
     if spec.adopted:
-        for pool, ref in zip(manifests.pools(name, spec), spec.targets):
-            state = await adopted_pool(reads, ns, spec, pool, ref.container, hpas, result)
+        for pool, ref in zip(pools, spec.targets):
+            state = adopted_pool(ns, spec, pool, ref.container, live, result)
             if state is not None:
                 result.pools.append(state)
         return result
-    for pool in manifests.pools(name, spec):
-        state = await _reconcile_pool(kube, reads, owner, spec, pool, hpas, result)
+    for pool in pools:
+        state = _plan_pool(owner, spec, pool, live, result)
         if state is None:
             continue  # the Deployment is someone else's: nothing is made for this pool
         result.pools.append(state)
-        if full:
-            await _reconcile_service(kube, owner, spec, pool, result)
-
-    if not full:
+        if live.services is not None:
+            _plan_service(owner, spec, pool, live.services.get(pool.name), result)
+    if live.owned is None:
         return result
-    keep = {p.name for p in manifests.pools(name, spec)}
-    for path_fn, obj in await _owned(kube, owner):
+    keep = {p.name for p in pools}
+    for kind, obj in live.owned:
         n = obj["metadata"]["name"]
         if n not in keep:
-            await kube.delete(path_fn(ns, n))
-            result.deleted.append(f"{_KIND[path_fn]}/{n}")  # (a real API's list items carry no kind)
+            path_fn = deployments_path if kind == "Deployment" else services_path
+            result.writes.append(ObjectWrite("delete", kind, n, path_fn(ns, n)))
+            result.deleted.append(f"{kind}/{n}")  # (a real API's list items carry no kind)
     return result
 
 
-async def adopted_pool(reads: ApiReads, ns: str, spec: LLMDeploymentSpec, pool: manifests.Pool, container: str | None,
-                       hpas: list[dict], result: ReconcileResult) -> PoolState | None:
+async def write(kube: KubeClient, w: ObjectWrite) -> tuple[dict | None, bool]:
+    """Send one write: (the object the API returned, whether it changed anything: a create that
+    found the object already there (409) did not)."""
+    if w.verb == "create":
+        return await kube.create(w.path, w.body)
+    if w.verb == "patch":
+        return await kube.patch(w.path, w.body), True
+    return None, await kube.delete(w.path)
+
+
+async def reconcile(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec, *, full: bool = True,
+                    reads: ApiReads | None = None) -> ReconcileResult:
+    """Create what is missing, patch what drifted from the spec, delete pools the spec dropped
+    (:func:`read_live`, :func:`plan_reconcile`, then the writes in order; the spec handlers'
+    pass, the control loop's ticks send the same writes as actions of their plan).
+
+    ``full=False`` (the control loop's ticks between full passes): Deployments only, no
+    Service check and no pruning; what a spec change adds or drops is handled by the spec
+    handlers, which always run a full pass. A write that fails raises (ApiError)."""
+    result = plan_reconcile(owner, spec, await read_live(kube, owner, spec, full=full, reads=reads))
+    written: dict[str, dict] = {}
+    for w in result.writes:
+        obj, changed = await write(kube, w)
+        if w.kind == "Deployment" and obj is not None:
+            written[w.name] = obj
+        if w.verb == "create" and not changed and not owns(owner, obj):  # someone else's, made a moment before
+            result.conflicts.append(_conflict(owner, w.kind, obj))
+            result.pools = [p for p in result.pools if p.pool.name != w.name or w.kind != "Deployment"]
+    for p in result.pools:
+        if p.pool.name in written:
+            p.deployment, p.rollout_pending = written[p.pool.name], False
+            p.settings = manifests.live_settings(p.deployment, manifests.initial_settings(spec, p.pool.role))
+    return result
+
+
+def adopted_pool(ns: str, spec: LLMDeploymentSpec, pool: manifests.Pool, container: str | None,
+                 live: LiveObjects, result: ReconcileResult) -> PoolState | None:
     """A spec.targetRef Deployment as it is live, read only: kneecap creates, repairs and owns
     nothing of it. None (and `result.missing` says why) when it or its container is absent."""
-    live = await reads.deployment(ns, pool.name)
-    if live is None:
+    deploy = live.deployments.get(pool.name)
+    if deploy is None:
         result.missing.append(f"Deployment {ns}/{pool.name} (spec.targetRef, {pool.role}) not found; "
                               "kneecap creates nothing for it")
         return None
-    c = target.find_container(live, container)
+    c = target.find_container(deploy, container)
     if c is None:
         result.missing.append(f"Deployment {ns}/{pool.name} has no container {container!r} "
                               "(spec.targetRef.container)")
         return None
-    adoption = target.adoption(live, c)
+    adoption = target.adoption(deploy, c)
     start = manifests.initial_settings(spec, pool.role)
     try:
-        settings = manifests.live_settings(live, start, c)
+        settings = manifests.live_settings(deploy, start, c)
     except ValueError as exc:  # e.g. --max-num-seqs=$(SEQS): a value only the kubelet expands
         settings = manifests.EngineSettings(start.max_num_seqs, start.gpu_memory_utilization, None,
-                                            int(live["spec"].get("replicas", 1)))
+                                            int(deploy["spec"].get("replicas", 1)))
         adoption = target.Adoption(adoption.container, adoption.port, adoption.controller,
                                    f"a managed flag's value in its argv is not a number ({exc}): kneecap advises only",
                                    adoption.tensor_parallel_size)
-    return PoolState(pool, live, settings, replicas_owner(spec, live, hpas), adoption=adoption)
+    return PoolState(pool, deploy, settings, replicas_owner(spec, deploy, list(live.hpas)), adoption=adoption)
 
 
-async def _reconcile_pool(kube: KubeClient, reads: ApiReads, owner: dict, spec: LLMDeploymentSpec,
-                          pool: manifests.Pool, hpas: list[dict], result: ReconcileResult) -> PoolState | None:
-    """Create or repair one pool's Deployment; None (and a Conflict) when it is not kneecap's."""
+def _plan_pool(owner: dict, spec: LLMDeploymentSpec, pool: manifests.Pool, live: LiveObjects,
+               result: ReconcileResult) -> PoolState | None:
+    """One pool's Deployment: created when missing, patched when it drifted; None (and a
+    Conflict) when it is not kneecap's."""
     ns = owner["metadata"]["namespace"]
-    live = await reads.deployment(ns, pool.name)
+    deploy = live.deployments.get(pool.name)
     start = manifests.initial_settings(spec, pool.role)
-    created = False
-    if live is None:
-        live, created = await kube.create(deployments_path(ns), manifests.deployment(owner, spec, pool, start))
-    if not owns(owner, live):  # (also one created by someone else a moment before ours: 409)
-        result.conflicts.append(_conflict(owner, "Deployment", live))
+    hpas = list(live.hpas)
+    if deploy is None:
+        desired = manifests.deployment(owner, spec, pool, start)
+        result.writes.append(ObjectWrite("create", "Deployment", pool.name, deployments_path(ns), desired))
+        return PoolState(pool, desired, manifests.live_settings(desired, start), replicas_owner(spec, desired, hpas),
+                         created=True)
+    if not owns(owner, deploy):
+        result.conflicts.append(_conflict(owner, "Deployment", deploy))
         return None
-    ownership = replicas_owner(spec, live, hpas)
-    if created:
-        return PoolState(pool, live, manifests.live_settings(live, start), ownership, created=True)
-    settings = manifests.live_settings(live, start)
+    ownership = replicas_owner(spec, deploy, hpas)
+    settings = manifests.live_settings(deploy, start)
     if not ownership.external:
         bounds = manifests.pool_bounds(spec, pool.role)
         settings = manifests.EngineSettings(settings.max_num_seqs, settings.gpu_memory_utilization,
                                             settings.kv_cache_memory_bytes, bounds.clamp(settings.replicas))
-    key = _sync_key(owner, live, pool, settings, ownership.external)
-    patched = False
+    key = _sync_key(owner, deploy, pool, settings, ownership.external)
+    patched = rollout_pending = False
     if key is None or key not in _IN_SYNC:
         desired = manifests.deployment(owner, spec, pool, settings)
         # labels, the owner reference and the pod template (replicas unless an HPA or a person
@@ -224,18 +309,19 @@ async def _reconcile_pool(kube: KubeClient, reads: ApiReads, owner: dict, spec: 
                 "spec": {"template": desired["spec"]["template"]}}
         if not ownership.external:
             want["spec"]["replicas"] = desired["spec"]["replicas"]
-        removed = manifests.removed_template_fields(desired, live)
-        patched = not in_sync(want, live) or bool(removed)
+        removed = manifests.removed_template_fields(desired, deploy)
+        patched = not in_sync(want, deploy) or bool(removed)
         if patched:
             if removed:  # what the spec dropped (a toleration list, a nodeSelector) leaves the live template too
                 want["spec"]["template"] = {**want["spec"]["template"],
                                             "spec": {**want["spec"]["template"]["spec"], **removed}}
-            live = await kube.patch(deployments_path(ns, pool.name), want)
+            result.writes.append(ObjectWrite("patch", "Deployment", pool.name, deployments_path(ns, pool.name), want))
+            rollout_pending = bool(removed) or not in_sync({"spec": want["spec"]}, deploy)
         elif key is not None:
             if len(_IN_SYNC) >= _IN_SYNC_MAX:
                 _IN_SYNC.clear()
             _IN_SYNC[key] = None
-    return PoolState(pool, live, manifests.live_settings(live, start), ownership, patched=patched)
+    return PoolState(pool, deploy, settings, ownership, patched=patched, rollout_pending=rollout_pending)
 
 
 # Deployments found in sync with what the builder makes, keyed by everything the builder and
@@ -256,21 +342,21 @@ def _sync_key(owner: dict, live: dict, pool: manifests.Pool, settings: manifests
             lmeta["resourceVersion"], pool, settings, external)
 
 
-async def _reconcile_service(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec, pool: manifests.Pool,
-                             result: ReconcileResult) -> None:
-    """Create or repair one pool's Service; a Conflict when it is not kneecap's."""
+def _plan_service(owner: dict, spec: LLMDeploymentSpec, pool: manifests.Pool, live: dict | None,
+                  result: ReconcileResult) -> None:
+    """One pool's Service: created when missing, patched when it drifted; a Conflict when it is
+    not kneecap's."""
     ns = owner["metadata"]["namespace"]
     svc = manifests.service(owner, spec, pool)
-    live = await kube.get(services_path(ns, pool.name))
-    created = False
     if live is None:
-        live, created = await kube.create(services_path(ns), svc)
+        result.writes.append(ObjectWrite("create", "Service", pool.name, services_path(ns), svc))
+        return
     if not owns(owner, live):
         result.conflicts.append(_conflict(owner, "Service", live))
         return
     want = {"metadata": {"labels": svc["metadata"]["labels"]}, "spec": svc["spec"]}
-    if not created and not in_sync(want, live):
-        await kube.patch(services_path(ns, pool.name), want)
+    if not in_sync(want, live):
+        result.writes.append(ObjectWrite("patch", "Service", pool.name, services_path(ns, pool.name), want))
 
 
 _KIND = {deployments_path: "Deployment", services_path: "Service"}

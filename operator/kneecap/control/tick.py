@@ -2,9 +2,10 @@
 pure data.
 
 gather reads the pools, their pods and scrapes into one :class:`TickInput` (a :class:`PoolWindow`
-per pool); plan turns it, the resource's status and spec into one :class:`Plan` (the status to
-write, Events, metric updates and the Deployment patches, each patch with the status to write
-instead should it fail); apply writes the patches and reports what happened.
+per pool, the owned objects as read); plan turns it, the resource's status and spec into one
+:class:`Plan` (the status to write, Events, metric updates, the writes that reconcile the owned
+objects and the decision's Deployment patches, each write with the status to write instead
+should it fail); apply sends the writes and reports what happened.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ FAILED = (UNUSABLE, SCRAPE_FAILED)
 STALE = "ObservationStale"
 
 APPLY_FAILED = "ApplyFailed"  # the decision reason when a Deployment patch of the plan failed
+RECONCILE_FAILED = "ReconcileFailed"  # ... when a reconcile write (or read) failed
 
 
 @dataclass(frozen=True)
@@ -53,9 +55,10 @@ class TickInput:
     pools: tuple[PoolWindow, ...]
     ring: tuple[tuple[dict, status_helpers.RingEntry | None], ...] = ()  # status.observations, each with its parse
     # (None: another pool's entry, or unreadable); see plan.parse_ring
-    changes: tuple[str, ...] = ()  # what reconcile created, patched or deleted
-    api_failures: tuple[ApiFailure, ...] = ()  # writes refused while gathering (reconcile)
-    reconcile_failed: bool = False  # reconcile stopped on one of api_failures
+    owner: dict | None = None  # the LLMDeployment's apiVersion, kind and metadata (what owned objects point to)
+    live: reconcile.LiveObjects | None = None  # the owned objects as read (None: not read, or read failed)
+    api_failures: tuple[ApiFailure, ...] = ()  # reads refused while gathering (reconcile's)
+    reconcile_failed: bool = False  # the owned objects could not be read (one of api_failures)
     status_write_failure: ApiFailure | None = None  # the previous tick's status write failed
     conflicts: tuple[reconcile.Conflict, ...] = ()  # owned objects that are not kneecap's
     full_pass: bool = False  # reconcile checked every owned object (Services too): no conflict means none
@@ -87,15 +90,17 @@ def decision_status(action: str, reason: str, message: str, now_s: float, target
 
 
 @dataclass(frozen=True)
-class FailedPatch:
-    """What a tick reports instead of its plan when a Deployment patch fails, computed by plan:
-    the status without the changes of this patch and the ones after it (they are not sent),
+class FailedWrite:
+    """What a tick reports instead of its plan when one of its writes fails, computed by plan:
+    the status without the changes of that write and the ones after it (they are not sent),
     which :meth:`outcome` completes with the API's answer (ApiError, a held decision)."""
 
     status: dict
     generation: int | str | None
     now_s: float
     labels: tuple[str, str]  # (namespace, name) of the LLMDeployment
+    reason: str = APPLY_FAILED  # the held decision's reason
+    what: str = "the Deployment patch failed, nothing applied"  # its message, before the API's answer
 
     def outcome(self, failure: ApiFailure) -> tuple[dict, Event | None, tuple[MetricUpdate, ...]]:
         """(the status to write, a Warning Event unless ApiError already said the same, the counters)."""
@@ -104,13 +109,23 @@ class FailedPatch:
         prev = status_helpers.get_condition(conds, status_helpers.API_ERROR) or {}
         conds = status_helpers.set_condition(conds, status_helpers.API_ERROR, True, reason, text, self.generation,
                                              self.now_s)
-        message = f"the Deployment patch failed, nothing applied: {failure}"
+        message = f"{self.what}: {failure}"
         status = {**self.status, "conditions": conds, "phase": status_helpers.phase_of(conds),
-                  "lastDecision": decision_status(policy.HOLD, APPLY_FAILED, message, self.now_s)}
+                  "lastDecision": decision_status(policy.HOLD, self.reason, message, self.now_s)}
         repeated = prev.get("status") == "True" and prev.get("message") == text
         return status, None if repeated else Event("Warning", reason, message[:900]), (
             MetricUpdate("inc", "api_errors", (failure.verb, failure.resource, str(failure.code)), 1.0),
-            MetricUpdate("inc", "decisions", (*self.labels, APPLY_FAILED), 1.0))
+            MetricUpdate("inc", "decisions", (*self.labels, self.reason), 1.0))
+
+
+@dataclass(frozen=True)
+class ReconcileWrite:
+    """A write that brings an owned object to the spec (reconcile.plan_reconcile), sent before
+    the decision's patches; a failure holds the tick (``if_failed``) and makes the next
+    reconcile a full pass."""
+
+    write: reconcile.ObjectWrite
+    if_failed: FailedWrite | None = None  # set by plan for every write it returns
 
 
 @dataclass(frozen=True)
@@ -124,7 +139,7 @@ class DeploymentPatch:
     events: tuple[Event, ...] = ()  # posted once it succeeded
     metrics: tuple[MetricUpdate, ...] = ()  # applied once it succeeded
     content_type: str = MERGE  # an adopted Deployment: a strategic merge patch of its container (target.py)
-    if_failed: FailedPatch | None = None  # set by plan for every patch it returns
+    if_failed: FailedWrite | None = None  # set by plan for every patch it returns
 
 
 @dataclass(frozen=True)
@@ -135,3 +150,4 @@ class Plan:
     events: tuple[Event, ...]
     metrics: tuple[MetricUpdate, ...]
     patches: tuple[DeploymentPatch, ...]  # at most one per pool, the primary pool's first
+    reconcile: tuple[ReconcileWrite, ...] = ()  # sent first, in order
