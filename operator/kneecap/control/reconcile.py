@@ -126,7 +126,9 @@ class ObjectWrite:
     @property
     def change(self) -> str:
         """What it does, for the Reconciled Event: "llm created", "Service/llm-old deleted"."""
-        return f"{self.kind}/{self.name} deleted" if self.verb == "delete" else f"{self.name} {self.verb}d"
+        if self.verb == "delete":
+            return f"{self.kind}/{self.name} deleted"
+        return f"{self.name} {'created' if self.verb == 'create' else 'patched'}"
 
 
 @dataclass(frozen=True)
