@@ -52,7 +52,7 @@ class TickInput:
     generation: int | str | None
     pools: tuple[PoolWindow, ...]
     ring: tuple[tuple[dict, status_helpers.RingEntry | None], ...] = ()  # status.observations, each with its parse
-    # (None: another pool's entry, or unreadable); see plan.parse_ring
+    # (None: another pool's entry, or unreadable); see status_codec.parse_ring
     changes: tuple[str, ...] = ()  # what reconcile created, patched or deleted
     api_failures: tuple[ApiFailure, ...] = ()  # writes refused while gathering (reconcile)
     reconcile_failed: bool = False  # reconcile stopped on one of api_failures
