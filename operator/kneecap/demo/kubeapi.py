@@ -211,7 +211,6 @@ class KubeAPI(kmock.KubernetesEmulator):
     """kmock's emulator with the fixes listed in the module docstring."""
 
     instant_rollouts: bool = True
-    garbage_collect: bool = True  # cascade deletes by ownerReferences, as a cluster's GC does
     _rv: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
     _warnings: list[str] = attrs.field(factory=list, init=False)  # of the request being served
 
@@ -540,7 +539,7 @@ class KubeAPI(kmock.KubernetesEmulator):
         self._objects[key].delete()
         events.append((key[0], {"type": "DELETED", "object": obj}))
         uid = obj.get("metadata", {}).get("uid")
-        if not uid or not self.garbage_collect:
+        if not uid:
             return
         for (r, ns, name), dep in list(self._objects.items()):
             if dep.deleted:
@@ -671,14 +670,3 @@ class KubeAPIThread:
                                                                   "metadata": {"name": name}})
         assert code in (201, 409), (code, body)
         return body
-
-    def add_pod(self, namespace: str, name: str, labels: dict, ip: str = "127.0.0.1", port: int = 8000,
-                annotations: dict | None = None, ready: bool = True) -> dict:
-        """A running pod as a kubelet would report it (the test points it at a real HTTP server)."""
-        return self.create("v1/pods", {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations or {}},
-            "spec": {"containers": [{"name": "vllm", "image": "x", "ports": [{"containerPort": port}]}]},
-            "status": {"phase": "Running", "podIP": ip,
-                       "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
-        })
