@@ -14,7 +14,7 @@ import pytest
 from kneecap.control import applied as A, manifests as M, plan as P, reconcile as R, status as St, target as T
 from kneecap.control import vllm_args as V
 from kneecap.control.spec import parse_spec
-from kneecap.demo.apiserver import strategic_merge
+from kneecap.emulation.admission import strategic_merge
 from tests.support.plan_inputs import LABELS, NOW, cond, ring_status
 from tests.support.profile_observations import observation
 
