@@ -14,7 +14,7 @@ import pytest
 from kneecap.control import applied as applied_record, manifests, plan, reconcile, status as status_helpers
 from kneecap.control import status_codec, target, vllm_args
 from kneecap.control.spec import parse_spec
-from kneecap.demo.apiserver import strategic_merge
+from kneecap.emulation.admission import strategic_merge
 from tests.support.plan_inputs import LABELS, NOW, cond, ring_status
 from tests.support.profile_observations import observation
 
