@@ -81,7 +81,7 @@ def autoscaling_bound(trace: Trace, cfg: ReplayConfig, hpa_good_per_gpu_hour: fl
     SLOs ("strict", 100% attainment) or meets the SLO quantiles ("quantile"). "free": replicas
     change at no cost; "with load": each replica added also holds its GPU for the model-load delay
     first; "with load, cooldown": besides, no
-    scale-down within the cooldown of a scale-up (kneecap's rule, ``plan.stabilised_replicas``;
+    scale-down within the cooldown of a scale-up (kneecap's rule, ``replica_stabilisation.stabilised_replicas``;
     the cheapest such schedule, found by dynamic programming over windows)."""
     width_s = cfg.window_s
     load_s = cfg.kubelet.load_delay_s(get_arch(cfg.architecture))

@@ -16,7 +16,8 @@ import pytest
 from kneecap.control import vllm_args as V
 from kneecap.control.manifests import vllm_container
 from kneecap.demo.harness import DemoConfig, run_demo
-from kneecap.demo.kubelet import template_hash, twin_argv
+from kneecap.demo.kubelet import twin_argv
+from kneecap.emulation.workloads import template_hash
 from kneecap.demo.report import plot, row_line, summary_text, template_changes
 from kneecap.errors import InputError
 
@@ -49,7 +50,7 @@ def test_short_demo_summary_matches_the_api_objects(tmp_path):
     # each twin ran with the args its Deployment version carried
     ready = [e for e in res.kubelet_events if e["event"] == "ready"]
     assert f"--max-num-seqs={s['converged_max_num_seqs']}" in ready[-1]["argv"]
-    assert ready[-1]["template"] == template_hash(res.deployment)
+    assert ready[-1]["template"] == template_hash(res.deployment["spec"]["template"])
     # rows: one per decision, with observed numbers once the window closed
     assert len(lines) == len(res.rows) >= 8
     assert any(r.decision == "Applied" for r in res.rows)

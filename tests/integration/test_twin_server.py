@@ -21,14 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from kneecap.observe import Observation, observe, scrape
 from kneecap.observe.observation import OBSERVATION_FIELDS
 from kneecap.sim.loadgen import run_load
+from tests.support.twins import free_port
 
 MAX_NUM_SEQS = 8
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Twin:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kneecap.control import applied, manifests, plan, reconcile, status as status_fields
+from kneecap.control import applied, manifests, plan, reconcile, status as status_fields, status_codec
 from kneecap.control.spec import parse_spec
 from tests.support.profile_observations import observation
 
@@ -41,7 +41,7 @@ def ring_status(curve) -> tuple[dict, tuple]:
               "workload": {"pool": "server", **status_fields.rounded(plan.obs_pool.to_status(obs[-1]))},
               "lastWindow": {"pool": "server", "outcome": plan.OBSERVED, "time": status_fields.iso(NOW - 30),
                              "usableTime": status_fields.iso(NOW - 30)}}
-    return status, plan.parse_ring(entries, "server")
+    return status, status_codec.parse_ring(entries, "server")
 
 
 def gathered(window: plan.PoolWindow, ring=(), **kw) -> plan.TickInput:

@@ -11,9 +11,9 @@ import pytest
 
 from kneecap.control import decide
 from kneecap.control.gauss_reuse import GaussRuns
-from kneecap.control.plan import calibration_from_status, calibration_to_status
 from kneecap.control.manifests import EngineSettings
 from kneecap.control.spec import parse_spec
+from kneecap.control.status_codec import calibration_from_status, calibration_to_status
 from kneecap.errors import InputError
 from tests.support.profile_observations import observation
 
@@ -219,7 +219,7 @@ def test_replicas_are_sized_at_the_cap_and_memory_they_apply(profiles_csv):
 def test_the_tpot_slo_reads_the_per_request_tpot_and_falls_back_to_itl(profiles_csv):
     """vLLM's per-request TPOT p95 is what a TPOT SLO means (and what GAUSS predicts); ITL p95
     (every token's gap, stalls included) is read only where the engine does not export it."""
-    from kneecap.control.plan import slo_met
+    from kneecap.control.slo import slo_met
 
     _, obs = _opt_fit(profiles_csv)
     spec = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb"},
@@ -246,7 +246,7 @@ def test_disaggregated_allocation_from_sara(profiles_csv):
 
 def test_batching_efficiency_and_curve_the_loop_exports(curve):
     """The series behind KneecapPastKnee and the dashboard's curve, from a fit on real H100 points."""
-    from kneecap.control.plan import batching_efficiency, slim_curve
+    from kneecap.control.plan_metrics import batching_efficiency, slim_curve
     from kneecap.control.metrics import CURVE_BATCHES
 
     obs = [observation(curve[c]) for c in (8, 16, 32)]
@@ -268,7 +268,7 @@ def test_batching_efficiency_and_curve_the_loop_exports(curve):
 
 
 def test_slo_attainment_is_the_fraction_of_ring_windows_meeting_every_slo(curve):
-    from kneecap.control.plan import slo_attainment
+    from kneecap.control.slo import slo_attainment
 
     o = observation(curve[8])
     spec = parse_spec({"model": {"name": "meta-llama/Llama-2-7b-hf"}, "accelerator": {"type": "h100-64gb"},
@@ -386,7 +386,7 @@ def _mape_of(cal, obs):
 
 
 def test_ring_entries_parse_each_entry_once_and_forget_dropped_ones(curve):
-    from kneecap.control.plan import ring_entries
+    from kneecap.control.status_codec import ring_entries
     from kneecap.observe import pool as obs_pool
 
     ring = [{"pool": "server", **obs_pool.to_status(replace(observation(curve[c]), t_end_s=1000.0 + c))}

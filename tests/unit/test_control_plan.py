@@ -9,7 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from kneecap.control import applied as A, plan as P, reconcile as R, status as St, vllm_args as V
+from kneecap.control import applied as applied_record, plan, reconcile, replica_stabilisation
+from kneecap.control import status as status_helpers, status_codec, vllm_args
 from kneecap.control.kube import ApiError, ApiFailure
 from kneecap.control.spec import parse_spec
 from tests.support.plan_inputs import LABELS, NOW, RAW, SPEC, cond, gathered, live_pool, ring_status
@@ -18,30 +19,31 @@ from tests.support.profile_observations import observation
 WINDOW = 60.0
 
 
-def updates(plan: P.Plan, metric: str) -> list[P.MetricUpdate]:
-    return [u for u in plan.metrics if u.metric == metric]
+def updates(planned: plan.Plan, metric: str) -> list[plan.MetricUpdate]:
+    return [u for u in planned.metrics if u.metric == metric]
 
 
 def test_a_fresh_window_in_enforce_patches_once_with_the_applied_record_in_the_same_patch(curve):
     status, ring = ring_status(curve)
     obs = replace(observation(curve[32]), t_end_s=NOW)
-    p = P.plan(gathered(P.PoolWindow("server", live_pool(), P.OBSERVED, observation=obs), ring), status, SPEC, NOW)
+    p = plan.plan(gathered(plan.PoolWindow("server", live_pool(), plan.OBSERVED, observation=obs), ring), status,
+                  SPEC, NOW)
     (patch,) = p.patches
-    record = json.loads(patch.body["metadata"]["annotations"][A.APPLIED_ANNOTATION])
+    record = json.loads(patch.body["metadata"]["annotations"][applied_record.APPLIED_ANNOTATION])
     c = patch.body["spec"]["template"]["spec"]["containers"][0]
-    assert record["maxNumSeqs"] == 64 == int(V.container_flag(c, "--max-num-seqs"))  # ×2 step
-    assert record["time"] == St.iso(NOW) and record["reason"] == "Recommended" and record["restart"] is True
+    assert record["maxNumSeqs"] == 64 == int(vllm_args.container_flag(c, "--max-num-seqs"))  # ×2 step
+    assert record["time"] == status_helpers.iso(NOW) and record["reason"] == "Recommended" and record["restart"] is True
     assert p.status["applied"] == {**record, "pool": "server"}
     assert p.status["lastDecision"]["reason"] == "Applied"
     # the Applied Event and the restart counter wait for the patch; the hold it replaces is the rollback
     assert [e.reason for e in patch.events] == ["Applied"] and "Applied" not in [e.reason for e in p.events]
-    assert P.MetricUpdate("inc", "restarts", (*LABELS, "Recommended"), 1.0) in patch.metrics
+    assert plan.MetricUpdate("inc", "restarts", (*LABELS, "Recommended"), 1.0) in patch.metrics
     assert patch.rollback["applied"]["maxNumSeqs"] == 32 and "time" not in patch.rollback["applied"]
     assert cond(p.status, "Degraded")["status"] == "False" and cond(p.status, "ApiError") == {}  # none failed yet
-    assert len(p.status["observations"]) == 4 and p.status["lastWindow"]["outcome"] == P.OBSERVED
+    assert len(p.status["observations"]) == 4 and p.status["lastWindow"]["outcome"] == plan.OBSERVED
     assert "observationFailures" not in p.status
     assert updates(p, "observation_consecutive_failures") == [
-        P.MetricUpdate("set", "observation_consecutive_failures", LABELS, 0.0)]
+        plan.MetricUpdate("set", "observation_consecutive_failures", LABELS, 0.0)]
 
 
 def test_replicas_are_sized_by_gauss_at_the_cap_and_memory_recommended(curve):
@@ -49,7 +51,8 @@ def test_replicas_are_sized_by_gauss_at_the_cap_and_memory_recommended(curve):
 
     status, ring = ring_status(curve)
     obs = replace(observation(curve[32]), t_end_s=NOW)
-    p = P.plan(gathered(P.PoolWindow("server", live_pool(), P.OBSERVED, observation=obs), ring), status, SPEC, NOW)
+    p = plan.plan(gathered(plan.PoolWindow("server", live_pool(), plan.OBSERVED, observation=obs), ring), status,
+                  SPEC, NOW)
     rec, alloc = p.status["recommendation"], p.status["allocation"]
     assert alloc["gaussMaxNumSeqs"] == rec["maxNumSeqs"] != 32  # the recommended cap, not the live one
     assert alloc["gaussKvCacheTokens"] == decide._kv_capacity_tokens(SPEC, obs, rec["gpuMemoryUtilization"],
@@ -57,44 +60,46 @@ def test_replicas_are_sized_by_gauss_at_the_cap_and_memory_recommended(curve):
 
 
 @pytest.mark.parametrize("outcome, message, reason", [
-    (P.UNUSABLE, "http://10.0.0.1:8000/metrics: invalid_value:vllm:num_requests_running", "MetricsUnusable"),
-    (P.UNUSABLE, "http://10.0.0.1:8000/metrics: truncated:vllm:e2e_request_latency_seconds_bucket",
+    (plan.UNUSABLE, "http://10.0.0.1:8000/metrics: invalid_value:vllm:num_requests_running", "MetricsUnusable"),
+    (plan.UNUSABLE, "http://10.0.0.1:8000/metrics: truncated:vllm:e2e_request_latency_seconds_bucket",
      "MetricsUnusable"),
-    (P.UNUSABLE, "http://10.0.0.1:8000/metrics: missing_metric:vllm:time_to_first_token_seconds_bucket",
+    (plan.UNUSABLE, "http://10.0.0.1:8000/metrics: missing_metric:vllm:time_to_first_token_seconds_bucket",
      "MetricsUnusable"),
-    (P.UNUSABLE, "http://10.0.0.1:8000/metrics: counter_reset:process restarted", "MetricsUnusable"),
-    (P.SCRAPE_FAILED, "http://10.0.0.1:8000/metrics: HTTP 500", "ScrapeFailed"),
+    (plan.UNUSABLE, "http://10.0.0.1:8000/metrics: counter_reset:process restarted", "MetricsUnusable"),
+    (plan.SCRAPE_FAILED, "http://10.0.0.1:8000/metrics: HTTP 500", "ScrapeFailed"),
 ])
 def test_an_unusable_window_holds_sets_degraded_counts_it_and_leaves_the_ring(curve, outcome, message, reason):
     status, ring = ring_status(curve)
-    status["observationFailures"] = {"consecutive": 0, "lastReason": "ScrapeFailed", "lastTime": St.iso(NOW - 600)}
-    w = P.PoolWindow("server", live_pool(), outcome, message, scrape_errors=int(outcome == P.SCRAPE_FAILED))
-    p = P.plan(gathered(w, ring), status, SPEC, NOW)
+    status["observationFailures"] = {"consecutive": 0, "lastReason": "ScrapeFailed",
+                                     "lastTime": status_helpers.iso(NOW - 600)}
+    w = plan.PoolWindow("server", live_pool(), outcome, message, scrape_errors=int(outcome == plan.SCRAPE_FAILED))
+    p = plan.plan(gathered(w, ring), status, SPEC, NOW)
     assert p.patches == ()
     d = cond(p.status, "Degraded")
     assert d["status"] == "True" and d["reason"] == reason and message in d["message"]
     assert p.status["phase"] == "Degraded"
     assert p.status["observationFailures"] == {"consecutive": 1, "lastReason": reason,
-                                               "lastMessage": f"server: {message}", "lastTime": St.iso(NOW)}
+                                               "lastMessage": f"server: {message}", "lastTime": status_helpers.iso(NOW)}
     assert "observations" not in p.status and "workload" not in p.status  # the ring is unchanged
     assert p.status["lastDecision"]["reason"] == reason and p.status["lastDecision"]["action"] == "hold"
-    assert P.MetricUpdate("inc", "observation_failures", (*LABELS, reason), 1.0) in p.metrics
-    assert P.MetricUpdate("set", "observation_consecutive_failures", LABELS, 1.0) in p.metrics
+    assert plan.MetricUpdate("inc", "observation_failures", (*LABELS, reason), 1.0) in p.metrics
+    assert plan.MetricUpdate("set", "observation_consecutive_failures", LABELS, 1.0) in p.metrics
     assert [(e.type, e.reason) for e in p.events] == [("Warning", reason)]
 
 
 def test_after_a_failure_the_open_window_still_holds_and_a_usable_one_clears_it(curve):
     status, ring = ring_status(curve)
-    status["observationFailures"] = {"consecutive": 2, "lastReason": P.UNUSABLE, "lastMessage": "server: nan",
-                                     "lastTime": St.iso(NOW - 30)}
-    held = P.plan(gathered(P.PoolWindow("server", live_pool(), P.OPEN, "window open: 30s of 60s"), ring),
-                  status, SPEC, NOW)
-    assert held.patches == () and cond(held.status, "Degraded")["reason"] == P.UNUSABLE
+    status["observationFailures"] = {"consecutive": 2, "lastReason": plan.UNUSABLE, "lastMessage": "server: nan",
+                                     "lastTime": status_helpers.iso(NOW - 30)}
+    held = plan.plan(gathered(plan.PoolWindow("server", live_pool(), plan.OPEN, "window open: 30s of 60s"), ring),
+                     status, SPEC, NOW)
+    assert held.patches == () and cond(held.status, "Degraded")["reason"] == plan.UNUSABLE
     assert "2 failed observation(s)" in cond(held.status, "Degraded")["message"]
     assert "observationFailures" not in held.status  # unchanged: not re-sent, not counted again
     assert not updates(held, "observation_failures")
     obs = replace(observation(curve[32]), t_end_s=NOW)
-    ok = P.plan(gathered(P.PoolWindow("server", live_pool(), P.OBSERVED, observation=obs), ring), status, SPEC, NOW)
+    ok = plan.plan(gathered(plan.PoolWindow("server", live_pool(), plan.OBSERVED, observation=obs), ring), status,
+                   SPEC, NOW)
     assert ok.status["observationFailures"]["consecutive"] == 0 and len(ok.patches) == 1
     assert cond(ok.status, "Degraded")["status"] == "False"
 
@@ -102,15 +107,17 @@ def test_after_a_failure_the_open_window_still_holds_and_a_usable_one_clears_it(
 def test_no_usable_window_within_max_observation_age_holds_as_stale(curve):
     status, ring = ring_status(curve)
     assert SPEC.control.max_observation_age_s == 3 * WINDOW
-    status["lastWindow"]["usableTime"] = St.iso(NOW - 3 * WINDOW - 1)
-    p = P.plan(gathered(P.PoolWindow("server", live_pool(), P.NO_PODS, "no ready pod"), ring), status, SPEC, NOW)
+    status["lastWindow"]["usableTime"] = status_helpers.iso(NOW - 3 * WINDOW - 1)
+    p = plan.plan(gathered(plan.PoolWindow("server", live_pool(), plan.NO_PODS, "no ready pod"), ring), status,
+                  SPEC, NOW)
     assert p.patches == ()
     d = cond(p.status, "Degraded")
     assert (d["status"], d["reason"]) == ("True", "ObservationStale") and "181s ago" in d["message"]
-    assert P.MetricUpdate("set", "observation_age", LABELS, 181.0) in p.metrics
+    assert plan.MetricUpdate("set", "observation_age", LABELS, 181.0) in p.metrics
     # one second younger: fresh enough to decide
-    status["lastWindow"]["usableTime"] = St.iso(NOW - 3 * WINDOW + 1)
-    fresh = P.plan(gathered(P.PoolWindow("server", live_pool(), P.OPEN, "window open"), ring), status, SPEC, NOW)
+    status["lastWindow"]["usableTime"] = status_helpers.iso(NOW - 3 * WINDOW + 1)
+    fresh = plan.plan(gathered(plan.PoolWindow("server", live_pool(), plan.OPEN, "window open"), ring), status,
+                      SPEC, NOW)
     assert cond(fresh.status, "Degraded")["reason"] == "Healthy" and len(fresh.patches) == 1
 
 
@@ -119,29 +126,32 @@ def test_idle_windows_are_not_failures_but_old_traffic_is_not_decided_on(curve):
     for e in status["observations"]:
         e["windowEndUnixSeconds"] -= 600  # the last traffic was ten minutes ago
     status["workload"]["windowEndUnixSeconds"] -= 600
-    ring = P.parse_ring(status["observations"], "server")
-    p = P.plan(gathered(P.PoolWindow("server", live_pool(), P.IDLE, "idle"), ring), status, SPEC, NOW)
+    ring = status_codec.parse_ring(status["observations"], "server")
+    p = plan.plan(gathered(plan.PoolWindow("server", live_pool(), plan.IDLE, "idle"), ring), status, SPEC, NOW)
     assert p.patches == () and p.status["lastDecision"]["reason"] == "Idle"
     assert cond(p.status, "Degraded")["status"] == "False" and "observationFailures" not in p.status
-    assert p.status["lastWindow"] == {"pool": "server", "outcome": P.IDLE, "time": St.iso(NOW),
-                                      "usableTime": St.iso(NOW)}
-    assert P.MetricUpdate("drop", "batching_efficiency", (*LABELS, "server")) in p.metrics
+    assert p.status["lastWindow"] == {"pool": "server", "outcome": plan.IDLE, "time": status_helpers.iso(NOW),
+                                      "usableTime": status_helpers.iso(NOW)}
+    assert plan.MetricUpdate("drop", "batching_efficiency", (*LABELS, "server")) in p.metrics
 
 
 def test_the_deployment_record_keeps_the_cooldown_when_the_status_lost_it(curve):
     status, ring = ring_status(curve)
-    status["applied"] = {"maxNumSeqs": 16, "pool": "server", "time": St.iso(NOW - 5000)}  # the write after failed
-    record = {"maxNumSeqs": 32, "gpuMemoryUtilization": 0.9, "replicas": 1, "time": St.iso(NOW - 100),
+    # the write after failed
+    status["applied"] = {"maxNumSeqs": 16, "pool": "server", "time": status_helpers.iso(NOW - 5000)}
+    record = {"maxNumSeqs": 32, "gpuMemoryUtilization": 0.9, "replicas": 1, "time": status_helpers.iso(NOW - 100),
               "reason": "Recommended", "restart": True}
     obs = replace(observation(curve[32]), t_end_s=NOW)
-    p = P.plan(gathered(P.PoolWindow("server", live_pool(record), P.OBSERVED, observation=obs), ring),
-               status, SPEC, NOW)
+    p = plan.plan(gathered(plan.PoolWindow("server", live_pool(record), plan.OBSERVED, observation=obs), ring),
+                  status, SPEC, NOW)
     assert p.patches == () and p.status["lastDecision"]["reason"] == "Cooldown"
     assert "500s left" in p.status["lastDecision"]["message"]
-    assert p.status["applied"]["time"] == St.iso(NOW - 100) and p.status["applied"]["reason"] == "Recommended"
+    assert p.status["applied"]["time"] == status_helpers.iso(NOW - 100)
+    assert p.status["applied"]["reason"] == "Recommended"
     # an older record than status changes nothing
-    assert A.newest({"time": St.iso(NOW)}, record)["time"] == St.iso(NOW)
-    assert A.from_deployment({"metadata": {"annotations": {A.APPLIED_ANNOTATION: "{not json"}}}) is None
+    assert applied_record.newest({"time": status_helpers.iso(NOW)}, record)["time"] == status_helpers.iso(NOW)
+    unreadable = {"metadata": {"annotations": {applied_record.APPLIED_ANNOTATION: "{not json"}}}
+    assert applied_record.from_deployment(unreadable) is None
 
 
 def test_a_failed_reconcile_write_is_visible_and_stops_acting_but_not_observing(curve):
@@ -149,23 +159,23 @@ def test_a_failed_reconcile_write_is_visible_and_stops_acting_but_not_observing(
     failure = ApiFailure.of(ApiError(422, {"message": 'Service "llm" is invalid: metadata.name: Invalid value'},
                                      "POST /api/v1/namespaces/serving/services"))
     obs = replace(observation(curve[32]), t_end_s=NOW)
-    g = gathered(P.PoolWindow("server", live_pool(), P.OBSERVED, observation=obs), ring,
+    g = gathered(plan.PoolWindow("server", live_pool(), plan.OBSERVED, observation=obs), ring,
                  api_failures=(failure,), reconcile_failed=True)
-    p = P.plan(g, status, SPEC, NOW)
+    p = plan.plan(g, status, SPEC, NOW)
     assert p.patches == ()
     c = cond(p.status, "ApiError")
     assert (c["status"], c["reason"]) == ("True", "CreateFailed")
     assert c["message"] == 'create services: HTTP 422: Service "llm" is invalid: metadata.name: Invalid value'
-    assert P.MetricUpdate("inc", "api_errors", ("create", "services", "422"), 1.0) in p.metrics
+    assert plan.MetricUpdate("inc", "api_errors", ("create", "services", "422"), 1.0) in p.metrics
     assert ("Warning", "CreateFailed") in [(e.type, e.reason) for e in p.events]
     assert p.status["lastDecision"]["reason"] == "ReconcileFailed" and "HTTP 422" in p.status["lastDecision"]["message"]
     assert len(p.status["observations"]) == 4 and p.status["recommendation"]["maxNumSeqs"] > 32  # still observing
     # the same failure on the next tick: the condition stands, no second Event
-    again = P.plan(g, {**status, **p.status}, SPEC, NOW + 30)
+    again = plan.plan(g, {**status, **p.status}, SPEC, NOW + 30)
     assert "CreateFailed" not in [e.reason for e in again.events] and updates(again, "api_errors")
     # writes succeed again: False
-    ok = P.plan(gathered(P.PoolWindow("server", live_pool(), P.OPEN, "window open"), ring), {**status, **p.status},
-                SPEC, NOW + 60)
+    ok = plan.plan(gathered(plan.PoolWindow("server", live_pool(), plan.OPEN, "window open"), ring),
+                   {**status, **p.status}, SPEC, NOW + 60)
     assert cond(ok.status, "ApiError")["status"] == "False"
 
 
@@ -173,8 +183,8 @@ def test_a_status_write_that_failed_last_tick_shows_in_api_error_without_countin
     status, ring = ring_status(curve)
     failure = ApiFailure.of(ApiError(500, {"message": "etcdserver: request timed out"},
                                      "PATCH /apis/kneecap.io/v1alpha1/namespaces/serving/llmdeployments/llm/status"))
-    g = gathered(P.PoolWindow("server", live_pool(), P.OPEN, "window open"), ring, status_write_failure=failure)
-    p = P.plan(g, status, SPEC, NOW)
+    g = gathered(plan.PoolWindow("server", live_pool(), plan.OPEN, "window open"), ring, status_write_failure=failure)
+    p = plan.plan(g, status, SPEC, NOW)
     c = cond(p.status, "ApiError")
     assert (c["status"], c["reason"]) == ("True", "StatusWriteFailed") and "llmdeployments/status llm" in c["message"]
     assert not updates(p, "api_errors") and "StatusWriteFailed" not in [e.reason for e in p.events]
@@ -183,7 +193,8 @@ def test_a_status_write_that_failed_last_tick_shows_in_api_error_without_countin
 def test_a_failed_patch_rolls_back_what_it_would_have_changed(curve):
     status, ring = ring_status(curve)
     obs = replace(observation(curve[32]), t_end_s=NOW)
-    p = P.plan(gathered(P.PoolWindow("server", live_pool(), P.OBSERVED, observation=obs), ring), status, SPEC, NOW)
+    p = plan.plan(gathered(plan.PoolWindow("server", live_pool(), plan.OBSERVED, observation=obs), ring), status,
+                  SPEC, NOW)
     failure = ApiFailure.of(ApiError(422, {"message": "spec.template.spec.containers[0].env[0].name: Required value"},
                                      "PATCH /apis/apps/v1/namespaces/serving/deployments/llm"))
     out, event, counters = p.patches[0].if_failed.outcome(failure)
@@ -192,7 +203,7 @@ def test_a_failed_patch_rolls_back_what_it_would_have_changed(curve):
     c = cond(out, "ApiError")
     assert (c["status"], c["reason"]) == ("True", "PatchFailed") and "patch deployments llm: HTTP 422" in c["message"]
     assert (event.type, event.reason) == ("Warning", "PatchFailed")
-    assert counters[0] == P.MetricUpdate("inc", "api_errors", ("patch", "deployments", "422"), 1.0)
+    assert counters[0] == plan.MetricUpdate("inc", "api_errors", ("patch", "deployments", "422"), 1.0)
     # the same refusal on the next tick: counted, no second Event
     next_tick = replace(p.patches[0].if_failed, status={**p.status, **out}, now_s=NOW + 30)
     _, again, counted = next_tick.outcome(failure)
@@ -201,8 +212,9 @@ def test_a_failed_patch_rolls_back_what_it_would_have_changed(curve):
 
 def test_a_pool_left_out_for_a_conflict_is_not_acted_on(curve):
     status, _ = ring_status(curve)
-    g = P.TickInput("serving", "llm", 2, (), conflicts=(R.Conflict("Deployment", "llm", "not owned by kneecap"),))
-    p = P.plan(g, status, SPEC, NOW)
+    g = plan.TickInput("serving", "llm", 2, (),
+                       conflicts=(reconcile.Conflict("Deployment", "llm", "not owned by kneecap"),))
+    p = plan.plan(g, status, SPEC, NOW)
     assert p.patches == () and p.status["lastDecision"]["reason"] == "OwnershipConflict"
     assert "not owned by kneecap" in p.status["lastDecision"]["message"]
     assert cond(p.status, "Ready")["status"] == "False"
@@ -212,7 +224,8 @@ def test_a_full_ring_drops_its_oldest_window_for_the_new_one(curve):
     status, ring = ring_status(curve)
     spec = parse_spec({**RAW, "control": {**RAW["control"], "observationHistory": 3}})
     obs = replace(observation(curve[64]), t_end_s=NOW)
-    p = P.plan(gathered(P.PoolWindow("server", live_pool(), P.OBSERVED, observation=obs), ring), status, spec, NOW)
+    p = plan.plan(gathered(plan.PoolWindow("server", live_pool(), plan.OBSERVED, observation=obs), ring), status,
+                  spec, NOW)
     got = [e["windowEndUnixSeconds"] for e in p.status["observations"]]
     assert got == [NOW - 60.0, NOW - 30.0, NOW]  # the oldest went, the tick's own window is last
     assert p.status["observations"][-1]["meanBatch"] == pytest.approx(float(curve[64]["batch"]), rel=1e-5)
@@ -229,17 +242,17 @@ def test_inline_model_and_gpu_shapes_decide_as_their_catalog_entries_do(curve):
     assert inline.model.architecture.key == "llama-2-7b-hf" and inline.accelerator.gpu.key == "lab-h100"
     status, ring = ring_status(curve)
     obs = replace(observation(curve[32]), t_end_s=NOW)
-    window = P.PoolWindow("server", live_pool(), P.OBSERVED, observation=obs)
-    by_key, by_shape = (P.plan(gathered(window, ring), status, s, NOW) for s in (SPEC, inline))
+    window = plan.PoolWindow("server", live_pool(), plan.OBSERVED, observation=obs)
+    by_key, by_shape = (plan.plan(gathered(window, ring), status, s, NOW) for s in (SPEC, inline))
     rec_key, rec_shape = by_key.status["recommendation"], by_shape.status["recommendation"]
     for k in ("maxNumSeqs", "gpuMemoryUtilization", "predictedThroughputTokensPerSecond"):
         assert rec_shape[k] == pytest.approx(rec_key[k], rel=1e-6), k
     assert [p_.body for p_ in by_shape.patches] == [p_.body for p_ in by_key.patches] != []
     cal = by_shape.status["calibration"]
     assert cal["gpu"] == "lab-h100" and cal["models"] == ["llama-2-7b-hf"]
-    back = P.calibration_from_status(cal)
+    back = status_codec.calibration_from_status(cal)
     assert back is not None and back.params == pytest.approx(
-        P.calibration_from_status(by_key.status["calibration"]).params)
+        status_codec.calibration_from_status(by_key.status["calibration"]).params)
 
 
 # ---------------------------------------------------------------- replica stabilisation (HPA semantics)
@@ -262,7 +275,7 @@ def rec(t_s: float, replicas, up: bool = False) -> dict:
 ])
 def test_a_scale_up_is_immediate_and_a_scale_down_waits_for_the_window(want, want_down, history, current,
                                                                        replicas, kept):
-    n, hist = P.stabilised_replicas(want, want_down, history, current, NOW, 60.0, 300.0)
+    n, hist = replica_stabilisation.stabilised_replicas(want, want_down, history, current, NOW, 60.0, 300.0)
     assert n == replicas and hist == kept
 
 
@@ -270,15 +283,15 @@ def test_a_scale_down_waits_for_a_window_of_recommendations():
     """A pool just taken over (or whose history was lost) does not shrink on one window: the
     scale-down window must hold ``min_recommendations``; a scale-up never waits."""
     args = (NOW, 45.0, 300.0)
-    assert P.stabilised_replicas(2, 2, [], 4, *args, min_recommendations=3) == (4, [rec(NOW, 2)])
+    assert replica_stabilisation.stabilised_replicas(2, 2, [], 4, *args, min_recommendations=3) == (4, [rec(NOW, 2)])
     two = [rec(NOW - 15, 2)]
-    assert P.stabilised_replicas(2, 2, two, 4, *args, min_recommendations=3)[0] == 4
+    assert replica_stabilisation.stabilised_replicas(2, 2, two, 4, *args, min_recommendations=3)[0] == 4
     three = [rec(NOW - 30, 3), rec(NOW - 15, 2)]
-    assert P.stabilised_replicas(2, 2, three, 4, *args, min_recommendations=3)[0] == 3
-    assert P.stabilised_replicas(6, 6, [], 4, *args, min_recommendations=3)[0] == 6
+    assert replica_stabilisation.stabilised_replicas(2, 2, three, 4, *args, min_recommendations=3)[0] == 3
+    assert replica_stabilisation.stabilised_replicas(6, 6, [], 4, *args, min_recommendations=3)[0] == 6
     spec = parse_spec({**RAW, "control": {**RAW["control"], "interval": "15s", "cooldown": "300s"}})
-    assert P.min_scale_down_recommendations(spec, 37.5) == 3
-    assert P.min_scale_down_recommendations(spec, 90.0) == 6
+    assert replica_stabilisation.min_scale_down_recommendations(spec, 37.5) == 3
+    assert replica_stabilisation.min_scale_down_recommendations(spec, 90.0) == 6
 
 
 def test_a_pool_is_not_shrunk_before_it_was_watched_for_a_cooldown():
@@ -287,30 +300,30 @@ def test_a_pool_is_not_shrunk_before_it_was_watched_for_a_cooldown():
     spec = parse_spec({**RAW, "control": {**RAW["control"], "interval": "15s", "cooldown": "300s",
                                           "observationHistory": 24}})
     ring = [W(t_end_s=NOW - 15 * k, window_s=15.0) for k in range(10)]  # 150 s watched
-    assert not P.watched_long_enough(spec, ring, NOW)
-    assert not P.watched_long_enough(spec, [], NOW)
+    assert not replica_stabilisation.watched_long_enough(spec, ring, NOW)
+    assert not replica_stabilisation.watched_long_enough(spec, [], NOW)
     ring = [W(t_end_s=NOW - 15 * k, window_s=15.0) for k in range(20)]  # 300 s
-    assert P.watched_long_enough(spec, ring, NOW)
+    assert replica_stabilisation.watched_long_enough(spec, ring, NOW)
     short = parse_spec({**RAW, "control": {**RAW["control"], "interval": "15s", "cooldown": "300s",
                                            "observationHistory": 5, "minObservations": 3}})
-    assert P.watched_long_enough(short, ring[:5], NOW)  # a full ring is as far back as it can see
+    assert replica_stabilisation.watched_long_enough(short, ring[:5], NOW)  # a full ring is as far back as it can see
 
 
 def test_the_scale_down_window_is_the_restart_time_within_three_windows_and_the_cooldown():
     spec = parse_spec({**RAW, "control": {**RAW["control"], "interval": "15s", "cooldown": "300s"}})
-    assert P.scale_down_window_s(spec, 37.5) == 45.0  # three 15 s windows
-    assert P.scale_down_window_s(spec, 90.0) == 90.0  # a pod takes 90 s to come back
-    assert P.scale_down_window_s(spec, 900.0) == 300.0  # never beyond the cooldown
+    assert replica_stabilisation.scale_down_window_s(spec, 37.5) == 45.0  # three 15 s windows
+    assert replica_stabilisation.scale_down_window_s(spec, 90.0) == 90.0  # a pod takes 90 s to come back
+    assert replica_stabilisation.scale_down_window_s(spec, 900.0) == 300.0  # never beyond the cooldown
 
 
 def test_a_replica_change_does_not_wait_for_the_cooldown_but_a_flag_change_does(curve):
     status, ring = ring_status(curve)
-    applied = {"maxNumSeqs": 32, "gpuMemoryUtilization": 0.9, "replicas": 1, "time": St.iso(NOW - 60),
+    applied = {"maxNumSeqs": 32, "gpuMemoryUtilization": 0.9, "replicas": 1, "time": status_helpers.iso(NOW - 60),
                "reason": "Recommended", "restart": True}
     obs = replace(observation(curve[32]), t_end_s=NOW, request_rate_rps=50.0)  # GAUSS wants more pods
     spec = parse_spec({**RAW, "topology": {"replicas": {"min": 1, "max": 4}}})
-    p = P.plan(gathered(P.PoolWindow("server", live_pool(applied), P.OBSERVED, observation=obs), ring), status,
-               spec, NOW)
+    p = plan.plan(gathered(plan.PoolWindow("server", live_pool(applied), plan.OBSERVED, observation=obs), ring),
+                  status, spec, NOW)
     d = p.status["lastDecision"]
     assert d["reason"] == "Applied" and d["target"]["maxNumSeqs"] == 32 and d["target"]["replicas"] > 1
     assert "flag changes wait (cooldown: 540s left" in d["message"]
@@ -324,45 +337,50 @@ def test_a_foreign_metrics_url_is_a_warning_condition_not_dropped_silently():
     """A pod annotation naming another host is ignored (the pod's IP is scraped) and said so:
     a Warning Event once, MetricsURLIgnored True while it lasts, False once it is gone."""
     ignored = "pod p-0: kneecap.io/metrics-url='http://169.254.169.254/'"
-    w = P.PoolWindow("server", live_pool(), P.OPEN, "window open", ignored_metrics_url=ignored)
-    first = P.plan(gathered(w), {}, SPEC, NOW)
-    cond = St.get_condition(first.status["conditions"], St.METRICS_URL_IGNORED)
+    w = plan.PoolWindow("server", live_pool(), plan.OPEN, "window open", ignored_metrics_url=ignored)
+    first = plan.plan(gathered(w), {}, SPEC, NOW)
+    cond = status_helpers.get_condition(first.status["conditions"], status_helpers.METRICS_URL_IGNORED)
     assert cond["status"] == "True" and cond["reason"] == "ForeignHost" and "169.254.169.254" in cond["message"]
-    assert [e.reason for e in first.events if e.type == "Warning"] == [St.METRICS_URL_IGNORED]
-    again = P.plan(gathered(w), first.status, SPEC, NOW + 30)
-    assert St.METRICS_URL_IGNORED not in [e.reason for e in again.events]
-    gone = P.plan(gathered(P.PoolWindow("server", live_pool(), P.OPEN, "window open")), again.status, SPEC, NOW + 60)
-    assert St.get_condition(gone.status["conditions"], St.METRICS_URL_IGNORED)["status"] == "False"
-    never = P.plan(gathered(P.PoolWindow("server", live_pool(), P.OPEN, "window open")), {}, SPEC, NOW)
-    assert St.get_condition(never.status["conditions"], St.METRICS_URL_IGNORED) is None
+    assert [e.reason for e in first.events if e.type == "Warning"] == [status_helpers.METRICS_URL_IGNORED]
+    again = plan.plan(gathered(w), first.status, SPEC, NOW + 30)
+    assert status_helpers.METRICS_URL_IGNORED not in [e.reason for e in again.events]
+    gone = plan.plan(gathered(plan.PoolWindow("server", live_pool(), plan.OPEN, "window open")), again.status, SPEC,
+                     NOW + 60)
+    assert status_helpers.get_condition(gone.status["conditions"],
+                                        status_helpers.METRICS_URL_IGNORED)["status"] == "False"
+    never = plan.plan(gathered(plan.PoolWindow("server", live_pool(), plan.OPEN, "window open")), {}, SPEC, NOW)
+    assert status_helpers.get_condition(never.status["conditions"], status_helpers.METRICS_URL_IGNORED) is None
 
 
 def test_pods_the_scheduler_cannot_place_make_ready_false_with_its_message():
     pending = {"metadata": {"name": "p-0"}, "status": {"phase": "Pending", "conditions": [
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
          "message": "0/5 nodes are available: 4 node(s) had untolerated taint(s)."}]}}
-    why = R.unschedulable([{"metadata": {"name": "p-1"}, "status": {"phase": "Running"}}, pending])
+    why = reconcile.unschedulable([{"metadata": {"name": "p-1"}, "status": {"phase": "Running"}}, pending])
     assert why == "pod p-0 cannot be scheduled: 0/5 nodes are available: 4 node(s) had untolerated taint(s)."
     pool = live_pool()
     pool.deployment["status"] = {"readyReplicas": 0}
-    p = P.plan(gathered(P.PoolWindow("server", pool, P.NO_PODS, "no ready pod", unschedulable=why)), {}, SPEC, NOW)
-    ready = St.get_condition(p.status["conditions"], St.READY)
+    p = plan.plan(gathered(plan.PoolWindow("server", pool, plan.NO_PODS, "no ready pod", unschedulable=why)), {},
+                  SPEC, NOW)
+    ready = status_helpers.get_condition(p.status["conditions"], status_helpers.READY)
     assert (ready["status"], ready["reason"]) == ("False", "PodsUnschedulable")
     assert ready["message"] == f"server: {why}" and p.status["phase"] == "Pending"
 
 
 def test_ready_is_one_rule_for_the_handlers_the_tick_and_virtual_time():
     up, down = {"status": {"readyReplicas": 1}}, {"status": {}}
-    assert St.ready([up, up]) == (True, "PodsReady", "every pool has a ready replica")
-    assert St.ready([up, down]) == (False, "PodsNotReady", "a pool has no ready replica")
-    assert St.ready([]) == (False, "PodsNotReady", "a pool has no ready replica")
+    assert status_helpers.ready([up, up]) == (True, "PodsReady", "every pool has a ready replica")
+    assert status_helpers.ready([up, down]) == (False, "PodsNotReady", "a pool has no ready replica")
+    assert status_helpers.ready([]) == (False, "PodsNotReady", "a pool has no ready replica")
     # someone else's Deployment for a pool: not ready, though every pool kneecap runs is
-    assert St.ready([up], conflict=True)[:2] == (False, "PodsNotReady")
-    assert St.ready([up], missing=["Deployment serving/llm not found"]) == (
+    assert status_helpers.ready([up], conflict=True)[:2] == (False, "PodsNotReady")
+    assert status_helpers.ready([up], missing=["Deployment serving/llm not found"]) == (
         False, "TargetMissing", "Deployment serving/llm not found")
-    assert St.ready([down], unschedulable=["server: 0/5 nodes"]) == (False, "PodsUnschedulable", "server: 0/5 nodes")
-    assert St.ready([up], unschedulable=["server: 0/5 nodes"])[:2] == (True, "PodsReady")  # a surge pod Pending
-    assert St.ready([up], detail="server: in sync") == (True, "PodsReady", "server: in sync")
+    assert status_helpers.ready([down], unschedulable=["server: 0/5 nodes"]) == (
+        False, "PodsUnschedulable", "server: 0/5 nodes")
+    # a surge pod Pending
+    assert status_helpers.ready([up], unschedulable=["server: 0/5 nodes"])[:2] == (True, "PodsReady")
+    assert status_helpers.ready([up], detail="server: in sync") == (True, "PodsReady", "server: in sync")
 
 
 def _keys(value, path: str = "status"):
@@ -388,7 +406,8 @@ def test_the_status_written_is_declared_in_the_crd_in_full_words_and_base_units(
     schema = resource_schema()["properties"]["status"]
     status, ring = ring_status(curve)
     obs = replace(observation(curve[32]), t_end_s=NOW)
-    p = P.plan(gathered(P.PoolWindow("server", live_pool(), P.OBSERVED, observation=obs), ring), status, SPEC, NOW)
+    p = plan.plan(gathered(plan.PoolWindow("server", live_pool(), plan.OBSERVED, observation=obs), ring), status,
+                  SPEC, NOW)
     failed, _, _ = p.patches[0].if_failed.outcome(ApiFailure.of(ApiError(422, {"message": "no"}, "PATCH /x")))
     assert {"calibration", "recommendation", "allocation", "workload", "lastDecision"} <= set(p.status)
     for written in (p.status, failed, {**p.status, "invalidField": "spec.engine.image"}):

@@ -11,10 +11,10 @@ from dataclasses import replace
 
 import pytest
 
-from kneecap.control import applied as A, manifests as M, plan as P, reconcile as R, status as St, target as T
-from kneecap.control import vllm_args as V
+from kneecap.control import applied as applied_record, manifests, plan, reconcile, status as status_helpers
+from kneecap.control import status_codec, target, vllm_args
 from kneecap.control.spec import parse_spec
-from kneecap.demo.apiserver import strategic_merge
+from kneecap.emulation.admission import strategic_merge
 from tests.support.plan_inputs import LABELS, NOW, cond, ring_status
 from tests.support.profile_observations import observation
 
@@ -55,8 +55,8 @@ SHAPES = {
 
 
 def _without_managed(tokens: list[str]) -> list[str]:
-    for flag in T.TUNED_FLAGS:
-        tokens = V.remove_flag(tokens, flag)
+    for flag in target.TUNED_FLAGS:
+        tokens = vllm_args.remove_flag(tokens, flag)
     return tokens
 
 
@@ -64,53 +64,55 @@ def _without_managed(tokens: list[str]) -> list[str]:
 def test_the_patch_moves_only_the_managed_flags_in_every_argv_shape(shape):
     container, cap, port = SHAPES[shape]
     deploy = user_deployment(copy.deepcopy(container))
-    c = T.find_container(deploy, None)
+    c = target.find_container(deploy, None)
     assert c["name"] == container["name"]  # not the sidecar, whatever the vLLM container is called
-    assert T.port_of(c) == port
-    live = M.live_settings(deploy, M.EngineSettings(999, 0.9), c)
+    assert target.port_of(c) == port
+    live = manifests.live_settings(deploy, manifests.EngineSettings(999, 0.9), c)
     assert live.max_num_seqs == (cap if cap is not None else 999) and live.replicas == 2
 
-    target = M.EngineSettings(96, 0.72, None, 5)
-    patch = T.settings_patch(deploy, c["name"], target, set_replicas=False)
+    settings = manifests.EngineSettings(96, 0.72, None, 5)
+    patch = target.settings_patch(deploy, c["name"], settings, set_replicas=False)
     assert "replicas" not in patch["spec"]
     (sent,) = patch["spec"]["template"]["spec"]["containers"]
     assert set(sent) - {"name"} <= {"args", "command"} and sent["name"] == c["name"]
     after = strategic_merge(deploy, patch)
 
-    a = T.find_container(after, c["name"])
-    assert M.live_settings(after, M.EngineSettings(999, 0.9), a) == M.EngineSettings(96, 0.72, None, 2)
+    a = target.find_container(after, c["name"])
+    assert manifests.live_settings(after, manifests.EngineSettings(999, 0.9), a) == manifests.EngineSettings(
+        96, 0.72, None, 2)
     # every other argument as written, in order, on its side of the command/args split
     for key in ("command", "args"):
         assert _without_managed(list(a.get(key) or [])) == _without_managed(list(c.get(key) or []))
     assert after["spec"]["template"]["spec"]["containers"][0] == SIDECAR  # its look-alike flag untouched
-    assert T.changed_paths(T.without_tuned_flags(deploy["spec"]["template"], c["name"]),
-                           T.without_tuned_flags(after["spec"]["template"], c["name"])) == []
+    assert target.changed_paths(target.without_tuned_flags(deploy["spec"]["template"], c["name"]),
+                                target.without_tuned_flags(after["spec"]["template"], c["name"])) == []
     assert {k: v for k, v in after.items() if k != "spec"} == {k: v for k, v in deploy.items() if k != "spec"}
 
 
 def test_a_flag_keeps_its_spelling_and_place_and_duplicates_collapse_to_the_first():
     argv = ["vllm", "serve", "m", "--max_num_seqs", "64", "--dtype", "half", "--max-num-seqs=8"]
-    assert V.set_flag(argv, "--max-num-seqs", 96, keep_spelling=True) == [
+    assert vllm_args.set_flag(argv, "--max-num-seqs", 96, keep_spelling=True) == [
         "vllm", "serve", "m", "--max_num_seqs", "96", "--dtype", "half"]
-    assert V.set_flag(["vllm", "serve", "m"], "--max-num-seqs", 96, keep_spelling=True) == [
+    assert vllm_args.set_flag(["vllm", "serve", "m"], "--max-num-seqs", 96, keep_spelling=True) == [
         "vllm", "serve", "m", "--max-num-seqs=96"]
-    assert V.set_flag(argv, "--max-num-seqs", 96) == ["vllm", "serve", "m", "--max-num-seqs=96", "--dtype", "half"]
+    assert vllm_args.set_flag(argv, "--max-num-seqs", 96) == [
+        "vllm", "serve", "m", "--max-num-seqs=96", "--dtype", "half"]
 
 
 def test_who_controls_a_target_and_what_cannot_be_written():
     ref = {"apiVersion": "production-stack.vllm.ai/v1alpha1", "kind": "VLLMRuntime", "name": "llama",
            "uid": "r1", "controller": True}
     owned = user_deployment(SHAPES["vllm serve in command"][0], [ref])
-    c = T.find_container(owned, None)
-    assert T.adoption(owned, c) == T.Adoption("vllm", 8000, "VLLMRuntime/llama", tensor_parallel_size=1)
-    assert T.adoption(owned, c).advise_only
+    c = target.find_container(owned, None)
+    assert target.adoption(owned, c) == target.Adoption("vllm", 8000, "VLLMRuntime/llama", tensor_parallel_size=1)
+    assert target.adoption(owned, c).advise_only
     merely_owned = user_deployment(c, [{**ref, "controller": False}])  # an owner that does not reconcile it
-    assert not T.adoption(merely_owned, c).advise_only
+    assert not target.adoption(merely_owned, c).advise_only
     shell = user_deployment({"name": "vllm", "command": ["sh", "-c", "vllm serve m --max-num-seqs 8 && sleep 1"]})
-    a = T.adoption(shell, T.find_container(shell, None))
+    a = target.adoption(shell, target.find_container(shell, None))
     assert a.advise_only and a.controller is None and "shell script" in a.unpatchable
-    assert T.find_container(owned, "nope") is None
-    assert T.find_container(owned, "log-shipper")["name"] == "log-shipper"
+    assert target.find_container(owned, "nope") is None
+    assert target.find_container(owned, "log-shipper")["name"] == "log-shipper"
 
 
 # ---------------------------------------------------------------- the tick's plan for adopted pools
@@ -124,34 +126,35 @@ USER = {"name": "vllm", "command": ["vllm", "serve"],
                  "--disable-log-requests"]}
 
 
-def adopted(owner_refs=None, container=USER, external=True) -> R.PoolState:
+def adopted(owner_refs=None, container=USER, external=True) -> reconcile.PoolState:
     deploy = user_deployment(copy.deepcopy(container), owner_refs)
-    (pool,) = M.pools("llm", SPEC)
-    c = T.find_container(deploy, None)
-    return R.PoolState(pool, deploy, M.live_settings(deploy, M.initial_settings(SPEC, "server"), c),
-                       R.Ownership("manager/helm" if external else "kneecap"), adoption=T.adoption(deploy, c))
+    (pool,) = manifests.pools("llm", SPEC)
+    c = target.find_container(deploy, None)
+    live = manifests.live_settings(deploy, manifests.initial_settings(SPEC, "server"), c)
+    return reconcile.PoolState(pool, deploy, live, reconcile.Ownership("manager/helm" if external else "kneecap"),
+                               adoption=target.adoption(deploy, c))
 
 
-def plan_for(state: R.PoolState, curve, spec=SPEC, **kw) -> P.Plan:
+def plan_for(state: reconcile.PoolState, curve, spec=SPEC, **kw) -> plan.Plan:
     status, ring = ring_status(curve)
     obs = replace(observation(curve[32]), t_end_s=NOW)
-    g = P.TickInput("serving", "llm", 2, (P.PoolWindow("server", state, P.OBSERVED, observation=obs),), ring,
-                   full_pass=True, **kw)
-    return P.plan(g, status, spec, NOW)
+    g = plan.TickInput("serving", "llm", 2, (plan.PoolWindow("server", state, plan.OBSERVED, observation=obs),), ring,
+                       full_pass=True, **kw)
+    return plan.plan(g, status, spec, NOW)
 
 
 def test_an_adopted_writable_target_gets_one_strategic_patch_of_its_flags_and_the_record(curve):
-    assert M.pools("llm", SPEC) == [M.Pool("server", "llama-serving")]
+    assert manifests.pools("llm", SPEC) == [manifests.Pool("server", "llama-serving")]
     p = plan_for(adopted(), curve)
     (patch,) = p.patches
-    assert patch.name == "llama-serving" and patch.content_type == T.STRATEGIC
+    assert patch.name == "llama-serving" and patch.content_type == target.STRATEGIC
     (sent,) = patch.body["spec"]["template"]["spec"]["containers"]
     assert sent == {"name": "vllm", "args": ["meta-llama/Llama-2-7b-hf", "--max-num-seqs", "64",
                                              "--gpu-memory-utilization", sent["args"][4], "--disable-log-requests"]}
     assert "replicas" not in patch.body["spec"]  # helm owns them
-    record = json.loads(patch.body["metadata"]["annotations"][A.APPLIED_ANNOTATION])
+    record = json.loads(patch.body["metadata"]["annotations"][applied_record.APPLIED_ANNOTATION])
     assert record["maxNumSeqs"] == 64 and set(patch.body["metadata"]) == {"annotations"}
-    assert cond(p.status, St.ADVISORY)["status"] == "False"
+    assert cond(p.status, status_helpers.ADVISORY)["status"] == "False"
     assert p.status["ownership"]["server"]["target"] == {"deployment": "llama-serving", "container": "vllm",
                                                          "adviseOnly": False, "tensorParallelSize": 1}
 
@@ -167,20 +170,21 @@ def test_an_adopted_writable_target_gets_one_strategic_patch_of_its_flags_and_th
 def test_a_target_kneecap_may_not_write_is_advised_only(curve, refs, container, reason, needle):
     p = plan_for(adopted(refs, container, external=False), curve)
     assert p.patches == ()
-    a = cond(p.status, St.ADVISORY)
+    a = cond(p.status, status_helpers.ADVISORY)
     assert a["status"] == "True" and a["reason"] == reason and needle in a["message"]
     d = p.status["lastDecision"]
     assert d["reason"] == "Advised" and d["target"]["maxNumSeqs"] == 64 and needle in d["message"]
     assert p.status["recommendation"]["maxNumSeqs"] >= 64  # still computed and reported
-    assert P.MetricUpdate("inc", "decisions", (*LABELS, "Advised"), 1.0) in p.metrics
+    assert plan.MetricUpdate("inc", "decisions", (*LABELS, "Advised"), 1.0) in p.metrics
 
 
 def test_a_missing_target_creates_nothing_and_says_so(curve):
     status, ring = ring_status(curve)
     msg = "Deployment serving/llama-serving (spec.targetRef, server) not found; kneecap creates nothing for it"
-    p = P.plan(P.TickInput("serving", "llm", 2, (), ring, full_pass=True, missing_targets=(msg,)), status, SPEC, NOW)
+    p = plan.plan(plan.TickInput("serving", "llm", 2, (), ring, full_pass=True, missing_targets=(msg,)), status,
+                  SPEC, NOW)
     assert p.patches == ()
-    r = cond(p.status, St.READY)
+    r = cond(p.status, status_helpers.READY)
     assert r["status"] == "False" and r["reason"] == "TargetMissing" and r["message"] == msg
     assert p.status["lastDecision"]["reason"] == "TargetMissing"
     assert [(e.type, e.reason) for e in p.events] == [("Warning", "TargetMissing")]
@@ -196,7 +200,8 @@ def test_an_adopted_argv_sized_in_bytes_is_moved_in_bytes(curve):
     assert sent["args"][:4] == ["meta-llama/Llama-2-7b-hf", "--max-num-seqs", "64", "--kv-cache-memory-bytes"]
     kv = int(sent["args"][4])
     assert 0 < kv < 40 * 1024**3 and len(sent["args"]) == 5  # no --gpu-memory-utilization added
-    assert json.loads(patch.body["metadata"]["annotations"][A.APPLIED_ANNOTATION])["kvCacheMemoryBytes"] == kv
+    record = json.loads(patch.body["metadata"]["annotations"][applied_record.APPLIED_ANNOTATION])
+    assert record["kvCacheMemoryBytes"] == kv
 
 
 PD_RAW = {**RAW, "targetRef": {"prefill": {"name": "llama-prefill"}, "decode": {"name": "llama-decode"}},
@@ -209,25 +214,26 @@ def test_an_adopted_pair_with_a_controlled_prefill_pool_patches_only_the_decode_
     lws = [{"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "name": "llama-prefill",
             "uid": "l", "controller": True}]
     states = {}
-    for pool, refs in zip(M.pools("llm", spec), (lws, None)):
+    for pool, refs in zip(manifests.pools("llm", spec), (lws, None)):
         deploy = user_deployment(copy.deepcopy(USER), refs)
         deploy["metadata"]["name"] = pool.name
-        c = T.find_container(deploy, None)
-        states[pool.role] = R.PoolState(pool, deploy, M.live_settings(deploy, M.initial_settings(spec, pool.role), c),
-                                        R.Ownership("kneecap"), adoption=T.adoption(deploy, c))
+        c = target.find_container(deploy, None)
+        live = manifests.live_settings(deploy, manifests.initial_settings(spec, pool.role), c)
+        states[pool.role] = reconcile.PoolState(pool, deploy, live, reconcile.Ownership("kneecap"),
+                                                adoption=target.adoption(deploy, c))
     status, _ = ring_status(curve)
     for e in status["observations"]:
         e["pool"] = "decode"
     status["workload"]["pool"] = status["lastWindow"]["pool"] = "decode"
     obs = replace(observation(curve[32]), t_end_s=NOW)
-    g = P.TickInput("serving", "llm", 2, (P.PoolWindow("prefill", states["prefill"], P.IDLE),
-                                         P.PoolWindow("decode", states["decode"], P.OBSERVED, observation=obs)),
-                   P.parse_ring(status["observations"], "decode"), full_pass=True)
-    p = P.plan(g, status, spec, NOW)
-    assert [(x.name, x.content_type) for x in p.patches] == [("llama-decode", T.STRATEGIC)]
+    g = plan.TickInput("serving", "llm", 2, (plan.PoolWindow("prefill", states["prefill"], plan.IDLE),
+                                         plan.PoolWindow("decode", states["decode"], plan.OBSERVED, observation=obs)),
+                   status_codec.parse_ring(status["observations"], "decode"), full_pass=True)
+    p = plan.plan(g, status, spec, NOW)
+    assert [(x.name, x.content_type) for x in p.patches] == [("llama-decode", target.STRATEGIC)]
     (sent,) = p.patches[0].body["spec"]["template"]["spec"]["containers"]
     assert sent["name"] == "vllm" and sent["args"][1:3] == ["--max-num-seqs", "64"]
-    a = cond(p.status, St.ADVISORY)
+    a = cond(p.status, status_helpers.ADVISORY)
     assert (a["status"], a["reason"]) == ("True", "TargetControlled")
     assert "llama-prefill" in a["message"] and "LeaderWorkerSet/llama-prefill" in a["message"]
     assert "llama-decode" not in a["message"]
@@ -246,9 +252,9 @@ def test_an_adopted_pair_with_a_controlled_prefill_pool_patches_only_the_decode_
 ])
 def test_adoption_reads_the_tensor_parallel_size_from_the_argv(tail, tp):
     c = {**USER, "args": USER["args"] + tail}
-    assert T.tensor_parallel_of(c) == tp
+    assert target.tensor_parallel_of(c) == tp
     shell = {"name": "vllm", "command": ["sh", "-c", " ".join(["vllm", "serve", *USER["args"], *tail])]}
-    assert T.adoption(user_deployment(shell), shell).tensor_parallel_size == tp
+    assert target.adoption(user_deployment(shell), shell).tensor_parallel_size == tp
 
 
 def test_an_adopted_tensor_parallel_target_is_costed_per_gpu_and_keeps_its_argv(curve):

@@ -12,6 +12,7 @@ from kneecap.control.loop import WINDOW_FAMILIES
 from kneecap.observe import NoObservation, Observation, observe, parse_metrics
 from tests.support.capture_windows import CAPTURES, T0, T1, cut_inside, zeroed
 from tests.support.data import read_capture
+from tests.support.scrape_reference import reference_samples
 
 S = importlib.import_module("kneecap.observe.scrape")
 
@@ -97,9 +98,9 @@ def test_filtered_cut_inside_a_kept_family_drops_it():
 
 # --- the line cache (a seen line: rpartition, dict lookup, float) against the reference -------
 def reference(text: str, keep=None):
-    """What parse_metrics gave before the line cache: _samples_cached's samples, collected."""
+    """What parse_metrics gave before the line cache: the reference reader's samples, collected."""
     lines = text.split("\n")[:-1]
-    return S._collect(S._samples_cached(lines, keep), None)
+    return S._collect(reference_samples(lines, keep), None)
 
 
 VALUE_FORMS = ["7", "1e3", "+Inf", "-Inf", "NaN", "1_5", "3 1700000000000", "2.5\r", "2.5\t", "\t2.5", "1.0}",

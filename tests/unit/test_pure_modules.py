@@ -60,7 +60,9 @@ def test_the_pure_modules_are_found():
                                                    "queues", "results", "search", "service", "tbt", "workload")}
     assert {"kneecap.model.gauss", "kneecap.model.slim", "kneecap.control.decide", "kneecap.control.plan",
             "kneecap.control.policy", "kneecap.control.status", "kneecap.observe.observation",
-            "kneecap.observe.vllm_metric_names", "kneecap.control.tick"} | gauss <= names
+            "kneecap.observe.vllm_metric_names", "kneecap.control.tick", "kneecap.control.status_codec",
+            "kneecap.control.replica_stabilisation", "kneecap.control.plan_metrics", "kneecap.control.slo",
+            } | gauss <= names
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)

@@ -14,7 +14,7 @@ from kneecap.model.arch import get_arch
 from kneecap.model.hardware import get_gpu
 from kneecap.sim.cluster import DONE, LOST, VirtualCluster
 from kneecap.sim.kubeapi_memory import MemoryKube
-from kneecap.sim.merge_patch import merge_patch
+from kneecap.emulation.merge_patch import merge_patch
 from kneecap.sim.kubelet_virtual import HASH_LABEL, KubeletConfig, replicasets_path
 from kneecap.sim.replay import ReplayConfig, static_deployment
 

@@ -16,7 +16,7 @@ from typing import Callable
 import aiohttp
 import kopf
 
-from kneecap.control import loop, plan, reconcile as reconciler, status as status_helpers
+from kneecap.control import loop, reconcile as reconciler, status as status_helpers, status_codec
 from kneecap.control.auth import Credentials, CredentialsError
 from kneecap.control.gauss_reuse import GaussRuns
 from kneecap.control.informer import CachedReads
@@ -200,7 +200,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
                              + [f"{c.name}: {c.kind} not owned" for c in result.conflicts])), gen, now)
         conds = status_helpers.set_conflict(conds, result.conflicts, gen, now)
         patch.status.update({"observedGeneration": gen, "conditions": conds, "phase": status_helpers.phase_of(conds),
-                             "invalidField": None, "ownership": plan.ownership_status(result.pools)})
+                             "invalidField": None, "ownership": status_codec.ownership_status(result.pools)})
         for c in result.conflicts:
             kopf.warn(body, reason="Conflict", message=c.message)
         for m in result.missing:

@@ -29,7 +29,7 @@ from typing import Awaitable, Callable
 
 import aiohttp
 
-from kneecap.control import plan as planner, reconcile, restart
+from kneecap.control import plan as planner, reconcile, restart, status_codec
 from kneecap.control.gauss_reuse import GaussRuns
 from kneecap.control.informer import ApiReads
 from kneecap.control.kube import ApiError, ApiFailure, KubeClient, deployments_path
@@ -61,7 +61,7 @@ class LoopMemory:
 
     snapshots: dict[str, dict[str, list[Snapshot]]] = field(default_factory=dict)  # role -> url -> scrapes
     last_tick_s: float = 0.0
-    parsed_ring: dict = field(default_factory=dict)  # ring entry key -> RingEntry (see plan.parse_ring)
+    parsed_ring: dict = field(default_factory=dict)  # ring entry key -> RingEntry (see status_codec.parse_ring)
     ticks: int = 0  # control ticks run since the operator started (every FULL_RECONCILE_TICKS-th is full)
     spec: LLMDeploymentSpec | None = None  # parsed at `spec_generation` (None: that spec is invalid)
     spec_generation: int | str | None = -1
@@ -223,7 +223,7 @@ async def gather(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec,
     windows = tuple([await observe_pool(ctx, mem, ns, name, spec, p) for p in pools])
     for role in set(mem.snapshots) - {p.pool.role for p in pools}:
         del mem.snapshots[role]
-    ring = planner.parse_ring(status.get("observations") or [], planner.primary_role(spec), mem.parsed_ring)
+    ring = status_codec.parse_ring(status.get("observations") or [], planner.primary_role(spec), mem.parsed_ring)
     return TickInput(ns, name, meta.get("generation"), windows, ring, owner=body, live=live,
                      api_failures=(failure,) if failure else (), reconcile_failed=failure is not None,
                      status_write_failure=mem.status_write_failure,

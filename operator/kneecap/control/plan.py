@@ -9,15 +9,17 @@ A decision needs a usable window no older than ``spec.control.maxObservationAge`
 scrape or an unusable window (garbage, NaN, a truncated page, missing families, counter resets)
 holds with ``Degraded`` naming it until a usable window closes; idle windows are usable (there
 is just nothing to decide). A patch carries the `kneecap.io/applied` record (see applied.py).
+
+Its parts live beside it: the camelCase status blocks in :mod:`~kneecap.control.status_codec`,
+the metric updates in :mod:`~kneecap.control.plan_metrics`, the SLO verdicts in
+:mod:`~kneecap.control.slo` and when a pool may shrink in :mod:`~kneecap.control.replica_stabilisation`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Sequence
 
 import numpy as np
@@ -25,37 +27,22 @@ import numpy as np
 from kneecap.control import applied as applied_record, cudagraph, decide, gauss_reuse, manifests, policy, reconcile
 from kneecap.control import restart, status as status_helpers
 from kneecap.control.kube import MERGE
-from kneecap.control.metrics import CURVE_BATCHES
+from kneecap.control.plan_metrics import MetricCollector, export_curve, export_recommendation, export_spec, slim_curve
+from kneecap.control.replica_stabilisation import (min_scale_down_recommendations, scale_down_window_s,
+                                                   stabilised_replicas, watched_long_enough)
+from kneecap.control.slo import slo_attainment, slo_met
 from kneecap.control.spec import LLMDeploymentSpec
+from kneecap.control.status_codec import (calibration_from_status, calibration_to_status, ownership_status,
+                                          settings_status, workload_from_status)
 from kneecap.control.target import STRATEGIC, settings_patch
 from kneecap.control.tick import (APPLY_FAILED, FAILED, IDLE, NO_PODS, OBSERVED, OPEN, RECONCILE_FAILED,
                                   SCRAPE_FAILED, STALE, UNUSABLE, DeploymentPatch, Event, FailedWrite, MetricUpdate,
                                   Plan, PoolWindow, ReconcileWrite, TickInput, decision_status)
-from kneecap.errors import InputError
-from kneecap.model import calibrate, slim
 from kneecap.model.arch import get_arch
-from kneecap.naming import status_key
 from kneecap.observe import pool as obs_pool
 from kneecap.observe.observation import Observation
 
 log = logging.getLogger("kneecap.plan")
-
-class _Metrics:
-    """Collects MetricUpdates with the OperatorMetrics call shape."""
-
-    def __init__(self):
-        self.updates: list[MetricUpdate] = []
-
-    def set(self, metric: str, value: float | None, *labels: str) -> None:
-        if value is not None:
-            self.updates.append(MetricUpdate("set", metric, labels, float(value)))
-
-    def inc(self, metric: str, *labels: str, amount: float = 1.0) -> None:
-        self.updates.append(MetricUpdate("inc", metric, labels, float(amount)))
-
-    def drop(self, metric: str, *labels: str) -> None:
-        self.updates.append(MetricUpdate("drop", metric, labels))
-
 
 # ---------------------------------------------------------------- small pure helpers
 
@@ -69,21 +56,6 @@ def target_tensor_parallel_size(g: "TickInput", spec: LLMDeploymentSpec) -> int 
     role = primary_role(spec)
     p = next((p for p in g.pools if p.state.pool.role == role and p.state.adoption is not None), None)
     return None if p is None else p.state.adoption.tensor_parallel_size
-
-
-def ownership_status(pools: Sequence[reconcile.PoolState]) -> dict:
-    """Who owns each pool's replicas; kneecap does not fight an HPA or a person."""
-    out = {}
-    for p in pools:
-        o = p.ownership
-        out[p.pool.role] = {"replicas": o.replicas_owner,
-                            "message": (f"replicas are owned by {o.replicas_owner}; kneecap only recommends them"
-                                        if o.external else "kneecap manages replicas")}
-        if p.adoption is not None:  # spec.targetRef: whose Deployment kneecap tunes
-            out[p.pool.role]["target"] = status_helpers.compact({
-                "deployment": p.pool.name, "container": p.adoption.container, "controller": p.adoption.controller,
-                "adviseOnly": p.adoption.advise_only, "tensorParallelSize": p.adoption.tensor_parallel_size})
-    return out
 
 
 def _advisory(t: "_Tick", states: Sequence[reconcile.PoolState]) -> None:
@@ -102,148 +74,6 @@ def _advisory(t: "_Tick", states: Sequence[reconcile.PoolState]) -> None:
                     + ("" if t.spec.enforce else " (spec.control.mode is advise)"))
 
 
-def _ring_key(role: str, e: dict) -> tuple:
-    return (role, e.get("windowEndUnixSeconds"), e.get("requestsPerSecond"), e.get("generationTokensPerSecond"))
-
-
-def parse_ring(entries: Sequence[dict], role: str, parsed: dict | None = None) -> tuple:
-    """Each ring entry with its parse for pool ``role`` (None: another pool's, or unreadable).
-    ``parsed``: a cache of entries parsed on earlier ticks (an entry never changes once
-    written), kept to the entries still in the ring."""
-    out, seen = [], set()
-    for e in entries:
-        obs = None
-        if e.get("pool", "server") == role:
-            key = _ring_key(role, e)
-            obs = parsed.get(key) if parsed is not None else None
-            if obs is None:
-                try:
-                    obs = status_helpers.ring_entry_from_status(e)
-                except ValueError:
-                    obs = None
-            if obs is not None:
-                seen.add(key)
-                if parsed is not None:
-                    parsed[key] = obs
-        out.append((e, obs))
-    if parsed is not None:
-        for key in [k for k in parsed if k[0] == role and k not in seen]:
-            del parsed[key]
-    return tuple(out)
-
-
-def ring_entries(status: dict, role: str, parsed: dict | None = None) -> list[status_helpers.RingEntry]:
-    """The ring's observations of one pool (entries that do not parse are skipped)."""
-    return [o for _, o in parse_ring(status.get("observations") or [], role, parsed) if o is not None]
-
-
-def settings_status(s: manifests.EngineSettings) -> dict:
-    return status_helpers.compact({"maxNumSeqs": s.max_num_seqs, "gpuMemoryUtilization": s.gpu_memory_utilization,
-                                   "kvCacheMemoryBytes": s.kv_cache_memory_bytes, "replicas": s.replicas})
-
-
-def workload_from_status(status: dict, role: str) -> Observation | None:
-    """The last window's full observation of the pool, from ``status.workload`` (None if absent
-    or unreadable)."""
-    w = status.get("workload") or {}
-    if w.get("pool", "server") != role:
-        return None
-    try:
-        return obs_pool.from_status({k: v for k, v in w.items() if k != "pool"})
-    except ValueError:
-        return None
-
-
-def slo_met(spec: LLMDeploymentSpec, o: Observation | status_helpers.RingEntry) -> tuple[bool, str] | None:
-    checks = decide.slo_checks(spec, o)
-    if not checks:
-        return None
-    missed = [f"{n} p95 {v:.3g}s > {slo:g}s" for slo, v, n in checks if v > slo]
-    if missed:
-        return False, "; ".join(missed)
-    return True, ", ".join(f"{n} p95 {v:.3g}s ≤ {slo:g}s" for slo, v, n in checks)
-
-
-def slo_attainment(spec: LLMDeploymentSpec, ring: Sequence[Observation | status_helpers.RingEntry]) -> float | None:
-    """Fraction of the ring's windows whose p95 latencies met every declared SLO (None: no SLO
-    declared, or no window measured one)."""
-    met = [r[0] for r in (slo_met(spec, o) for o in ring) if r is not None]
-    return sum(met) / len(met) if met else None
-
-
-def slim_curve(cal: calibrate.Calibration, spec: LLMDeploymentSpec, obs: Observation,
-               batch: np.ndarray) -> np.ndarray:
-    """Calibrated SLIM token throughput per pod at `batch`, at the window's lengths (eq. 6)."""
-    thr, _ = calibrate.predict(cal, spec.model.architecture, spec.accelerator.gpu, np.asarray(batch, float),
-                               max(obs.input_len_mean, 1.0), max(obs.output_len_mean, 1.0),
-                               output_cv=obs.output_len_cv, tensor_parallel_size=decide.model_tp(spec))
-    return np.broadcast_to(np.asarray(thr, float), np.shape(batch))
-
-
-def _efficiency_batch(obs: Observation) -> float:
-    """The batch the efficiency is read at: the window's mean running batch; B < 1 reads as 1."""
-    return max(decide.observed_batch(obs), 1.0)
-
-
-def _efficiency(t1_tok_s: float, tb_tok_s: float, b: float) -> float:
-    return tb_tok_s / (b * t1_tok_s)  # T(B)/(B·T(1)), paper 000 eq. 13
-
-
-def batching_efficiency(cal: calibrate.Calibration, spec: LLMDeploymentSpec, obs: Observation) -> float:
-    """T(B)/(B·T(1)) at the window's mean running batch B (paper 000, eq. 13); B < 1 reads as 1."""
-    b = _efficiency_batch(obs)
-    t1, tb = slim_curve(cal, spec, obs, np.array([1.0, b]))
-    return float(_efficiency(t1, tb, b))
-
-
-# ---------------------------------------------------------------- calibration in status (camelCase)
-
-_METRIC_KEYS = MappingProxyType({"mape_pct": "meanErrorPercent", "max_error_pct": "maxErrorPercent",
-                                 "n_points": "points", "cost": "fitCost"})
-_NOTE_KEYS = MappingProxyType({"checkedS": "checkedUnixSeconds", "ringN": "ringPoints",
-                               "ringErrorPct": "ringErrorPercent"})
-# status.calibration keys earlier versions wrote → the current ones (an upgraded operator reads them)
-_EARLIER_CALIBRATION_KEYS = MappingProxyType({
-    "mapePct": "meanErrorPercent", "maxErrorPct": "maxErrorPercent", "nPoints": "points",
-    "fitErrorPct": "fitErrorPercent", "parameterStd": "parameterStandardDeviations"})
-
-
-def calibration_to_status(cal: calibrate.Calibration, error: float | None, accepted_time: str | None) -> dict:
-    """A Calibration as status.calibration: camelCase keys (SLIM's parameters included, e.g.
-    ``t_fixed_s`` → ``tFixedSeconds``), the fit's error on the current ring (``fitErrorPercent``)
-    and when it was created and accepted."""
-    return status_helpers.compact({
-        "version": cal.version, "form": cal.form, "gpu": cal.gpu, "models": list(cal.models),
-        "parameters": {status_key(k): v for k, v in cal.params.items()},
-        "parameterStandardDeviations": {status_key(k): v for k, v in cal.std.items()},
-        **{_METRIC_KEYS.get(k, status_key(k)): v for k, v in cal.metrics.items()},
-        "fitErrorPercent": None if error is None else round(100.0 * error, 3),
-        "notes": {_NOTE_KEYS.get(k, k): v for k, v in (cal.notes or {}).items()} or None,
-        "createdTime": cal.created, "acceptedTime": accepted_time})
-
-
-def calibration_from_status(d: dict | None) -> calibrate.Calibration | None:
-    """Inverse of :func:`calibration_to_status`, the keys of earlier versions read too (None:
-    absent or unreadable)."""
-    if not d or "parameters" not in d or d.get("form") not in slim.FORM_PARAMS:
-        return None
-    d = obs_pool.with_current_keys(d, _EARLIER_CALIBRATION_KEYS)
-    names = {status_key(k): k for k in slim.FORM_PARAMS[d["form"]]}
-    metrics_back = {v: k for k, v in _METRIC_KEYS.items()}
-    notes_back = {v: k for k, v in _NOTE_KEYS.items()}
-    try:
-        return calibrate.Calibration.from_json(json.dumps({
-            "version": d.get("version", calibrate.CALIBRATION_VERSION), "form": d["form"], "gpu": d.get("gpu"),
-            "models": d.get("models", []),
-            "params": {names.get(k, k): v for k, v in dict(d["parameters"]).items()},
-            "std": {names.get(k, k): v for k, v in dict(d.get("parameterStandardDeviations") or {}).items()},
-            "metrics": {metrics_back[k]: d[k] for k in metrics_back if k in d},
-            "created": d.get("createdTime", ""),
-            "notes": {notes_back.get(k, k): v for k, v in dict(d.get("notes") or {}).items()}}))
-    except (InputError, TypeError, ValueError):
-        return None
-
-
 # ---------------------------------------------------------------- the plan
 
 @dataclass
@@ -256,7 +86,7 @@ class _Tick:
     now_s: float
     out: dict
     conds: list
-    m: _Metrics = field(default_factory=_Metrics)
+    m: MetricCollector = field(default_factory=MetricCollector)
     events: list = field(default_factory=list)
     patches: list = field(default_factory=list)
     reconcile_writes: tuple = ()  # reconcile.ObjectWrite, sent before the patches
@@ -309,7 +139,7 @@ def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
     t = _Tick(g, spec, status, now_s, out={"observedGeneration": g.generation},
               conds=list(status.get("conditions") or []), gauss_runs=gauss_runs)
     labels, role = t.labels, primary_role(spec)
-    _export_spec(t)
+    export_spec(t)
     if g.live is not None and g.owner is not None:  # the owned objects brought to the spec first
         t.reconcile_writes = tuple(reconcile.plan_reconcile(g.owner, spec, g.live).writes)
     states = [p.state for p in g.pools]
@@ -386,7 +216,7 @@ def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
         if accepted:
             t.m.set("calibration_timestamp", status_helpers.parse_iso(accepted), *labels)
         if main.observation is not None:
-            _export_curve(t, role, cal_out.calibration, main.observation)
+            export_curve(t, role, cal_out.calibration, main.observation)
     if main.outcome == IDLE:  # no running batch to be past the knee with
         t.m.drop("batching_efficiency", *labels, role)
     t.condition(status_helpers.CALIBRATED, cal_out.calibration is not None and cal_out.ok, cal_out.reason,
@@ -424,7 +254,7 @@ def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
     t.out["recommendation"] = r.to_status()
     if r.allocation:
         t.out["allocation"] = dict(r.allocation)
-    _export_recommendation(t, role, r)
+    export_recommendation(t, role, r)
     if main.observation is not None:
         t.m.set("knee_throughput",
                 float(slim_curve(cal_out.calibration, spec, main.observation, np.array([r.knee_batch]))[0]),
@@ -596,64 +426,6 @@ def _prefill_replicas(t: _Tick, pre: reconcile.PoolState, want: int, state: poli
         alloc["prefillDecision"] = decision
 
 
-def stabilised_replicas(want: int, want_down: int, history, current: int, now_s: float, window_s: float,
-                        cooldown_s: float, min_recommendations: int = 1) -> tuple[int, list]:
-    """(replicas, the history to keep in ``status.scaleDownRecommendations``).
-
-    A pool grows to ``want`` at once. It shrinks only to the highest scale-down recommendation
-    (sized for the rate plus the hysteresis band) of the last ``window_s``, once that window
-    holds ``min_recommendations`` of them (a pool just taken over, or whose history was lost,
-    does not shrink on one window), and never within ``cooldown_s`` of growing (a scale-up is
-    kept in the history for the cooldown: no count is left and taken again within it).
-    ``history``: ``[{"recommendedUnixSeconds", "replicas", "scaleUp"?}, ...]`` (the positional
-    ``[unixSeconds, replicas, 1?]`` of earlier versions read too); unreadable entries are
-    dropped."""
-    kept: list[tuple[float, int, bool]] = []
-    for e in history or []:
-        try:
-            if isinstance(e, dict):
-                t_s, n, up = float(e["recommendedUnixSeconds"]), int(e["replicas"]), bool(e.get("scaleUp", False))
-            else:
-                t_s, n, up = float(e[0]), int(e[1]), len(e) > 2 and bool(e[2])
-        except (TypeError, ValueError, IndexError, KeyError):
-            continue
-        if 0.0 <= now_s - t_s < (cooldown_s if up else window_s):
-            kept.append((t_s, n, up))
-
-    def as_status(entries):
-        return [{"recommendedUnixSeconds": t_s, "replicas": n, **({"scaleUp": True} if up else {})}
-                for t_s, n, up in entries]
-    if want > current:
-        return want, as_status(kept + [(now_s, int(want), True)])
-    kept.append((now_s, int(want_down), False))
-    if want == current or sum(not up for _, _, up in kept) < min_recommendations:
-        return current, as_status(kept)
-    return min(current, max(want, *(n for _, n, _ in kept))), as_status(kept)
-
-
-def scale_down_window_s(spec: LLMDeploymentSpec, restart_s: float) -> float:
-    """How long a pod no longer needed is kept: as long as starting it again takes (an idle pod
-    costs its GPU-seconds; one started again costs ``restart_s`` of them loading before it serves:
-    the ski-rental break-even), at least three control windows, at most the cooldown."""
-    return min(spec.control.cooldown_s, max(restart_s, 3.0 * spec.control.interval_s))
-
-
-def watched_long_enough(spec: LLMDeploymentSpec, ring, now_s: float) -> bool:
-    """Whether the pool's windows in the ring reach a cooldown back (or fill the ring): before
-    that, its traffic's swings are unknown and it is not shrunk (a pool just taken over is
-    sized for a peak kneecap has not seen)."""
-    if len(ring) >= spec.control.observation_history:
-        return True
-    starts = [o.t_end_s - o.window_s for o in ring]
-    return bool(starts) and now_s - min(starts) >= spec.control.cooldown_s
-
-
-def min_scale_down_recommendations(spec: LLMDeploymentSpec, restart_s: float) -> int:
-    """Recommendations a scale-down window must hold before a pool shrinks: one per control
-    interval it spans (at least three, as the window spans at least three)."""
-    return max(3, int(scale_down_window_s(spec, restart_s) // spec.control.interval_s))
-
-
 def _restart_cost(t: _Tick, pool: reconcile.PoolState, obs: Observation) -> restart.RestartCost:
     """The pool's restart cost: this tick's creation → Ready measurement (kept in
     ``status.restartCost``), else the last one kept, else the model (weights / load bandwidth +
@@ -707,50 +479,3 @@ def _replicas(t: _Tick, cal, obs: Observation, current: int, restart_s: float, r
         alloc = {**alloc, "replicas": n,
                  "costPerHour": round(n * spec.gpus_per_replica * max(spec.accelerator.cost_per_hour, 1e-9), 4)}
     return n, "gauss:" + str(binding), alloc
-
-
-def _export_spec(t: _Tick) -> None:
-    spec, labels = t.spec, t.labels
-    t.m.set("efficiency_floor", spec.batching.efficiency_floor, *labels)
-    t.m.set("slo_quantile", spec.slo.quantile, *labels)
-    for kind, v in (("ttft", spec.slo.ttft_s), ("tpot", spec.slo.tpot_s), ("e2e", spec.slo.e2e_s)):
-        if v is None:
-            t.m.drop("slo_target", *labels, kind)
-        else:
-            t.m.set("slo_target", v, *labels, kind)
-
-
-def _export_curve(t: _Tick, role: str, cal: calibrate.Calibration, obs: Observation) -> None:
-    """The calibrated curve at CURVE_BATCHES (≤ maxMaxNumSeqs), the efficiency T(B)/(B·T(1)) at
-    the observed batch (paper 000, eq. 13) and the prediction at the window's own batch (the fit
-    checked against the window it has just seen): one SLIM evaluation (eq. 6)."""
-    spec, labels = t.spec, t.labels
-    batch = np.array([b for b in CURVE_BATCHES if b <= spec.batching.max_max_num_seqs], float)
-    b_obs = max(decide.observed_batch(obs), 1e-3)  # as decide.fit_rows reads it
-    b_eff = _efficiency_batch(obs)
-    try:
-        thr = slim_curve(cal, spec, obs, np.concatenate([batch, [1.0, b_eff, b_obs]]))
-    except (InputError, ValueError, FloatingPointError) as exc:
-        log.warning("SLIM curve for %s/%s: %s", labels[0], labels[1], exc)
-        return
-    t1, t_eff, t_obs = (float(x) for x in thr[len(batch):])
-    for b, thr_b in zip(batch, thr):
-        if np.isfinite(thr_b):
-            t.m.set("predicted_curve", float(thr_b), *labels, role, str(int(b)))
-    eff = _efficiency(t1, t_eff, b_eff)
-    if np.isfinite(eff):
-        t.m.set("batching_efficiency", eff, *labels, role)
-    if np.isfinite(t_obs):
-        t.m.set("predicted_throughput", t_obs, *labels, role)
-    for b in CURVE_BATCHES:
-        if b > spec.batching.max_max_num_seqs:
-            t.m.drop("predicted_curve", *labels, role, str(b))
-
-
-def _export_recommendation(t: _Tick, role: str, r: decide.Recommendation) -> None:
-    labels = t.labels
-    t.m.set("recommended_max_num_seqs", r.max_num_seqs, *labels, role)
-    t.m.set("recommended_gpu_memory_utilization", r.gpu_memory_utilization, *labels, role)
-    t.m.set("memory_released_bytes", r.released_bytes, *labels, role)
-    t.m.set("knee_batch", r.knee_batch, *labels, role)
-    t.m.set("recommended_throughput", r.pred_throughput_tok_s, *labels, role)

@@ -10,8 +10,8 @@ over the cooldown > tokens lost to the restart, else ``RestartNotWorthIt``) and 
 Ready pod unless ``spec.control.allowDowntime`` (else ``RestartNeedsDowntime``); when either
 holds the flags, a replica change is still applied on its own (it restarts nothing), and it
 does not wait for the cooldown either (a scale-down is stabilised before it gets here:
-:func:`kneecap.control.plan.stabilised_replicas`). Every outcome carries a CamelCase reason and a
-message.
+:func:`kneecap.control.replica_stabilisation.stabilised_replicas`). Every outcome carries a
+CamelCase reason and a message.
 """
 
 from __future__ import annotations

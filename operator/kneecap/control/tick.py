@@ -54,7 +54,7 @@ class TickInput:
     generation: int | str | None
     pools: tuple[PoolWindow, ...]
     ring: tuple[tuple[dict, status_helpers.RingEntry | None], ...] = ()  # status.observations, each with its parse
-    # (None: another pool's entry, or unreadable); see plan.parse_ring
+    # (None: another pool's entry, or unreadable); see status_codec.parse_ring
     owner: dict | None = None  # the LLMDeployment's apiVersion, kind and metadata (what owned objects point to)
     live: reconcile.LiveObjects | None = None  # the owned objects as read (None: not read, or read failed)
     api_failures: tuple[ApiFailure, ...] = ()  # reads refused while gathering (reconcile's)

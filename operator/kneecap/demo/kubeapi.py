@@ -2,7 +2,7 @@
 
 kmock (==0.8, by kopf's author) serves discovery, lists, watches and fetches from memory. Its
 gaps (DESIGN §7) are filled here, and every write is admitted as a real API server admits it
-(the pure rules are in kneecap.demo.apiserver and kneecap.control.validation):
+(the pure rules are in kneecap.emulation.admission and kneecap.control.validation):
 
 * objects get ``uid``, ``creationTimestamp``, ``resourceVersion`` (a global counter) and
   ``generation`` (bumped when ``spec`` changes), so kopf's JSON-patch ``test`` ops work; a PUT or
@@ -68,8 +68,8 @@ from kmock._internal.k8s import KubernetesError, KubernetesObjectConflictError, 
 from kneecap.control import spec as crd
 from kneecap.control import validation
 from kneecap.control.kube import selector_matches
-from kneecap.sim.merge_patch import merge_patch
-from kneecap.demo import apiserver
+from kneecap.emulation import admission
+from kneecap.emulation.merge_patch import merge_patch
 
 assert kmock.__version__.startswith("0.8"), f"kneecap.demo.kubeapi is pinned to kmock 0.8, found {kmock.__version__}"
 
@@ -211,7 +211,6 @@ class KubeAPI(kmock.KubernetesEmulator):
     """kmock's emulator with the fixes listed in the module docstring."""
 
     instant_rollouts: bool = True
-    garbage_collect: bool = True  # cascade deletes by ownerReferences, as a cluster's GC does
     _rv: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
     _warnings: list[str] = attrs.field(factory=list, init=False)  # of the request being served
 
@@ -260,7 +259,7 @@ class KubeAPI(kmock.KubernetesEmulator):
         if raw_request.method == "POST":
             obj = await raw_request.json()
             name = obj["metadata"]["name"]
-            causes = apiserver.name_causes("Namespace", name)
+            causes = admission.name_causes("Namespace", name)
             if causes:
                 return await self._render_error(invalid_error("Namespace", "", name, causes))
             async with self._lock:
@@ -353,7 +352,7 @@ class KubeAPI(kmock.KubernetesEmulator):
         if request.namespace:
             meta["namespace"] = request.namespace
         kind = self.resources[request.resource].kind
-        causes = apiserver.name_causes(kind, meta.get("name"))
+        causes = admission.name_causes(kind, meta.get("name"))
         if causes:
             raise invalid_error(kind, request.resource.group, str(meta.get("name") or ""), causes)
         key = (request.resource, meta.get("namespace"), meta["name"])
@@ -365,10 +364,10 @@ class KubeAPI(kmock.KubernetesEmulator):
         meta.pop("deletionTimestamp", None)
         meta.pop("resourceVersion", None)
         if operation == "Apply":  # the applied fields only, not the defaults
-            meta["managedFields"] = apiserver.server_side_apply({}, body, _manager(request), force=True,
+            meta["managedFields"] = admission.server_side_apply({}, body, _manager(request), force=True,
                                                                 strategic=True)[1]
         else:
-            apiserver.record_managed_fields(None, obj, _manager(request), None, operation)
+            admission.record_managed_fields(None, obj, _manager(request), None, operation)
         self._rollout(request.resource, obj)
         self._stamp(obj)
         if key in self._objects:
@@ -383,20 +382,20 @@ class KubeAPI(kmock.KubernetesEmulator):
         res = request.resource
         kind = self.resources[res].kind
         meta = new.setdefault("metadata", {})
-        causes = apiserver.label_causes(meta.get("labels"))
+        causes = admission.label_causes(meta.get("labels"))
         if kind == "LLMDeployment":
             new, more = self._custom(request, old, new)
             causes += more
         elif kind in ("Deployment", "Pod", "Service"):
             try:
-                apiserver.server_defaults(kind, new, cluster_ip=self._cluster_ip(new))
-            except apiserver.DecodeError as exc:
+                admission.server_defaults(kind, new, cluster_ip=self._cluster_ip(new))
+            except admission.DecodeError as exc:
                 raise KubernetesError(status=400, reason="BadRequest", message=f'{kind} in version "{res.version}" '
                                       f"cannot be handled as a {kind}: {exc}") from None
             if kind == "Deployment":
-                causes += apiserver.deployment_causes(old, new)
-            new = apiserver.drop_empty(new)
-        new["metadata"] = apiserver.drop_empty(new.get("metadata") or {})
+                causes += admission.deployment_causes(old, new)
+            new = admission.drop_empty(new)
+        new["metadata"] = admission.drop_empty(new.get("metadata") or {})
         if causes:
             raise invalid_error(kind, res.group, meta.get("name", ""), causes)
         return new
@@ -456,10 +455,10 @@ class KubeAPI(kmock.KubernetesEmulator):
         managed = None
         if apply:
             try:
-                new, managed = apiserver.server_side_apply(
+                new, managed = admission.server_side_apply(
                     old, data, request.params["fieldManager"], force=request.params.get("force") == "true",
                     strategic=self.resources[request.resource].kind != "LLMDeployment")
-            except apiserver.ApplyConflict as exc:
+            except admission.ApplyConflict as exc:
                 raise apply_conflict_error(exc.conflicts, request.resource.plural, request.resource.group,
                                            request.name) from None
         elif replace:
@@ -478,7 +477,7 @@ class KubeAPI(kmock.KubernetesEmulator):
                                           message="the body of the request was in an unknown format - accepted "
                                           "media types include: application/json-patch+json, "
                                           "application/merge-patch+json, application/apply-patch+yaml")
-            new = apiserver.strategic_merge(old, data)
+            new = admission.strategic_merge(old, data)
         else:  # merge-patch+json or unspecified
             new = merge_patch(old, data)
         rv = (new.get("metadata") or {}).get("resourceVersion")
@@ -500,11 +499,12 @@ class KubeAPI(kmock.KubernetesEmulator):
             else:
                 new.pop("status", None)
         new = self._admit(request, old, new)
-        if not on_status and new.get("spec") != old.get("spec"):
-            new["metadata"]["generation"] = int(old["metadata"].get("generation", 1)) + 1
+        generation = admission.next_generation(old, new)
+        if not on_status and generation != int(old["metadata"].get("generation", 1)):
+            new["metadata"]["generation"] = generation
             self._rollout(request.resource, new)
         if managed is None:
-            apiserver.record_managed_fields(old, new, _manager(request), request.subresource, "Update")
+            admission.record_managed_fields(old, new, _manager(request), request.subresource, "Update")
         else:
             new["metadata"]["managedFields"] = managed
         self._stamp(new)
@@ -540,7 +540,7 @@ class KubeAPI(kmock.KubernetesEmulator):
         self._objects[key].delete()
         events.append((key[0], {"type": "DELETED", "object": obj}))
         uid = obj.get("metadata", {}).get("uid")
-        if not uid or not self.garbage_collect:
+        if not uid:
             return
         for (r, ns, name), dep in list(self._objects.items()):
             if dep.deleted:
@@ -671,14 +671,3 @@ class KubeAPIThread:
                                                                   "metadata": {"name": name}})
         assert code in (201, 409), (code, body)
         return body
-
-    def add_pod(self, namespace: str, name: str, labels: dict, ip: str = "127.0.0.1", port: int = 8000,
-                annotations: dict | None = None, ready: bool = True) -> dict:
-        """A running pod as a kubelet would report it (the test points it at a real HTTP server)."""
-        return self.create("v1/pods", {
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations or {}},
-            "spec": {"containers": [{"name": "vllm", "image": "x", "ports": [{"containerPort": port}]}]},
-            "status": {"phase": "Running", "podIP": ip,
-                       "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
-        })

@@ -18,8 +18,6 @@ instant rollouts), so the operator's rollout guard holds while a pod restarts.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import os
 import sys
 import time
@@ -32,30 +30,18 @@ import aiohttp
 from kneecap.control import manifests
 from kneecap.demo.clock import free_port
 from kneecap.demo.kubeapi import LLMD, KubeAPIThread
+from kneecap.emulation.workloads import HASH_LABEL, controller_ref, template_hash
 
 DEPLOY = "apps/v1/deployments"
 REPLICASETS = "apps/v1/replicasets"
 PODS = "v1/pods"
 STRIP_FLAGS = ("--port", "--host")
-HASH_LABEL = "pod-template-hash"
-
-
-def template_hash(deploy: dict) -> str:
-    """Short hash of the pod template (what Kubernetes' pod-template-hash stands for)."""
-    text = json.dumps(deploy["spec"]["template"], sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:10]
-
-
-def _controller_ref(obj: dict, kind: str) -> dict:
-    meta = obj["metadata"]
-    return {"apiVersion": obj.get("apiVersion", "apps/v1"), "kind": kind, "name": meta["name"], "uid": meta["uid"],
-            "controller": True, "blockOwnerDeletion": True}
 
 
 def replicaset_of(kube: KubeAPIThread, deploy: dict) -> dict:
     """The Deployment's ReplicaSet for its current pod template, created as the Deployment
     controller does (``<deployment>-<pod-template-hash>``, controlled by the Deployment)."""
-    meta, h = deploy["metadata"], template_hash(deploy)
+    meta, h = deploy["metadata"], template_hash(deploy["spec"]["template"])
     name, ns = f"{meta['name']}-{h}", meta["namespace"]
     rs = kube.get(REPLICASETS, ns, name)
     if rs is not None:
@@ -64,7 +50,7 @@ def replicaset_of(kube: KubeAPIThread, deploy: dict) -> dict:
     return kube.create(REPLICASETS, {
         "apiVersion": "apps/v1", "kind": "ReplicaSet",
         "metadata": {"name": name, "namespace": ns, "labels": labels,
-                     "ownerReferences": [_controller_ref(deploy, "Deployment")]},
+                     "ownerReferences": [controller_ref(deploy)]},
         "spec": {"replicas": int(deploy["spec"].get("replicas", 1)),
                  "selector": {"matchLabels": {**deploy["spec"]["selector"]["matchLabels"], HASH_LABEL: h}},
                  "template": {**deploy["spec"]["template"],
@@ -87,7 +73,7 @@ def add_owned_pod(kube: KubeAPIThread, deploy: dict | str, name: str, ip: str = 
     return kube.create(PODS, {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": rs["metadata"]["namespace"], "labels": rs["metadata"]["labels"],
-                     "annotations": annotations or {}, "ownerReferences": [_controller_ref(rs, "ReplicaSet")]},
+                     "annotations": annotations or {}, "ownerReferences": [controller_ref(rs)]},
         "spec": {"containers": [{"name": manifests.CONTAINER, "image": "x", "ports": [{"containerPort": port}]}]},
         "status": {"phase": "Running", "podIP": ip,
                    "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
@@ -207,7 +193,7 @@ class Kubelet:
     async def _sync_deployment(self, d: dict) -> None:
         name = d["metadata"]["name"]
         want = int(d["spec"].get("replicas", 1))
-        tmpl = template_hash(d)
+        tmpl = template_hash(d["spec"]["template"])
         mine = [p for p in self.pods.values() if p.deployment == name]
         current = [p for p in mine if p.template == tmpl]
         stale = [p for p in mine if p.template != tmpl]
@@ -230,7 +216,7 @@ class Kubelet:
 
     async def _write_status(self, name: str, d: dict) -> None:
         """The Deployment's status as its controller would report it (the operator's rollout guard reads it)."""
-        tmpl = template_hash(d)
+        tmpl = template_hash(d["spec"]["template"])
         pods = [p for p in self.pods.values() if p.deployment == name]
         ready = [p for p in pods if p.ready]
         updated = [p for p in ready if p.template == tmpl]

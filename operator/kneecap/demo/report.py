@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kneecap.emulation.workloads import template_hash
 from kneecap.model.hardware import get_gpu
 
 BEHIND_RATIO = 0.95  # twin seconds per time_scale × wall second below which the twins fell behind
@@ -35,9 +36,7 @@ def distinct(rows) -> list:
 
 def template_changes(history: list[dict]) -> int:
     """How many times the pod template changed across a Deployment's stored versions."""
-    from kneecap.demo.kubelet import template_hash
-
-    hashes = [template_hash(v) for v in history]
+    hashes = [template_hash(v["spec"]["template"]) for v in history]
     return sum(1 for a, b in zip(hashes, hashes[1:]) if a != b)
 
 

@@ -254,7 +254,8 @@ class ParseCache:
 
 def _collect_cached(lines: list[str], keep: frozenset[str] | None, dropped_family: str | None,
                     cache: ParseCache) -> tuple[dict[str, dict[Labels, float]], set[str]]:
-    """:func:`_collect` over :func:`_samples_cached` (the same result), with the line cache
+    """:func:`_collect` over the samples of the lines (tests/support/scrape_reference.py reads
+    them line by line, the reference this must equal), with the line cache
     (``cache.lines``) in front: a line seen before is one rpartition, one dict lookup and, for
     a kept series, one float()."""
     fast = cache.line_cache(keep)
@@ -317,7 +318,7 @@ def _collect_cached(lines: list[str], keep: frozenset[str] | None, dropped_famil
 
 def _slow_line(raw: str, head: str, keep: frozenset[str] | None, fast: dict[str, tuple], fam: str,
                fam_counter: bool, parse_cache: ParseCache):
-    """One line the line cache did not answer, read as :func:`_samples_cached` reads it; fills
+    """One line the line cache did not answer, read with prometheus-client's sample parser; fills
     both caches. Returns None (nothing to yield), ``(None, family, counter?)`` for a comment that
     sets the family context, or ``(name, labels, value | None, kept?)`` for a sample (None:
     prometheus-client rejects the line; ``kept`` before the counter renaming)."""
@@ -375,66 +376,8 @@ def _slow_line(raw: str, head: str, keep: frozenset[str] | None, fast: dict[str,
     return name, labels, value, keep is None or name in keep
 
 
-def _samples_cached(lines: list[str], keep: frozenset[str] | None = None, parse_cache: ParseCache | None = None):
-    """(name, labels, value | None for a line prometheus-client rejects) per sample line (of a
-    name in ``keep``, when given: the series cache makes skipping a known series a dict lookup).
-
-    Each line goes through prometheus-client's sample parser (``_parse_sample``) the first time
-    its series is seen and through its value parser after that. Family context is kept the way
-    ``text_fd_to_metric_families`` keeps it: a sample named as its ``counter`` family without
-    ``_total`` is renamed ``<name>_total``. The reference for :func:`_collect_cached`, which
-    parse_metrics uses."""
-    parse_cache = ParseCache() if parse_cache is None else parse_cache
-    cache = parse_cache.series
-    fam, fam_counter = "", False
-    for line in lines:
-        line = line.strip()
-        if not line:
-            continue
-        if line[0] == "#":
-            parts = line.split(None, 3)
-            if len(parts) >= 3 and parts[1] == "TYPE":
-                fam, fam_counter = parts[2], len(parts) == 4 and parts[3].strip() == "counter"
-            elif len(parts) >= 3 and parts[1] == "HELP" and parts[2] != fam:
-                fam, fam_counter = parts[2], False
-            continue
-        brace = line.rfind("}")
-        if brace >= 0 and " # " not in line:
-            key, rest = line[: brace + 1], line[brace + 1:]
-        elif brace < 0:
-            key, _, rest = line.partition(" ") if " " in line else line.partition("\t")
-            rest = " " + rest
-        else:
-            key, rest = "", ""  # an exemplar: no cache
-        hit = cache.get(key) if key else None
-        if hit is not None and keep is not None and hit[0] not in keep and hit[0] + "_total" not in keep:
-            continue
-        try:
-            if hit is not None and rest[:1] in (" ", "\t"):
-                name, labels = hit
-                tok = rest.split()  # one plain number: what _parse_value reads (int or float, no '_')
-                value = float(tok[0]) if len(tok) == 1 and "_" not in tok[0] else \
-                    float(_parse_value_and_timestamp(rest)[0])
-            else:
-                sample = _parse_sample(line)
-                name, labels, value = sample.name, tuple(sorted(sample.labels.items())), float(sample.value)
-                if key:
-                    if len(cache) >= parse_cache.max_series:
-                        cache.clear()
-                    cache[key] = (name, labels)
-        except Exception:  # prometheus-client raises ValueError, IndexError, ... on garbage
-            m = _NAME_RE.match(line)
-            if keep is None or (m and m.group(1) in keep):
-                yield (m.group(1) if m else "<garbage>"), (), None
-            continue
-        if fam_counter and name == fam and not fam.endswith("_total"):
-            name += "_total"
-        if keep is None or name in keep:
-            yield name, labels, value
-
-
 def _samples_full(lines: list[str]):
-    """The same as :func:`_samples_cached` through ``text_string_to_metric_families`` (used
+    """The samples of the lines through ``text_string_to_metric_families`` (used
     where prometheus-client's sample parser is not importable): the whole body, and line by line
     when it fails."""
     try:

@@ -7,7 +7,8 @@
 * :mod:`kneecap.sim.loadgen` — open-loop load (``kneecap load``, ``run_load``)
 * :mod:`kneecap.sim.cluster` — a whole cluster in virtual time: in-memory API
   (:mod:`~kneecap.sim.kubeapi_memory`), controllers and kubelet (:mod:`~kneecap.sim.kubelet_virtual`),
-  router, the real operator; :mod:`~kneecap.sim.hpa` an HPA on it
+  router, the real operator (the API's rules shared with the demo's: :mod:`kneecap.emulation`);
+  :mod:`~kneecap.sim.hpa` an HPA on it
 * :mod:`kneecap.sim.trace` — request traces; :mod:`kneecap.sim.replay` — policies replayed on a trace
   (``kneecap replay``, :mod:`~kneecap.sim.replay_report`); :mod:`kneecap.sim.demo_virtual` — the demo's
   closed loop in virtual time

@@ -31,7 +31,7 @@ from typing import Callable
 
 import numpy as np
 
-from kneecap.control import loop, plan, reconcile, status as status_helpers
+from kneecap.control import loop, reconcile, status as status_helpers, status_codec
 from kneecap.control.gauss_reuse import GaussRuns
 from kneecap.control.informer import ApiReads
 from kneecap.control.kube import resource_path
@@ -124,7 +124,7 @@ class OperatorDriver:
         api.patch_now(llmd_path(ns, self.name) + "/status", {"status": {
             "observedGeneration": body["metadata"]["generation"], "conditions": conds,
             "phase": status_helpers.phase_of(conds),
-            "ownership": plan.ownership_status(result.pools)}})
+            "ownership": status_codec.ownership_status(result.pools)}})
 
     def tick(self, t_s: float) -> None:
         api, ns = self.cluster.api, self.cluster.namespace

@@ -6,8 +6,9 @@ What it keeps of the real API server's behaviour:
 * objects addressed by the same REST paths the client builds (``/api/v1/namespaces/ns/pods``,
   ``/apis/apps/v1/namespaces/ns/deployments/name[/status]``);
 * ``metadata.uid`` (deterministic), ``resourceVersion`` (one counter for the whole store, bumped
-  on every change and never on a no-op), ``generation`` (bumped when anything but status or
-  metadata changes), ``creationTimestamp`` from the virtual clock;
+  on every change and never on a no-op), ``generation`` (bumped when ``spec`` changes:
+  :func:`kneecap.emulation.admission.next_generation`, the demo's API's rule too),
+  ``creationTimestamp`` from the virtual clock;
 * JSON merge patch (RFC 7386); the status subresource: a write to ``.../status`` changes only
   ``status``, a write to the object ignores ``status`` (``subresources.status`` of Deployments
   and of the LLMDeployment CRD);
@@ -26,7 +27,8 @@ import uuid
 from typing import Any, Callable
 
 from kneecap.control.kube import ApiError, selector_matches
-from kneecap.sim.merge_patch import merge_patch
+from kneecap.emulation.admission import next_generation
+from kneecap.emulation.merge_patch import merge_patch
 
 Key = tuple[str, str, str, str]  # (group/version, plural, namespace, name)
 
@@ -141,9 +143,7 @@ class MemoryKube:
             new = merge_patch(live, body)
             if "status" in live:
                 new["status"] = live["status"]
-            if {k: v for k, v in new.items() if k not in ("metadata", "status")} != \
-                    {k: v for k, v in live.items() if k not in ("metadata", "status")}:
-                new["metadata"]["generation"] = int(live["metadata"].get("generation", 1)) + 1
+            new["metadata"]["generation"] = next_generation(live, new)
         else:
             raise ApiError(404, {"message": f"no subresource {sub}"}, f"PATCH {path}")
         if new != live:

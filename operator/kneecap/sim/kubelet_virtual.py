@@ -20,7 +20,6 @@ Each runs as a level-triggered ``sync(now_s)`` over the in-memory API
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -29,9 +28,11 @@ import numpy as np
 
 from kneecap.control import manifests
 from kneecap.control import vllm_args
-from kneecap.control.kube import deployments_path, pods_path, resource_path
+from kneecap.control.kube import deployments_path, pods_path
 from kneecap.control.restart import rolling_update
 from kneecap.control.status import iso
+from kneecap.emulation.workloads import (HASH_LABEL, controller_ref, is_ready, owned_by, pod_path,
+                                         replicasets_path, template_hash)
 from kneecap.errors import InputError
 from kneecap.model.arch import GIB, ModelArch
 from kneecap.model.hardware import GPU
@@ -39,37 +40,6 @@ from kneecap.model.memory import memory_split
 from kneecap.sim.engine import Engine, EngineConfig, engine_config
 from kneecap.sim.kubeapi_memory import MemoryKube
 from kneecap.sim.metrics import TwinMetrics
-
-HASH_LABEL = "pod-template-hash"
-
-
-def replicasets_path(ns: str, name: str | None = None) -> str:
-    return resource_path("apps/v1", "replicasets", ns, name)
-
-
-def pod_path(ns: str, name: str) -> str:
-    return resource_path("v1", "pods", ns, name)
-
-
-def template_hash(template: dict) -> str:
-    """A stable hash of a pod template (what the pod-template-hash label stands for)."""
-    return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
-
-
-def _controller_ref(obj: dict) -> dict:
-    meta = obj["metadata"]
-    return {"apiVersion": obj.get("apiVersion", ""), "kind": obj.get("kind", ""), "name": meta["name"],
-            "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
-
-
-def _owned_by(obj: dict, uid: str) -> bool:
-    return any(r.get("uid") == uid and r.get("controller") for r in obj["metadata"].get("ownerReferences") or [])
-
-
-def is_ready(pod: dict) -> bool:
-    return any(c.get("type") == "Ready" and c.get("status") == "True"
-               for c in (pod.get("status") or {}).get("conditions") or [])
-
 
 class DeploymentController:
     """Deployments → ReplicaSets, with rolling updates (module docstring)."""
@@ -87,7 +57,7 @@ class DeploymentController:
         desired = int(d["spec"].get("replicas", 1))
         h = template_hash(d["spec"]["template"])
         rss = [r for r in api.list_now(replicasets_path(self.ns), copy_items=False)
-               if _owned_by(r, d["metadata"]["uid"])]
+               if owned_by(r, d["metadata"]["uid"])]
         new = next((r for r in rss if r["metadata"]["labels"].get(HASH_LABEL) == h), None)
         old = [r for r in rss if r is not new]
         if new is None:
@@ -98,12 +68,12 @@ class DeploymentController:
             api.create_now(replicasets_path(ns), {
                 "apiVersion": "apps/v1", "kind": "ReplicaSet",
                 "metadata": {"name": f"{d['metadata']['name']}-{h}", "labels": tmpl["metadata"]["labels"],
-                             "ownerReferences": [_controller_ref(d)]},
+                             "ownerReferences": [controller_ref(d)]},
                 "spec": {"replicas": start, "selector": {"matchLabels": sel}, "template": tmpl}})
             new = api.peek(replicasets_path(ns, f"{d['metadata']['name']}-{h}"))
 
         def rs_pods(rs):
-            return [p for p in pods if _owned_by(p, rs["metadata"]["uid"])]
+            return [p for p in pods if owned_by(p, rs["metadata"]["uid"])]
 
         def scale(rs, n):
             if int(rs["spec"]["replicas"]) != n:
@@ -146,7 +116,7 @@ class ReplicaSetController:
     def sync(self) -> None:
         pods = self.api.list_now(pods_path(self.ns), copy_items=False)
         for rs in self.api.list_now(replicasets_path(self.ns), copy_items=False):
-            mine = [p for p in pods if _owned_by(p, rs["metadata"]["uid"])]
+            mine = [p for p in pods if owned_by(p, rs["metadata"]["uid"])]
             want = int(rs["spec"]["replicas"])
             for _ in range(want - len(mine)):
                 self._seq += 1
@@ -156,7 +126,7 @@ class ReplicaSetController:
                     "metadata": {"name": f"{rs['metadata']['name']}-{self._seq:05d}",
                                  "labels": dict(tmpl["metadata"].get("labels") or {}),
                                  "annotations": dict(tmpl["metadata"].get("annotations") or {}),
-                                 "ownerReferences": [_controller_ref(rs)]},
+                                 "ownerReferences": [controller_ref(rs)]},
                     "spec": json.loads(json.dumps(tmpl["spec"])),
                     "status": {"phase": "Pending"}})
             if len(mine) > want:

@@ -1,8 +1,7 @@
 """JSON merge patch (RFC 7386), as kube-apiserver applies `application/merge-patch+json`.
 
 Shared by the in-memory API of virtual time (:mod:`kneecap.sim.kubeapi_memory`) and the demo's
-HTTP API (:mod:`kneecap.demo.kubeapi`); it lives here so that the former, which the product's
-`kneecap replay` uses, needs none of the demo's extras."""
+HTTP API (:mod:`kneecap.demo.kubeapi`); nothing of the demo's extras (kmock) is needed for it."""
 
 from __future__ import annotations
 

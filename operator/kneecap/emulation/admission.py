@@ -49,6 +49,17 @@ NAME_PART_MSG = ("name part must consist of alphanumeric characters, '-', '_' or
                  "validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')")
 
 
+# ---------------------------------------------------------------- generation
+
+def next_generation(old: dict, new: dict) -> int:
+    """``metadata.generation`` after a write of `new` over `old`: one more when ``spec`` changed, as
+    kube-apiserver counts it for custom resources with a status subresource, Deployments and
+    ReplicaSets (writes to metadata or status leave it; a Deployment's annotations, which the
+    real server also counts, do not: a difference tests/kube/test_kubeapi_differential.py lists)."""
+    generation = int(old.get("metadata", {}).get("generation", 1))
+    return generation + 1 if new.get("spec") != old.get("spec") else generation
+
+
 # ---------------------------------------------------------------- names and labels
 
 def name_causes(kind: str, name: Any) -> list[Cause]:

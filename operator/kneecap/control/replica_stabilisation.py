@@ -1,0 +1,69 @@
+"""Replica stabilisation: when a colocated pool grows at once and when it may shrink. Pure.
+
+GAUSS's replica count moves with every window's rate; a pool follows it up at once and down only
+to the highest scale-down recommendation of a window as long as a restart takes (the ski-rental
+break-even), once that window holds enough recommendations and the pool has been watched a
+cooldown long. The history lives in ``status.scaleDownRecommendations``.
+"""
+
+from __future__ import annotations
+
+from kneecap.control.spec import LLMDeploymentSpec
+
+
+def stabilised_replicas(want: int, want_down: int, history, current: int, now_s: float, window_s: float,
+                        cooldown_s: float, min_recommendations: int = 1) -> tuple[int, list]:
+    """(replicas, the history to keep in ``status.scaleDownRecommendations``).
+
+    A pool grows to ``want`` at once. It shrinks only to the highest scale-down recommendation
+    (sized for the rate plus the hysteresis band) of the last ``window_s``, once that window
+    holds ``min_recommendations`` of them (a pool just taken over, or whose history was lost,
+    does not shrink on one window), and never within ``cooldown_s`` of growing (a scale-up is
+    kept in the history for the cooldown: no count is left and taken again within it).
+    ``history``: ``[{"recommendedUnixSeconds", "replicas", "scaleUp"?}, ...]`` (the positional
+    ``[unixSeconds, replicas, 1?]`` of earlier versions read too); unreadable entries are
+    dropped."""
+    kept: list[tuple[float, int, bool]] = []
+    for e in history or []:
+        try:
+            if isinstance(e, dict):
+                t_s, n, up = float(e["recommendedUnixSeconds"]), int(e["replicas"]), bool(e.get("scaleUp", False))
+            else:
+                t_s, n, up = float(e[0]), int(e[1]), len(e) > 2 and bool(e[2])
+        except (TypeError, ValueError, IndexError, KeyError):
+            continue
+        if 0.0 <= now_s - t_s < (cooldown_s if up else window_s):
+            kept.append((t_s, n, up))
+
+    def as_status(entries):
+        return [{"recommendedUnixSeconds": t_s, "replicas": n, **({"scaleUp": True} if up else {})}
+                for t_s, n, up in entries]
+    if want > current:
+        return want, as_status(kept + [(now_s, int(want), True)])
+    kept.append((now_s, int(want_down), False))
+    if want == current or sum(not up for _, _, up in kept) < min_recommendations:
+        return current, as_status(kept)
+    return min(current, max(want, *(n for _, n, _ in kept))), as_status(kept)
+
+
+def scale_down_window_s(spec: LLMDeploymentSpec, restart_s: float) -> float:
+    """How long a pod no longer needed is kept: as long as starting it again takes (an idle pod
+    costs its GPU-seconds; one started again costs ``restart_s`` of them loading before it serves:
+    the ski-rental break-even), at least three control windows, at most the cooldown."""
+    return min(spec.control.cooldown_s, max(restart_s, 3.0 * spec.control.interval_s))
+
+
+def watched_long_enough(spec: LLMDeploymentSpec, ring, now_s: float) -> bool:
+    """Whether the pool's windows in the ring reach a cooldown back (or fill the ring): before
+    that, its traffic's swings are unknown and it is not shrunk (a pool just taken over is
+    sized for a peak kneecap has not seen)."""
+    if len(ring) >= spec.control.observation_history:
+        return True
+    starts = [o.t_end_s - o.window_s for o in ring]
+    return bool(starts) and now_s - min(starts) >= spec.control.cooldown_s
+
+
+def min_scale_down_recommendations(spec: LLMDeploymentSpec, restart_s: float) -> int:
+    """Recommendations a scale-down window must hold before a pool shrinks: one per control
+    interval it spans (at least three, as the window spans at least three)."""
+    return max(3, int(scale_down_window_s(spec, restart_s) // spec.control.interval_s))
