@@ -357,7 +357,9 @@ def test_ready_is_one_rule_for_the_handlers_the_tick_and_virtual_time():
     assert St.ready([up, down]) == (False, "PodsNotReady", "a pool has no ready replica")
     assert St.ready([]) == (False, "PodsNotReady", "a pool has no ready replica")
     # someone else's Deployment for a pool: not ready, though every pool kneecap runs is
-    assert St.ready([up], conflict=True)[:2] == (False, "PodsNotReady")
+    assert St.ready([up], conflicts=[R.Conflict("Deployment", "llm", "not owned")])[:2] == (False, "PodsNotReady")
+    # someone else's Service: the pools still serve
+    assert St.ready([up], conflicts=[R.Conflict("Service", "llm", "not owned")])[:2] == (True, "PodsReady")
     assert St.ready([up], missing=["Deployment serving/llm not found"]) == (
         False, "TargetMissing", "Deployment serving/llm not found")
     assert St.ready([down], unschedulable=["server: 0/5 nodes"]) == (False, "PodsUnschedulable", "server: 0/5 nodes")
