@@ -25,10 +25,9 @@ def test_config_map_reference_read_through_the_operator_parsing_path():
     import json
     import logging
 
-    import kopf
-
-    from kneecap.control import handlers as H
+    from kneecap.control import lifecycle
     from kneecap.control.kube import KubeClient
+    from kneecap.control.metrics import OperatorMetrics
     from kneecap.demo.kubeapi import KubeAPIThread
     from kneecap.model.arch import get_arch
 
@@ -38,12 +37,14 @@ def test_config_map_reference_read_through_the_operator_parsing_path():
 
     async def parse(url, b):
         kube = KubeClient(url)
-        patch = kopf.Patch()
+        status: dict = {}
         try:
-            spec = await H._parse(b, patch, logging.getLogger("t"), H.OperatorConfig(), kube, emit=False)
+            spec = await lifecycle.parse(lifecycle.Operator(kube, OperatorMetrics()), b,
+                                         lifecycle.Sink(status, lambda *event: None, logging.getLogger("t")),
+                                         emit=False)
         finally:
             await kube.close()
-        return spec, dict(patch.get("status") or {})
+        return spec, status
 
     with KubeAPIThread() as api:
         api.add_namespace("m")

@@ -373,7 +373,9 @@ def test_ready_is_one_rule_for_the_handlers_the_tick_and_virtual_time():
     assert status_helpers.ready([up, down]) == (False, "PodsNotReady", "a pool has no ready replica")
     assert status_helpers.ready([]) == (False, "PodsNotReady", "a pool has no ready replica")
     # someone else's Deployment for a pool: not ready, though every pool kneecap runs is
-    assert status_helpers.ready([up], conflict=True)[:2] == (False, "PodsNotReady")
+    assert status_helpers.ready([up], conflicts=[reconcile.Conflict("Deployment", "llm", "not owned")])[:2] == (False, "PodsNotReady")
+    # someone else's Service: the pools still serve
+    assert status_helpers.ready([up], conflicts=[reconcile.Conflict("Service", "llm", "not owned")])[:2] == (True, "PodsReady")
     assert status_helpers.ready([up], missing=["Deployment serving/llm not found"]) == (
         False, "TargetMissing", "Deployment serving/llm not found")
     assert status_helpers.ready([down], unschedulable=["server: 0/5 nodes"]) == (

@@ -1,5 +1,6 @@
 """The virtual-time cluster: in-memory API semantics, the Deployment → ReplicaSet → Pod chain,
-the kubelet's model-load delay and what happens to requests when a pod is replaced."""
+the kubelet's model-load delay, what happens to requests when a pod is replaced, and the
+operator it runs (the kopf handlers' own lifecycle functions)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ from kneecap.control import manifests as M
 from kneecap.control.kube import ApiError, deployments_path, pods_path
 from kneecap.model.arch import get_arch
 from kneecap.model.hardware import get_gpu
-from kneecap.sim.cluster import DONE, LOST, VirtualCluster
+from kneecap.sim.cluster import DONE, LOST, OperatorDriver, VirtualCluster, llmd_path
 from kneecap.sim.kubeapi_memory import MemoryKube
 from kneecap.emulation.merge_patch import merge_patch
 from kneecap.sim.kubelet_virtual import HASH_LABEL, KubeletConfig, replicasets_path
-from kneecap.sim.replay import ReplayConfig, static_deployment
+from kneecap.sim.replay import ReplayConfig, llmd_spec, static_deployment
 
 ARCH, GPU = get_arch("llama-3.1-8b"), get_gpu("h100-80gb")
 
@@ -206,3 +207,45 @@ def test_a_tensor_parallel_pod_holds_tp_gpus_and_runs_a_tp_engine():
     assert pods[0].config.num_gpu_blocks == memory_split(arch70, GPU, 0.9, 64, pods[0].config.max_num_batched_tokens,
                                                          tensor_parallel_size=2).num_gpu_blocks
     assert cl.replica_s > 0 and cl.gpu_s == pytest.approx(2 * cl.replica_s)
+
+
+def _operator(spec: dict) -> tuple[VirtualCluster, OperatorDriver]:
+    """An LLMDeployment created in a virtual cluster, and the operator driving it (15 s interval)."""
+    cl = VirtualCluster(ARCH, GPU, KubeletConfig(), with_metrics=True)
+    cl.create(llmd_path(cl.namespace), {"apiVersion": "kneecap.io/v1alpha1", "kind": "LLMDeployment",
+                                        "metadata": {"name": "llm"}, "spec": spec})
+    return cl, OperatorDriver(cl, "llm", tick_s=15.0)
+
+
+def test_virtual_time_runs_the_kopf_handlers_lifecycle():
+    """The create handler, then the control timer: it ticks once it is due, not on every call."""
+    cfg = ReplayConfig(interval_s=15.0)
+    cl, op = _operator(llmd_spec(cfg))
+    try:
+        op.created()
+        status = cl.api.get_now(llmd_path(cl.namespace, "llm"))["status"]
+        assert {c["type"] for c in status["conditions"]} == {"Ready", "Conflict"}
+        assert [e["reason"] for e in op.events] == ["Reconciled"]  # the pool's Deployment created
+        op.tick(0.0)
+        op.tick(0.0)  # the same instant again: not due
+        assert len(op.decisions) == 1
+        cl.t_s = 15.0
+        op.tick(15.0)
+        assert len(op.decisions) == 2
+    finally:
+        op.close()
+
+
+def test_an_invalid_spec_is_reported_once_and_never_ticks():
+    spec = llmd_spec(ReplayConfig())
+    spec["engine"]["maxNumSeqs"] = -1
+    cl, op = _operator(spec)
+    try:
+        op.created()
+        status = cl.api.get_now(llmd_path(cl.namespace, "llm"))["status"]
+        assert status["phase"] == "Invalid" and status["invalidField"] == "spec.engine.maxNumSeqs"
+        assert [e["reason"] for e in op.events] == ["InvalidSpec"]
+        op.tick(0.0)
+        assert not op.decisions and [e["reason"] for e in op.events] == ["InvalidSpec"]
+    finally:
+        op.close()

@@ -1,4 +1,5 @@
-"""kopf handlers: each is a guard and one call into reconcile/loop (STYLE: thin handlers).
+"""kopf handlers: each is one call into kneecap.control.lifecycle (STYLE: thin handlers), whose
+plain functions the virtual-time cluster (kneecap.sim.cluster) calls too.
 
 `build_registry(config)` returns a fresh kopf registry, so `kneecap run` and the tests (which
 point the operator at an emulated API) register the same handlers with different settings.
@@ -16,14 +17,13 @@ from typing import Callable
 import aiohttp
 import kopf
 
-from kneecap.control import loop, reconcile as reconciler, status as status_helpers, status_codec
+from kneecap.control import lifecycle, loop
 from kneecap.control.auth import Credentials, CredentialsError
 from kneecap.control.gauss_reuse import GaussRuns
 from kneecap.control.informer import CachedReads
-from kneecap.control.kube import KubeClient, configmaps_path, resource_path
+from kneecap.control.kube import KubeClient
 from kneecap.control.metrics import OperatorMetrics
-from kneecap.control.spec import GROUP, PLURAL, VERSION, LLMDeploymentSpec, check_name, config_map_ref, parse_spec
-from kneecap.errors import InputError
+from kneecap.control.spec import GROUP, PLURAL, VERSION
 from kneecap.observe.scrape import ParseCache
 
 RESOURCE = (GROUP, VERSION, PLURAL)
@@ -87,31 +87,20 @@ async def _connection(config: OperatorConfig, *, fresh: bool) -> kopf.Connection
     return config.credentials
 
 
-def _invalid(body, exc: InputError, now_s: float) -> dict:
-    gen = body["metadata"].get("generation")
-    conds = status_helpers.set_condition((body.get("status") or {}).get("conditions"), status_helpers.READY, False,
-                                         "InvalidSpec", str(exc), gen, now_s)
-    return {"observedGeneration": gen, "phase": status_helpers.phase_of(conds, invalid=True), "conditions": conds,
-            "invalidField": exc.field}
+def _operator(config: OperatorConfig, memo: kopf.Memo) -> lifecycle.Operator:
+    """The lifecycle functions' view of the operator: the clients and caches startup put in the
+    memo (a test's memo may hold only kube and metrics), and the config's pacing and clock."""
+    return lifecycle.Operator(kube=memo.kube, metrics=memo.metrics, now=config.now, tick_s=config.tick_s,
+                              scrape_timeout_s=config.scrape_timeout_s, scrape=config.scrape,
+                              reads=getattr(memo, "reads", None), session=getattr(memo, "scrape_session", None),
+                              gauss_runs=getattr(memo, "gauss_runs", None),
+                              parse_cache=getattr(memo, "parse_cache", None))
 
 
-async def _parse(body, patch, logger, config: OperatorConfig, kube: KubeClient, *,
-                 emit: bool) -> LLMDeploymentSpec | None:
-    """The spec, or None after recording an InvalidSpec condition (and an Event when `emit`).
-    A `spec.model.configMapRef` is read from the API first (a missing ConfigMap is an invalid
-    spec; any other failed read raises, so the caller retries)."""
-    ref = config_map_ref(body.get("spec"))
-    config_map = (await kube.get(configmaps_path(body["metadata"]["namespace"], ref.name))
-                  if ref is not None else None)
-    try:
-        check_name(body["metadata"]["name"])
-        return parse_spec(body.get("spec"), config_map=config_map)
-    except InputError as exc:
-        patch.status.update(_invalid(body, exc, config.now()))
-        if emit:
-            kopf.warn(body, reason="InvalidSpec", message=str(exc))
-        logger.info("invalid spec: %s", exc)  # (the InvalidSpec condition and Event carry it)
-        return None
+def _sink(body, patch: kopf.Patch, logger) -> lifecycle.Sink:
+    """The handler's status goes into kopf's patch, its Events through kopf's poster."""
+    return lifecycle.Sink(patch.status, lambda etype, reason, message: kopf.event(
+        body, type=etype, reason=reason, message=message), logger)
 
 
 class SpecDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
@@ -183,76 +172,16 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
     @kopf.on.create(*RESOURCE, id="reconcile", registry=registry)
     @kopf.on.update(*RESOURCE, field="spec", id="reconcile", registry=registry)
     async def reconcile(body, patch, memo, logger, reason, **_):
-        spec = await _parse(body, patch, logger, config, memo.kube, emit=True)
-        if spec is None:
-            return
-        async with reconcile_lock(memo):
-            result = await reconciler.reconcile(memo.kube, dict(body), spec)
-        now = config.now()
-        gen = body["metadata"].get("generation")
-        conds = (body.get("status") or {}).get("conditions")
-        done = lambda p: ("adopted" if p.adoption else "created" if p.created  # noqa: E731
-                          else "patched" if p.patched else "in sync")
-        conds = status_helpers.set_condition(conds, status_helpers.READY, *status_helpers.ready(
-            [p.deployment for p in result.pools], missing=result.missing,
-            conflict=any(c.kind == "Deployment" for c in result.conflicts),
-            detail=", ".join([f"{p.pool.name}: {done(p)}" for p in result.pools]
-                             + [f"{c.name}: {c.kind} not owned" for c in result.conflicts])), gen, now)
-        conds = status_helpers.set_conflict(conds, result.conflicts, gen, now)
-        patch.status.update({"observedGeneration": gen, "conditions": conds, "phase": status_helpers.phase_of(conds),
-                             "invalidField": None, "ownership": status_codec.ownership_status(result.pools)})
-        for c in result.conflicts:
-            kopf.warn(body, reason="Conflict", message=c.message)
-        for m in result.missing:
-            kopf.warn(body, reason="TargetMissing", message=m)
-        if result.changed:
-            kopf.event(body, type="Normal", reason="Reconciled", message=f"{reason}: " + ", ".join(
-                [f"{p.pool.name} {'created' if p.created else 'patched'}" for p in result.pools
-                 if p.created or p.patched] + [f"{d} deleted" for d in result.deleted]))
+        await lifecycle.on_spec(_operator(config, memo), body, reconcile_lock(memo), reason,
+                                _sink(body, patch, logger))
 
     @kopf.timer(*RESOURCE, interval=config.tick_s, initial_delay=config.tick_s, id="control", registry=registry)
     async def control(body, patch, memo, logger, **_):
-        mem: loop.LoopMemory = memo.setdefault("loop", loop.LoopMemory())
-        now = config.now()
-        gen = body["metadata"].get("generation")
-        gen = gen if gen is not None else repr(body.get("spec"))  # an API server without generations
-        # due when the interval has passed, to within half a tick (timer wake-ups jitter)
-        due = lambda: not mem.last_tick_s or now - mem.last_tick_s >= mem.spec.control.interval_s - config.tick_s / 2  # noqa: E731
-        if mem.spec_generation == gen and (mem.spec is None or not due()):
-            return  # not due, or a spec already reported invalid (the spec handler reported it)
-        fresh = False  # read the API, not the caches: the spec handler may have just patched a pool
-        if mem.spec_generation != gen:  # parsed once per generation, not on every tick
-            try:
-                mem.spec = await _parse(body, patch, logger, config, memo.kube, emit=False)
-            except loop.API_EXCEPTIONS as exc:  # the model's ConfigMap not read: retried next tick
-                logger.warning("spec.model.configMapRef not read: %s", exc)
-                return
-            mem.spec_generation = gen
-            fresh = True
-            if mem.spec is None or not due():
-                return
-        spec = mem.spec
-        mem.last_tick_s = now
-        ctx = loop.LoopContext(kube=memo.kube, metrics=memo.metrics, now=config.now,
-                               scrape_timeout_s=config.scrape_timeout_s, scrape=config.scrape,
-                               session=getattr(memo, "scrape_session", None),
-                               reads=None if fresh else getattr(memo, "reads", None),
-                               reconcile_lock=reconcile_lock(memo), gauss_runs=getattr(memo, "gauss_runs", None),
-                               parse_cache=getattr(memo, "parse_cache", None),
-                               event=lambda etype, reason, message: kopf.event(body, type=etype, reason=reason,
-                                                                               message=message))
-        seen = dict(body)  # (kopf's body is live: the watch may replace it during the tick)
-        status = await loop.tick(ctx, seen, spec, mem)
-        # written directly (one merge patch on the status subresource, the object not read
-        # back): kopf's patch would re-check the whole returned object on every tick
-        meta = seen["metadata"]
-        await loop.write_status(ctx, resource_path(f"{GROUP}/{VERSION}", PLURAL, meta["namespace"], meta["name"]),
-                                status, mem, base_version=meta.get("resourceVersion"))
+        await lifecycle.on_timer(_operator(config, memo), body, memo.setdefault("loop", loop.LoopMemory()),
+                                 reconcile_lock(memo), _sink(body, patch, logger))
 
     @kopf.on.delete(*RESOURCE, id="delete", registry=registry)
     async def delete(body, memo, logger, **_):
-        gone = await reconciler.delete_owned(memo.kube, dict(body))
-        memo.metrics.forget(body["metadata"]["namespace"], body["metadata"]["name"])
-        logger.info("deleted owned objects: %s", ", ".join(gone) or "none left")
+        await lifecycle.on_delete(_operator(config, memo), body, logger)
 
     return registry

@@ -144,8 +144,7 @@ def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
         t.reconcile_writes = tuple(reconcile.plan_reconcile(g.owner, spec, g.live).writes)
     states = [p.state for p in g.pools]
     t.condition(status_helpers.READY, *status_helpers.ready(
-        [s.deployment for s in states], missing=g.missing_targets,
-        conflict=any(c.kind == "Deployment" for c in g.conflicts),
+        [s.deployment for s in states], conflicts=g.conflicts, missing=g.missing_targets,
         unschedulable=[f"{p.role}: {p.unschedulable}" for p in g.pools if p.unschedulable]))
     ignored = "; ".join(f"{p.role}: {p.ignored_metrics_url}" for p in g.pools if p.ignored_metrics_url)
     if ignored and not status_helpers.condition_true(t.conds, status_helpers.METRICS_URL_IGNORED):

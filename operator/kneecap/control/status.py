@@ -137,16 +137,18 @@ def condition_true(conditions: Iterable[dict] | None, type_: str) -> bool:
     return bool(c and c.get("status") == "True")
 
 
-def ready(deployments: Iterable[dict], *, missing: Iterable[str] = (), conflict: bool = False,
+def ready(deployments: Iterable[dict], *, conflicts: Iterable = (), missing: Iterable[str] = (),
           unschedulable: Iterable[str] = (), detail: str | None = None) -> tuple[bool, str, str]:
     """The Ready condition (status, reason, message) of an LLMDeployment whose pools run as
     ``deployments``: every one has a ready replica, no ``spec.targetRef`` Deployment is
-    ``missing`` and no pool's Deployment is someone else's (``conflict``). ``unschedulable``:
-    why pods stay Pending (the reason then); ``detail``: the message instead of the default
-    (what reconcile did to each pool)."""
+    ``missing`` and none of reconcile's ``conflicts`` is a pool's Deployment that is someone
+    else's (a Service that is does not stop the pools serving). ``unschedulable``: why pods stay
+    Pending (the reason then); ``detail``: the message instead of the default (what reconcile
+    did to each pool). The one rule for Ready: the spec handler and every tick call it."""
     missing, unschedulable, deployments = list(missing), list(unschedulable), list(deployments)
     if missing:
         return False, "TargetMissing", "; ".join(missing)[:900]
+    conflict = any(c.kind == "Deployment" for c in conflicts)
     ok = bool(deployments) and not conflict and all(
         int((d.get("status") or {}).get("readyReplicas", 0) or 0) >= 1 for d in deployments)
     if not ok and unschedulable:

@@ -9,11 +9,11 @@ busy. The parts:
   twin engine (:mod:`kneecap.sim.engine`) in process;
 * a router (a Service with a least-outstanding-requests balancer) over the Ready pods; a
   request that finds no Ready pod waits at the router;
-* the real operator: ``kneecap.control.reconcile.reconcile`` when the LLMDeployment is
-  created, then ``kneecap.control.loop.tick`` every ``spec.control.interval`` with
-  ``now`` = the virtual clock and a scrape that parses (``kneecap.observe.scrape``) the
-  ``/metrics`` text the pod's engine renders (``kneecap.sim.metrics``); the returned status is
-  merge-patched into the LLMDeployment, as the kopf handler does;
+* the real operator: the functions its kopf handlers call (:mod:`kneecap.control.lifecycle`),
+  ``on_spec`` when the LLMDeployment is created, then ``on_timer`` (a
+  ``kneecap.control.loop.tick`` every ``spec.control.interval``) with ``now`` = the virtual
+  clock and a scrape that parses (``kneecap.observe.scrape``) the ``/metrics`` text the pod's
+  engine renders (``kneecap.sim.metrics``);
 * periodic callbacks (an HPA, samplers) on the same clock.
 
 Engines advance in steps: before an event at time T every engine steps until its clock
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import logging
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -31,12 +32,11 @@ from typing import Callable
 
 import numpy as np
 
-from kneecap.control import loop, reconcile, status as status_helpers, status_codec
+from kneecap.control import lifecycle, loop
 from kneecap.control.gauss_reuse import GaussRuns
-from kneecap.control.informer import ApiReads
 from kneecap.control.kube import resource_path
 from kneecap.control.metrics import OperatorMetrics
-from kneecap.control.spec import GROUP, PLURAL, VERSION, parse_spec
+from kneecap.control.spec import GROUP, PLURAL, VERSION
 from kneecap.errors import InputError
 from kneecap.model.arch import ModelArch
 from kneecap.model.hardware import GPU
@@ -84,15 +84,22 @@ class Requests:
 
 
 class OperatorDriver:
-    """The operator's reconcile-on-create and control ticks for one LLMDeployment, in virtual time."""
+    """The operator's spec handler and control timer for one LLMDeployment, in virtual time: the
+    same :mod:`kneecap.control.lifecycle` functions the kopf handlers call, with the virtual
+    clock, a scrape of the pods' rendered metrics and the in-memory API. ``tick_s``: the period
+    the caller calls :meth:`tick` at (the timer's wake-ups)."""
 
-    def __init__(self, cluster: "VirtualCluster", name: str):
+    def __init__(self, cluster: "VirtualCluster", name: str, *, tick_s: float):
         self.cluster, self.name = cluster, name
         self.mem = loop.LoopMemory()
         self.metrics = OperatorMetrics()
         self.events: list[dict] = []
         self.decisions: list[dict] = []
+        self.operator = lifecycle.Operator(kube=cluster.api, metrics=self.metrics, now=cluster.now, tick_s=tick_s,
+                                           scrape=self.scrape, gauss_runs=cluster.gauss_runs)
         self._aio = asyncio.new_event_loop()
+        self.lock = asyncio.Lock()  # (the resource's reconcile lock; nothing here runs concurrently)
+        self.logger = logging.getLogger(f"kneecap.sim.operator.{name}")
 
     def close(self) -> None:
         self._aio.close()
@@ -112,40 +119,30 @@ class OperatorDriver:
         return parse_metrics(text, url=url, t_s=self.cluster.now(), keep=loop.WINDOW_FAMILIES,
                              cache=self.cluster.parse_cache)
 
+    def _write_status(self, status: dict) -> None:
+        """What kopf does with a handler's status patch once the handler returns."""
+        if status:
+            self.cluster.api.patch_now(llmd_path(self.cluster.namespace, self.name) + "/status", {"status": status})
+
     def created(self) -> None:
-        """What the create handler does: parse the spec, reconcile the owned objects, write status."""
-        api, ns = self.cluster.api, self.cluster.namespace
-        body = api.get_now(llmd_path(ns, self.name))
-        spec = parse_spec(body.get("spec"))
-        result = self._run(reconcile.reconcile(api, body, spec))
-        conds = status_helpers.set_condition(
-            None, status_helpers.READY, *status_helpers.ready([p.deployment for p in result.pools], detail="created"),
-            body["metadata"]["generation"], self.cluster.now())
-        api.patch_now(llmd_path(ns, self.name) + "/status", {"status": {
-            "observedGeneration": body["metadata"]["generation"], "conditions": conds,
-            "phase": status_helpers.phase_of(conds),
-            "ownership": status_codec.ownership_status(result.pools)}})
+        """The create handler (lifecycle.on_spec): parse the spec, reconcile the owned objects, write status."""
+        body = self.cluster.api.get_now(llmd_path(self.cluster.namespace, self.name))
+        status: dict = {}
+        self._run(lifecycle.on_spec(self.operator, body, self.lock, "create",
+                                    lifecycle.Sink(status, self._event, self.logger)))
+        self._write_status(status)
 
     def tick(self, t_s: float) -> None:
-        api, ns = self.cluster.api, self.cluster.namespace
-        path = llmd_path(ns, self.name)
-        body = api.get_now(path)
+        """The control timer's wake-up (lifecycle.on_timer); an applied decision is recorded."""
+        body = self.cluster.api.get_now(llmd_path(self.cluster.namespace, self.name))
         if body is None:
             return
-        gen = body["metadata"].get("generation")
-        if self.mem.spec_generation != gen:
-            try:
-                self.mem.spec = parse_spec(body.get("spec"))
-            except InputError:
-                self.mem.spec = None
-            self.mem.spec_generation = gen
-        if self.mem.spec is None:
+        invalid: dict = {}
+        status = self._run(lifecycle.on_timer(self.operator, body, self.mem, self.lock,
+                                              lifecycle.Sink(invalid, self._event, self.logger)))
+        self._write_status(invalid)
+        if status is None:
             return
-        self.mem.last_tick_s = self.cluster.now()
-        ctx = loop.LoopContext(kube=api, metrics=self.metrics, event=self._event, now=self.cluster.now,
-                               scrape=self.scrape, reads=ApiReads(api), gauss_runs=self.cluster.gauss_runs)
-        status = self._run(loop.tick(ctx, body, self.mem.spec, self.mem))
-        self._run(loop.write_status(ctx, path, status, self.mem))
         d = status.get("lastDecision") or {}
         self.decisions.append({"t_s": round(t_s, 3), "reason": d.get("reason"), "action": d.get("action"),
                                "target": d.get("target"), "applied": d.get("reason") == "Applied"})

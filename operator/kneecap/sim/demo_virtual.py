@@ -49,7 +49,7 @@ def run_demo_virtual(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = la
     api, ns = cluster.api, cluster.namespace
     body = llmdeployment(cfg, NAME, ns)
     cluster.create(llmd_path(ns), body)
-    op = OperatorDriver(cluster, NAME)
+    op = OperatorDriver(cluster, NAME, tick_s=cfg.interval_s)
     op.created()
     cluster.prewarm()
     history = [copy.deepcopy(api.peek(deployments_path(ns, NAME)))]

@@ -193,7 +193,7 @@ def run_policy(trace: Trace, cfg: ReplayConfig, policy: str, *, static: tuple[in
         cluster.create(deployments_path(cluster.namespace),
                        manifests.deployment(owner, parse_spec(owner["spec"]), manifests.Pool("server", NAME),
                                             manifests.EngineSettings(DEFAULT_CAP, DEFAULT_MEMORY, None, start)))
-        op = OperatorDriver(cluster, NAME)
+        op = OperatorDriver(cluster, NAME, tick_s=cfg.interval_s)
         op.created()
         cluster.prewarm()
 
