@@ -2,7 +2,8 @@
 
 Per pod and interval the operator parses one /metrics page with the window filter
 (``parse_metrics(text, keep=WINDOW_FAMILIES)``), and per window it turns each pod's scrapes into
-deltas (``window_deltas(prev, cur, between)``) and merges a pool's pods (``combine``). Timed on
+deltas (``window_deltas(prev, cur, between, cache=)``, its bucket plans kept across windows) and
+merges a pool's pods (``combine``). Timed on
 
 - ``vllm``: the real vLLM 0.32 captures (tests/fixtures/vllm-metrics). Each capture is a
   server's totals since start; its window opens on a copy with every vLLM sample zeroed (the same
@@ -44,7 +45,7 @@ from kneecap.control.loop import WINDOW_FAMILIES  # noqa: E402
 from kneecap.model.arch import get_arch  # noqa: E402
 from kneecap.model.hardware import get_gpu  # noqa: E402
 from kneecap.observe.scrape import ParseCache, parse_metrics  # noqa: E402
-from kneecap.observe.window import NoObservation, combine, window_deltas  # noqa: E402
+from kneecap.observe.window import HistogramCache, NoObservation, combine, window_deltas  # noqa: E402
 from kneecap.sim.engine import Engine, engine_config  # noqa: E402
 from kneecap.sim.metrics import TwinMetrics  # noqa: E402
 from tests.support.capture_windows import zeroed  # noqa: E402
@@ -100,6 +101,7 @@ def _plain(o) -> dict | str:
 def measure(pods: list[tuple[str, str, str]], repeats: int) -> dict:
     texts = [t for pod in pods for t in pod]
     cache = ParseCache()  # the loop's: one for every scrape
+    plans = HistogramCache()  # the loop's: one for every window
     snaps = [tuple(parse_metrics(t, t_s=ts, keep=WINDOW_FAMILIES, cache=cache)
                    for t, ts in zip(pod, (T0_S, (T0_S + T1_S) / 2, T1_S)))
              for pod in pods]  # also warms the series cache
@@ -110,7 +112,7 @@ def measure(pods: list[tuple[str, str, str]], repeats: int) -> dict:
             parse_metrics(t, t_s=T1_S, keep=WINDOW_FAMILIES, cache=cache)
 
     def deltas_all():
-        return [window_deltas(p, c, (b,)) for p, b, c in snaps]
+        return [window_deltas(p, c, (b,), cache=plans) for p, b, c in snaps]
 
     parts = deltas_all()
     bad = [d.code for d in parts if isinstance(d, NoObservation)]

@@ -370,7 +370,7 @@ def _general_deltas(monkeypatch, prev, cur, between=()):
     from kneecap.observe import window as W
 
     with monkeypatch.context() as m:
-        m.setattr(W, "bucket_plan", lambda keys: None)
+        m.setattr(W, "bucket_plan", lambda keys, cache=None: None)
         return W.window_deltas(prev, cur, between)
 
 
@@ -400,7 +400,7 @@ def _same_histogram(h, g) -> bool:
 @pytest.mark.parametrize("name", CAPTURES)
 @pytest.mark.parametrize("engines", [1, 2])
 def test_bucket_plans_give_the_general_path_bit_for_bit(monkeypatch, name, engines):
-    from kneecap.observe.window import combine, window_deltas
+    from kneecap.observe.window import HistogramCache, combine, window_deltas
 
     text = read_capture(name)
     if engines == 2:
@@ -410,15 +410,34 @@ def test_bucket_plans_give_the_general_path_bit_for_bit(monkeypatch, name, engin
     from kneecap.observe.window import _histograms_batched
 
     assert _histograms_batched(prev, cur) is not None  # the batched path answers for these
-    fast = window_deltas(prev, cur, between)
-    again = window_deltas(prev, cur, between)  # the plans cached
+    plans = HistogramCache()
+    fast = window_deltas(prev, cur, between, cache=plans)
+    again = window_deltas(prev, cur, between, cache=plans)  # the plans cached
+    alone = window_deltas(prev, cur, between)  # no cache: planned afresh
     slow = _general_deltas(monkeypatch, prev, cur, between)
+    assert plans.plans and plans.batches
     for k in slow.histograms:
         assert _same_histogram(fast.histograms[k], slow.histograms[k]), k
         assert _same_histogram(again.histograms[k], slow.histograms[k]), k
+        assert _same_histogram(alone.histograms[k], slow.histograms[k]), k
+        if fast.histograms[k] is not None:
+            assert again.histograms[k].bounds is fast.histograms[k].bounds, k  # the same plan
     assert fast.counters == slow.counters and fast.running == slow.running
-    assert combine([fast, again]) == combine([slow, slow]) == combine([slow, fast])
-    assert combine([fast]).input_len_cv == combine([slow]).input_len_cv
+    assert combine([fast, again]) == combine([slow, slow]) == combine([slow, fast]) == combine([alone, alone])
+    assert combine([fast]).input_len_cv == combine([slow]).input_len_cv == combine([alone]).input_len_cv
+
+
+def test_a_histogram_cache_checks_its_entries_and_stays_bounded():
+    from kneecap.observe.histogram import HistogramCache, bucket_plan
+
+    one, two, inf = (("le", "1.0"),), (("le", "2.0"),), (("le", "+Inf"),)
+    keys, other = (one, inf), (one, two, inf)  # the same first label tuple
+    cache = HistogramCache(max_plans=1)
+    cache.plans[id(keys[0])] = (other, None)  # an entry for other series under keys' id
+    plan = bucket_plan(keys, cache)
+    assert plan is not None and plan[0][2].bounds.tolist() == [1.0, math.inf]
+    assert cache.plans == {id(keys[0]): (keys, plan)} and bucket_plan(keys, cache) is plan
+    assert bucket_plan((two, inf), cache) is not None and len(cache.plans) == 1  # emptied when full
 
 
 def test_bad_le_label_is_invalid():

@@ -25,6 +25,7 @@ from kneecap.control.kube import KubeClient, configmaps_path, resource_path
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.control.spec import GROUP, PLURAL, VERSION, LLMDeploymentSpec, check_name, config_map_ref, parse_spec
 from kneecap.errors import InputError
+from kneecap.observe.histogram import HistogramCache
 from kneecap.observe.scrape import ParseCache
 
 
@@ -43,6 +44,7 @@ class Operator:
     session: aiohttp.ClientSession | None = None  # shared by the scrapes (None: one per scrape)
     gauss_runs: GaussRuns | None = None  # GAUSS's λ* reuse (LoopContext.gauss_runs)
     parse_cache: ParseCache | None = None  # the scrapes' parser's (LoopContext.parse_cache)
+    histogram_cache: HistogramCache | None = None  # the windows' bucket plans (LoopContext.histogram_cache)
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,8 @@ async def on_timer(operator: Operator, body: dict, mem: loop.LoopMemory, lock: a
                            scrape_timeout_s=operator.scrape_timeout_s, scrape=operator.scrape,
                            session=operator.session, reads=None if fresh else operator.reads,
                            reconcile_lock=lock, gauss_runs=operator.gauss_runs,
-                           parse_cache=operator.parse_cache, event=sink.event)
+                           parse_cache=operator.parse_cache, histogram_cache=operator.histogram_cache,
+                           event=sink.event)
     seen = dict(body)  # (a caller's body may be live: kopf's watch may replace it during the tick)
     status = await loop.tick(ctx, seen, mem.spec, mem)
     # written directly (one merge patch on the status subresource, the object not read back):

@@ -39,7 +39,7 @@ from kneecap.control.tick import (IDLE, NO_PODS, OBSERVED, OPEN, SCRAPE_FAILED, 
                                   PoolWindow, ReconcileWrite, TickInput)
 from kneecap.observe.scrape import ParseCache, ScrapeError, Snapshot, family_filter, scrape as http_scrape
 from kneecap.observe.vllm_metric_names import WINDOW_METRICS
-from kneecap.observe.window import NoObservation, Observation, Reason, combine, window_deltas
+from kneecap.observe.window import HistogramCache, NoObservation, Observation, Reason, combine, window_deltas
 
 log = logging.getLogger("kneecap.loop")
 
@@ -91,6 +91,8 @@ class LoopContext:
     # (one per operator process; None: each plan searches afresh)
     gauss_runs: GaussRuns | None = None
     parse_cache: ParseCache | None = None  # the scrapes' parser's (one per operator process; None: each page alone)
+    # the windows' bucket plans (one per operator process, like parse_cache; None: each window alone)
+    histogram_cache: HistogramCache | None = None
 
     @property
     def reader(self) -> ApiReads:
@@ -149,7 +151,7 @@ async def observe_window(ctx: LoopContext, mem: LoopMemory, spec: LLMDeploymentS
     parts, excluded = [], []
     for url in urls:
         sn = snaps[url]
-        d = window_deltas(sn[0], sn[-1], sn[1:-1])
+        d = window_deltas(sn[0], sn[-1], sn[1:-1], cache=ctx.histogram_cache)
         snaps[url] = [sn[-1]]  # the next window opens where this one closed
         if isinstance(d, NoObservation):
             excluded.append(f"{url}: {d.code}")

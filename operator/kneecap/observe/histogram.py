@@ -1,33 +1,63 @@
-"""Histogram deltas of a window, vectorised: the :class:`Histogram` (mean, Prometheus-style
-quantile, coefficient of variation from the buckets), :func:`merge_histograms` over engines or
-pods, and bucket plans: where a scrape's bucket series sit, by series and bound, so that after
-the first window only bucket values are read.
+"""Histogram deltas of a window, vectorised and pure: the :class:`Histogram` (mean,
+Prometheus-style quantile, coefficient of variation from the buckets), :func:`merge_histograms`
+over engines or pods, and bucket plans: where a scrape's bucket series sit, by series and bound,
+so that after the first window only bucket values are read.
 
-The bucket plans and their bounds' moments are caches (bounded, cleared when full) keyed by
-the identity of the scrape's shared label tuples; they change how fast, never what, a window
-computes.
+The plans are kept in a :class:`HistogramCache` that the owner of a stream of scrapes passes in
+(the operator loop keeps one for all its scrapes); without one each window plans afresh. A
+plan's bounds carry their moments (:class:`BoundsMoments`) into the histograms made on them.
+Neither changes what a window computes, only how fast.
 """
 
 from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
 from kneecap.observe.scrape import Labels
 
 
+class BoundsMoments(NamedTuple):
+    """What :meth:`Histogram.cv` needs of the bounds alone: the bounds, their finite mask and its
+    negation, the lower edge of the first infinite bucket, per-bucket E[x] and E[x²] of U(lo, hi)
+    (0 where infinite), E[x] of the finite buckets."""
+
+    bounds: np.ndarray
+    finite: np.ndarray
+    infinite: np.ndarray
+    lo_inf: float
+    m1: np.ndarray
+    m2: np.ndarray
+    m1_finite: np.ndarray
+
+
+def _bounds_moments(bounds: np.ndarray) -> BoundsMoments:
+    """The moments of ``bounds`` (ascending, last = +inf)."""
+    hi = bounds.astype(float)
+    lo = np.concatenate([[min(0.0, hi[0])], hi[:-1]])
+    finite = np.isfinite(hi)
+    m1 = np.where(finite, (lo + np.where(finite, hi, 0.0)) / 2.0, 0.0)
+    m2 = np.where(finite, (lo**2 + lo * np.where(finite, hi, 0.0) + np.where(finite, hi, 0.0) ** 2) / 3.0, 0.0)
+    infinite = ~finite
+    lo_inf = float(lo[infinite][0]) if infinite.any() else math.nan  # read only when +inf has mass
+    return BoundsMoments(bounds, finite, infinite, lo_inf, m1, m2, m1[finite])
+
+
 @dataclass(frozen=True)
 class Histogram:
-    """A window's histogram delta: cumulative counts per upper bound (last is +inf)."""
+    """A window's histogram delta: cumulative counts per upper bound (last is +inf).
+    ``moments``: those of ``bounds`` when they are a bucket plan's (strictly ascending,
+    read-only); None: computed when needed."""
 
     bounds: np.ndarray  # ascending, last = +inf
     cumulative: np.ndarray
     sum: float
     count: float
+    moments: BoundsMoments | None = field(default=None, compare=False, repr=False)
 
     def mean(self) -> float:
         return self.sum / self.count
@@ -56,8 +86,8 @@ class Histogram:
         that bucket's uniform spread."""
         c = np.concatenate(([0.0], self.cumulative))
         counts = c[1:] - c[:-1]  # np.diff, without its Python-level wrapper
-        info = _BOUNDS_INFO.get(id(self.bounds))
-        if info is None or info[0] is not self.bounds:
+        info = self.moments
+        if info is None or info.bounds is not self.bounds:
             info = _bounds_moments(self.bounds)
         _, finite, infinite, lo_inf, m1, m2, m1_finite = info
         n_inf = float(counts[infinite].sum())
@@ -71,25 +101,6 @@ class Histogram:
         return math.sqrt(var_b) / mean_b if mean_b > 0 else 0.0
 
 
-def _bounds_moments(bounds: np.ndarray) -> tuple:
-    """What :meth:`Histogram.cv` needs of the bounds alone: (bounds, finite mask, its negation,
-    lower edge of the first infinite bucket, per-bucket E[x] and E[x²] of U(lo, hi) (0 where
-    infinite), E[x] of the finite buckets)."""
-    hi = bounds.astype(float)
-    lo = np.concatenate([[min(0.0, hi[0])], hi[:-1]])
-    finite = np.isfinite(hi)
-    m1 = np.where(finite, (lo + np.where(finite, hi, 0.0)) / 2.0, 0.0)
-    m2 = np.where(finite, (lo**2 + lo * np.where(finite, hi, 0.0) + np.where(finite, hi, 0.0) ** 2) / 3.0, 0.0)
-    infinite = ~finite
-    lo_inf = float(lo[infinite][0]) if infinite.any() else math.nan  # read only when +inf has mass
-    return bounds, finite, infinite, lo_inf, m1, m2, m1[finite]
-
-
-# Read-only bounds of the bucket plans (below), by id -> _bounds_moments(bounds): known
-# ascending, and their moments computed once. Cleared with the plans.
-_BOUNDS_INFO: dict[int, tuple] = {}
-
-
 def merge_histograms(parts: Sequence[Histogram]) -> Histogram:
     """Sum histogram deltas (engines or pods) over their common bucket bounds."""
     b0 = parts[0].bounds
@@ -97,7 +108,8 @@ def merge_histograms(parts: Sequence[Histogram]) -> Histogram:
         cum = np.zeros(len(b0))
         for p in parts:
             cum += p.cumulative
-        return Histogram(b0, cum, math.fsum(p.sum for p in parts), math.fsum(p.count for p in parts))
+        return Histogram(b0, cum, math.fsum(p.sum for p in parts), math.fsum(p.count for p in parts),
+                         parts[0].moments)
     common = b0
     for p in parts[1:]:
         common = np.intersect1d(common, p.bounds)
@@ -118,32 +130,60 @@ def _same_bounds(b0: np.ndarray, parts: Sequence[Histogram]) -> bool:
                 raw = b0.tobytes()
             if b.shape != b0.shape or b.dtype != b0.dtype or b.tobytes() != raw:
                 return False
-    if _BOUNDS_INFO.get(id(b0), (None,))[0] is b0:
+    moments = parts[0].moments
+    if moments is not None and moments.bounds is b0:
         return True  # a bucket plan's bounds: ascending, read-only
     return b0.ndim == 1 and (len(b0) < 2 or bool((b0[1:] > b0[:-1]).all()))
 
 
-# A histogram's bucket series, as the tuple of their label tuples in the order the scrape
-# listed them -> per series (labels without `le`): the index of each bucket in that order,
-# ascending by bound, and the bounds (read-only, shared). The label tuples are the series
-# cache's (kneecap.observe.scrape), the same objects every scrape of every pod of a model, so
-# after the first window only bucket values are read. None: anything unusual (a bad or repeated
-# `le`, no +Inf bucket, unordered bounds): the general path of kneecap.observe.window reads it.
-# Bounded: cleared when full.
-# Keyed by the id of the first label tuple (the entry holds it, so the id is not reused), the
-# entry checked against the whole tuple: with shared label tuples that is an identity check per
-# bucket, where hashing the labels would cost more than the rest of the window.
-BucketPlan = tuple[tuple[Labels, np.ndarray, np.ndarray], ...]
-_BUCKET_PLANS: dict[int, tuple[tuple[Labels, ...], BucketPlan | None]] = {}
-_BUCKET_PLANS_MAX = 10_000
+# A histogram's bucket plan: per series (labels without `le`) the index of each of its buckets in
+# the scrape's order, ascending by bound, and the bounds' moments (the bounds read-only, shared).
+BucketPlan = tuple[tuple[Labels, np.ndarray, BoundsMoments], ...]
 
 
-def bucket_plan(keys: tuple[Labels, ...]) -> BucketPlan | None:
-    hit = _BUCKET_PLANS.get(id(keys[0]))
-    if hit is not None and hit[0] == keys:
-        return hit[1]
+class HistogramCache:
+    """The bucket plans learned from a stream of scrapes, kept by its owner (the operator loop
+    one for all its scrapes, a virtual-time run one per run) and passed to
+    :func:`kneecap.observe.window.window_deltas`.
+
+    ``plans``: a histogram's bucket series, as the tuple of their label tuples in the order the
+    scrape listed them -> its :data:`BucketPlan`, or None for anything unusual (a bad or
+    repeated `le`, no +Inf bucket, unordered bounds: the general path of
+    :mod:`kneecap.observe.window` reads it). The label tuples are the parser's
+    (:class:`kneecap.observe.scrape.ParseCache`), the same objects every scrape of every pod of
+    a model, so after the first window only bucket values are read. Keyed by the id of the
+    first label tuple; the entry holds the whole tuple (so that id is not reused while the
+    entry lives) and is checked against it: with shared label tuples that is an identity check
+    per bucket, where hashing the labels would cost more than the rest of the window.
+
+    ``batches``: the plans of a window's histograms, by their ids (the entry holds the plans and
+    is checked against them by identity) -> :func:`batched_plan` of them.
+
+    Each table is bounded (``max_plans``, ``max_batches``) and emptied when full."""
+
+    def __init__(self, max_plans: int = 10_000, max_batches: int = 1_000):
+        self.plans: dict[int, tuple[tuple[Labels, ...], BucketPlan | None]] = {}
+        self.batches: dict[tuple[int, ...], tuple] = {}
+        self.max_plans, self.max_batches = max_plans, max_batches
+
+
+def bucket_plan(keys: tuple[Labels, ...], cache: HistogramCache | None = None) -> BucketPlan | None:
+    """The plan of the bucket series ``keys`` (see :class:`HistogramCache`): ``cache``'s if it
+    holds it, else made (and kept there)."""
+    if cache is not None:
+        hit = cache.plans.get(id(keys[0]))
+        if hit is not None and hit[0] == keys:
+            return hit[1]
+    plan = _make_bucket_plan(keys)
+    if cache is not None:
+        if len(cache.plans) >= cache.max_plans:
+            cache.plans.clear()
+        cache.plans[id(keys[0])] = (keys, plan)
+    return plan
+
+
+def _make_bucket_plan(keys: tuple[Labels, ...]) -> BucketPlan | None:
     per_series: dict[Labels, dict[float, int]] = {}
-    plan = None
     try:
         for i, labels in enumerate(keys):
             rest = tuple(kv for kv in labels if kv[0] != "le")
@@ -153,52 +193,47 @@ def bucket_plan(keys: tuple[Labels, ...]) -> BucketPlan | None:
             bounds = np.array(sorted(buckets))
             ok = bounds[-1] == math.inf and (len(bounds) < 2 or bool((bounds[1:] > bounds[:-1]).all()))
             if not ok or sum(1 for labels in keys if tuple(kv for kv in labels if kv[0] != "le") == rest) != len(bounds):
-                break  # unordered (NaN) bounds, no +Inf bucket, or two buckets of one bound
-            bounds = shared.setdefault(bounds.tobytes(), bounds)
-            bounds.flags.writeable = False
-            _BOUNDS_INFO[id(bounds)] = _bounds_moments(bounds)
-            idx = np.array([buckets[b] for b in bounds], dtype=np.intp)
-            groups.append((rest, idx, bounds))
-        else:
-            plan = tuple(groups)
+                return None  # unordered (NaN) bounds, no +Inf bucket, or two buckets of one bound
+            moments = shared.get(bounds.tobytes())
+            if moments is None:
+                bounds.flags.writeable = False
+                moments = shared[bounds.tobytes()] = _bounds_moments(bounds)
+            idx = np.array([buckets[b] for b in moments.bounds], dtype=np.intp)
+            groups.append((rest, idx, moments))
     except (TypeError, ValueError):
-        plan = None
-    if len(_BUCKET_PLANS) >= _BUCKET_PLANS_MAX:
-        _BUCKET_PLANS.clear()
-        _BOUNDS_INFO.clear()
-    _BUCKET_PLANS[id(keys[0])] = (keys, plan)
-    return plan
+        return None
+    return tuple(groups)
 
 
-# The bucket plans of a window's histograms (by their ids; the entry holds them) -> the bucket
-# order of all of them at once: per histogram its groups as (labels without `le`, bounds, slice
-# of the concatenated cumulative counts); the gather index into the concatenated bucket deltas,
-# which differences are inside a group, and the index of each group's last bucket.
-_BATCHES: dict[tuple[int, ...], tuple] = {}
-_BATCHES_MAX = 1_000
-
-
-def batched_plan(plans: tuple[BucketPlan, ...]) -> tuple:
+def batched_plan(plans: tuple[BucketPlan, ...], cache: HistogramCache | None = None) -> tuple:
+    """The bucket order of a window's histograms' ``plans`` all at once: (the plans; per
+    histogram its groups as (labels without `le`, bounds' moments, slice of the concatenated
+    cumulative counts); the gather index into the concatenated bucket deltas; which
+    differences are inside a group; the index of each group's last bucket). ``cache``'s if it
+    holds it, else made (and kept there)."""
     key = tuple(map(id, plans))
-    hit = _BATCHES.get(key)
-    if hit is not None and all(map(operator.is_, hit[0], plans)):
-        return hit
+    if cache is not None:
+        hit = cache.batches.get(key)
+        if hit is not None and all(map(operator.is_, hit[0], plans)):
+            return hit
     gather, inner, last, groups = [], [], [], []
     offset = at = 0
     for plan in plans:
         gs = []
         n = 0
-        for rest, idx, bounds in plan:
+        for rest, idx, moments in plan:
             gather.append(idx + offset)
             inner.extend([False] + [True] * (len(idx) - 1))
-            gs.append((rest, bounds, slice(at, at + len(idx))))
+            gs.append((rest, moments, slice(at, at + len(idx))))
             at += len(idx)
             last.append(at - 1)
             n += len(idx)
         groups.append(tuple(gs))
         offset += n
-    if len(_BATCHES) >= _BATCHES_MAX:
-        _BATCHES.clear()
-    hit = _BATCHES[key] = (plans, tuple(groups), np.concatenate(gather), np.array(inner[1:], dtype=bool),
-                           np.array(last, dtype=np.intp))
-    return hit
+    batch = (plans, tuple(groups), np.concatenate(gather), np.array(inner[1:], dtype=bool),
+             np.array(last, dtype=np.intp))
+    if cache is not None:
+        if len(cache.batches) >= cache.max_batches:
+            cache.batches.clear()
+        cache.batches[key] = batch
+    return batch

@@ -1,4 +1,4 @@
-"""Window observations: what a vLLM pod did between two scrapes (DESIGN.md §4 step 2, §6).
+"""Window observations, pure: what a vLLM pod did between two scrapes (DESIGN.md §4 step 2, §6).
 
 Means are Δsum/Δcount of histograms, rates Δcounter/Δt, percentiles are interpolated from
 histogram bucket deltas (as Prometheus' ``histogram_quantile``), the batch and queue are the
@@ -10,7 +10,9 @@ NaN/garbage values, truncated bodies, idle windows.
 :func:`window_deltas` reads one pod's window, :func:`combine` turns pods' deltas into one
 observation, :func:`observe` does both for one pod. The metric names it reads are in
 :mod:`kneecap.observe.vllm_metric_names`, the histogram maths in :mod:`kneecap.observe.histogram`,
-the result types in :mod:`kneecap.observe.observation` (re-exported here).
+the result types in :mod:`kneecap.observe.observation` (re-exported here). What repeated windows
+of the same engines let :func:`window_deltas` skip is in the :class:`HistogramCache` its caller
+passes in (``cache``).
 """
 
 from __future__ import annotations
@@ -22,14 +24,14 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from kneecap.observe.histogram import Histogram, batched_plan, bucket_plan, merge_histograms
+from kneecap.observe.histogram import Histogram, HistogramCache, batched_plan, bucket_plan, merge_histograms
 from kneecap.observe.observation import OBSERVATION_FIELDS, NoObservation, Observation, Reason
 from kneecap.observe.scrape import Labels, Snapshot
 from kneecap.observe.vllm_metric_names import (CACHE_CONFIG, COUNTERS, GAUGES, HISTOGRAMS, PROMPT_TOKENS_CREATED,
                                                SUCCESS_CREATED)
 
-__all__ = ["OBSERVATION_FIELDS", "Histogram", "NoObservation", "Observation", "Reason", "WindowDeltas", "combine",
-           "merge_histograms", "observe", "window_deltas"]
+__all__ = ["OBSERVATION_FIELDS", "Histogram", "HistogramCache", "NoObservation", "Observation", "Reason",
+           "WindowDeltas", "combine", "merge_histograms", "observe", "window_deltas"]
 
 QUANTILE = 0.95
 
@@ -105,7 +107,8 @@ def _counter(names: tuple[str, ...], prev: Snapshot, cur: Snapshot, required: bo
     return math.fsum(_series_delta(name, prev, cur).values())
 
 
-def _histogram(names: tuple[str, ...], prev: Snapshot, cur: Snapshot, required: bool) -> Histogram | None:
+def _histogram(names: tuple[str, ...], prev: Snapshot, cur: Snapshot, required: bool,
+               cache: HistogramCache | None = None) -> Histogram | None:
     base = _pick(names, "_count", (prev, cur), required)
     if base is None:
         return None
@@ -116,7 +119,7 @@ def _histogram(names: tuple[str, ...], prev: Snapshot, cur: Snapshot, required: 
     a, b = prev.series[name], cur.series[name]
     keys = tuple(b)
     same_order = tuple(a) == keys  # shared label tuples: identity checks, no hashing
-    plan = bucket_plan(keys) if same_order or a.keys() == b.keys() else None
+    plan = bucket_plan(keys, cache) if same_order or a.keys() == b.keys() else None
     if plan is None:
         return _histogram_general(base, prev, cur)
     # _series_delta of the buckets, vectorised (the same subtractions)
@@ -128,23 +131,24 @@ def _histogram(names: tuple[str, ...], prev: Snapshot, cur: Snapshot, required: 
     d_sum = _series_delta(base + "_sum", prev, cur)
     d_count = _series_delta(base + "_count", prev, cur)
     parts = []
-    for rest, idx, bounds in plan:
+    for rest, idx, moments in plan:
         if rest not in d_count or rest not in d_sum:
             raise _Fail(_missing(base + "_count", (prev, cur)))
         cum = d[idx]
         count = d_count[rest]
         if ((cum[1:] - cum[:-1]) < -1e-9).any() or abs(cum[-1] - count) > 1e-6 * max(1.0, count):
             raise _Fail(NoObservation(Reason.INVALID_VALUE, f"{base} (inconsistent buckets)"))
-        parts.append(Histogram(bounds, cum, d_sum[rest], count))
+        parts.append(Histogram(moments.bounds, cum, d_sum[rest], count, moments))
     if len(plan) != len(d_count):
         raise _Fail(_missing(base + "_bucket", (prev, cur)))
     if len(parts) == 1:  # merge_histograms of one part with ascending bounds: the part, 0.0 added
         cum += 0.0
-        return Histogram(bounds, cum, math.fsum((d_sum[rest],)), math.fsum((count,)))
+        return Histogram(moments.bounds, cum, math.fsum((d_sum[rest],)), math.fsum((count,)), moments)
     return merge_histograms(parts)
 
 
-def _histograms_batched(prev: Snapshot, cur: Snapshot) -> dict[str, Histogram | None] | None:
+def _histograms_batched(prev: Snapshot, cur: Snapshot,
+                        cache: HistogramCache | None = None) -> dict[str, Histogram | None] | None:
     """Every histogram of the window at once (one subtraction, one check of all buckets), or
     None when anything is unusual (a metric missing or renamed on one side, series changed or
     reordered, no bucket plan, a reset, inconsistent buckets): then :func:`_histogram`, one by
@@ -170,7 +174,7 @@ def _histograms_batched(prev: Snapshot, cur: Snapshot) -> dict[str, Histogram | 
             keys = tuple(b)
             if tuple(a) != keys:
                 return None
-            plan = bucket_plan(keys)
+            plan = bucket_plan(keys, cache)
             if plan is None:
                 return None
             d_sum = _series_delta(base + "_sum", prev, cur)
@@ -193,7 +197,7 @@ def _histograms_batched(prev: Snapshot, cur: Snapshot) -> dict[str, Histogram | 
     d = np.fromiter(chain.from_iterable(news), float, n_all) - np.fromiter(chain.from_iterable(olds), float, n_all)
     if (d < 0).any():
         return None
-    _, groups, gather, inner, last = batched_plan(tuple(plans))
+    _, groups, gather, inner, last = batched_plan(tuple(plans), cache)
     cum = d[gather]
     count_all = np.fromiter((dc[rest] for gs, dc in zip(groups, counts) for rest, _, _ in gs), float, len(last))
     if (((cum[1:] - cum[:-1]) < -1e-9) & inner).any() or \
@@ -208,10 +212,11 @@ def _histograms_batched(prev: Snapshot, cur: Snapshot) -> dict[str, Histogram | 
             continue
         gs, d_sum, d_count = next(it)
         if len(gs) == 1:
-            rest, bounds, sl = gs[0]
-            out[k] = Histogram(bounds, cum[sl], math.fsum((d_sum[rest],)), math.fsum((d_count[rest],)))
+            rest, moments, sl = gs[0]
+            out[k] = Histogram(moments.bounds, cum[sl], math.fsum((d_sum[rest],)), math.fsum((d_count[rest],)), moments)
         else:
-            out[k] = merge_histograms([Histogram(bounds, cum[sl], d_sum[rest], d_count[rest]) for rest, bounds, sl in gs])
+            out[k] = merge_histograms([Histogram(moments.bounds, cum[sl], d_sum[rest], d_count[rest], moments)
+                                       for rest, moments, sl in gs])
     return out
 
 
@@ -289,8 +294,11 @@ def _cache_config(snap: Snapshot) -> tuple[float | None, float | None, float | N
     return capacity, gmu, kvb
 
 
-def window_deltas(prev: Snapshot, cur: Snapshot, between: Sequence[Snapshot] = ()) -> WindowDeltas | NoObservation:
-    """One pod's raw window (counters, histogram deltas, gauge samples), or why not."""
+def window_deltas(prev: Snapshot, cur: Snapshot, between: Sequence[Snapshot] = (),
+                  cache: HistogramCache | None = None) -> WindowDeltas | NoObservation:
+    """One pod's raw window (counters, histogram deltas, gauge samples), or why not. ``cache``:
+    the bucket plans kept by the owner of the scrapes (None: planned afresh); what it holds
+    changes how fast, never what, this computes."""
     window_s = cur.t_s - prev.t_s
     if not window_s > 0:
         return NoObservation(Reason.BAD_WINDOW, f"window_s={window_s}")
@@ -303,9 +311,9 @@ def window_deltas(prev: Snapshot, cur: Snapshot, between: Sequence[Snapshot] = (
             return NoObservation(Reason.COUNTER_RESET, f"{created} changed")
     try:
         counters = {k: _counter(names, prev, cur, req) for k, (names, req) in COUNTERS.items()}
-        hists = _histograms_batched(prev, cur)
+        hists = _histograms_batched(prev, cur, cache)
         if hists is None:  # something unusual: histogram by histogram, each failure typed
-            hists = {k: _histogram(names, prev, cur, req) for k, (names, req) in HISTOGRAMS.items()}
+            hists = {k: _histogram(names, prev, cur, req, cache) for k, (names, req) in HISTOGRAMS.items()}
         snaps = (prev, *between, cur)
         running = _gauge_samples(GAUGES["running"][0], snaps, "sum")
         waiting = _gauge_samples(GAUGES["waiting"][0], snaps, "sum")

@@ -40,6 +40,7 @@ from kneecap.control.spec import GROUP, PLURAL, VERSION
 from kneecap.errors import InputError
 from kneecap.model.arch import ModelArch
 from kneecap.model.hardware import GPU
+from kneecap.observe.histogram import HistogramCache
 from kneecap.observe.scrape import ParseCache, ScrapeConnectionError, parse_metrics
 from kneecap.sim.kubeapi_memory import MemoryKube
 from kneecap.sim.kubelet_virtual import (DeploymentController, Kubelet, KubeletConfig, PodRuntime,
@@ -96,7 +97,8 @@ class OperatorDriver:
         self.events: list[dict] = []
         self.decisions: list[dict] = []
         self.operator = lifecycle.Operator(kube=cluster.api, metrics=self.metrics, now=cluster.now, tick_s=tick_s,
-                                           scrape=self.scrape, gauss_runs=cluster.gauss_runs)
+                                           scrape=self.scrape, gauss_runs=cluster.gauss_runs,
+                                           histogram_cache=cluster.histogram_cache)
         self._aio = asyncio.new_event_loop()
         self.lock = asyncio.Lock()  # (the resource's reconcile lock; nothing here runs concurrently)
         self.logger = logging.getLogger(f"kneecap.sim.operator.{name}")
@@ -180,6 +182,7 @@ class VirtualCluster:
         self.aborted = False  # stopped early: the miss budget ran out
         self.gauss_runs = GaussRuns()  # the operator's λ* reuse, one per run (as one per operator process)
         self.parse_cache = ParseCache()  # the operator's scrape parser's, likewise
+        self.histogram_cache = HistogramCache()  # the operator's windows' bucket plans, likewise
 
     def now(self) -> float:
         return EPOCH_S + self.t_s
