@@ -125,10 +125,10 @@ class ObjectWrite:
 
     @property
     def change(self) -> str:
-        """What it does, for the Reconciled Event: "llm created", "Service/llm-old deleted"."""
-        if self.verb == "delete":
-            return f"{self.kind}/{self.name} deleted"
-        return f"{self.name} {'created' if self.verb == 'create' else 'patched'}"
+        """What it does, for the Reconciled Event: "llm created" (a pool's Deployment), "Service/llm
+        patched", "Deployment/llm-old deleted"."""
+        what = self.name if self.kind == "Deployment" and self.verb != "delete" else f"{self.kind}/{self.name}"
+        return f"{what} {dict(create='created', patch='patched', delete='deleted')[self.verb]}"
 
 
 @dataclass(frozen=True)
