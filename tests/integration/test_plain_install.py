@@ -35,16 +35,17 @@ def kneecap_plain(tmp_path_factory):
     def run(*argv: str) -> subprocess.CompletedProcess:
         return subprocess.run([str(CORE / "bin" / "kneecap"), *argv], cwd=cwd, env=env, capture_output=True,
                               text=True, timeout=300)
-    run.python, run.cwd = python, cwd
+    run.python, run.cwd, run.env = python, cwd, env  # (a PYTHONPATH would import the checkout instead)
     return run
 
 
 def test_the_plain_install_has_no_extras(kneecap_plain):
     for extra in ("kmock", "matplotlib", "pytest"):
-        p = subprocess.run([str(kneecap_plain.python), "-c", f"import {extra}"], capture_output=True, text=True)
+        p = subprocess.run([str(kneecap_plain.python), "-c", f"import {extra}"], capture_output=True, text=True,
+                           env=kneecap_plain.env)
         assert p.returncode == 1 and "ModuleNotFoundError" in p.stderr, (extra, p.stderr)
     p = subprocess.run([str(kneecap_plain.python), "-c", "import kneecap, sys; print(kneecap.__file__)"],
-                       capture_output=True, text=True, cwd=kneecap_plain.cwd)
+                       capture_output=True, text=True, cwd=kneecap_plain.cwd, env=kneecap_plain.env)
     assert str(CORE) in p.stdout, p.stdout  # the installed package, not the checkout
 
 
@@ -119,6 +120,6 @@ def test_the_operator_and_the_model_commands_never_import_the_emulations(kneecap
         ["plan", "--model", "llama-3.1-8b", "--gpu", "a100-80gb", "--budget-per-hour", "30", "--json"],
     ]
     p = subprocess.run([str(kneecap_plain.python), "-c", GRAPH.format(commands=commands, emulations=EMULATIONS)],
-                       cwd=kneecap_plain.cwd, capture_output=True, text=True, timeout=300)
+                       cwd=kneecap_plain.cwd, env=kneecap_plain.env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.strip() == "[]", p.stdout
