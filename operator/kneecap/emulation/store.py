@@ -1,6 +1,8 @@
 """An in-memory Kubernetes API with the methods of :class:`kneecap.control.kube.KubeClient`.
 
-For virtual-time runs (:mod:`kneecap.sim.cluster`): no sockets, no threads, no wall clock.
+The store of the emulated cluster, with verbs on the REST paths the client builds: virtual time
+(:mod:`kneecap.sim.cluster`) runs the operator, the controllers (:mod:`kneecap.emulation.controllers`)
+and its kubelet on it in process. No sockets, no threads, no wall clock.
 What it keeps of the real API server's behaviour:
 
 * objects addressed by the same REST paths the client builds (``/api/v1/namespaces/ns/pods``,
@@ -51,8 +53,8 @@ def parse_path(path: str) -> tuple[str, str, str | None, str | None, str | None]
     return gv, plural, ns, name, sub
 
 
-class MemoryKube:
-    """The store and the API verbs (module docstring). ``now_s``: the virtual clock (epoch seconds)."""
+class Store:
+    """The objects and the API verbs (module docstring). ``now_s``: the virtual clock (epoch seconds)."""
 
     def __init__(self, now_s: Callable[[], float]):
         self.now_s = now_s
