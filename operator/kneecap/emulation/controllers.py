@@ -23,7 +23,7 @@ from kneecap.control.kube import deployments_path, pods_path
 from kneecap.control.restart import rolling_update
 from kneecap.emulation.store import Store
 from kneecap.emulation.workloads import (HASH_LABEL, controller_ref, is_ready, owned_by, pod_path,
-                                         replicasets_path, template_hash)
+                                         replicaset_for, replicasets_path, template_hash)
 
 
 class DeploymentController:
@@ -46,15 +46,7 @@ class DeploymentController:
         new = next((r for r in rss if r["metadata"]["labels"].get(HASH_LABEL) == h), None)
         old = [r for r in rss if r is not new]
         if new is None:
-            tmpl = json.loads(json.dumps(d["spec"]["template"]))
-            tmpl.setdefault("metadata", {}).setdefault("labels", {})[HASH_LABEL] = h
-            sel = dict(d["spec"]["selector"]["matchLabels"], **{HASH_LABEL: h})
-            start = desired if not old else 0
-            api.create_now(replicasets_path(ns), {
-                "apiVersion": "apps/v1", "kind": "ReplicaSet",
-                "metadata": {"name": f"{d['metadata']['name']}-{h}", "labels": tmpl["metadata"]["labels"],
-                             "ownerReferences": [controller_ref(d)]},
-                "spec": {"replicas": start, "selector": {"matchLabels": sel}, "template": tmpl}})
+            api.create_now(replicasets_path(ns), replicaset_for(d, desired if not old else 0))
             new = api.peek(replicasets_path(ns, f"{d['metadata']['name']}-{h}"))
 
         def rs_pods(rs):
