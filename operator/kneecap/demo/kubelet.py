@@ -281,8 +281,7 @@ class Kubelet:
             except ApiError as exc:
                 if exc.status != 404:
                     raise
-                ready = False  # deleted while it started: the next sync finds it gone
-                self.pods.pop(pod_name, None)
+                self.pods.pop(pod_name, None)  # deleted while it started
                 await self._stop_proc(pod)
                 return None
         if not ready:  # the next sync starts the Pod's twin again
