@@ -1,7 +1,6 @@
-"""What the emulated API (kneecap.demo.kubeapi) does that tests/kube/test_kubeapi_differential.py
-cannot yet put to kube-apiserver beside it: the Warning header of a default (Warn) field
-validation (the differential client reads no headers), and validation ratcheting under a
-stricter schema (the session's one CRD cannot be swapped for a stricter one).
+"""Two things the demo's emulated API (kneecap.demo.kubeapi) does as kube-apiserver does, which
+the operator meets there: the Warning header of a default (Warn) field validation, and validation
+ratcheting under a stricter schema.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from kneecap.control.kube import ApiError, deployments_path, pods_path
 from kneecap.model.arch import get_arch
 from kneecap.model.hardware import get_gpu
 from kneecap.sim.cluster import DONE, LOST, OperatorDriver, VirtualCluster, llmd_path
-from kneecap.sim.kubeapi_memory import MemoryKube
+from kneecap.emulation.store import Store
 from kneecap.emulation.merge_patch import merge_patch
 from kneecap.sim.kubelet_virtual import HASH_LABEL, KubeletConfig, replicasets_path
 from kneecap.sim.replay import ReplayConfig, llmd_spec, static_deployment
@@ -29,7 +29,7 @@ def test_merge_patch_rfc7386():
 
 
 def test_api_versions_generation_status_subresource_and_conflicts():
-    api = MemoryKube(lambda: 1_700_000_000.0)
+    api = Store(lambda: 1_700_000_000.0)
     run = asyncio.new_event_loop().run_until_complete
     path = deployments_path("ns")
     obj, created = run(api.create(path, {"kind": "Deployment", "metadata": {"name": "d", "labels": {"a": "1"}},

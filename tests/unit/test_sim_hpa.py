@@ -9,7 +9,7 @@ import pytest
 from kneecap.control.kube import deployments_path
 from kneecap.errors import InputError
 from kneecap.sim.hpa import HorizontalPodAutoscaler, HPASpec, desired_replicas
-from kneecap.sim.kubeapi_memory import MemoryKube
+from kneecap.emulation.store import Store
 
 SPEC = HPASpec(metric="kv", target=0.5, min_replicas=1, max_replicas=20)
 
@@ -49,7 +49,7 @@ class Pod:
 
 
 def _hpa(replicas: int, spec: HPASpec = SPEC):
-    api = MemoryKube(lambda: 0.0)
+    api = Store(lambda: 0.0)
     api.create_now(deployments_path("ns"), {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
                                             "spec": {"replicas": replicas, "template": {}}})
     return api, HorizontalPodAutoscaler(spec, api, "ns", "d")

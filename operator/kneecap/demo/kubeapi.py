@@ -1,16 +1,16 @@
-"""An emulated Kubernetes API (kmock 0.8) that answers like kube-apiserver where the operator depends on it.
+"""The demo's emulated Kubernetes API: kmock 0.8's HTTP server in front of the emulation's store.
 
-kmock (==0.8, by kopf's author) serves discovery, lists, watches and fetches from memory. Its
-gaps (DESIGN §7) are filled here, and every write is admitted as a real API server admits it
-(the pure rules are in kneecap.emulation.admission and kneecap.control.validation):
+kmock (==0.8, by kopf's author) serves HTTP, discovery and the watch streams' buses; the objects
+live in :class:`kneecap.emulation.store.Store` (identity, ``resourceVersion``, ``generation``, the
+status subresource, stale-``resourceVersion`` conflicts, finalizers, the garbage collector, each
+object's history), the store virtual time runs on in process. What this front end adds, as
+kube-apiserver answers where the operator depends on it (the pure rules are in
+kneecap.emulation.admission and kneecap.control.validation):
 
-* objects get ``uid``, ``creationTimestamp``, ``resourceVersion`` (a global counter) and
-  ``generation`` (bumped when ``spec`` changes), so kopf's JSON-patch ``test`` ops work; a PUT or
-  patch carrying a stale ``metadata.resourceVersion`` is a 409 Conflict;
 * LLMDeployments are pruned, defaulted and validated against the CRD's structural schema and its
   CEL rules (the file in crds/); failures are a 422 Invalid Status with ``details.causes`` worded
-  like kube-apiserver's; ``fieldValidation=Strict`` turns unknown fields into a 400, the default
-  (Warn) into ``Warning`` headers; ``/status`` writes are checked against the status schema;
+  like kube-apiserver's; unknown fields come back as ``Warning`` headers (the default field
+  validation, Warn); ``/status`` writes are checked against the status schema;
 * names are validated per kind (DNS-1035 label for Services and their 63 characters, DNS-1123
   subdomain for the rest), label keys and values too;
 * Deployments, Pods and Services get the server's defaults, canonical resource quantities
@@ -20,24 +20,18 @@ gaps (DESIGN §7) are filled here, and every write is admitted as a real API ser
   User-Agent's product), which is how the operator finds who owns ``spec.replicas``;
 * POST answers 201 (409 AlreadyExists on a live name); ``generateName`` is honoured;
 * PATCH honours the content type: JSON patch (add, remove, replace, test; a failed test is 422),
-  merge patch (RFC 7386), strategic merge patch (lists merged by their keys: containers and env
-  by ``name``, ports by ``containerPort``..., ``$patch: delete``; 415 on custom resources) and
-  server-side apply (``fieldManager`` required, 409 on fields another manager set differently
-  unless ``force=true``); ``/status`` changes only ``status``; for resources declared with a
-  status subresource the main endpoint ignores ``status``;
+  merge patch (RFC 7386) and strategic merge patch (lists merged by their keys: containers and
+  env by ``name``, ports by ``containerPort``..., ``$patch: delete``; 415 on custom resources);
 * PUT replaces an object (keeping identity fields);
-* GET of one object is a dict lookup (kmock's fetch scans all objects: 0.17 s at 1000 objects);
 * LIST honours ``labelSelector`` (``k=v``, ``k!=v``, ``k``, ``!k``, comma-joined) and namespaces;
 * ``/api/v1/namespaces`` lists instead of 500 (declared like any resource);
-* DELETE of an object without finalizers removes it and cascades to objects whose
-  ``ownerReferences`` name its uid (the garbage collector a cluster runs, background
-  propagation: no ``blockOwnerDeletion`` needed);
-* Deployments roll out instantly (a minimal deployment controller writes ``status``).
+* Deployments roll out instantly unless ``instant_rollouts=False`` (their status is written as
+  if every pod were ready; the demo's kubelet runs the emulation's controllers instead).
 
 Deliberate simplifications: ``status`` given on create is kept (tests write pods' IPs that way);
 watches ignore ``labelSelector`` and ``resourceVersion``; managedFields treat lists as single
-fields; user reactions (``kmock[...] << ...``) do not see mutating requests, which this class
-serves itself.
+fields; no server-side apply (415) and no strict field validation (the operator uses neither);
+user reactions (``kmock[...] << ...``) do not see the requests this class serves itself.
 
 `KubeAPIThread` runs the emulator in a background thread with its own event loop, so a sync
 test can run the operator with `kopf.testing.KopfRunner` and talk to the API like kubectl.
@@ -47,29 +41,27 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import datetime
-import itertools
 import json
 import threading
-import zlib
+import time
 import urllib.error
 import urllib.request
-import uuid
+import zlib
 from typing import Any
 
 import aiohttp.web
 import attrs
 import kmock
 import multidict
-import yaml
 from kmock._internal import enums, rendering
-from kmock._internal.k8s import KubernetesError, KubernetesObjectConflictError, KubernetesObjectNotFoundError
+from kmock._internal.k8s import KubernetesError, KubernetesObjectNotFoundError
 
 from kneecap.control import spec as crd
 from kneecap.control import validation
-from kneecap.control.kube import selector_matches
+from kneecap.control.kube import ApiError, resource_path
 from kneecap.emulation import admission
 from kneecap.emulation.merge_patch import merge_patch
+from kneecap.emulation.store import Key, Store
 
 assert kmock.__version__.startswith("0.8"), f"kneecap.demo.kubeapi is pinned to kmock 0.8, found {kmock.__version__}"
 
@@ -88,7 +80,6 @@ CORE_RESOURCES: dict[str, tuple[str, bool, set[str]]] = {
     "autoscaling/v2/horizontalpodautoscalers": ("HorizontalPodAutoscaler", True, {"status"}),
 }
 LLMD = "kneecap.io/v1alpha1/llmdeployments"
-APPLY = "application/apply-patch+yaml"
 VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
 
 
@@ -126,30 +117,10 @@ def not_found(resource, name: str) -> KubernetesObjectNotFoundError:
         "name": name, **({"group": resource.group} if resource.group else {}), "kind": resource.plural})
 
 
-def apply_conflict_error(conflicts, plural: str, group: str, name: str) -> KubernetesError:
-    """409 of a server-side apply that would change fields other managers own."""
-    by = {}
-    for manager, api_version, field in conflicts:
-        by.setdefault((manager, api_version), []).append(field)
-    if len(conflicts) == 1:
-        (manager, api_version, field), = conflicts
-        text = f'Apply failed with 1 conflict: conflict with "{manager}" using {api_version}: {field}'
-    else:
-        text = f"Apply failed with {len(conflicts)} conflicts: " + "\n".join(
-            f'conflicts with "{m}" using {v}:\n' + "\n".join(f"- {f}" for f in fs) for (m, v), fs in by.items())
-    return KubernetesError(status=409, reason="Conflict", message=text, details={
-        "causes": [{"reason": "FieldManagerConflict", "message": f'conflict with "{m}" using {v}', "field": f}
-                   for m, v, f in conflicts]})
-
-
 def _manager(request) -> str:
     """fieldManager, else the User-Agent up to its first '/', as the API server defaults it."""
     agent = request.headers.get("User-Agent") or request.headers.get("user-agent") or "unknown"
     return request.params.get("fieldManager") or agent.split("/", 1)[0][:128]
-
-
-def _now() -> str:
-    return datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _pointer(path: str) -> list[str]:
@@ -211,8 +182,9 @@ class KubeAPI(kmock.KubernetesEmulator):
     """kmock's emulator with the fixes listed in the module docstring."""
 
     instant_rollouts: bool = True
-    _rv: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
+    store: Store = attrs.field(init=False)
     _warnings: list[str] = attrs.field(factory=list, init=False)  # of the request being served
+    _events: list = attrs.field(factory=list, init=False)  # (resource, watch event) of the request being served
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -222,28 +194,33 @@ class KubeAPI(kmock.KubernetesEmulator):
         self.resources[LLMD] = kmock.ResourceInfo(kind="LLMDeployment", singular="llmdeployment",
                                                   namespaced=True, verbs=VERBS, shortnames={"llmd"},
                                                   subresources={"status"})
+        self.store = Store(time.time, keep_history=True)
+        self.store.observers.append(self._observe)
 
     # ------------------------------------------------------------ helpers
 
-    def _has_status(self, resource) -> bool:
-        try:
-            return "status" in self.resources[resource].subresources
-        except (KeyError, Exception):
-            return False
+    def _observe(self, event: str, key: Key, obj: dict) -> None:
+        group, _, version = key[0].rpartition("/")
+        self._events.append((kmock.resource(group, version, key[1]), {"type": event, "object": copy.deepcopy(obj)}))
 
-    def _live(self, key):
-        if key not in self._objects or self._objects[key].deleted:
-            return None
-        return self._objects[key]
-
-    def _stamp(self, obj: dict) -> None:
-        obj.setdefault("metadata", {})["resourceVersion"] = str(next(self._rv))
+    @staticmethod
+    def _path(request, *, collection: bool = False) -> str:
+        res = request.resource
+        api_version = f"{res.group}/{res.version}" if res.group else res.version
+        if collection:
+            return resource_path(api_version, res.plural, request.namespace)
+        return resource_path(api_version, res.plural, request.namespace, request.name, request.subresource)
 
     def _rollout(self, resource, obj: dict) -> None:
         if self.instant_rollouts and resource.plural == "deployments" and resource.group == "apps":
             n = int(obj.get("spec", {}).get("replicas", 1))
             obj["status"] = {"observedGeneration": obj["metadata"].get("generation", 1), "replicas": n,
                              "updatedReplicas": n, "readyReplicas": n, "availableReplicas": n}
+
+    async def _publish(self) -> None:
+        events, self._events = self._events, []
+        for resource, event in events:
+            await self._buses[resource].put(event)
 
     # ------------------------------------------------------------ request handling
 
@@ -256,28 +233,29 @@ class KubeAPI(kmock.KubernetesEmulator):
 
     async def _namespaces(self, raw_request):
         res = kmock.resource("", "v1", "namespaces")
+        path = "/api/v1/namespaces"
         if raw_request.method == "POST":
             obj = await raw_request.json()
-            name = obj["metadata"]["name"]
-            causes = admission.name_causes("Namespace", name)
-            if causes:
-                return await self._render_error(invalid_error("Namespace", "", name, causes))
-            async with self._lock:
-                if self._live((res, None, name)) is not None:
-                    return await self._render_error(KubernetesObjectConflictError(reason="AlreadyExists"))
-                obj["metadata"].update(uid=str(uuid.uuid4()), creationTimestamp=_now())
-                self._stamp(obj)
-                if (res, None, name) in self._objects:
-                    self._objects[res, None, name].create(obj)
-                else:
-                    self._objects[res, None, name] = obj
-            await self._buses[res].put({"type": "ADDED", "object": obj})
-            return aiohttp.web.json_response(obj, status=201)
+
+            def admit(old, new):
+                causes = admission.name_causes("Namespace", new["metadata"]["name"])
+                if causes:
+                    raise invalid_error("Namespace", "", new["metadata"]["name"], causes)
+                return new
+
+            try:
+                async with self._lock:
+                    created = self.store.create_now(path, obj, admit)
+            except (ApiError, KubernetesError) as exc:
+                self._events = []
+                return await self._render_error(self._kube_error(exc))
+            await self._publish()
+            return aiohttp.web.json_response(created, status=201)
         async with self._lock:
-            items = [obj.raw for (r, _, _), obj in self._objects.items() if r == res and not obj.deleted]
+            items = self.store.list_now(path)
         if raw_request.query.get("watch") != "true":
             return aiohttp.web.json_response({"apiVersion": "v1", "kind": "NamespaceList",
-                                              "metadata": {"resourceVersion": str(next(self._rv))},
+                                              "metadata": {"resourceVersion": self.store.resource_version},
                                               "items": items})
         resp = aiohttp.web.StreamResponse()
         await resp.prepare(raw_request)
@@ -292,90 +270,100 @@ class KubeAPI(kmock.KubernetesEmulator):
         await resp.write_eof()
         return resp
 
+    async def _serve_watch(self, request: rendering.Request):
+        """Every object there is, then what happens to them (kmock's own watch reads its own objects)."""
+        yield b""
+        async with self._lock:
+            items = [o for o in self.store.list_now(self._path(request, collection=True))
+                     if request.name is None or o["metadata"]["name"] == request.name]
+        for obj in items:
+            yield {"type": "ADDED", "object": obj}
+        async for event in self._buses[request.resource]:
+            meta = event.get("object", {}).get("metadata", {})
+            if ((request.namespace is None or meta.get("namespace") == request.namespace)
+                    and (request.name is None or meta.get("name") == request.name)):
+                yield event
+
+    def _kube_error(self, exc: Exception, request=None) -> KubernetesError:
+        """The store's ApiError as the Status kube-apiserver answers."""
+        if isinstance(exc, KubernetesError):
+            return exc
+        body = exc.body if isinstance(exc.body, dict) else {"message": str(exc.body)}
+        if request is not None and exc.status == 404:
+            return not_found(request.resource, request.name)
+        if request is not None and exc.status == 409 and body.get("reason") == "Conflict":
+            return conflict_error(request.resource.plural, request.resource.group, request.name)
+        return KubernetesError(status=exc.status, reason=body.get("reason", ""), message=body.get("message", ""),
+                               details=body.get("details") or {})
+
     async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
         res = request.resource
-        if res is None or not res.plural or request.subresource not in (None, "status"):
+        if (res is None or not res.plural or request.subresource not in (None, "status")
+                or request.action == enums.action.WATCH):
             return await super()._handle(request)
         method = str(request.method.value).upper()
-        events: list[dict] = []
         try:
             async with self._lock:
-                self._warnings = []
+                self._warnings, self._events = [], []
                 if request.action == enums.action.LIST:
                     payload, status = self._list(request), 200
                 elif request.action == enums.action.FETCH and request.subresource is None:
                     payload, status = self._fetch(request), 200
                 elif request.action == enums.action.CREATE:
-                    payload, status = self._create(request, events), 201
+                    payload, status = self._create(request), 201
                 elif request.action == enums.action.UPDATE or (method == "PUT" and request.name):
-                    created = self._live((res, request.namespace, request.name)) is None  # by an apply
-                    payload = self._update(request, events, replace=method == "PUT")
-                    status = 201 if created else 200
+                    payload, status = self._update(request, replace=method == "PUT"), 200
                 elif request.action == enums.action.DELETE:
-                    payload, status = self._delete(res, request.namespace, request.name, events), 200
+                    payload, status = self.store.delete_object_now(self._path(request)), 200
+                    if payload is None:
+                        raise not_found(res, request.name)
                 else:
                     payload = None
-        except KubernetesError as exc:
-            return await self._render_error(exc)
+        except (ApiError, KubernetesError) as exc:
+            self._events = []
+            return await self._render_error(self._kube_error(exc, request))
         if payload is None:
             return await super()._handle(request)
-        for resource, event in events:
-            await self._buses[resource].put(event)
+        await self._publish()
         headers = multidict.CIMultiDict(("Warning", f"299 - {json.dumps(w)}") for w in self._warnings)
         return aiohttp.web.json_response(payload, status=status, headers=headers)
 
     def _list(self, request) -> dict:
         if request.resource not in self._get_resources():
             raise kmock.KubernetesResourceNotFoundError()
-        sel = request.params.get("labelSelector")
-        items = [obj.raw for (r, ns, _), obj in self._objects.items()
-                 if r == request.resource and not obj.deleted
-                 and (request.namespace is None or ns == request.namespace)
-                 and selector_matches(sel, obj.raw.get("metadata", {}).get("labels"))]
-        return {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": str(next(self._rv))},
+        items = self.store.list_now(self._path(request, collection=True), request.params.get("labelSelector"),
+                                    copy_items=False)
+        return {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": self.store.resource_version},
                 "items": items}
 
     def _fetch(self, request) -> dict:
-        """GET one object by key (kmock's own fetch scans every object: slow with thousands)."""
-        live = self._live((request.resource, request.namespace, request.name))
-        if live is None:
+        obj = self.store.peek(self._path(request))
+        if obj is None:
             raise not_found(request.resource, request.name)
-        return live.raw
-
-    def _create(self, request, events, body: dict | None = None, operation: str = "Update") -> dict:
-        obj = copy.deepcopy(body if body is not None else request.data or {})
-        meta = obj.setdefault("metadata", {})
-        if operation == "Apply":
-            meta["name"] = request.name
-        if not meta.get("name") and meta.get("generateName"):
-            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
-        if request.namespace:
-            meta["namespace"] = request.namespace
-        kind = self.resources[request.resource].kind
-        causes = admission.name_causes(kind, meta.get("name"))
-        if causes:
-            raise invalid_error(kind, request.resource.group, str(meta.get("name") or ""), causes)
-        key = (request.resource, meta.get("namespace"), meta["name"])
-        if self._live(key) is not None:
-            raise KubernetesObjectConflictError(reason="AlreadyExists")
-        obj = self._admit(request, None, obj)
-        meta = obj["metadata"]
-        meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), generation=1)
-        meta.pop("deletionTimestamp", None)
-        meta.pop("resourceVersion", None)
-        if operation == "Apply":  # the applied fields only, not the defaults
-            meta["managedFields"] = admission.server_side_apply({}, body, _manager(request), force=True,
-                                                                strategic=True)[1]
-        else:
-            admission.record_managed_fields(None, obj, _manager(request), None, operation)
-        self._rollout(request.resource, obj)
-        self._stamp(obj)
-        if key in self._objects:
-            self._objects[key].create(obj)
-        else:
-            self._objects[key] = obj
-        events.append((request.resource, {"type": "ADDED", "object": obj}))
         return obj
+
+    def _create(self, request) -> dict:
+        kind = self.resources[request.resource].kind
+
+        def admit(old, obj):
+            name = obj["metadata"].get("name")
+            causes = admission.name_causes(kind, name)
+            if causes:
+                raise invalid_error(kind, request.resource.group, str(name or ""), causes)
+            obj = self._admit(request, None, obj)
+            admission.record_managed_fields(None, obj, _manager(request), None, "Update")
+            self._rollout(request.resource, obj)
+            return obj
+
+        obj = copy.deepcopy(request.data or {})
+        obj.setdefault("metadata", {}).pop("resourceVersion", None)
+        try:
+            return self.store.create_now(self._path(request, collection=True), obj, admit)
+        except ApiError as exc:
+            if exc.status == 409:
+                raise KubernetesError(status=409, reason="AlreadyExists", message=(
+                    f'{request.resource.plural} "{obj["metadata"].get("name")}" already exists')) from None
+            raise
 
     def _admit(self, request, old: dict | None, new: dict) -> dict:
         """Validate and default a write as the API server does; raises 422 (or 400 in strict mode)."""
@@ -424,133 +412,45 @@ class KubeAPI(kmock.KubernetesEmulator):
         name = obj["metadata"].get("name")
         if isinstance(name, str):
             causes += validation.check(name, schema["properties"]["metadata"]["properties"]["name"], "metadata.name")[1]
-        mode = request.params.get("fieldValidation", "Warn")
-        if unknown and mode == "Strict":
-            kind, version = obj.get("kind", ""), str(obj.get("apiVersion", "")).rpartition("/")[2]
-            raise KubernetesError(status=400, reason="BadRequest", message=(
-                f'{kind} in version "{version}" cannot be handled as a {kind}: strict decoding error: '
-                + ", ".join(f'unknown field "{u}"' for u in unknown)))
-        if mode == "Warn":
+        if request.params.get("fieldValidation", "Warn") == "Warn":
             self._warnings += [f'unknown field "{u}"' for u in unknown]
         return out, causes if old is None else validation.ratchet(causes, old, out)
 
-    def _update(self, request, events, replace: bool) -> dict:
-        key = (request.resource, request.namespace, request.name)
-        live = self._live(key)
+    def _update(self, request, replace: bool) -> dict:
         ctype = (request.headers.get("Content-Type") or request.headers.get("content-type") or "").split(";")[0]
-        apply = ctype == APPLY
-        if apply and not request.params.get("fieldManager"):
-            raise invalid_error("PatchOptions", "meta.k8s.io", "", [validation.Cause(
-                "fieldManager", "FieldValueRequired", "Required value: is required for apply patch")])
-        if not apply and "force" in request.params:
-            raise invalid_error("PatchOptions", "meta.k8s.io", "", [validation.Cause(
-                "force", "FieldValueForbidden", "Forbidden: may not be specified for non-apply patch")])
-        data = yaml.safe_load(request.text or "") if apply else request.data
-        if live is None:
-            if apply and request.subresource is None:
-                return self._create(request, events, data, operation="Apply")
-            raise not_found(request.resource, request.name)
-        old = live.raw
-        on_status = request.subresource == "status"
-        managed = None
-        if apply:
-            try:
-                new, managed = admission.server_side_apply(
-                    old, data, request.params["fieldManager"], force=request.params.get("force") == "true",
-                    strategic=self.resources[request.resource].kind != "LLMDeployment")
-            except admission.ApplyConflict as exc:
-                raise apply_conflict_error(exc.conflicts, request.resource.plural, request.resource.group,
-                                           request.name) from None
-        elif replace:
-            new = copy.deepcopy(data)
-            meta = new.setdefault("metadata", {})
-            for k in ("uid", "creationTimestamp", "generation", "deletionTimestamp"):
-                if k in old["metadata"]:
-                    meta[k] = old["metadata"][k]
-            if "managedFields" not in meta and "managedFields" in old["metadata"]:
-                meta["managedFields"] = old["metadata"]["managedFields"]
-        elif ctype == "application/json-patch+json":
-            new = json_patch(old, data)
-        elif ctype == "application/strategic-merge-patch+json":
-            if self.resources[request.resource].kind == "LLMDeployment":
-                raise UnprocessableEntity(status=415, reason="UnsupportedMediaType",
-                                          message="the body of the request was in an unknown format - accepted "
-                                          "media types include: application/json-patch+json, "
-                                          "application/merge-patch+json, application/apply-patch+yaml")
-            new = admission.strategic_merge(old, data)
-        else:  # merge-patch+json or unspecified
-            new = merge_patch(old, data)
-        rv = (new.get("metadata") or {}).get("resourceVersion")
-        if rv and rv != old["metadata"].get("resourceVersion"):
-            raise conflict_error(request.resource.plural, request.resource.group, request.name)
-        for k in ("name", "namespace"):  # (cluster-scoped objects have no namespace)
-            if k in old["metadata"]:
-                new.setdefault("metadata", {})[k] = old["metadata"][k]
-        if on_status:
-            merged = copy.deepcopy(old)
-            if "status" in new:
-                merged["status"] = new["status"]
-            else:
-                merged.pop("status", None)
-            new = merged
-        elif self._has_status(request.resource):
-            if "status" in old:
-                new["status"] = copy.deepcopy(old["status"])
-            else:
-                new.pop("status", None)
-        new = self._admit(request, old, new)
-        generation = admission.next_generation(old, new)
-        if not on_status and generation != int(old["metadata"].get("generation", 1)):
-            new["metadata"]["generation"] = generation
-            self._rollout(request.resource, new)
-        if managed is None:
-            admission.record_managed_fields(old, new, _manager(request), request.subresource, "Update")
-        else:
-            new["metadata"]["managedFields"] = managed
-        self._stamp(new)
-        live.create(new)
-        events.append((request.resource, {"type": "MODIFIED", "object": new}))
-        meta = new.get("metadata", {})
-        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
-            self._remove(key, events)
-        return new
+        is_llmd = self.resources[request.resource].kind == "LLMDeployment"
+        if ctype == "application/apply-patch+yaml" or (ctype == "application/strategic-merge-patch+json" and is_llmd):
+            raise UnprocessableEntity(status=415, reason="UnsupportedMediaType",
+                                      message="the body of the request was in an unknown format - accepted "
+                                      "media types include: application/json-patch+json, "
+                                      "application/merge-patch+json"
+                                      + ("" if is_llmd else ", application/strategic-merge-patch+json"))
+        data = request.data
 
-    def _delete(self, resource, namespace, name, events) -> dict:
-        key = (resource, namespace, name)
-        live = self._live(key)
-        if live is None:
-            raise not_found(resource, name)
-        obj = live.raw
-        if obj["metadata"].get("finalizers"):
-            if not obj["metadata"].get("deletionTimestamp"):
-                new = copy.deepcopy(obj)
-                new["metadata"].update(deletionTimestamp=_now(), deletionGracePeriodSeconds=0,
-                                       generation=int(new["metadata"].get("generation", 1)) + 1)
-                self._stamp(new)
-                live.create(new)
-                events.append((resource, {"type": "MODIFIED", "object": new}))
+        def change(live: dict) -> dict:
+            if replace:
+                new = copy.deepcopy(data)
+                meta = new.setdefault("metadata", {})
+                if "managedFields" not in meta and "managedFields" in live["metadata"]:
+                    meta["managedFields"] = live["metadata"]["managedFields"]
                 return new
-            return obj
-        self._remove(key, events)
-        return obj
+            if ctype == "application/json-patch+json":
+                return json_patch(live, data)
+            if ctype == "application/strategic-merge-patch+json":
+                return admission.strategic_merge(live, data)
+            return merge_patch(live, data)  # merge-patch+json or unspecified
 
-    def _remove(self, key, events) -> None:
-        """Delete for real, then cascade to dependents (the garbage collector's job)."""
-        obj = self._objects[key].raw
-        self._objects[key].delete()
-        events.append((key[0], {"type": "DELETED", "object": obj}))
-        uid = obj.get("metadata", {}).get("uid")
-        if not uid:
-            return
-        for (r, ns, name), dep in list(self._objects.items()):
-            if dep.deleted:
-                continue
-            refs = dep.raw.get("metadata", {}).get("ownerReferences") or []
-            if any(ref.get("uid") == uid for ref in refs):
-                try:
-                    self._delete(r, ns, name, events)
-                except KubernetesObjectNotFoundError:
-                    pass
+        def admit(old: dict, new: dict) -> dict:
+            new = self._admit(request, old, copy.deepcopy(new))  # (a status write shares the live spec)
+            if request.subresource is None:
+                generation = admission.next_generation(old, new)
+                if generation != int(old["metadata"].get("generation", 1)):
+                    new["metadata"]["generation"] = generation
+                    self._rollout(request.resource, new)
+            admission.record_managed_fields(old, new, _manager(request), request.subresource, "Update")
+            return new
+
+        return self.store.update_now(self._path(request), change, admit)
 
 
 class KubeAPIThread:
@@ -660,11 +560,9 @@ class KubeAPIThread:
     def history(self, resource: str, namespace: str, name: str) -> list[dict]:
         """Every stored version of an object (None entries are deletions)."""
         gv, plural = resource.rsplit("/", 1)
-        group, _, version = gv.rpartition("/")
-        key = (kmock.resource(group, version, plural), namespace, name)
-        if self.api is None or key not in self.api.objects:
+        if self.api is None:
             return []
-        return [None if v is None else copy.deepcopy(v.raw) for v in self.api.objects[key].history]
+        return copy.deepcopy(self.api.store.history.get((gv, plural, namespace, name), []))
 
     def add_namespace(self, name: str) -> dict:
         code, body = self.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",

@@ -1,18 +1,18 @@
 """A kubelet shim: runs one `kneecap twin` process per pod of each kneecap-owned Deployment (and,
 given `unowned`, of every other Deployment in the namespace: a user's that kneecap adopts).
 
-What a cluster would do for the demo, on one machine: for every Deployment labelled
-``app.kubernetes.io/managed-by=kneecap`` it keeps ``spec.replicas`` twin processes whose
-argv is the vLLM container's args (the twin takes vLLM's flags) plus the owner's model shape
-and GPU, the demo's time scale and the demo's clock to start on. A changed pod template (new
-``--max-num-seqs``, memory flag) is rolled out like a Deployment's default RollingUpdate with
-one replica: the new pod starts, becomes Ready, joins the Service, then the old pod leaves it,
-drains its in-flight requests and stops. Each such replacement counts as one restart. Pods are
-written into the emulated API (Ready, with the ``kneecap.io/metrics-url`` annotation) owned by a
-ReplicaSet of the Deployment, as the Deployment controller makes them (`add_owned_pod`), so the
-operator finds and scrapes them,
-and the Deployment's status says how far the rollout is (the API is run without kmock's
-instant rollouts), so the operator's rollout guard holds while a pod restarts.
+What a cluster would do for the demo, on one machine. The Deployment and ReplicaSet controllers
+are virtual time's (:mod:`kneecap.emulation.controllers`), run each poll over the emulated API
+through :class:`HttpStore`: they make the ReplicaSet of each pod template, roll a changed template
+out as a RollingUpdate (with one replica: the new pod starts, turns Ready, then the old one is
+deleted), write the Deployment's status (the API is run without kmock's instant rollouts, so the
+operator's rollout guard holds while a pod restarts) and create and delete the Pods. The kubelet
+starts a twin process per Pod whose argv is the vLLM container's args (the twin takes vLLM's
+flags) plus the owner's model shape and GPU, the demo's time scale and the demo's clock to start
+on; once it answers /health it marks the Pod Running and Ready with the
+``kneecap.io/metrics-url`` annotation, so the operator finds and scrapes it, and adds it to the
+Service. A deleted Pod leaves the Service, drains its in-flight requests and stops; one deleted
+because its ReplicaSet's template is no longer its Deployment's counts as a restart.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import asyncio
 import os
 import sys
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -28,9 +29,12 @@ from typing import Callable
 import aiohttp
 
 from kneecap.control import manifests
+from kneecap.control.kube import ApiError, deployments_path, pods_path
 from kneecap.demo.clock import free_port
 from kneecap.demo.kubeapi import LLMD, KubeAPIThread
-from kneecap.emulation.workloads import HASH_LABEL, controller_ref, template_hash
+from kneecap.emulation.controllers import DeploymentController, ReplicaSetController
+from kneecap.emulation.workloads import (HASH_LABEL, controller_ref, pod_path, replicaset_for, replicasets_path,
+                                         template_hash)
 
 DEPLOY = "apps/v1/deployments"
 REPLICASETS = "apps/v1/replicasets"
@@ -38,23 +42,49 @@ PODS = "v1/pods"
 STRIP_FLAGS = ("--port", "--host")
 
 
+class HttpStore:
+    """The synchronous verbs of :class:`kneecap.emulation.store.Store` over the emulated HTTP API,
+    so the emulation's controllers run on the demo's API as they run on virtual time's store."""
+
+    def __init__(self, kube: KubeAPIThread):
+        self.kube = kube
+
+    def _call(self, method: str, path: str, body=None, content_type: str = "application/merge-patch+json"):
+        code, answer = self.kube.request(method, path, body, content_type)
+        if code >= 300:
+            raise ApiError(code, answer, f"{method} {path}")
+        return answer
+
+    def list_now(self, path: str, label_selector: str | None = None, *, copy_items: bool = True) -> list[dict]:
+        query = f"?labelSelector={urllib.parse.quote(label_selector)}" if label_selector else ""
+        return self._call("GET", path + query)["items"]
+
+    def peek(self, path: str) -> dict | None:
+        code, answer = self.kube.request("GET", path)
+        return answer if code == 200 else None
+
+    get_now = peek
+
+    def create_now(self, path: str, obj: dict) -> dict:
+        return self._call("POST", path, obj)
+
+    def patch_now(self, path: str, patch: dict) -> dict:
+        return self._call("PATCH", path, patch)
+
+    def delete_now(self, path: str) -> bool:
+        code, answer = self.kube.request("DELETE", path)
+        if code not in (200, 404):
+            raise ApiError(code, answer, f"DELETE {path}")
+        return code == 200
+
+
 def replicaset_of(kube: KubeAPIThread, deploy: dict) -> dict:
     """The Deployment's ReplicaSet for its current pod template, created as the Deployment
     controller does (``<deployment>-<pod-template-hash>``, controlled by the Deployment)."""
-    meta, h = deploy["metadata"], template_hash(deploy["spec"]["template"])
-    name, ns = f"{meta['name']}-{h}", meta["namespace"]
-    rs = kube.get(REPLICASETS, ns, name)
-    if rs is not None:
-        return rs
-    labels = {**(deploy["spec"]["template"]["metadata"].get("labels") or {}), HASH_LABEL: h}
-    return kube.create(REPLICASETS, {
-        "apiVersion": "apps/v1", "kind": "ReplicaSet",
-        "metadata": {"name": name, "namespace": ns, "labels": labels,
-                     "ownerReferences": [controller_ref(deploy)]},
-        "spec": {"replicas": int(deploy["spec"].get("replicas", 1)),
-                 "selector": {"matchLabels": {**deploy["spec"]["selector"]["matchLabels"], HASH_LABEL: h}},
-                 "template": {**deploy["spec"]["template"],
-                              "metadata": {**deploy["spec"]["template"]["metadata"], "labels": labels}}}})
+    body = replicaset_for(deploy, int(deploy["spec"].get("replicas", 1)))
+    ns = deploy["metadata"]["namespace"]
+    body["metadata"]["namespace"] = ns
+    return kube.get(REPLICASETS, ns, body["metadata"]["name"]) or kube.create(REPLICASETS, body)
 
 
 def add_owned_pod(kube: KubeAPIThread, deploy: dict | str, name: str, ip: str = "127.0.0.1", port: int = 8000,
@@ -110,16 +140,20 @@ class PodProc:
     proc: asyncio.subprocess.Process
     argv: list[str]
     ready: bool = False
-    in_api: bool = False
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
 
+def controller_name(obj: dict) -> str | None:
+    """The name its controller ownerReference gives."""
+    return next((r["name"] for r in obj["metadata"].get("ownerReferences") or [] if r.get("controller")), None)
+
+
 @dataclass
 class Kubelet:
-    """Reconciles twin processes with the Deployments in one namespace (module docstring)."""
+    """Runs the controllers and the twin processes of one namespace (module docstring)."""
 
     kube: KubeAPIThread
     namespace: str
@@ -137,8 +171,15 @@ class Kubelet:
     restarts: dict[str, int] = field(default_factory=dict)  # deployment -> pods replaced
     started: dict[str, int] = field(default_factory=dict)  # deployment -> twin processes started
     events: list[dict] = field(default_factory=list)  # what happened, for the summary
-    _seq: int = 0
     _owners: dict[str, tuple[str, str]] = field(default_factory=dict)
+    _store: HttpStore = field(init=False)
+    _deployments: DeploymentController = field(init=False)
+    _replicasets: ReplicaSetController = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._store = HttpStore(self.kube)
+        self._deployments = DeploymentController(self._store, self.namespace)
+        self._replicasets = ReplicaSetController(self._store, self.namespace)
 
     # ------------------------------------------------------------ lifecycle
     async def run(self, stop: asyncio.Event) -> None:
@@ -153,19 +194,37 @@ class Kubelet:
         finally:
             await asyncio.gather(*(self._stop_proc(p) for p in list(self.pods.values())), return_exceptions=True)
 
+    def _reconcile(self) -> tuple[dict[str, dict], dict[str, tuple[dict, dict]]]:
+        """One pass of the controllers, then what the kubelet runs: the Deployments by name and
+        each of their Pods with its ReplicaSet."""
+        self._deployments.sync()
+        self._replicasets.sync()
+        selector = None if self.unowned else f"app.kubernetes.io/managed-by={manifests.MANAGER}"
+        deploys = {d["metadata"]["name"]: d for d in self._store.list_now(deployments_path(self.namespace), selector)}
+        replicasets = {r["metadata"]["name"]: r for r in self._store.list_now(replicasets_path(self.namespace))}
+        pods = {}
+        for pod in self._store.list_now(pods_path(self.namespace)):
+            rs = replicasets.get(controller_name(pod) or "")
+            if rs is not None and controller_name(rs) in deploys:
+                pods[pod["metadata"]["name"]] = (pod, rs)
+        return deploys, pods
+
     async def sync(self) -> None:
-        deploys = await asyncio.to_thread(self.kube.list, DEPLOY, self.namespace,
-                                          None if self.unowned else f"app.kubernetes.io/managed-by={manifests.MANAGER}")
-        live = {d["metadata"]["name"] for d in deploys}
-        for d in deploys:
-            await self._sync_deployment(d)
-        for pod in [p for p in self.pods.values() if p.deployment not in live]:
+        deploys, pods = await asyncio.to_thread(self._reconcile)
+        for pod in [p for p in self.pods.values() if p.name not in pods]:
+            d = deploys.get(pod.deployment)
+            if d is not None and template_hash(d["spec"]["template"]) != pod.template:
+                self.restarts[pod.deployment] = self.restarts.get(pod.deployment, 0) + 1
+                self.events.append({"event": "restart", "deployment": pod.deployment, "old": pod.name,
+                                    "template": template_hash(d["spec"]["template"])})
             await self._retire(pod)
+        await asyncio.gather(*(self._start(pod, rs, deploys[controller_name(rs)])
+                               for name, (pod, rs) in pods.items() if name not in self.pods))
 
     def urls(self, deployment: str) -> list[str]:
         return [p.url for p in self.pods.values() if p.deployment == deployment and p.ready]
 
-    # ------------------------------------------------------------ one Deployment
+    # ------------------------------------------------------------ one pod
     async def _owner(self, d: dict) -> tuple[str, str]:
         ref = next((r for r in d["metadata"].get("ownerReferences") or [] if r.get("kind") == "LLMDeployment"), None)
         if ref is None and self.unowned is not None:
@@ -190,54 +249,18 @@ class Kubelet:
             return None
         return await asyncio.to_thread(self.kube.get, "v1/configmaps", self.namespace, ref.name)
 
-    async def _sync_deployment(self, d: dict) -> None:
-        name = d["metadata"]["name"]
-        want = int(d["spec"].get("replicas", 1))
-        tmpl = template_hash(d["spec"]["template"])
-        mine = [p for p in self.pods.values() if p.deployment == name]
-        current = [p for p in mine if p.template == tmpl]
-        stale = [p for p in mine if p.template != tmpl]
-        if len(current) < want:  # surge: start the missing pods of the new template first
-            arch, gpu = await self._owner(d)
-            new = await asyncio.gather(*(self._start(d, tmpl, arch, gpu) for _ in range(want - len(current))))
-            current += [p for p in new if p is not None]
-            for _ in new:
-                if stale:  # one old pod leaves for each new one that is Ready
-                    old = stale.pop(0)
-                    self.restarts[name] = self.restarts.get(name, 0) + 1
-                    self.events.append({"event": "restart", "deployment": name, "old": old.name,
-                                        "template": tmpl})
-                    await self._retire(old)
-        for old in stale if len(current) >= want else []:
-            await self._retire(old)
-        for extra in current[want:]:  # scaled down
-            await self._retire(extra)
-        await self._write_status(name, d)
-
-    async def _write_status(self, name: str, d: dict) -> None:
-        """The Deployment's status as its controller would report it (the operator's rollout guard reads it)."""
-        tmpl = template_hash(d["spec"]["template"])
-        pods = [p for p in self.pods.values() if p.deployment == name]
-        ready = [p for p in pods if p.ready]
-        updated = [p for p in ready if p.template == tmpl]
-        want = int(d["spec"].get("replicas", 1))
-        st = {"observedGeneration": d["metadata"].get("generation", 1), "replicas": len(pods),
-              "updatedReplicas": len(updated), "readyReplicas": len(ready), "availableReplicas": len(ready),
-              "unavailableReplicas": max(want - len(updated), 0)}
-        if (d.get("status") or {}) != st:
-            await asyncio.to_thread(self.kube.patch, DEPLOY, self.namespace, name, {"status": st}, "status")
-
-    async def _start(self, d: dict, tmpl: str, arch: str, gpu: str) -> PodProc | None:
-        name = d["metadata"]["name"]
-        self._seq += 1
-        pod_name = f"{name}-{tmpl[:6]}-{self._seq}"
+    async def _start(self, api_pod: dict, rs: dict, d: dict) -> PodProc | None:
+        """Start the Pod's twin; once it answers, the Pod is Running and Ready in the API and in the Service."""
+        name, pod_name = d["metadata"]["name"], api_pod["metadata"]["name"]
+        tmpl = rs["metadata"]["labels"][HASH_LABEL]
+        arch, gpu = await self._owner(d)
         port = free_port()
-        argv = twin_argv(manifests.vllm_container(d), arch, gpu, port, self.time_scale,
+        argv = twin_argv(manifests.vllm_container(rs), arch, gpu, port, self.time_scale,
                          self.clock.anchor() if self.clock is not None else None)
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])  # the source tree, for an uninstalled checkout
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        err = open(self.log_dir / f"{pod_name}.log", "wb") if self.log_dir else asyncio.subprocess.DEVNULL
+        err = open(self.log_dir / f"{pod_name}.log", "ab") if self.log_dir else asyncio.subprocess.DEVNULL
         if self.clock is not None:
             self.clock.hold()  # the process start is this machine's time, not the pod's
         try:
@@ -252,19 +275,33 @@ class Kubelet:
         finally:
             if self.clock is not None:
                 self.clock.release()
-        if not ready:
+        if ready:
+            try:
+                await asyncio.to_thread(self._mark_ready, pod)
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+                self.pods.pop(pod_name, None)  # deleted while it started
+                await self._stop_proc(pod)
+                return None
+        if not ready:  # the next sync starts the Pod's twin again
             self.events.append({"event": "failed", "deployment": name, "pod": pod_name, "rc": proc.returncode})
             await self._stop_proc(pod)
             self.pods.pop(pod_name, None)
             return None
-        await asyncio.to_thread(add_owned_pod, self.kube, d, pod_name, "127.0.0.1", port,
-                                {manifests.METRICS_URL_ANNOTATION: pod.url + "/metrics",
-                                 "kneecap.io/template-hash": tmpl})
-        pod.ready = pod.in_api = True
+        pod.ready = True
         self.events.append({"event": "ready", "deployment": name, "pod": pod_name, "template": tmpl,
                             "argv": argv})
         self.on_endpoints(name, self.urls(name))
         return pod
+
+    def _mark_ready(self, pod: PodProc) -> None:
+        """The Pod's metrics URL, then its Running and Ready status, as a kubelet reports them."""
+        path = pod_path(self.namespace, pod.name)
+        self._store.patch_now(path, {"metadata": {"annotations": {
+            manifests.METRICS_URL_ANNOTATION: pod.url + "/metrics", "kneecap.io/template-hash": pod.template}}})
+        self._store.patch_now(path + "/status", {"status": {
+            "phase": "Running", "podIP": "127.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}})
 
     async def _wait_ready(self, pod: PodProc) -> bool:
         """The readiness probe: GET /health until it answers 200."""
@@ -284,12 +321,9 @@ class Kubelet:
         return False
 
     async def _retire(self, pod: PodProc) -> None:
-        """Out of the Service and the API, drain, stop (a pod's graceful termination)."""
+        """Out of the Service, drain, stop (a deleted pod's graceful termination)."""
         pod.ready = False
         self.on_endpoints(pod.deployment, self.urls(pod.deployment))
-        if pod.in_api:
-            await asyncio.to_thread(self.kube.delete, PODS, self.namespace, pod.name)
-            pod.in_api = False
         if self.drain is not None:
             await self.drain(pod.url)
         await self._stop_proc(pod)

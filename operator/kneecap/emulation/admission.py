@@ -6,7 +6,7 @@
   compares what it sent with what is stored sees what a cluster would show it;
 * the strategic merge patch merges lists by their keys (containers by name, env by name...);
 * `managedFields` record which manager last wrote each field (a coarse FieldsV1: maps are
-  followed, lists are leaves), and server-side apply checks and takes ownership by them.
+  followed, lists are leaves).
 
 Each check returns `validation.Cause`s, which the emulated API turns into a 422 Status; a body
 that cannot be decoded (a malformed quantity) raises DecodeError, a 400.
@@ -55,7 +55,7 @@ def next_generation(old: dict, new: dict) -> int:
     """``metadata.generation`` after a write of `new` over `old`: one more when ``spec`` changed, as
     kube-apiserver counts it for custom resources with a status subresource, Deployments and
     ReplicaSets (writes to metadata or status leave it; a Deployment's annotations, which the
-    real server also counts, do not: a difference tests/kube/test_kubeapi_differential.py lists)."""
+    real server also counts, do not)."""
     generation = int(old.get("metadata", {}).get("generation", 1))
     return generation + 1 if new.get("spec") != old.get("spec") else generation
 
@@ -402,95 +402,3 @@ def record_managed_fields(old: dict | None, new: dict, manager: str, subresource
     if subresource:
         entry["subresource"] = subresource
     new["metadata"]["managedFields"] = kept + [entry]
-
-
-# ---------------------------------------------------------------- server-side apply
-
-def _leaves(fields: dict, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
-    out = set()
-    for k, v in fields.items():
-        out |= _leaves(v, prefix + (k[2:],)) if v else {prefix + (k[2:],)}
-    return out
-
-
-def _from_leaves(leaves: set[tuple[str, ...]]) -> dict:
-    out: dict = {}
-    for path in leaves:
-        node = out
-        for k in path:
-            node = node.setdefault(f"f:{k}", {})
-    return out
-
-
-_MISSING = object()
-
-
-def _at(obj: Any, path: tuple[str, ...]) -> Any:
-    for k in path:
-        if not isinstance(obj, dict) or k not in obj:
-            return _MISSING
-        obj = obj[k]
-    return obj
-
-
-def _drop(obj: dict, path: tuple[str, ...]) -> None:
-    for k in path[:-1]:
-        obj = obj.get(k)
-        if not isinstance(obj, dict):
-            return
-    obj.pop(path[-1], None)
-
-
-class ApplyConflict(Exception):
-    """Fields another manager owns with a different value (a 409 unless the apply is forced)."""
-
-    def __init__(self, conflicts: list[tuple[str, str, str]]):
-        self.conflicts = conflicts  # (manager, apiVersion, ".spec.replicas")
-        super().__init__(conflicts)
-
-
-def server_side_apply(live: dict, applied: dict, manager: str, *, force: bool, strategic: bool) -> tuple[dict, list]:
-    """(the object after `manager` applies `applied`, its managedFields); ApplyConflict when not forced.
-
-    Fields are maps' keys, lists are atomic leaves (a coarse structured-merge-diff): a field set
-    differently by another manager conflicts; the same value is co-owned; fields this manager
-    applied before and applies no more are removed unless someone else owns them."""
-    mine = _leaves(field_set(_content(applied, None)))
-    entries = copy.deepcopy(live.get("metadata", {}).get("managedFields") or [])
-    others = [e for e in entries if not (e.get("manager") == manager and e.get("operation") == "Apply")]
-    before = next((_leaves(e.get("fieldsV1") or {}) for e in entries
-                   if e.get("manager") == manager and e.get("operation") == "Apply"), set())
-    conflicts, taken = [], set()
-    for e in others:
-        for path in sorted(_leaves(e.get("fieldsV1") or {}) & mine):
-            if _at(live, path) != _at(applied, path):
-                conflicts.append((e.get("manager", ""), e.get("apiVersion", ""), "." + ".".join(path)))
-                taken.add(path)
-    if conflicts and not force:
-        raise ApplyConflict(conflicts)
-    body = {k: v for k, v in applied.items() if k not in ("metadata", "status")}
-    body["metadata"] = {k: v for k, v in (applied.get("metadata") or {}).items()
-                        if k in ("labels", "annotations", "ownerReferences", "finalizers")}
-    new = strategic_merge(live, body) if strategic else _deep_merge(live, body)
-    still_owned = set().union(*(_leaves(e.get("fieldsV1") or {}) for e in others)) if others else set()
-    for path in before - mine - still_owned:
-        _drop(new, path)
-    kept = []
-    for e in others:
-        rest = _leaves(e.get("fieldsV1") or {}) - taken
-        if rest:
-            kept.append({**e, "fieldsV1": _from_leaves(rest)})
-    now = datetime.datetime.now(tz=datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    kept.append({"manager": manager, "operation": "Apply", "apiVersion": applied.get("apiVersion", ""),
-                 "time": now, "fieldsType": "FieldsV1", "fieldsV1": _from_leaves(mine)})
-    return new, kept
-
-
-def _deep_merge(target: Any, patch: Any) -> Any:
-    """Maps merge, everything else (lists included) is replaced: apply on a schema without list keys."""
-    if not isinstance(target, dict) or not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    out = copy.deepcopy(target)
-    for k, v in patch.items():
-        out[k] = _deep_merge(out.get(k), v)
-    return out

@@ -1,10 +1,11 @@
-"""What a cluster's Deployment and ReplicaSet controllers write, as the demo's kubelet
-(:mod:`kneecap.demo.kubelet`) and virtual time's (:mod:`kneecap.sim.kubelet_virtual`) both
-write it: ReplicaSets named and labelled by the pod template's hash, controller
+"""What a cluster's Deployment and ReplicaSet controllers write
+(:mod:`kneecap.emulation.controllers`, and the benchmark's canned pods,
+:func:`kneecap.demo.kubelet.add_owned_pod`): ReplicaSets named and labelled by the pod template's hash, controller
 ownerReferences from pod to ReplicaSet to Deployment, the Ready condition."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 
@@ -23,6 +24,22 @@ def controller_ref(owner: dict) -> dict:
     meta = owner["metadata"]
     return {"apiVersion": owner.get("apiVersion", ""), "kind": owner.get("kind", ""), "name": meta["name"],
             "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}
+
+
+def replicaset_for(deploy: dict, replicas: int) -> dict:
+    """The ReplicaSet the Deployment controller makes for a Deployment's current pod template:
+    ``<deployment>-<pod-template-hash>``, the template's labels plus the hash on it, its pods and
+    its selector, controlled by the Deployment."""
+    h = template_hash(deploy["spec"]["template"])
+    template = copy.deepcopy(deploy["spec"]["template"])
+    labels = template.setdefault("metadata", {}).setdefault("labels", {})
+    labels[HASH_LABEL] = h
+    return {"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": f"{deploy['metadata']['name']}-{h}", "labels": dict(labels),
+                         "ownerReferences": [controller_ref(deploy)]},
+            "spec": {"replicas": int(replicas),
+                     "selector": {"matchLabels": {**deploy["spec"]["selector"]["matchLabels"], HASH_LABEL: h}},
+                     "template": template}}
 
 
 def owned_by(obj: dict, uid: str) -> bool:

@@ -5,8 +5,8 @@
 * :mod:`kneecap.sim.metrics` — vLLM 0.32's Prometheus metrics
 * :mod:`kneecap.sim.server` — the OpenAI-compatible HTTP server (``kneecap twin``)
 * :mod:`kneecap.sim.loadgen` — open-loop load (``kneecap load``, ``run_load``)
-* :mod:`kneecap.sim.cluster` — a whole cluster in virtual time: in-memory API
-  (:mod:`~kneecap.sim.kubeapi_memory`), controllers and kubelet (:mod:`~kneecap.sim.kubelet_virtual`),
+* :mod:`kneecap.sim.cluster` — a whole cluster in virtual time: the emulation's store and
+  controllers (:mod:`kneecap.emulation`), a kubelet (:mod:`~kneecap.sim.kubelet_virtual`),
   router, the real operator (the API's rules shared with the demo's: :mod:`kneecap.emulation`);
   :mod:`~kneecap.sim.hpa` an HPA on it
 * :mod:`kneecap.sim.trace` — request traces; :mod:`kneecap.sim.replay` — policies replayed on a trace

@@ -4,7 +4,7 @@ One discrete-event loop advances one simulated clock; nothing reads the wall clo
 thread or sleeps, so the same inputs give byte-identical results on any machine, however
 busy. The parts:
 
-* the in-memory Kubernetes API (:mod:`kneecap.sim.kubeapi_memory`) with Deployment and
+* the in-memory Kubernetes API (:mod:`kneecap.emulation.store`) with Deployment and
   ReplicaSet controllers and a kubelet (:mod:`kneecap.sim.kubelet_virtual`) whose pods run the
   twin engine (:mod:`kneecap.sim.engine`) in process;
 * a router (a Service with a least-outstanding-requests balancer) over the Ready pods; a
@@ -37,14 +37,14 @@ from kneecap.control.gauss_reuse import GaussRuns
 from kneecap.control.kube import resource_path
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.control.spec import GROUP, PLURAL, VERSION
+from kneecap.emulation.controllers import DeploymentController, ReplicaSetController
+from kneecap.emulation.store import Store
 from kneecap.errors import InputError
 from kneecap.model.arch import ModelArch
 from kneecap.model.hardware import GPU
 from kneecap.observe.histogram import HistogramCache
 from kneecap.observe.scrape import ParseCache, ScrapeConnectionError, parse_metrics
-from kneecap.sim.kubeapi_memory import MemoryKube
-from kneecap.sim.kubelet_virtual import (DeploymentController, Kubelet, KubeletConfig, PodRuntime,
-                                         ReplicaSetController, render_metrics)
+from kneecap.sim.kubelet_virtual import Kubelet, KubeletConfig, PodRuntime, render_metrics
 
 EPOCH_S = 1_700_000_000.0  # what the virtual clock's 0 reads as (epoch seconds, 2023-11-14T22:13:20Z)
 PENDING, DONE, LOST, REJECTED = 0, 1, 2, 3
@@ -157,7 +157,7 @@ class VirtualCluster:
                  with_metrics: bool = False, served_name: str = "model", seed: int = 0):
         self.arch, self.gpu, self.namespace = arch, gpu, namespace
         self.t_s = 0.0
-        self.api = MemoryKube(self.now)
+        self.api = Store(self.now)
         self.deployments = DeploymentController(self.api, namespace)
         self.replicasets = ReplicaSetController(self.api, namespace)
         self.kubelet = Kubelet(self.api, namespace, arch, gpu, kubelet, with_metrics=with_metrics,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from kneecap.control.kube import deployments_path
 from kneecap.errors import InputError
-from kneecap.sim.kubeapi_memory import MemoryKube
+from kneecap.emulation.store import Store
 
 METRICS = ("kv", "waiting")
 
@@ -67,7 +67,7 @@ def desired_replicas(spec: HPASpec, current: int, ready_values: list[float], unr
 class HorizontalPodAutoscaler:
     """Scales one Deployment through the API (module docstring)."""
 
-    def __init__(self, spec: HPASpec, api: MemoryKube, namespace: str, deployment: str,
+    def __init__(self, spec: HPASpec, api: Store, namespace: str, deployment: str,
                  steady_at: tuple[float, int] | None = None):
         """``steady_at``: (time, replicas) an HPA that has been running recommended up to then
         (a scale-down waits a whole window after it); None: a new HPA, with no history."""

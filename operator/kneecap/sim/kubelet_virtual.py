@@ -1,15 +1,8 @@
-"""The cluster side of a virtual-time run: Deployment and ReplicaSet controllers and a kubelet.
+"""The kubelet of a virtual-time run, over the emulation's store (:mod:`kneecap.emulation.store`),
+whose pods the Deployment and ReplicaSet controllers (:mod:`kneecap.emulation.controllers`) make.
 
-Each runs as a level-triggered ``sync(now_s)`` over the in-memory API
-(:mod:`kneecap.sim.kubeapi_memory`), the way the real controllers reconcile:
+It runs as a level-triggered ``sync(now_s, t_s)``, the way the real kubelet reconciles:
 
-* Deployment controller: one ReplicaSet per pod template (``<deployment>-<pod-template-hash>``,
-  a controller ownerReference to the Deployment, the ``pod-template-hash`` label), a
-  RollingUpdate bounded by ``maxSurge``/``maxUnavailable`` (Kubernetes' defaults 25%/25%,
-  surge rounded up, unavailable down), and the Deployment's status (observedGeneration,
-  replicas, updatedReplicas, readyReplicas, availableReplicas, unavailableReplicas);
-* ReplicaSet controller: creates or deletes pods (controller ownerReference to the ReplicaSet,
-  the template's labels) to match ``spec.replicas``, deleting not-ready pods first;
 * kubelet: gives each new pod a unique ``status.podIP`` and loads the model: the pod is Running
   but not Ready for ``weights / load bandwidth + start-up`` seconds, then its engine
   (:class:`kneecap.sim.engine.Engine`, configured from the container's vLLM flags) serves and
@@ -20,7 +13,6 @@ Each runs as a level-triggered ``sync(now_s)`` over the in-memory API
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 
@@ -29,113 +21,15 @@ import numpy as np
 from kneecap.control import manifests
 from kneecap.control import vllm_args
 from kneecap.control.kube import deployments_path, pods_path
-from kneecap.control.restart import rolling_update
 from kneecap.control.status import iso
-from kneecap.emulation.workloads import (HASH_LABEL, controller_ref, is_ready, owned_by, pod_path,
-                                         replicasets_path, template_hash)
+from kneecap.emulation.store import Store
+from kneecap.emulation.workloads import HASH_LABEL, pod_path, replicasets_path, template_hash
 from kneecap.errors import InputError
 from kneecap.model.arch import GIB, ModelArch
 from kneecap.model.hardware import GPU
 from kneecap.model.memory import memory_split
 from kneecap.sim.engine import Engine, EngineConfig, engine_config
-from kneecap.sim.kubeapi_memory import MemoryKube
 from kneecap.sim.metrics import TwinMetrics
-
-class DeploymentController:
-    """Deployments → ReplicaSets, with rolling updates (module docstring)."""
-
-    def __init__(self, api: MemoryKube, namespace: str):
-        self.api, self.ns = api, namespace
-
-    def sync(self) -> None:
-        pods = self.api.list_now(pods_path(self.ns), copy_items=False)
-        for d in self.api.list_now(deployments_path(self.ns), copy_items=False):
-            self._sync_one(d, pods)
-
-    def _sync_one(self, d: dict, pods: list[dict]) -> None:
-        api, ns = self.api, self.ns
-        desired = int(d["spec"].get("replicas", 1))
-        h = template_hash(d["spec"]["template"])
-        rss = [r for r in api.list_now(replicasets_path(self.ns), copy_items=False)
-               if owned_by(r, d["metadata"]["uid"])]
-        new = next((r for r in rss if r["metadata"]["labels"].get(HASH_LABEL) == h), None)
-        old = [r for r in rss if r is not new]
-        if new is None:
-            tmpl = json.loads(json.dumps(d["spec"]["template"]))
-            tmpl.setdefault("metadata", {}).setdefault("labels", {})[HASH_LABEL] = h
-            sel = dict(d["spec"]["selector"]["matchLabels"], **{HASH_LABEL: h})
-            start = desired if not old else 0
-            api.create_now(replicasets_path(ns), {
-                "apiVersion": "apps/v1", "kind": "ReplicaSet",
-                "metadata": {"name": f"{d['metadata']['name']}-{h}", "labels": tmpl["metadata"]["labels"],
-                             "ownerReferences": [controller_ref(d)]},
-                "spec": {"replicas": start, "selector": {"matchLabels": sel}, "template": tmpl}})
-            new = api.peek(replicasets_path(ns, f"{d['metadata']['name']}-{h}"))
-
-        def rs_pods(rs):
-            return [p for p in pods if owned_by(p, rs["metadata"]["uid"])]
-
-        def scale(rs, n):
-            if int(rs["spec"]["replicas"]) != n:
-                api.patch_now(replicasets_path(ns, rs["metadata"]["name"]), {"spec": {"replicas": int(n)}})
-
-        if not old:
-            scale(new, desired)
-        else:
-            surge, unavailable = rolling_update(d)
-            old_total = sum(int(r["spec"]["replicas"]) for r in old)
-            # scale the new ReplicaSet up within desired + maxSurge pods in all
-            scale(new, max(int(new["spec"]["replicas"]), min(desired, desired + surge - old_total)))
-            new = api.peek(replicasets_path(ns, new["metadata"]["name"]))
-            # scale old ones down while at least desired − maxUnavailable pods stay available
-            available = sum(is_ready(p) for r in [new, *old] for p in rs_pods(r))
-            room = available - (desired - unavailable)
-            for r in old:
-                n = int(r["spec"]["replicas"])
-                unready = sum(not is_ready(p) for p in rs_pods(r))
-                cut = min(n, unready + max(room, 0))  # unready pods go first, at no cost
-                room -= max(cut - unready, 0)
-                scale(r, n - cut)
-        all_pods = [p for r in [new, *old] for p in rs_pods(r)]
-        new_pods = rs_pods(new)
-        ready = sum(is_ready(p) for p in all_pods)
-        st = {"observedGeneration": d["metadata"].get("generation", 1), "replicas": len(all_pods),
-              "updatedReplicas": len(new_pods), "readyReplicas": ready, "availableReplicas": ready,
-              "unavailableReplicas": max(desired - ready, 0)}
-        if (d.get("status") or {}) != st:
-            api.patch_now(deployments_path(ns, d["metadata"]["name"]) + "/status", {"status": st})
-
-
-class ReplicaSetController:
-    """ReplicaSets → Pods (module docstring). Pod names are deterministic."""
-
-    def __init__(self, api: MemoryKube, namespace: str):
-        self.api, self.ns = api, namespace
-        self._seq = 0
-
-    def sync(self) -> None:
-        pods = self.api.list_now(pods_path(self.ns), copy_items=False)
-        for rs in self.api.list_now(replicasets_path(self.ns), copy_items=False):
-            mine = [p for p in pods if owned_by(p, rs["metadata"]["uid"])]
-            want = int(rs["spec"]["replicas"])
-            for _ in range(want - len(mine)):
-                self._seq += 1
-                tmpl = rs["spec"]["template"]
-                self.api.create_now(pods_path(self.ns), {
-                    "apiVersion": "v1", "kind": "Pod",
-                    "metadata": {"name": f"{rs['metadata']['name']}-{self._seq:05d}",
-                                 "labels": dict(tmpl["metadata"].get("labels") or {}),
-                                 "annotations": dict(tmpl["metadata"].get("annotations") or {}),
-                                 "ownerReferences": [controller_ref(rs)]},
-                    "spec": json.loads(json.dumps(tmpl["spec"])),
-                    "status": {"phase": "Pending"}})
-            if len(mine) > want:
-                # not-ready first, then the newest (the ReplicaSet controller's ranking, simplified)
-                order = sorted(mine, key=lambda p: (is_ready(p), p["metadata"]["name"]))
-                order = [p for p in order if not is_ready(p)] + sorted(
-                    [p for p in order if is_ready(p)], key=lambda p: p["metadata"]["name"], reverse=True)
-                for p in order[:len(mine) - want]:
-                    self.api.delete_now(pod_path(self.ns, p["metadata"]["name"]))
 
 
 class BufferedHistogram:
@@ -224,7 +118,7 @@ class KubeletStats:
 class Kubelet:
     """Runs the pods of one namespace (module docstring). ``served_name``: the model name of the metrics."""
 
-    def __init__(self, api: MemoryKube, namespace: str, arch: ModelArch, gpu: GPU, config: KubeletConfig,
+    def __init__(self, api: Store, namespace: str, arch: ModelArch, gpu: GPU, config: KubeletConfig,
                  *, with_metrics: bool, served_name: str):
         self.api, self.ns, self.arch, self.gpu, self.config = api, namespace, arch, gpu, config
         self.with_metrics, self.served_name = with_metrics, served_name
