@@ -20,7 +20,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _paths import RESULTS  # noqa: E402
 
-from kneecap.model import gauss as g  # noqa: E402
+from kneecap.model import gauss  # noqa: E402
 
 TARGET_RPS = 1e7
 
@@ -56,19 +56,19 @@ def single_server(n: int, repeats: int, dist: str) -> dict:
     rng = np.random.default_rng(0)
 
     def sample():
-        inter = g.unit_interarrivals(n, rng) / 0.8
-        service = g.raw_service_draws(dist, 1.0, 2.0 if dist == "lognormal" else None, n, rng)
+        inter = gauss.unit_interarrivals(n, rng) / 0.8
+        service = gauss.raw_service_draws(dist, 1.0, 2.0 if dist == "lognormal" else None, n, rng)
         return inter, service
 
     s_best, _, (inter, service), s_cpu = best_of(sample, repeats)
-    l_best, _, W, l_cpu = best_of(lambda: g.lindley_waits(service, inter), repeats)
+    l_best, _, W, l_cpu = best_of(lambda: gauss.lindley_waits(service, inter), repeats)
     if not np.all(np.isfinite(W)):
         raise SystemExit("non-finite waits")
     del W
 
     def both():
         i, s = sample()
-        return g.lindley_waits(s, i)
+        return gauss.lindley_waits(s, i)
 
     b_best, b_med, W, b_cpu = best_of(both, repeats)
     mean_wait = float(W.mean())
@@ -84,13 +84,13 @@ def single_server(n: int, repeats: int, dist: str) -> dict:
 
 def end_to_end(n: int) -> list[dict]:
     rows = []
-    dt, _, r, cpu = best_of(lambda: g.simulate_queue(0.8, 1.0, rng=np.random.default_rng(1), samples=n,
-                                                     replications=8, sweep_points=0), 1)
+    dt, _, r, cpu = best_of(lambda: gauss.simulate_queue(0.8, 1.0, rng=np.random.default_rng(1), samples=n,
+                                                         replications=8, sweep_points=0), 1)
     rows.append({"what": f"simulate_queue M/M/1 ρ=0.8, {n:.0e} requests, 8 replications, quantiles+CIs",
                  "seconds": dt, "cpu_seconds": cpu, "rps": n / dt, "mean_wait_s": r.wait.mean})
     m = 10**6
-    dt, _, r, cpu = best_of(lambda: g.simulate_queue(3.2, 1.0, rng=np.random.default_rng(1), servers=4, samples=m,
-                                                     replications=8, sweep_points=0), 1)
+    dt, _, r, cpu = best_of(lambda: gauss.simulate_queue(3.2, 1.0, rng=np.random.default_rng(1), servers=4, samples=m,
+                                                         replications=8, sweep_points=0), 1)
     rows.append({"what": "simulate_queue M/M/4 ρ=0.8 (Kiefer–Wolfowitz), 1e6 requests", "seconds": dt,
                  "cpu_seconds": cpu, "rps": m / dt, "mean_wait_s": r.wait.mean})
     return rows
@@ -98,14 +98,14 @@ def end_to_end(n: int) -> list[dict]:
 
 def sweeps(points: int, repeats: int) -> list[dict]:
     """Full λ sweeps: engine model (SLIM-derived Llama-3.1-8B/H100 coefficients) and a raw M/M/1."""
-    coef = g.coefficients_from_slim(eta_c=0.5, eta_m=0.8, alpha=2e-4, gamma=1e-6, b0=20, t_fixed_s=0.01,
-                                    layers=32, hidden=4096, kv_dim=1024, ff_ratio=5.25, kv_bytes=2,
-                                    peak_flops=989e12, bandwidth_bytes_s=3.35e12)
-    wl = g.Workload(g.LogNormalLength(1000, 1.0), g.LogNormalLength(200, 1.0))
-    g.sweep_rates(wl, coef, rng=np.random.default_rng(0), points=3, samples=20_000)  # warm imports
+    coef = gauss.coefficients_from_slim(eta_c=0.5, eta_m=0.8, alpha=2e-4, gamma=1e-6, b0=20, t_fixed_s=0.01,
+                                        layers=32, hidden=4096, kv_dim=1024, ff_ratio=5.25, kv_bytes=2,
+                                        peak_flops=989e12, bandwidth_bytes_s=3.35e12)
+    wl = gauss.Workload(gauss.LogNormalLength(1000, 1.0), gauss.LogNormalLength(200, 1.0))
+    gauss.sweep_rates(wl, coef, rng=np.random.default_rng(0), points=3, samples=20_000)  # warm imports
     rows = []
     for samples in (200_000, 10**6):
-        best, _, pts, cpu = best_of(lambda: g.sweep_rates(wl, coef, rng=np.random.default_rng(2), points=points,
+        best, _, pts, cpu = best_of(lambda: gauss.sweep_rates(wl, coef, rng=np.random.default_rng(2), points=points,
                                                      samples=samples), repeats)
         rows.append({"what": f"engine λ sweep, {points} rates × {samples:.0e} requests (sweep_rates)",
                      "seconds": best, "cpu_seconds": cpu, "requests_per_s": points * samples / best,
@@ -114,7 +114,7 @@ def sweeps(points: int, repeats: int) -> list[dict]:
 
     def full():
         kw["rng"] = np.random.default_rng(2)
-        return g.simulate(wl, coef, 3.0, **kw)
+        return gauss.simulate(wl, coef, 3.0, **kw)
 
     best, _, r, cpu = best_of(full, max(1, repeats // 2))
     rows.append({"what": f"engine simulate: 1e6 requests + λ* bisection + {points}-rate sweep (2e5 search samples)",

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _paths import RESULTS, ROOT  # noqa: E402
 
 from kneecap.demo.clock import free_port  # noqa: E402
-from kneecap.control import manifests as M  # noqa: E402
+from kneecap.control import manifests  # noqa: E402
 from kneecap.control.spec import parse_spec  # noqa: E402
 from kneecap.demo.kubeapi import LLMD, KubeAPIThread  # noqa: E402
 from kneecap.demo.kubelet import DEPLOY, add_owned_pod  # noqa: E402
@@ -202,8 +202,9 @@ def measure(args, ports: list[int], env: dict, tmp: Path, run: int) -> dict:
                 owner = kube.create(LLMD, llmd(i, args.interval))
                 # the pool as a previous operator run left it: its Deployment, a ReplicaSet, the pods
                 spec = parse_spec(owner["spec"])
-                (pool,) = M.pools(owner["metadata"]["name"], spec)
-                deploy = kube.create(DEPLOY, M.deployment(owner, spec, pool, M.initial_settings(spec, pool.role)))
+                (pool,) = manifests.pools(owner["metadata"]["name"], spec)
+                settings = manifests.initial_settings(spec, pool.role)
+                deploy = kube.create(DEPLOY, manifests.deployment(owner, spec, pool, settings))
                 for j in range(args.pods):
                     port = ports[(i * args.pods + j) % len(ports)]
                     pod = f"m{i:03d}-{j}"

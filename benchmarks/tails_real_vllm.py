@@ -84,8 +84,9 @@ def build_model(out_dir: Path) -> Path:
 
     from tests.support.vllm_server import check_vllm_python
 
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import tiny_llama as t; "
-            + "; ".join(f"t.{k} = {v}" for k, v in MODEL_SHAPE.items()) + "; print(t.build(sys.argv[2]))")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import tiny_llama; "
+            + "; ".join(f"tiny_llama.{k} = {v}" for k, v in MODEL_SHAPE.items())
+            + "; print(tiny_llama.build(sys.argv[2]))")
     subprocess.run([str(check_vllm_python()), "-c", code, str(ROOT / "tests" / "support"), str(out_dir)],
                    check=True, capture_output=True, timeout=300)
     return out_dir

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kneecap.control import spec as S
+from kneecap.control.spec import ConfigMapRef
 from tests.support.spec_cases import edit
 
 LLAMA_32_3B_CONFIG = {  # meta-llama/Llama-3.2-3B config.json (fields that matter)
@@ -53,7 +53,7 @@ def test_config_map_reference_read_through_the_operator_parsing_path():
                                      "data": {"config.json": json.dumps(LLAMA_32_3B_CONFIG), "bad.json": "{nope"}})
         spec, _ = asyncio.run(parse(api.url, body({"name": "house-config"})))
         a, ref = spec.model.architecture, get_arch("llama-3.2-3b")
-        assert a.key == "house-3b" and spec.model.config_map_ref == S.ConfigMapRef("house-config", "config.json")
+        assert a.key == "house-3b" and spec.model.config_map_ref == ConfigMapRef("house-config", "config.json")
         assert (a.layers, a.hidden, a.q_heads, a.kv_heads, a.head_dim, a.ffn, a.vocab, a.tied, a.dtype_bytes) == \
             (ref.layers, ref.hidden, ref.q_heads, ref.kv_heads, ref.head_dim, ref.ffn, ref.vocab, ref.tied, ref.dtype_bytes)
         assert a.kv_bytes_per_token == ref.kv_bytes_per_token == 114_688

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from kneecap.control import vllm_args as V
+from kneecap.control import vllm_args
 from kneecap.control.manifests import vllm_container
 from kneecap.demo.harness import DemoConfig, run_demo
 from kneecap.demo.kubelet import twin_argv
@@ -26,7 +26,8 @@ pytestmark = pytest.mark.slow
 
 def flags(deploy: dict) -> tuple[int, float]:
     c = vllm_container(deploy)
-    return int(V.container_flag(c, "--max-num-seqs")), float(V.container_flag(c, "--gpu-memory-utilization"))
+    return (int(vllm_args.container_flag(c, "--max-num-seqs")),
+            float(vllm_args.container_flag(c, "--gpu-memory-utilization")))
 
 
 def test_short_demo_summary_matches_the_api_objects(tmp_path):
@@ -124,7 +125,7 @@ def test_adopt_demo_tunes_the_users_deployment_and_changes_nothing_else(tmp_path
     assert set(s["adopted_template_changed_paths"]) <= {f".spec.containers[0].args[{i}]" for i in values}
 
     # the cap moved, in the user's Deployment, through the guarded loop
-    cap0, cap1 = (int(V.container_flag(c, "--max-num-seqs")) for c in (c0, c1))
+    cap0, cap1 = (int(vllm_args.container_flag(c, "--max-num-seqs")) for c in (c0, c1))
     assert cap0 == 256 and cap1 < 256 and cap1 == s["converged_max_num_seqs"]
     assert res.llmd["status"]["applied"]["maxNumSeqs"] == cap1
     assert any(r.decision == "Applied" for r in res.rows)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 
-from kneecap.control import reconcile as R
+from kneecap.control import reconcile
 from kneecap.control.kube import KubeClient
 from kneecap.control.spec import parse_spec
 from kneecap.demo.kubeapi import LLMD, KubeAPIThread
@@ -28,7 +28,7 @@ async def test_prefill_kv_decode_through_the_kubelets_twins():
         owner = kube.create(LLMD, doc)
         client = KubeClient(kube.url)
         try:
-            res = await R.reconcile(client, owner, parse_spec(owner["spec"]))
+            res = await reconcile.reconcile(client, owner, parse_spec(owner["spec"]))
         finally:
             await client.close()
         assert sorted(p.pool.name for p in res.pools) == ["pd-decode", "pd-prefill"]

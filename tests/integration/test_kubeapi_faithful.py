@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 
-from kneecap.control import spec as S
+from kneecap.control import spec as spec_module
 from kneecap.demo.kubeapi import LLMD, KubeAPIThread
 from tests.support.specs import MINIMAL_SPEC as SPEC
 
@@ -46,9 +46,9 @@ def test_unknown_fields_are_warned_about_by_default(kube):
 def test_validation_ratchets_fields_an_update_leaves_alone(kube, monkeypatch):
     """An object made invalid by a stricter CRD still takes writes that do not touch the bad field."""
     post(kube, LLMD, llmd("ratchet", {**SPEC, "engine": {**SPEC["engine"], "extraArgs": ["--legacy-flag"]}}))
-    stricter = copy.deepcopy(S.resource_schema())
+    stricter = copy.deepcopy(spec_module.resource_schema())
     stricter["properties"]["spec"]["properties"]["engine"]["properties"]["extraArgs"]["maxItems"] = 0
-    monkeypatch.setattr(S, "resource_schema", lambda: stricter)
+    monkeypatch.setattr(spec_module, "resource_schema", lambda: stricter)
     ok = kube.patch(LLMD, NS, "ratchet", {"metadata": {"finalizers": ["kneecap.io/cleanup"]}})
     assert ok["metadata"]["finalizers"] == ["kneecap.io/cleanup"]
     code, body = kube.request("PATCH", kube.path(LLMD, NS, "ratchet"),

@@ -96,8 +96,8 @@ def test_package_builds_from_the_build_context_alone(tmp_path):
     assert "KNEECAP_CRD" not in DOCKERFILE.read_text()
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site),
            "PYTHONDONTWRITEBYTECODE": "1", "HOME": str(tmp_path)}
-    probe = ("import kneecap, kneecap.control.spec as s; print(kneecap.__file__); "
-             "print(s.CRD_PATH); print(s.parse_spec({'model': {'name': 'meta-llama/Llama-3.1-8B-Instruct'}, "
+    probe = ("import kneecap; from kneecap.control import spec; print(kneecap.__file__); "
+             "print(spec.CRD_PATH); print(spec.parse_spec({'model': {'name': 'meta-llama/Llama-3.1-8B-Instruct'}, "
              "'accelerator': {'type': 'h100-80gb'}, 'engine': {'image': 'x'}}).engine.max_num_seqs)")
     p = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr

@@ -18,8 +18,8 @@ SOURCE_CRD = ROOT / "crds" / "llmdeployment.yaml"
 PACKAGE = ROOT / "operator" / "kneecap"
 SPEC = {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "accelerator": {"type": "h100-80gb"},
         "engine": {"image": "x"}}
-PROBE = ("import sys, kneecap, kneecap.control.spec as s; print(kneecap.__file__); print(s.CRD_PATH); "
-         f"print(s.parse_spec({SPEC!r}).engine.max_num_seqs)")
+PROBE = ("import sys, kneecap; from kneecap.control import spec; print(kneecap.__file__); print(spec.CRD_PATH); "
+         f"print(spec.parse_spec({SPEC!r}).engine.max_num_seqs)")
 
 
 def _runtime_files() -> set[str]:

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import pytest
 
-from kneecap.control import plan as P, reconcile as R, status as St, target as T, vllm_args as V
+from kneecap.control import plan, reconcile, status as status_helpers, target, vllm_args
 from kneecap.control.kube import KubeClient
 from kneecap.control.spec import parse_spec
 from tests.kube.conftest import OPERATOR_USER, RELEASE_NS, SERVICE_ACCOUNT
@@ -73,10 +73,10 @@ def user_deployment(name: str, owner_refs: list | None = None, cap: int = 256, r
                                                   "--enable-prefix-caching", f"--port={VLLM_PORT}"]}]}}}}
 
 
-def adopting(name: str, target: str, **control) -> dict:
+def adopting(name: str, target_name: str, **control) -> dict:
     return {"apiVersion": "kneecap.io/v1alpha1", "kind": "LLMDeployment", "metadata": {"name": name, "namespace": NS},
             "spec": {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "accelerator": {"type": "h100-80gb"},
-                     "targetRef": {"name": target},
+                     "targetRef": {"name": target_name},
                      "control": {"mode": "enforce", "interval": "1s", "window": "1s", **control}}}
 
 
@@ -191,10 +191,10 @@ def seeded_status(curve, now_s: float) -> dict:
     hold them: the next tick decides on them (the target is scaled to 0: no pod, no window of
     its own; a pod that served nothing would hold the decision, ScrapeFailed)."""
     obs = [replace(observation(curve[c]), t_end_s=now_s - 5.0 * (2 - i)) for i, c in enumerate((8, 16, 32))]
-    return {"observations": [{"pool": "server", **St.ring_entry(o)} for o in obs],
-            "workload": {"pool": "server", **St.rounded(P.obs_pool.to_status(obs[-1]))},
-            "lastWindow": {"pool": "server", "outcome": P.OBSERVED, "time": St.iso(now_s),
-                           "usableTime": St.iso(now_s)}}
+    return {"observations": [{"pool": "server", **status_helpers.ring_entry(o)} for o in obs],
+            "workload": {"pool": "server", **status_helpers.rounded(plan.obs_pool.to_status(obs[-1]))},
+            "lastWindow": {"pool": "server", "outcome": plan.OBSERVED, "time": status_helpers.iso(now_s),
+                           "usableTime": status_helpers.iso(now_s)}}
 
 
 def decide_on_seeded_windows(plane: ControlPlane, curve, name: str, owner_refs) -> tuple[dict, dict, int]:
@@ -242,11 +242,11 @@ def test_a_decision_for_a_free_target_patches_only_its_flag(control_plane, opera
     assert st["lastDecision"]["reason"] == "Applied" and condition(st, "Advisory")["status"] == "False"
     assert operator_writes(control_plane, mark, "deployments") == [("patch", "llama-7b-free")]  # one PATCH
     assert after["metadata"]["generation"] == before["metadata"]["generation"] + 1
-    c = T.find_container(after, "vllm")
-    assert V.container_flag(c, "--max-num-seqs") == "64"
+    c = target.find_container(after, "vllm")
+    assert vllm_args.container_flag(c, "--max-num-seqs") == "64"
     assert c["args"][:3] == ["meta-llama/Llama-3.1-8B-Instruct", "--max-num-seqs", "64"]  # spelling and place kept
-    assert T.changed_paths(T.without_tuned_flags(before["spec"]["template"], "vllm"),
-                           T.without_tuned_flags(after["spec"]["template"], "vllm")) == []
+    assert target.changed_paths(target.without_tuned_flags(before["spec"]["template"], "vllm"),
+                                target.without_tuned_flags(after["spec"]["template"], "vllm")) == []
     for key in ("replicas", "selector"):
         assert after["spec"][key] == before["spec"][key]
     assert after["metadata"]["labels"] == before["metadata"]["labels"] and "ownerReferences" not in after["metadata"]
@@ -268,11 +268,11 @@ async def test_a_flag_value_only_the_kubelet_expands_is_advised_and_a_missing_co
     mark = control_plane.audit_mark()
     try:
         owner = {**adopting("llama", "llama-env"), "metadata": {"name": "llama", "namespace": NS, "uid": "u"}}
-        (pool,) = (await R.reconcile(client, owner, parse_spec(owner["spec"]))).pools
+        (pool,) = (await reconcile.reconcile(client, owner, parse_spec(owner["spec"]))).pools
         assert pool.adoption.advise_only and "$(SEQS)" in pool.adoption.unpatchable
         assert pool.settings.max_num_seqs == 1024  # vLLM's default on an 80 GB H100 stands in
         wrong = {**owner["spec"], "targetRef": {"name": "llama-env", "container": "engine"}}
-        res = await R.reconcile(client, owner, parse_spec(wrong))
+        res = await reconcile.reconcile(client, owner, parse_spec(wrong))
         assert res.pools == [] and res.missing == [
             f"Deployment {NS}/llama-env has no container 'engine' (spec.targetRef.container)"]
     finally:

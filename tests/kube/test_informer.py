@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from kneecap.control import manifests as M
+from kneecap.control import manifests
 from kneecap.control.informer import CachedReads, Informer, pod_essentials, pool_key
 from kneecap.control.kube import KubeClient, pods_path, resource_path
 from tests.kube.conftest import OPERATOR_USER
@@ -76,7 +76,7 @@ async def client_as(plane: ControlPlane, ns: str, sa: str):
 
 
 def bare_pod(name: str, instance: str, role: str | None) -> dict:
-    labels = {M.INSTANCE_LABEL: instance, **({M.ROLE_LABEL: role} if role else {})}
+    labels = {manifests.INSTANCE_LABEL: instance, **({manifests.ROLE_LABEL: role} if role else {})}
     return {"metadata": {"name": name, "labels": labels},
             "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0"}],
                      "terminationGracePeriodSeconds": 0}}
@@ -100,7 +100,7 @@ async def test_informer_follows_creates_changes_relabels_and_deletes(control_pla
     admin.create("v1/pods", bare_pod("a-0", "a", "server"), ns)
     admin.create("v1/pods", bare_pod("other", "a", None), ns)  # no role label: not a pool pod
     async with client_as(plane, ns, "reader") as kube:
-        inf = Informer(kube, pods_path(ns), M.ROLE_LABEL, index=pool_key, transform=pod_essentials)
+        inf = Informer(kube, pods_path(ns), manifests.ROLE_LABEL, index=pool_key, transform=pod_essentials)
         inf.start()
         try:
             assert await inf.wait_synced(30)
@@ -124,7 +124,7 @@ async def test_informer_follows_creates_changes_relabels_and_deletes(control_pla
                              what="an annotation change")
 
             # out of the selector: the server's watch says DELETED
-            admin.patch("v1/pods", ns, "b-0", {"metadata": {"labels": {M.ROLE_LABEL: None}}})
+            admin.patch("v1/pods", ns, "b-0", {"metadata": {"labels": {manifests.ROLE_LABEL: None}}})
             await eventually(lambda: inf.get("b-0") is None, what="a pod relabelled out of the selector")
             assert inf.indexed(("b", "decode")) == [] and admin.get("v1/pods", ns, "b-0") is not None
 
@@ -148,7 +148,7 @@ async def test_a_watch_the_server_ends_is_watched_again_without_a_relist(control
     mark = plane.audit_mark()
     admin.create("v1/pods", bare_pod("a-0", "a", "server"), ns)
     async with client_as(plane, ns, "reader") as kube:
-        inf = Informer(kube, pods_path(ns), M.ROLE_LABEL, index=pool_key, watch_timeout_s=1)
+        inf = Informer(kube, pods_path(ns), manifests.ROLE_LABEL, index=pool_key, watch_timeout_s=1)
         inf.start()
         try:
             assert await inf.wait_synced(30)
@@ -172,14 +172,14 @@ async def test_an_expired_watch_lists_again_and_loses_nothing(control_plane, cap
     plane, admin = control_plane, control_plane.admin
     ns = namespace(plane, "informer-expired")
     user = grant(plane, ns, "reader", [{"apiGroups": [""], "resources": ["podtemplates"], "verbs": READ_ALL}])
-    labels = {M.INSTANCE_LABEL: "a", M.ROLE_LABEL: "server"}
+    labels = {manifests.INSTANCE_LABEL: "a", manifests.ROLE_LABEL: "server"}
     template = lambda name: {"metadata": {"name": name, "labels": labels},  # noqa: E731
                              "template": {"spec": {"containers": [{"name": "vllm", "image": "x"}]}}}
     admin.create("v1/podtemplates", template("t-0"), ns)
     path = resource_path("v1", "podtemplates", ns)
     caplog.set_level(logging.INFO, logger="kneecap.informer")
     async with client_as(plane, ns, "reader") as kube:
-        inf = Informer(kube, path, M.ROLE_LABEL, index=pool_key, watch_timeout_s=1)
+        inf = Informer(kube, path, manifests.ROLE_LABEL, index=pool_key, watch_timeout_s=1)
         inf.start()
         try:
             assert await inf.wait_synced(30)
@@ -194,7 +194,7 @@ async def test_an_expired_watch_lists_again_and_loses_nothing(control_plane, cap
             await eventually(lambda: inf.lists == 2 and inf.synced, what="a relist after the 410")
             admin.create("v1/podtemplates", template("t-2"), ns)
             await eventually(lambda: inf.get("t-2"), what="t-2 from the watch after the relist")
-            stored = admin.list("v1/podtemplates", ns, selector=M.ROLE_LABEL)
+            stored = admin.list("v1/podtemplates", ns, selector=manifests.ROLE_LABEL)
             assert names(inf.items()) == names(stored) == ["t-0", "t-1", "t-2"]
             assert {o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in inf.items()} == {
                 o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in stored}
@@ -210,9 +210,9 @@ async def test_an_expired_watch_lists_again_and_loses_nothing(control_plane, cap
 
 
 def pool_deployment(ns: str, instance: str, role: str, replicas: int) -> dict:
-    labels = M.labels(instance, role)
-    return {"metadata": {"name": M.pool_name(instance, role), "namespace": ns, "labels": labels},
-            "spec": {"replicas": replicas, "selector": {"matchLabels": M.selector(instance, role)},
+    labels = manifests.labels(instance, role)
+    return {"metadata": {"name": manifests.pool_name(instance, role), "namespace": ns, "labels": labels},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": manifests.selector(instance, role)},
                      "template": {"metadata": {"labels": labels},
                                   "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0"}],
                                            "terminationGracePeriodSeconds": 0}}}}
@@ -228,7 +228,8 @@ async def test_reads_fall_back_to_the_api_when_the_watch_is_forbidden(control_pl
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
         {"apiGroups": ["apps"], "resources": ["deployments", "replicasets"], "verbs": READ_ALL}])
     admin.create(DEPLOY, pool_deployment(ns, "a", "server", 1))
-    pool_pods = lambda: [p for p in admin.list("v1/pods", ns, selector=M.pool_selector("a", "server"))  # noqa: E731
+    pool_pods = lambda: [p for p in admin.list("v1/pods", ns,  # noqa: E731
+                                               selector=manifests.pool_selector("a", "server"))
                          if not p["metadata"].get("deletionTimestamp")]
     first = plane.wait_for(lambda: pool_pods(), 60, "the Deployment's pod (controller-manager)")
     mark = plane.audit_mark()

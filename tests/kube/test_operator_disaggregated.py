@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from kneecap.control import vllm_args as V
+from kneecap.control import vllm_args
 from kneecap.control.handlers import OperatorConfig
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.control.policy import step_limit
@@ -69,9 +69,9 @@ def test_disaggregated_enforce_sets_decode_cap_and_sara_prefill_pool(control_pla
     assert alloc["prefillReplicas"] >= 1 and alloc["decodeReplicas"] >= 1 and alloc["kvBandwidthBytesPerSecond"] > 0
     assert set(alloc["binding"]) >= {"prefill", "kv", "decode"}
     # BCA's cap on the decode pool, ×2 from 8 by the step limit; the prefill pool keeps its cap
-    assert V.container_flag(dec["spec"]["template"]["spec"]["containers"][0], "--max-num-seqs") == "16"
+    assert vllm_args.container_flag(dec["spec"]["template"]["spec"]["containers"][0], "--max-num-seqs") == "16"
     pre = pre_deploy["spec"]["template"]["spec"]["containers"][0]
-    assert V.container_flag(pre, "--max-num-seqs") == "8"
+    assert vllm_args.container_flag(pre, "--max-num-seqs") == "8"
     # every prefill scale is SARA's size within the ×2 step limit, from the over-provisioned 3
     steps = [tuple(int(x) for x in re.search(r"replicas (\d+)->(\d+) \(SARA wants (\d+)\)", e["message"]).groups())
              for e in sorted(events(admin, NS, "Applied", "dis"), key=lambda e: e["metadata"]["creationTimestamp"])

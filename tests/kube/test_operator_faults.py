@@ -26,7 +26,7 @@ import ssl
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from kneecap.control import applied as A, loop as L, vllm_args as V
+from kneecap.control import applied, loop, vllm_args
 from kneecap.control.handlers import OperatorConfig
 from kneecap.control.kube import KubeClient, resource_path
 from kneecap.control.loop import WINDOW_FAMILIES
@@ -156,7 +156,7 @@ def test_a_status_write_lost_after_a_patch_keeps_the_cooldown(control_plane, tok
     # the first status write after the Deployment patch that applies a decision fails
     fault_proxy.arm("PATCH", r"/deployments/cool$", [Rule(Match("PATCH", r"/llmdeployments/cool/status$"), 500,
                                                           "etcdserver: request timed out", 1)],
-                    body=A.APPLIED_ANNOTATION)
+                    body=applied.APPLIED_ANNOTATION)
     pods = SimPods(admin, sim, NS, "cool", PHASES)
     try:
         with proxied_operator(control_plane, fault_proxy, token, sim, metrics) as runner:
@@ -177,11 +177,11 @@ def test_a_status_write_lost_after_a_patch_keeps_the_cooldown(control_plane, tok
     assert [(s.method, s.code) for s in fault_proxy.faulted()] == [("PATCH", 500)]
     assert templates(admin, NS, "cool") == 2, "one restart inside the cooldown"
     deployment = admin.get(DEPLOY, NS, "cool")
-    record = A.from_deployment(deployment)
+    record = applied.from_deployment(deployment)
     # the record of the last applied decision: the cap's restart, or a later replica scale (no restart)
     # that carries the same cap; one restart either way (the templates above, the restart counter below)
     assert record["maxNumSeqs"] == 16
-    assert V.container_flag(deployment["spec"]["template"]["spec"]["containers"][0], "--max-num-seqs") == "16"
+    assert vllm_args.container_flag(deployment["spec"]["template"]["spec"]["containers"][0], "--max-num-seqs") == "16"
     assert st["applied"]["time"] == record["time"]  # read back from the Deployment's record
     assert st["lastDecision"]["reason"] != "Applied"  # (Cooldown, or a gain too small by then)
     got = series(metrics)
@@ -194,7 +194,7 @@ def test_a_status_write_lost_after_a_patch_keeps_the_cooldown(control_plane, tok
 def test_a_refused_deployment_patch_is_visible_and_the_loop_keeps_observing(control_plane, token, sim, fault_proxy):
     admin, metrics = control_plane.admin, OperatorMetrics()
     msg = 'admission webhook "policy.example.com" denied the request: containers must not change'
-    fault_proxy.fault("PATCH", r"/deployments/deny$", 422, msg, body=A.APPLIED_ANNOTATION, times=None)
+    fault_proxy.fault("PATCH", r"/deployments/deny$", 422, msg, body=applied.APPLIED_ANNOTATION, times=None)
     pods = SimPods(admin, sim, NS, "deny", PHASES)
     try:
         with proxied_operator(control_plane, fault_proxy, token, sim, metrics) as runner:
@@ -267,12 +267,12 @@ def test_a_status_write_that_fails_is_merged_into_the_next_and_reported(control_
     async def two_ticks():
         client = KubeClient(fault_proxy.url, token=token,
                             ssl_context=ssl.create_default_context(cafile=str(control_plane.pki.ca)))
-        ctx = L.LoopContext(kube=client, metrics=OperatorMetrics(), event=lambda *e: posted.append(e))
-        mem = L.LoopMemory()
+        ctx = loop.LoopContext(kube=client, metrics=OperatorMetrics(), event=lambda *e: posted.append(e))
+        mem = loop.LoopMemory()
         try:
-            first = await L.write_status(ctx, path, {"observations": [{"pool": "server"}], "phase": "Running"}, mem)
+            first = await loop.write_status(ctx, path, {"observations": [{"pool": "server"}], "phase": "Running"}, mem)
             kept = dict(mem.unwritten_status or {})
-            second = await L.write_status(ctx, path, {"phase": "Degraded"}, mem)
+            second = await loop.write_status(ctx, path, {"phase": "Degraded"}, mem)
             return first, kept, second, mem, ctx.metrics
         finally:
             await client.close()

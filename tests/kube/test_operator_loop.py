@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kneecap.control import status as St, vllm_args as V
+from kneecap.control import status as status_helpers, vllm_args
 from kneecap.control.handlers import OperatorConfig
 from kneecap.control.metrics import OperatorMetrics
 from tests.kube.conftest import OPERATOR_USER
@@ -75,7 +75,7 @@ def test_advise_records_but_never_patches(control_plane, token, sim):
     writes = writes_to(control_plane, OPERATOR_USER, "deployments", "adv", ("create", "patch", "update"), mark)
     assert [e["verb"] for e in writes] == ["create"]
     assert admin.get(DEPLOY, NS, "adv")["metadata"]["generation"] == 1
-    assert V.container_flag(container(admin, NS, "adv"), "--max-num-seqs") == "8"
+    assert vllm_args.container_flag(container(admin, NS, "adv"), "--max-num-seqs") == "8"
     # status explains the decision from the numbers
     rec, cal = st["recommendation"], st["calibration"]
     assert rec["maxNumSeqs"] > 8 and rec["throughputGain"] > 0.05  # a cap of 8 is far below OPT-1.3B's knee
@@ -105,7 +105,7 @@ def test_advise_records_but_never_patches(control_plane, token, sim):
     # cap 8 (Little's-law batch may read a little above it): T(B)/(B·T(1)) falls with B
     assert b <= 16 and curve[4] / (16 * curve[0]) - 1e-9 <= eff <= 1.0 + 1e-9
     assert got[("kneecap_efficiency_floor_ratio", None)] == 0.1 < eff  # a cap of 8 is before the knee
-    assert got[("kneecap_calibration_timestamp_seconds", None)] == St.parse_iso(cal["acceptedTime"])
+    assert got[("kneecap_calibration_timestamp_seconds", None)] == status_helpers.parse_iso(cal["acceptedTime"])
     assert got[("kneecap_slo_quantile_ratio", None)] == 0.95
 
 
@@ -130,9 +130,9 @@ def test_enforce_patches_within_step_limit_and_respects_cooldown(control_plane, 
     assert runner.exit_code == 0, runner.output
     assert templates(admin, NS, "enf") == 2, "one restart, then the cooldown holds"
     c = container(admin, NS, "enf")
-    assert V.container_flag(c, "--max-num-seqs") == "16"  # BCA wants far more; ×2 per step
+    assert vllm_args.container_flag(c, "--max-num-seqs") == "16"  # BCA wants far more; ×2 per step
     assert st["recommendation"]["maxNumSeqs"] > 16
-    assert float(V.container_flag(c, "--gpu-memory-utilization")) == pytest.approx(
+    assert float(vllm_args.container_flag(c, "--gpu-memory-utilization")) == pytest.approx(
         st["applied"]["gpuMemoryUtilization"])
     assert st["applied"]["maxNumSeqs"] == 16 and st["applied"]["restart"] is True
     assert "step limited to ×2" in events(admin, NS, "Applied", "enf")[0]["message"]

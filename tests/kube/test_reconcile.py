@@ -10,7 +10,7 @@ import ssl
 
 import pytest
 
-from kneecap.control import reconcile as R
+from kneecap.control import reconcile
 from kneecap.control.kube import KubeClient
 from kneecap.control.spec import parse_spec
 from tests.kube.conftest import OPERATOR_USER, RELEASE_NS, SERVICE_ACCOUNT
@@ -44,14 +44,14 @@ def _deployment_writes(plane: ControlPlane, since: int) -> list[tuple[str, str]]
 
 async def test_a_spec_change_patches_once_and_keeps_the_applied_record(control_plane, client):
     owner = _created(control_plane, "colocated.yaml", "spec-change")
-    (pool,) = (await R.reconcile(client, owner, parse_spec(owner["spec"]))).pools
+    (pool,) = (await reconcile.reconcile(client, owner, parse_spec(owner["spec"]))).pools
     name = pool.pool.name
     record = '{"maxNumSeqs":256,"gpuMemoryUtilization":0.9}'
     control_plane.admin.patch(DEPLOY, NS, name, {"metadata": {"annotations": {"kneecap.io/applied": record}}})
     mark = control_plane.audit_mark()
     changed = parse_spec({**owner["spec"], "engine": {**owner["spec"]["engine"], "extraArgs": ["--max-model-len=4096"]}})
-    res = await R.reconcile(client, owner, changed)
-    again = await R.reconcile(client, owner, changed)
+    res = await reconcile.reconcile(client, owner, changed)
+    again = await reconcile.reconcile(client, owner, changed)
     assert [p.patched for p in res.pools] == [True] and not again.changed
     assert _deployment_writes(control_plane, mark) == [("patch", name)]
     live = control_plane.admin.get(DEPLOY, NS, name)
@@ -61,7 +61,7 @@ async def test_a_spec_change_patches_once_and_keeps_the_applied_record(control_p
 
 async def test_dropping_pod_shaping_fields_removes_them_from_the_live_template(control_plane, client):
     owner = _created(control_plane, "shaped-pods.yaml", "unshaped")
-    (pool,) = (await R.reconcile(client, owner, parse_spec(owner["spec"]))).pools
+    (pool,) = (await reconcile.reconcile(client, owner, parse_spec(owner["spec"]))).pools
     name = pool.pool.name
     stored = control_plane.admin.get(DEPLOY, NS, name)["spec"]["template"]["spec"]
     assert stored["serviceAccount"] == stored["serviceAccountName"] == "vllm"  # the API's mirror
@@ -69,8 +69,8 @@ async def test_dropping_pod_shaping_fields_removes_them_from_the_live_template(c
     engine["podTemplate"] = {"spec": {"runtimeClassName": "nvidia"}}
     plain = parse_spec({**owner["spec"], "engine": engine})
     mark = control_plane.audit_mark()
-    res = await R.reconcile(client, owner, plain)
-    again = await R.reconcile(client, owner, plain)
+    res = await reconcile.reconcile(client, owner, plain)
+    again = await reconcile.reconcile(client, owner, plain)
     assert [p.patched for p in res.pools] == [True] and not again.changed
     assert _deployment_writes(control_plane, mark) == [("patch", name)]
     pod = control_plane.admin.get(DEPLOY, NS, name)["spec"]["template"]["spec"]
@@ -87,28 +87,28 @@ async def test_a_light_pass_checks_deployments_only_and_a_full_pass_repairs_the_
     admin = control_plane.admin
     owner = _created(control_plane, "colocated.yaml", "passes")
     spec = parse_spec(owner["spec"])
-    first = await R.reconcile(client, owner, spec)
+    first = await reconcile.reconcile(client, owner, spec)
     assert [p.created for p in first.pools] == [True] and admin.get(SERVICE, NS, "passes")
     assert admin.delete(SERVICE, NS, "passes") == 200
     mark = control_plane.audit_mark()
-    light = await R.reconcile(client, owner, spec, full=False)
+    light = await reconcile.reconcile(client, owner, spec, full=False)
     assert not light.changed and admin.get(SERVICE, NS, "passes") is None
     # (and the HPAs: who owns the replicas) but no Service, neither read nor written
     assert {e["objectRef"]["resource"] for e in control_plane.audit(OPERATOR_USER, since_line=mark)
             if e["objectRef"].get("namespace") == NS} == {
         "deployments", "horizontalpodautoscalers"}
-    full = await R.reconcile(client, owner, spec)
+    full = await reconcile.reconcile(client, owner, spec)
     assert not full.changed and admin.get(SERVICE, NS, "passes") is not None  # the Service recreated
     # a pool the spec no longer has is pruned by a full pass only
     disagg = parse_spec({**owner["spec"], "topology": {"mode": "disaggregated", "kvTransfer": {}}})
-    await R.reconcile(client, owner, disagg)
+    await reconcile.reconcile(client, owner, disagg)
     assert admin.get(DEPLOY, NS, "passes-decode") and admin.get(DEPLOY, NS, "passes") is None
     mark = control_plane.audit_mark()
-    await R.reconcile(client, owner, spec, full=False)
+    await reconcile.reconcile(client, owner, spec, full=False)
     assert admin.get(DEPLOY, NS, "passes-decode") is not None  # a light pass deletes nothing
     assert [e for e in audit_writes(control_plane.audit(OPERATOR_USER, since_line=mark))
             if e["verb"] == "delete" and e["objectRef"].get("namespace") == NS] == []
-    gone = await R.reconcile(client, owner, spec)
+    gone = await reconcile.reconcile(client, owner, spec)
     assert sorted(gone.deleted) == ["Deployment/passes-decode", "Deployment/passes-prefill",
                                     "Service/passes-decode", "Service/passes-prefill"]
     assert [admin.get(r, NS, n) for r in (DEPLOY, SERVICE) for n in ("passes-decode", "passes-prefill")] == [None] * 4

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from kneecap.control import vllm_args as V
+from kneecap.control import vllm_args
 from kneecap.control.kube import FIELD_MANAGER
 from tests.kube.conftest import OPERATOR_USER
 from tests.support.control_plane import ControlPlane, audit_writes
@@ -83,7 +83,7 @@ def test_disaggregated_pools_carry_their_kv_transfer_roles(control_plane, operat
     assert admin.get(DEPLOY, NS, "big") is None
     assert pre["spec"]["replicas"] == 2 and dec["spec"]["replicas"] == 1
     for d, role in ((pre, "kv_producer"), (dec, "kv_consumer")):
-        assert json.loads(V.container_flag(_container(d), "--kv-transfer-config")) == {
+        assert json.loads(vllm_args.container_flag(_container(d), "--kv-transfer-config")) == {
             "kv_connector": "NixlConnector", "kv_role": role}
     assert sorted(_writes(control_plane, mark)) == [(v, r, n) for r in ("deployments", "services")
                                                     for v, n in (("create", "big-decode"), ("create", "big-prefill"))]
@@ -123,7 +123,7 @@ def test_a_spec_change_follows_the_spec_keeps_the_loops_flags_and_leaves_an_hpa_
     control_plane.wait_for(lambda: (_status(admin, "scaled").get("ownership") or {}).get("server", {}).get("replicas")
                            == "hpa/scaled-hpa", 60, "the HPA seen as the replicas' owner")
     # a decision the loop made lives in the Deployment; replicas above the spec's max 4, as an HPA would set them
-    c = V.set_container_flag(_container(d), "--max-num-seqs", 32)
+    c = vllm_args.set_container_flag(_container(d), "--max-num-seqs", 32)
     admin.patch(DEPLOY, NS, "scaled", {"spec": {"replicas": 6, "template": {"spec": {"containers": [c]}}}})
     mark = control_plane.audit_mark()
     admin.patch(LLMD, NS, "scaled", {"spec": {"engine": {"image": "vllm/vllm-openai:v0.12.0"}}})
@@ -135,7 +135,7 @@ def test_a_spec_change_follows_the_spec_keeps_the_loops_flags_and_leaves_an_hpa_
     _ticks(control_plane, mark, "scaled", 5)
     d = admin.get(DEPLOY, NS, "scaled")
     st = _status(admin, "scaled")
-    assert V.container_flag(_container(d), "--max-num-seqs") == "32"  # a spec change does not undo a decision
+    assert vllm_args.container_flag(_container(d), "--max-num-seqs") == "32"  # a spec change does not undo a decision
     assert d["spec"]["replicas"] == 6  # not clamped to the spec's max 4: the HPA owns it
     assert FIELD_MANAGER not in _managers_of_replicas(d)  # kneecap's patch did not claim spec.replicas
     assert st["ownership"]["server"]["replicas"] == "hpa/scaled-hpa" and "only recommends" in st["ownership"]["server"]["message"]
@@ -150,7 +150,7 @@ def test_drift_of_its_deployment_is_repaired_in_one_patch_and_a_managed_flag_is_
     d = control_plane.wait_for(lambda: admin.get(DEPLOY, NS, "drift"), 60, "the Deployment")
     _ticks(control_plane, mark0, "drift", 3)
     # a user edits the image (a field the spec owns) and --max-num-seqs (a flag the loop manages)
-    c = V.set_container_flag({**_container(d), "image": "example.com/vllm:patched"}, "--max-num-seqs", 64)
+    c = vllm_args.set_container_flag({**_container(d), "image": "example.com/vllm:patched"}, "--max-num-seqs", 64)
     mark = control_plane.audit_mark()
     edited = admin.patch(DEPLOY, NS, "drift", {"spec": {"template": {"spec": {"containers": [c]}}}})
     repaired = control_plane.wait_for(lambda: (x := admin.get(DEPLOY, NS, "drift"))
@@ -160,7 +160,7 @@ def test_drift_of_its_deployment_is_repaired_in_one_patch_and_a_managed_flag_is_
     after = admin.get(DEPLOY, NS, "drift")
     # one spec change since the user's (the repair), none after it (the Deployment controller's status aside)
     assert after["metadata"]["generation"] == repaired["metadata"]["generation"] == edited["metadata"]["generation"] + 1
-    assert V.container_flag(_container(after), "--max-num-seqs") == "64"  # read back as the live setting
+    assert vllm_args.container_flag(_container(after), "--max-num-seqs") == "64"  # read back as the live setting
     assert _writes(control_plane, mark) == [("patch", "deployments", "drift")]
     reconciled = [e["message"] for e in _events(admin, "drift", "Reconciled")]
     assert any("drift patched" in m for m in reconciled), reconciled

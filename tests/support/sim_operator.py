@@ -17,7 +17,7 @@ import time
 import kopf
 from kopf.testing import KopfRunner
 
-from kneecap.control import vllm_args as V
+from kneecap.control import vllm_args
 from kneecap.control.handlers import OperatorConfig, build_registry
 from tests.support.control_plane import ControlPlane, KubeClient
 from tests.support.twins import Twin, TwinTime
@@ -124,8 +124,8 @@ class SimPods:
             owners = {o.get("name") for o in p["metadata"].get("ownerReferences") or []}
             if owners & sets and p.get("status", {}).get("phase") == "Running" and p["status"].get("podIP") \
                     and not p["metadata"].get("deletionTimestamp"):
-                out[p["metadata"]["name"]] = (p["status"]["podIP"],
-                                              int(V.container_flag(p["spec"]["containers"][0], "--max-num-seqs")))
+                cap = int(vllm_args.container_flag(p["spec"]["containers"][0], "--max-num-seqs"))
+                out[p["metadata"]["name"]] = (p["status"]["podIP"], cap)
         return out
 
     def sync(self) -> dict[str, Twin]:

@@ -31,8 +31,8 @@ def check_vllm_python() -> Path:
     if not VLLM_PYTHON.exists():
         raise VllmUnavailable(f"{VLLM_PYTHON} not found: {SETUP_HINT}")
     probe = subprocess.run(
-        [str(VLLM_PYTHON), "-c", "import importlib.util as u, sys; "
-         "sys.exit(0 if all(u.find_spec(m) for m in ('vllm', 'transformers', 'tokenizers')) else 1)"],
+        [str(VLLM_PYTHON), "-c", "import importlib.util, sys; "
+         "sys.exit(0 if all(importlib.util.find_spec(m) for m in ('vllm', 'transformers', 'tokenizers')) else 1)"],
         capture_output=True, text=True, timeout=60,
     )
     if probe.returncode != 0:

@@ -16,7 +16,7 @@ import logging
 
 import kopf
 
-from kneecap.control import handlers as H
+from kneecap.control import handlers
 from kneecap.control.metrics import OperatorMetrics
 from tests.support.handler_harness import RoundTripClient, handler
 from tests.support.specs import llmd
@@ -24,7 +24,7 @@ from tests.support.specs import llmd
 
 def create_and_tick_at_once() -> tuple[RoundTripClient, kopf.Memo]:
     """The create handler and the control timer's first tick of a new LLMDeployment, together."""
-    registry = H.build_registry(H.OperatorConfig(tick_s=0.5, scrape_timeout_s=0.1))
+    registry = handlers.build_registry(handlers.OperatorConfig(tick_s=0.5, scrape_timeout_s=0.1))
     reconcile, control = handler(registry, "reconcile"), handler(registry, "control")
     kube = RoundTripClient()
     body = llmd("llm")
@@ -55,6 +55,6 @@ def test_the_create_handler_and_the_first_tick_reconcile_one_at_a_time(no_kopf_e
 
 def test_without_the_lock_both_create(no_kopf_events, monkeypatch):
     """The race the lock closes, on the same client: each reconcile with a lock of its own."""
-    monkeypatch.setattr(H, "reconcile_lock", lambda memo: asyncio.Lock())
+    monkeypatch.setattr(handlers, "reconcile_lock", lambda memo: asyncio.Lock())
     kube, _ = create_and_tick_at_once()
     assert [w for w in kube.writes if w[0] == "create"].count(("create", DEPLOYMENTS)) == 2

@@ -295,14 +295,14 @@ def test_a_scale_down_waits_for_a_window_of_recommendations():
 
 
 def test_a_pool_is_not_shrunk_before_it_was_watched_for_a_cooldown():
-    from types import SimpleNamespace as W
+    from types import SimpleNamespace
 
     spec = parse_spec({**RAW, "control": {**RAW["control"], "interval": "15s", "cooldown": "300s",
                                           "observationHistory": 24}})
-    ring = [W(t_end_s=NOW - 15 * k, window_s=15.0) for k in range(10)]  # 150 s watched
+    ring = [SimpleNamespace(t_end_s=NOW - 15 * k, window_s=15.0) for k in range(10)]  # 150 s watched
     assert not replica_stabilisation.watched_long_enough(spec, ring, NOW)
     assert not replica_stabilisation.watched_long_enough(spec, [], NOW)
-    ring = [W(t_end_s=NOW - 15 * k, window_s=15.0) for k in range(20)]  # 300 s
+    ring = [SimpleNamespace(t_end_s=NOW - 15 * k, window_s=15.0) for k in range(20)]  # 300 s
     assert replica_stabilisation.watched_long_enough(spec, ring, NOW)
     short = parse_spec({**RAW, "control": {**RAW["control"], "interval": "15s", "cooldown": "300s",
                                            "observationHistory": 5, "minObservations": 3}})

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kneecap.control import manifests as M
+from kneecap.control import manifests
 from kneecap.control.spec import parse_spec
 from kneecap.errors import InputError
 from tests.support.examples import kneecap_pod_examples, llmdeployment, rendered_deployments as rendered
@@ -27,11 +27,11 @@ def test_every_examples_pods_pass_the_restricted_profile(example):
         pod = d["spec"]["template"]["spec"]
         assert restricted_violations(pod) == []
         assert pod["automountServiceAccountToken"] is False
-        assert pod["securityContext"]["runAsUser"] == M.RUN_AS_USER != 0
+        assert pod["securityContext"]["runAsUser"] == manifests.RUN_AS_USER != 0
         (c,) = pod["containers"]
         # vLLM's caches (HF, vLLM, Triton, Inductor) go under a writable $HOME
-        assert {"name": "HOME", "value": M.HOME} in c["env"]
-        assert c["volumeMounts"][0] == {"name": "home", "mountPath": M.HOME}
+        assert {"name": "HOME", "value": manifests.HOME} in c["env"]
+        assert c["volumeMounts"][0] == {"name": "home", "mountPath": manifests.HOME}
         assert pod["volumes"][0] == {"name": "home", "emptyDir": {}}
 
 
@@ -45,8 +45,8 @@ def test_a_template_security_context_replaces_only_the_keys_it_gives():
     assert pod["securityContext"]["runAsNonRoot"] is True and restricted_violations(pod) == []
     doc["spec"]["engine"]["podTemplate"]["spec"]["securityContext"] = {"runAsUser": 0, "runAsNonRoot": False}
     spec = parse_spec(doc["spec"])
-    (pool,) = M.pools("llama-70b", spec)
-    root = M.pod_spec(spec, pool.role, M.initial_settings(spec, pool.role))
+    (pool,) = manifests.pools("llama-70b", spec)
+    root = manifests.pod_spec(spec, pool.role, manifests.initial_settings(spec, pool.role))
     assert any("runAsUser must not be 0" in v for v in restricted_violations(root))
 
 
@@ -87,9 +87,9 @@ def test_user_env_overrides_home_and_extra_args_cannot_override_managed_flags():
     doc["spec"]["engine"]["extraArgs"] = []
     spec = parse_spec(doc["spec"])
     spec = dataclasses.replace(spec, engine=dataclasses.replace(spec.engine, extra_args=hostile))
-    (d,) = [M.deployment({**doc, "metadata": {**doc["metadata"], "uid": "u"}}, spec, pool,
-                         M.initial_settings(spec, pool.role))
-            for pool in M.pools(doc["metadata"]["name"], spec)]
+    (d,) = [manifests.deployment({**doc, "metadata": {**doc["metadata"], "uid": "u"}}, spec, pool,
+                                 manifests.initial_settings(spec, pool.role))
+            for pool in manifests.pools(doc["metadata"]["name"], spec)]
     (c,) = d["spec"]["template"]["spec"]["containers"]
     assert [e["name"] for e in c["env"]] == ["HOME", "HF_HOME"] and c["env"][0]["value"] == "/data"
     assert c["args"] == [spec.model.name, f"--port={spec.engine.port}", f"--max-num-seqs={spec.engine.max_num_seqs}",

@@ -6,8 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from kneecap.control import policy as P
-from kneecap.control import status as St
+from kneecap.control import policy, status
 from kneecap.control.manifests import EngineSettings
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.control.spec import parse_spec
@@ -16,18 +15,18 @@ SPEC = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type
                    "engine": {"image": "vllm", "maxNumSeqs": 64},
                    "control": {"mode": "enforce", "cooldown": "10m", "minObservations": 3}})
 CUR = EngineSettings(64, 0.9, None, 2)
-OK = P.GuardState(now_s=10_000.0, last_applied_s=None, rollout_in_progress=False, n_observations=5,
-                  fit_ok=True)
+OK = policy.GuardState(now_s=10_000.0, last_applied_s=None, rollout_in_progress=False, n_observations=5,
+                       fit_ok=True)
 
 
 def run(settings, gain=0.2, mem=0.0, state=OK, cur=CUR, memfn=None):
-    return P.guard(cur, P.Proposal(settings, gain, mem), SPEC.control, SPEC.batching,
-                   SPEC.topology.replicas, state, memfn)
+    return policy.guard(cur, policy.Proposal(settings, gain, mem), SPEC.control, SPEC.batching,
+                        SPEC.topology.replicas, state, memfn)
 
 
 def test_apply_when_all_guards_pass():
     d = run(EngineSettings(96, 0.5, None, 2))
-    assert d.action == P.APPLY and d.reason == "Recommended"
+    assert d.action == policy.APPLY and d.reason == "Recommended"
     assert d.target == EngineSettings(96, 0.5, None, 2)
     assert "64->96" in d.message
 
@@ -40,7 +39,7 @@ def test_apply_when_all_guards_pass():
 ])
 def test_each_guard_holds(state, reason):
     d = run(EngineSettings(128, 0.5, None, 2), state=state)
-    assert (d.action, d.reason) == (P.HOLD, reason)
+    assert (d.action, d.reason) == (policy.HOLD, reason)
     if reason in ("ScrapeFailed", "BadFit", "TooFewObservations"):
         assert d.target == CUR  # never act, not even a computed target
     if reason == "BadFit":
@@ -49,7 +48,7 @@ def test_each_guard_holds(state, reason):
 
 def test_cooldown_elapsed_allows():
     d = run(EngineSettings(128, 0.5, None, 2), state=replace(OK, last_applied_s=OK.now_s - 600))
-    assert d.action == P.APPLY
+    assert d.action == policy.APPLY
     assert "1s left" in run(EngineSettings(128, 0.5, None, 2),
                             state=replace(OK, last_applied_s=OK.now_s - 599)).message
 
@@ -57,7 +56,7 @@ def test_cooldown_elapsed_allows():
 def test_min_improvement_counts_memory_too():
     assert run(EngineSettings(128, 0.9, None, 2), gain=0.01).reason == "BelowMinImprovement"
     d = run(EngineSettings(32, 0.3, None, 2), gain=0.0, mem=0.6)  # same throughput, 60% memory back
-    assert d.action == P.APPLY
+    assert d.action == policy.APPLY
 
 
 def test_step_limit_x2_and_memory_recomputed():
@@ -67,8 +66,9 @@ def test_step_limit_x2_and_memory_recomputed():
     assert d.target.gpu_memory_utilization == 0.4  # KV sized for the cap actually applied
     d = run(EngineSettings(2, 0.1, None, 2), mem=0.9, memfn=lambda cap: mem[cap])
     assert d.target.max_num_seqs == 32
-    assert P.step_limit(64, 1000, 2) == 128 and P.step_limit(64, 10, 2) == 32 and P.step_limit(64, 100, 2) == 100
-    assert P.step_limit(3, 100, 2) == 6 and P.step_limit(3, 1, 2) == 2
+    assert policy.step_limit(64, 1000, 2) == 128 and policy.step_limit(64, 10, 2) == 32
+    assert policy.step_limit(64, 100, 2) == 100
+    assert policy.step_limit(3, 100, 2) == 6 and policy.step_limit(3, 1, 2) == 2
 
 
 def test_a_step_limited_restart_is_weighed_on_the_step_it_takes():
@@ -86,23 +86,23 @@ def test_a_step_limited_restart_is_weighed_on_the_step_it_takes():
         seen.append(target)
         return (0.01, 0.5) if target.max_num_seqs == 32 else (0.3, 0.8)
 
-    d = P.guard(CUR, P.Proposal(EngineSettings(8, 0.2, None, 2), 0.3, 0.8), SPEC.control, SPEC.batching,
-                SPEC.topology.replicas, state, lambda cap: (0.4, None), gains_for=gains_for)
+    d = policy.guard(CUR, policy.Proposal(EngineSettings(8, 0.2, None, 2), 0.3, 0.8), SPEC.control, SPEC.batching,
+                     SPEC.topology.replicas, state, lambda cap: (0.4, None), gains_for=gains_for)
     assert seen == [EngineSettings(32, 0.4, None, 2)]
-    assert (d.action, d.reason) == (P.HOLD, "RestartNotWorthIt")
+    assert (d.action, d.reason) == (policy.HOLD, "RestartNotWorthIt")
     assert d.restart["gainTokens"] == round(0.01 * 10_000 * 600) < d.restart["costTokens"] == 400_000
     assert "+1.0%" in d.message
     # a step that pays by itself toward a recommendation that does not (cap 8 loses half the
     # throughput): held on the recommendation's gain
-    d = P.guard(CUR, P.Proposal(EngineSettings(8, 0.2, None, 2), -0.5, 0.8), SPEC.control, SPEC.batching,
-                SPEC.topology.replicas, state, lambda cap: (0.4, None), gains_for=lambda target: (0.3, 0.5))
-    assert (d.action, d.reason) == (P.HOLD, "RestartNotWorthIt") and d.restart["gainTokens"] == 0
+    d = policy.guard(CUR, policy.Proposal(EngineSettings(8, 0.2, None, 2), -0.5, 0.8), SPEC.control, SPEC.batching,
+                     SPEC.topology.replicas, state, lambda cap: (0.4, None), gains_for=lambda target: (0.3, 0.5))
+    assert (d.action, d.reason) == (policy.HOLD, "RestartNotWorthIt") and d.restart["gainTokens"] == 0
     assert "steps toward (cap 8) predicts throughput -50.0%" in d.message
     # not step limited: the proposal's own gains are weighed (gains_for is not asked)
     seen.clear()
-    d = P.guard(CUR, P.Proposal(EngineSettings(48, 0.4, None, 2), 0.3, 0.8), SPEC.control, SPEC.batching,
-                SPEC.topology.replicas, state, lambda cap: (0.4, None), gains_for=gains_for)
-    assert seen == [] and d.action == P.APPLY and d.restart["gainTokens"] == round(0.3 * 10_000 * 600)
+    d = policy.guard(CUR, policy.Proposal(EngineSettings(48, 0.4, None, 2), 0.3, 0.8), SPEC.control, SPEC.batching,
+                     SPEC.topology.replicas, state, lambda cap: (0.4, None), gains_for=gains_for)
+    assert seen == [] and d.action == policy.APPLY and d.restart["gainTokens"] == round(0.3 * 10_000 * 600)
 
 
 def test_clamp_to_bounds():
@@ -110,8 +110,8 @@ def test_clamp_to_bounds():
                        "engine": {"image": "vllm", "maxNumSeqs": 64},
                        "batching": {"minMaxNumSeqs": 8, "maxMaxNumSeqs": 100},
                        "topology": {"replicas": {"min": 1, "max": 3}}})
-    d = P.guard(CUR, P.Proposal(EngineSettings(1000, 0.9, None, 50), 0.5), spec.control, spec.batching,
-                spec.topology.replicas, OK)
+    d = policy.guard(CUR, policy.Proposal(EngineSettings(1000, 0.9, None, 50), 0.5), spec.control, spec.batching,
+                     spec.topology.replicas, OK)
     assert d.target.max_num_seqs == 100 and d.target.replicas == 3 and d.clamped
 
 
@@ -124,39 +124,39 @@ def test_hysteresis_and_no_change():
 def test_external_replicas_are_not_touched():
     d = run(EngineSettings(128, 0.5, None, 7), state=replace(OK, replicas_external=True))
     assert d.target.replicas == CUR.replicas
-    assert P.only_replicas_changed(CUR, EngineSettings(64, 0.9, None, 5))
-    assert not P.only_replicas_changed(CUR, EngineSettings(65, 0.9, None, 2))
+    assert policy.only_replicas_changed(CUR, EngineSettings(64, 0.9, None, 5))
+    assert not policy.only_replicas_changed(CUR, EngineSettings(65, 0.9, None, 2))
 
 
 def test_conditions_transition_time_moves_only_on_flip():
-    c = St.set_condition(None, St.READY, False, "Creating", "m", 1, 1000.0)
+    c = status.set_condition(None, status.READY, False, "Creating", "m", 1, 1000.0)
     assert c == [{"type": "Ready", "status": "False", "reason": "Creating", "message": "m",
                   "observedGeneration": 1, "lastTransitionTime": "1970-01-01T00:16:40Z"}]
-    c = St.set_condition(c, St.READY, False, "StillCreating", "m2", 2, 2000.0)
+    c = status.set_condition(c, status.READY, False, "StillCreating", "m2", 2, 2000.0)
     assert c[0]["lastTransitionTime"] == "1970-01-01T00:16:40Z" and c[0]["reason"] == "StillCreating"
     assert c[0]["observedGeneration"] == 2
-    c = St.set_condition(c, St.READY, True, "Ready", "ok", 2, 3000.0)
-    assert c[0]["lastTransitionTime"] == St.iso(3000.0) and c[0]["status"] == "True"
-    c = St.set_condition(c, St.DEGRADED, True, "ScrapeFailed", "x", 2, 3000.0)
-    c = St.set_condition(c, St.CALIBRATED, None, "NotYet", "x", 2, 3000.0)
+    c = status.set_condition(c, status.READY, True, "Ready", "ok", 2, 3000.0)
+    assert c[0]["lastTransitionTime"] == status.iso(3000.0) and c[0]["status"] == "True"
+    c = status.set_condition(c, status.DEGRADED, True, "ScrapeFailed", "x", 2, 3000.0)
+    c = status.set_condition(c, status.CALIBRATED, None, "NotYet", "x", 2, 3000.0)
     assert [x["type"] for x in c] == ["Ready", "Calibrated", "Degraded"]
-    assert St.get_condition(c, "Calibrated")["status"] == "Unknown"
-    assert St.phase_of(c) == "Degraded"
-    assert St.parse_iso(St.iso(3000.0)) == 3000.0
+    assert status.get_condition(c, "Calibrated")["status"] == "Unknown"
+    assert status.phase_of(c) == "Degraded"
+    assert status.parse_iso(status.iso(3000.0)) == 3000.0
     with pytest.raises(ValueError):
-        St.set_condition(c, St.READY, "yes", "r", "m", 1, 0.0)
+        status.set_condition(c, status.READY, "yes", "r", "m", 1, 0.0)
 
 
 def test_observation_ring_is_bounded():
     ring = None
     for i in range(7):
-        ring = St.push_observation(ring, {"i": i}, 5)
+        ring = status.push_observation(ring, {"i": i}, 5)
     assert [o["i"] for o in ring] == [2, 3, 4, 5, 6]
 
 
 def test_ring_entries_are_rounded_to_six_significant_digits_and_times_to_the_millisecond():
-    r = St.rounded({"requestsPerSecond": 12.345678901234, "ttftP95Seconds": 0.000123456789,
-                    "windowEndUnixSeconds": 1764486123.456789, "pods": 4, "pool": "server"})
+    r = status.rounded({"requestsPerSecond": 12.345678901234, "ttftP95Seconds": 0.000123456789,
+                        "windowEndUnixSeconds": 1764486123.456789, "pods": 4, "pool": "server"})
     assert r == {"requestsPerSecond": 12.3457, "ttftP95Seconds": 0.000123457,
                  "windowEndUnixSeconds": 1764486123.457, "pods": 4, "pool": "server"}
 
@@ -166,24 +166,24 @@ def test_ring_entries_keep_what_the_fit_and_slo_attainment_read():
     from kneecap.observe.observation import OBSERVATION_FIELDS, Observation
 
     obs = Observation(**{f: 1.2345678 + i for i, f in enumerate(OBSERVATION_FIELDS)} | {"pods": 4, "batch_samples": 3})
-    entry = St.ring_entry(obs)
+    entry = status.ring_entry(obs)
     assert len(entry) == 17 and entry["pods"] == 4 and entry["inputLengthMean"] == 14.2346  # 6 significant digits
     assert entry["tpotP95Seconds"] == pytest.approx(obs.tpot_p95_s, rel=5e-6)  # the TPOT SLO reads it
     assert "ttftMeanSeconds" not in entry and "queueLength" not in entry  # the rest is in status.workload
-    back = St.ring_entry_from_status(entry)
-    for name in St.RING_FIELDS:
+    back = status.ring_entry_from_status(entry)
+    for name in status.RING_FIELDS:
         assert getattr(back, name) == pytest.approx(getattr(obs, name), rel=5e-6)  # 6 significant digits
     # an entry written by an earlier version (every Observation field) still reads
-    old = St.ring_entry_from_status({"pool": "server", "engine": {"maxNumSeqs": 8}, **obs_pool.to_status(obs)})
-    assert all(getattr(old, name) == getattr(obs, name) for name in St.RING_FIELDS)
+    old = status.ring_entry_from_status({"pool": "server", "engine": {"maxNumSeqs": 8}, **obs_pool.to_status(obs)})
+    assert all(getattr(old, name) == getattr(obs, name) for name in status.RING_FIELDS)
     # ... and one with the abbreviated key of an earlier version (outputLengthCV)
     key = "outputLengthCoefficientOfVariation"
     abbreviated = {("outputLengthCV" if k == key else k): v for k, v in entry.items()}
-    assert key not in abbreviated and St.ring_entry_from_status(abbreviated) == back
+    assert key not in abbreviated and status.ring_entry_from_status(abbreviated) == back
     with pytest.raises(ValueError, match=f"observation.{key}: missing"):
-        St.ring_entry_from_status({k: v for k, v in entry.items() if k != key})
+        status.ring_entry_from_status({k: v for k, v in entry.items() if k != key})
     with pytest.raises(ValueError, match="observation.ttftP95Seconds: expected a finite number"):
-        St.ring_entry_from_status({**entry, "ttftP95Seconds": float("nan")})
+        status.ring_entry_from_status({**entry, "ttftP95Seconds": float("nan")})
 
 
 def test_metrics_exposition_and_forget():

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from kneecap.control import manifests as M
-from kneecap.control import reconcile as R
+from kneecap.control import manifests, reconcile
 from kneecap.control.spec import parse_spec
 
 SPEC = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb"},
@@ -12,44 +11,45 @@ OWNER = {"metadata": {"name": "m", "namespace": "ns", "uid": "u1"}}
 
 
 def deploy(**meta):
-    d = M.deployment(OWNER, SPEC, M.Pool("server", "m"), M.initial_settings(SPEC, "server"))
+    d = manifests.deployment(OWNER, SPEC, manifests.Pool("server", "m"), manifests.initial_settings(SPEC, "server"))
     d["metadata"].update(meta)
     return d
 
 
 def test_owns_needs_kneecaps_label_and_an_owner_reference_to_this_uid():
     ours = deploy()
-    assert R.owns(OWNER, ours)
+    assert reconcile.owns(OWNER, ours)
     other_uid = {"metadata": {"name": "m", "namespace": "ns", "uid": "u2"}}
-    assert not R.owns(other_uid, ours)  # an LLMDeployment of the same name, recreated
+    assert not reconcile.owns(other_uid, ours)  # an LLMDeployment of the same name, recreated
     unlabelled = deploy(labels={"app": "payments"})
-    assert not R.owns(OWNER, unlabelled)
+    assert not reconcile.owns(OWNER, unlabelled)
     no_ref = deploy(ownerReferences=[])
-    assert not R.owns(OWNER, no_ref)
-    c = R._conflict(OWNER, "Deployment", unlabelled)
+    assert not reconcile.owns(OWNER, no_ref)
+    c = reconcile._conflict(OWNER, "Deployment", unlabelled)
     assert (c.kind, c.name) == ("Deployment", "m")
     assert "ns/m" in c.message and "app.kubernetes.io/managed-by=kneecap" in c.message
-    assert "u1" in R._conflict(OWNER, "Deployment", no_ref).message
+    assert "u1" in reconcile._conflict(OWNER, "Deployment", no_ref).message
 
 
 def test_replicas_owner():
-    assert R.replicas_owner(SPEC, None, []).replicas_owner == "kneecap"
+    assert reconcile.replicas_owner(SPEC, None, []).replicas_owner == "kneecap"
     ext = parse_spec({**{"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb"},
                          "engine": {"image": "vllm"}}, "topology": {"replicasManagedBy": "external"}})
-    assert R.replicas_owner(ext, deploy(), []).external
+    assert reconcile.replicas_owner(ext, deploy(), []).external
     hpa = {"metadata": {"name": "m-hpa"}, "spec": {"scaleTargetRef": {"kind": "Deployment", "name": "m"}}}
     other = {"metadata": {"name": "x"}, "spec": {"scaleTargetRef": {"kind": "Deployment", "name": "other"}}}
-    assert R.replicas_owner(SPEC, deploy(), [other, hpa]).replicas_owner == "hpa/m-hpa"
-    assert not R.replicas_owner(SPEC, deploy(), [other]).external
+    assert reconcile.replicas_owner(SPEC, deploy(), [other, hpa]).replicas_owner == "hpa/m-hpa"
+    assert not reconcile.replicas_owner(SPEC, deploy(), [other]).external
     mf = [{"manager": "kneecap", "fieldsV1": {"f:spec": {"f:replicas": {}, "f:template": {}}}},
           {"manager": "kubectl-scale", "fieldsV1": {"f:spec": {"f:replicas": {}}}}]
-    assert R.replicas_owner(SPEC, deploy(managedFields=mf), []).replicas_owner == "manager/kubectl-scale"
-    assert not R.replicas_owner(SPEC, deploy(managedFields=mf[:1]), []).external
+    assert reconcile.replicas_owner(SPEC, deploy(managedFields=mf), []).replicas_owner == "manager/kubectl-scale"
+    assert not reconcile.replicas_owner(SPEC, deploy(managedFields=mf[:1]), []).external
 
 
 def test_rollout_in_progress():
     d = deploy(generation=3)
-    st = R.PoolState(M.Pool("server", "m"), d, M.initial_settings(SPEC, "server"), R.Ownership("kneecap"))
+    st = reconcile.PoolState(manifests.Pool("server", "m"), d, manifests.initial_settings(SPEC, "server"),
+                             reconcile.Ownership("kneecap"))
     assert not st.rollout_in_progress  # no status yet: nothing known to be rolling
     d["status"] = {"observedGeneration": 2, "updatedReplicas": 1}
     assert st.rollout_in_progress
@@ -62,19 +62,19 @@ def test_rollout_in_progress():
 
 def test_metrics_url_only_on_the_pods_own_ip():
     pod = {"metadata": {"annotations": {}}, "status": {"podIP": "10.0.0.7"}}
-    assert R.metrics_url(pod, 8000) == "http://10.0.0.7:8000/metrics"
+    assert reconcile.metrics_url(pod, 8000) == "http://10.0.0.7:8000/metrics"
     for url, ok in [("http://10.0.0.7:9100/metrics", True), ("https://10.0.0.7/m", True),
                     ("http://169.254.169.254/latest/meta-data/", False), ("http://twin:9/metrics", False),
                     ("http://10.0.0.8:8000/metrics", False), ("http://10.0.0.7@evil:80/", False),
                     ("http://u@10.0.0.7:80/", False), ("file:///etc/passwd", False), ("http://10.0.0.7:x/", False)]:
         pod["metadata"]["annotations"]["kneecap.io/metrics-url"] = url
-        assert R.metrics_url(pod, 8000) == (url if ok else "http://10.0.0.7:8000/metrics"), url
+        assert reconcile.metrics_url(pod, 8000) == (url if ok else "http://10.0.0.7:8000/metrics"), url
     v6 = {"metadata": {"annotations": {"kneecap.io/metrics-url": "http://[fd00::7]:9/metrics"}},
           "status": {"podIP": "fd00::7"}}
-    assert R.metrics_url(v6, 8000) == "http://[fd00::7]:9/metrics"
+    assert reconcile.metrics_url(v6, 8000) == "http://[fd00::7]:9/metrics"
     v6["metadata"]["annotations"] = {}
-    assert R.metrics_url(v6, 8000) == "http://[fd00::7]:8000/metrics"
-    assert R.metrics_url({"metadata": {}, "status": {}}, 8000) is None
+    assert reconcile.metrics_url(v6, 8000) == "http://[fd00::7]:8000/metrics"
+    assert reconcile.metrics_url({"metadata": {}, "status": {}}, 8000) is None
 
 
 def test_pods_of_follows_controller_references_from_pod_to_replicaset_to_deployment():

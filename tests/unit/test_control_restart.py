@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from kneecap.control import cudagraph, manifests as M, plan as P, policy, reconcile, restart, status as St
+from kneecap.control import cudagraph, manifests, plan, policy, reconcile, restart, status as status_helpers
 from kneecap.control.manifests import EngineSettings
 from kneecap.control.spec import parse_spec
 from kneecap.model.arch import get_arch
@@ -92,8 +92,8 @@ def test_one_replica_without_surge_is_downtime_held_unless_the_spec_allows_it():
 # ---------------------------------------------------------------- restart cost from the API
 
 def _pod(created: float | None, ready: float | None, status="True"):
-    cond = {"type": "Ready", "status": status, **({"lastTransitionTime": St.iso(ready)} if ready else {})}
-    meta = {"name": "p", **({"creationTimestamp": St.iso(created)} if created else {})}
+    cond = {"type": "Ready", "status": status, **({"lastTransitionTime": status_helpers.iso(ready)} if ready else {})}
+    meta = {"name": "p", **({"creationTimestamp": status_helpers.iso(created)} if created else {})}
     return {"metadata": meta, "status": {"conditions": [cond]}}
 
 
@@ -133,17 +133,17 @@ def test_owned_deployments_roll_without_a_spare_gpu_by_default_and_as_the_spec_s
     for rollout, want in ((None, {"maxSurge": 0, "maxUnavailable": 1}),
                           ({"maxSurge": "25%", "maxUnavailable": 0}, {"maxSurge": "25%", "maxUnavailable": 0})):
         spec = parse_spec({**RAW, **({"rollout": rollout} if rollout else {})})
-        (pool,) = M.pools("llm", spec)
-        d = M.deployment(OWNER, spec, pool, EngineSettings(32, 0.9, None, 3))
+        (pool,) = manifests.pools("llm", spec)
+        d = manifests.deployment(OWNER, spec, pool, EngineSettings(32, 0.9, None, 3))
         assert d["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": want}
 
 
 # ---------------------------------------------------------------- the plan: status, Event, measurement
 
 def _live(replicas: int, spec):
-    (pool,) = M.pools("llm", spec)
+    (pool,) = manifests.pools("llm", spec)
     settings = EngineSettings(32, 0.9, None, replicas)
-    deploy = M.deployment(OWNER, spec, pool, settings)
+    deploy = manifests.deployment(OWNER, spec, pool, settings)
     deploy["metadata"]["generation"] = 1
     deploy["status"] = {"observedGeneration": 1, "readyReplicas": replicas, "updatedReplicas": replicas}
     return reconcile.PoolState(pool, deploy, settings, reconcile.Ownership("kneecap"))
@@ -153,8 +153,8 @@ def _plan(curve, spec, replicas=2, measured=(), status_extra=None):
     status, ring = ring_status(curve)
     status.update(status_extra or {})
     obs = replace(observation(curve[32]), t_end_s=NOW)
-    window = P.PoolWindow("server", _live(replicas, spec), P.OBSERVED, observation=obs, start_to_ready_s=measured)
-    return P.plan(gathered(window, ring), status, spec, NOW)
+    window = plan.PoolWindow("server", _live(replicas, spec), plan.OBSERVED, observation=obs, start_to_ready_s=measured)
+    return plan.plan(gathered(window, ring), status, spec, NOW)
 
 
 def test_plan_holds_a_gain_smaller_than_the_restart_and_applies_a_larger_one(curve):

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import kopf
 
-from kneecap.control import handlers as H, loop as L, plan as P
+from kneecap.control import handlers, loop, plan
 from kneecap.control.metrics import OperatorMetrics
 from tests.support.handler_harness import RoundTripClient, handler
 from tests.support.profile_observations import observation
@@ -32,10 +32,10 @@ def test_ticks_on_a_body_that_stands_still_keep_every_window_they_wrote(curve, n
                    for i, c in enumerate((8, 16, 32, 64, 128)))
 
     async def observe_pool(ctx, mem, ns, name, spec, state):  # one closed window a tick
-        return P.PoolWindow(state.pool.role, state, P.OBSERVED, "", next(windows))
+        return plan.PoolWindow(state.pool.role, state, plan.OBSERVED, "", next(windows))
 
-    monkeypatch.setattr(L, "observe_pool", observe_pool)
-    registry = H.build_registry(H.OperatorConfig(tick_s=0.5, now=lambda: clock[0]))
+    monkeypatch.setattr(loop, "observe_pool", observe_pool)
+    registry = handlers.build_registry(handlers.OperatorConfig(tick_s=0.5, now=lambda: clock[0]))
     control = handler(registry, "control")
     kube = RoundTripClient(rtt_s=0.0)
     memo = kopf.Memo(kube=kube, metrics=OperatorMetrics())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kneecap.model import gauss as g
+from kneecap.model import gauss
 from kneecap.model.arch import get_arch
 from kneecap.model.hardware import get_gpu
 from kneecap.sim.engine import Engine, engine_config
@@ -19,7 +19,7 @@ from kneecap.sim.engine import Engine, engine_config
 BUDGET = 2048
 
 
-def twin_coefficients(cfg) -> g.ServiceCoefficients:
+def twin_coefficients(cfg) -> gauss.ServiceCoefficients:
     """GAUSS terms of kneecap.sim.roofline.step_time_s. Decode steps are bandwidth-bound:
     overhead + W/(η_w·BW) = p, per-sequence overhead = r, KV read per context token = s.
     A prefill chunk step adds, compute-bound, 2·N per token and 4·L·D_attn per attended token
@@ -27,7 +27,7 @@ def twin_coefficients(cfg) -> g.ServiceCoefficients:
     arch, gpu, c = cfg.arch, cfg.gpu, cfg.step_cost
     weights_s = arch.weight_bytes / (c.bw_efficiency * gpu.mem_bw_bytes_s)
     flops_s = c.compute_efficiency * gpu.peak_flops
-    return g.ServiceCoefficients(
+    return gauss.ServiceCoefficients(
         prefill_s_per_token=2 * arch.params / flops_s,
         prefill_s_per_attended_token=4 * arch.layers * arch.q_heads * arch.head_dim / flops_s,
         prefill_s_per_chunk=max(arch.layers * c.eager_layer_overhead_s - weights_s, 0.0),
@@ -38,7 +38,7 @@ def twin_coefficients(cfg) -> g.ServiceCoefficients:
 
 def run_twin(cfg, workload, rate_rps, n, seed):
     rng = np.random.default_rng(seed)
-    inp, _, out = g.sample_workload(workload, n, rng)
+    inp, _, out = gauss.sample_workload(workload, n, rng)
     arrivals = np.cumsum(rng.exponential(1.0 / rate_rps, n))
     eng = Engine(cfg)
     reqs = [eng.add_request(int(i), int(o), arrival_s=float(a)) for i, o, a in zip(inp, out, arrivals)]
@@ -54,10 +54,10 @@ def test_gauss_matches_the_engine_twin(load, tol_ttft95, tol_tbt95):
     cfg = engine_config(get_arch("llama-3.1-8b"), get_gpu("h100-80gb"), max_num_batched_tokens=BUDGET,
                         max_model_len=8192)
     coef = twin_coefficients(cfg)
-    wl = g.Workload(g.LogNormalLength(1500, 0.5), g.LogNormalLength(128, 0.5))
-    probe = g.simulate(wl, coef, 1.0, rng=np.random.default_rng(0), samples=50_000, replications=4)
+    wl = gauss.Workload(gauss.LogNormalLength(1500, 0.5), gauss.LogNormalLength(128, 0.5))
+    probe = gauss.simulate(wl, coef, 1.0, rng=np.random.default_rng(0), samples=50_000, replications=4)
     rate = load * probe.stable_rate_rps
-    r = g.simulate(wl, coef, rate, rng=np.random.default_rng(0), samples=400_000, replications=4)
+    r = gauss.simulate(wl, coef, rate, rng=np.random.default_rng(0), samples=400_000, replications=4)
     ttft, tbt, batch = run_twin(cfg, wl, rate, 4000, seed=1)
     assert r.ttft.p50 == pytest.approx(np.quantile(ttft, 0.5), rel=0.10)
     assert r.ttft.p95 == pytest.approx(np.quantile(ttft, 0.95), rel=tol_ttft95)
@@ -76,22 +76,22 @@ def test_prompt_packing_brings_the_ttft_tail_to_the_twin():
     cfg = engine_config(get_arch("llama-3.1-8b"), get_gpu("h100-80gb"), max_num_batched_tokens=BUDGET,
                         max_model_len=8192)
     coef = twin_coefficients(cfg)
-    wl = g.Workload(g.LogNormalLength(200, 0.5), g.LogNormalLength(64, 0.5))
-    probe = g.simulate(wl, coef, 1.0, rng=np.random.default_rng(0), samples=50_000, replications=4)
+    wl = gauss.Workload(gauss.LogNormalLength(200, 0.5), gauss.LogNormalLength(64, 0.5))
+    probe = gauss.simulate(wl, coef, 1.0, rng=np.random.default_rng(0), samples=50_000, replications=4)
     rate = 0.85 * probe.stable_rate_rps
     ttft, _, _ = run_twin(cfg, wl, rate, 4000, seed=2)
     twin_p95 = np.quantile(ttft, 0.95)
-    paper = g.simulate(wl, replace(coef, prefill_packing=False), rate, rng=np.random.default_rng(0), samples=200_000,
-                       replications=4)
-    packed = g.simulate(wl, coef, rate, rng=np.random.default_rng(0), samples=200_000, replications=4)
+    paper = gauss.simulate(wl, replace(coef, prefill_packing=False), rate, rng=np.random.default_rng(0),
+                           samples=200_000, replications=4)
+    packed = gauss.simulate(wl, coef, rate, rng=np.random.default_rng(0), samples=200_000, replications=4)
     assert paper.ttft.p95 > 1.15 * twin_p95  # the paper's slot is pessimistic here
     assert abs(packed.ttft.p95 / twin_p95 - 1.0) < 0.5 * abs(paper.ttft.p95 / twin_p95 - 1.0)
     assert packed.ttft.p95 < paper.ttft.p95
 
 
 def test_prefill_packing_must_be_a_bool():
-    with pytest.raises(g.InputError, match="prefill_packing"):
-        g.ServiceCoefficients(prefill_s_per_token=1e-4, decode_step_s=1e-3, prefill_packing="yes")
+    with pytest.raises(gauss.InputError, match="prefill_packing"):
+        gauss.ServiceCoefficients(prefill_s_per_token=1e-4, decode_step_s=1e-3, prefill_packing="yes")
 
 
 def test_gauss_matches_the_twin_when_the_batch_cap_binds():
@@ -101,12 +101,12 @@ def test_gauss_matches_the_twin_when_the_batch_cap_binds():
     cfg = engine_config(get_arch("llama-3.1-8b"), get_gpu("h100-80gb"), max_num_batched_tokens=BUDGET,
                         max_model_len=16384, max_num_seqs=16)
     coef = twin_coefficients(cfg)
-    wl = g.Workload(g.LogNormalLength(1500, 0.5), g.LogNormalLength(128, 0.5))
-    limits = g.EngineLimits(max_num_seqs=16, kv_capacity_tokens=cfg.kv_capacity_tokens)
-    probe = g.simulate(wl, coef, 1.0, rng=np.random.default_rng(0), samples=50_000, replications=4, limits=limits)
+    wl = gauss.Workload(gauss.LogNormalLength(1500, 0.5), gauss.LogNormalLength(128, 0.5))
+    limits = gauss.EngineLimits(max_num_seqs=16, kv_capacity_tokens=cfg.kv_capacity_tokens)
+    probe = gauss.simulate(wl, coef, 1.0, rng=np.random.default_rng(0), samples=50_000, replications=4, limits=limits)
     assert probe.stable_binding == "batch"
     rate = 0.85 * probe.stable_rate_rps
-    r = g.simulate(wl, coef, rate, rng=np.random.default_rng(0), samples=400_000, replications=4, limits=limits)
+    r = gauss.simulate(wl, coef, rate, rng=np.random.default_rng(0), samples=400_000, replications=4, limits=limits)
     runs = [run_twin(cfg, wl, rate, 4000, seed=s) for s in range(1, 7)]
     ttft, tbt = np.concatenate([x[0] for x in runs]), np.concatenate([x[1] for x in runs])
     assert r.admission_wait_fraction > 0.2

@@ -255,12 +255,12 @@ def test_cli_memory_takes_the_new_keys(model, gpu, capsys):
 def test_twin_step_reads_the_routed_experts():
     """The twin's roofline (sim/roofline.py) at one decode token reads 2 of Mixtral's 8 experts;
     at 256 tokens all of them (1 − 0.75^256 ≈ 1), memory-bound both times on an H200."""
-    from kneecap.sim.roofline import DEFAULT_STEP_COST as C, step_time_s
+    from kneecap.sim.roofline import DEFAULT_STEP_COST, step_time_s
 
     a, gpu = get_arch("mixtral-8x7b"), get_gpu("h200")
     routed = a.routed_expert_params * 2
     for n, weights in ((1, a.weight_bytes - routed * 0.75), (256, a.weight_bytes)):
         t = step_time_s(a, gpu, num_seqs=n, num_tokens=n, kv_read_tokens=0.0, attn_flops=0.0, has_prefill=False)
-        assert t == pytest.approx(C.step_overhead_s + C.per_seq_overhead_s * n
-                                  + weights / (C.bw_efficiency * gpu.mem_bw_bytes_s), rel=1e-9), n
+        assert t == pytest.approx(DEFAULT_STEP_COST.step_overhead_s + DEFAULT_STEP_COST.per_seq_overhead_s * n
+                                  + weights / (DEFAULT_STEP_COST.bw_efficiency * gpu.mem_bw_bytes_s), rel=1e-9), n
     assert (a.weight_bytes - routed * 0.75) / 1e9 == pytest.approx(25.76, abs=0.01)  # the twin streams the input table too

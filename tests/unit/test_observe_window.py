@@ -367,11 +367,11 @@ def test_body_cut_at_a_line_end_inside_a_histogram_is_no_observation():
 # --- the fast paths: bucket plans, the merge shortcut, cached bound moments ---------------------
 def _general_deltas(monkeypatch, prev, cur, between=()):
     """window_deltas with every histogram read label by label (no bucket plan)."""
-    from kneecap.observe import window as W
+    from kneecap.observe import window as window_module
 
     with monkeypatch.context() as m:
-        m.setattr(W, "bucket_plan", lambda keys, cache=None: None)
-        return W.window_deltas(prev, cur, between)
+        m.setattr(window_module, "bucket_plan", lambda keys, cache=None: None)
+        return window_module.window_deltas(prev, cur, between)
 
 
 def test_window_histograms_are_the_capture_buckets():
@@ -524,7 +524,7 @@ def test_cv_is_the_reference_cv_exactly(name):
 def test_histogram_one_by_one_reads_reordered_series(monkeypatch):
     # the earlier scrape lists the TTFT buckets in reverse: same series, other order. The
     # batched path steps aside; histogram by histogram reads the same deltas.
-    from kneecap.observe import window as W
+    from kneecap.observe import window as window_module
     from kneecap.observe.vllm_metric_names import HISTOGRAMS
 
     text = read_capture("vllm-0.32-cpu-20req.txt")
@@ -533,10 +533,10 @@ def test_histogram_one_by_one_reads_reordered_series(monkeypatch):
     for i, ln in zip(ttft, [lines[i] for i in reversed(ttft)]):
         lines[i] = ln
     prev, cur = parse_metrics("\n".join(lines), t_s=T0), parse_metrics(text, t_s=T1)
-    assert W._histograms_batched(prev, cur) is None
-    d = W.window_deltas(prev, cur)
+    assert window_module._histograms_batched(prev, cur) is None
+    d = window_module.window_deltas(prev, cur)
     slow = _general_deltas(monkeypatch, prev, cur)
     for k, (names, req) in HISTOGRAMS.items():
         assert _same_histogram(d.histograms[k], slow.histograms[k]), k
-        assert _same_histogram(W._histogram(names, prev, cur, req), slow.histograms[k]), k
+        assert _same_histogram(window_module._histogram(names, prev, cur, req), slow.histograms[k]), k
     assert d.histograms["ttft"].cumulative.tolist() == [0.0] * 8 + [12.0] + [20.0] * 14

@@ -9,7 +9,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from kneecap.control import manifests as M
+from kneecap.control import manifests
 from kneecap.control.kube import ApiError, deployments_path, pods_path
 from kneecap.model.arch import get_arch
 from kneecap.model.hardware import get_gpu
@@ -74,7 +74,7 @@ def test_ownership_chain_and_unique_pod_ips():
     (rs,) = api.list_now(replicasets_path(ns))
     assert rs["metadata"]["ownerReferences"][0]["uid"] == d["metadata"]["uid"]
     assert rs["metadata"]["ownerReferences"][0]["controller"] is True
-    pods = api.list_now(pods_path(ns), M.pool_selector("llm", "server"))
+    pods = api.list_now(pods_path(ns), manifests.pool_selector("llm", "server"))
     assert len(pods) == 3
     for p in pods:
         ref = p["metadata"]["ownerReferences"][0]
@@ -92,7 +92,7 @@ def _rollout(cl: VirtualCluster, at_s: float, cap: int, watch: list):
     def change(t):
         d = cl.api.peek(deployments_path(cl.namespace, "llm"))
         cl.api.patch_now(deployments_path(cl.namespace, "llm"),
-                         M.with_settings(d, M.EngineSettings(cap, 0.9, None, d["spec"]["replicas"])))
+                         manifests.with_settings(d, manifests.EngineSettings(cap, 0.9, None, d["spec"]["replicas"])))
         cl.settle()
     cl.at(at_s, change)
     cl.every(1.0, lambda t: watch.append((t, [p.config.max_num_seqs for p in cl.ready_pods()])), start_s=0.0)
@@ -196,7 +196,7 @@ def test_a_tensor_parallel_pod_holds_tp_gpus_and_runs_a_tp_engine():
     cl = VirtualCluster(arch70, GPU, KubeletConfig())
     d = static_deployment(ReplayConfig(architecture="llama-2-70b"), cl, 64, 0.9, 2)
     d["spec"]["template"]["spec"]["containers"] = [
-        vllm_args.set_container_flag(c, "--tensor-parallel-size", 2) if c["name"] == M.CONTAINER else c
+        vllm_args.set_container_flag(c, "--tensor-parallel-size", 2) if c["name"] == manifests.CONTAINER else c
         for c in d["spec"]["template"]["spec"]["containers"]]
     cl.create(deployments_path(cl.namespace), d)
     cl.prewarm()

@@ -8,7 +8,7 @@ from dataclasses import asdict
 
 import pytest
 
-from kneecap.control import vllm_args as V
+from kneecap.control import vllm_args
 from kneecap.control.manifests import vllm_container
 from kneecap.demo.harness import DemoConfig
 from kneecap.demo.report import template_changes
@@ -19,7 +19,8 @@ CFG = DemoConfig(duration_s=160.0, interval_s=10.0, cooldown_s=120.0, warmup_int
 
 def flags(deploy: dict) -> tuple[int, float]:
     c = vllm_container(deploy)
-    return int(V.container_flag(c, "--max-num-seqs")), float(V.container_flag(c, "--gpu-memory-utilization"))
+    return (int(vllm_args.container_flag(c, "--max-num-seqs")),
+            float(vllm_args.container_flag(c, "--gpu-memory-utilization")))
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,7 @@ import json
 import pytest
 
 from kneecap import cli
-from kneecap.control import manifests as M
-from kneecap.control import vllm_args
+from kneecap.control import manifests, vllm_args
 from kneecap.control.kube import deployments_path
 from kneecap.sim.cluster import llmd_path
 from kneecap.sim.replay import NAME, ReplayConfig, run_policy, score
@@ -31,7 +30,7 @@ def test_operator_moves_the_cap_down_from_256_with_one_restart(tmp_path):
     first = applied[0]["target"]
     assert first["maxNumSeqs"] < 256 and first["gpuMemoryUtilization"] < 0.9
     deploy = api.peek(deployments_path(ns, NAME))
-    live = int(vllm_args.container_flag(M.vllm_container(deploy), M.MAX_NUM_SEQS))
+    live = int(vllm_args.container_flag(manifests.vllm_container(deploy), manifests.MAX_NUM_SEQS))
     assert live == applied[-1]["target"]["maxNumSeqs"] < 256
     assert run.cluster.kubelet.stats.restarts <= 1
     (pod,) = run.cluster.ready_pods()
