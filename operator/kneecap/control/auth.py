@@ -75,13 +75,15 @@ class Credentials:
                    environ: dict | None = None) -> "Credentials":
         """The service account of the pod (KUBERNETES_SERVICE_HOST/PORT, its token and CA files)."""
         from kubernetes.client import Configuration
-        from kubernetes.config import incluster_config as ic
+        from kubernetes.config import incluster_config
 
         def load():
             config = Configuration()
-            ic.InClusterConfigLoader(token_filename=token_path or ic.SERVICE_TOKEN_FILENAME,
-                                     cert_filename=ca_path or ic.SERVICE_CERT_FILENAME,
-                                     environ=os.environ if environ is None else environ).load_and_set(config)
+            loader = incluster_config.InClusterConfigLoader(
+                token_filename=token_path or incluster_config.SERVICE_TOKEN_FILENAME,
+                cert_filename=ca_path or incluster_config.SERVICE_CERT_FILENAME,
+                environ=os.environ if environ is None else environ)
+            loader.load_and_set(config)
             return config, None
 
         return cls(load)
@@ -91,16 +93,17 @@ class Credentials:
         """A kubeconfig file (default $KUBECONFIG, else ~/.kube/config; colon-separated lists merge)."""
         from kubernetes.client import Configuration
         from kubernetes.config import ConfigException
-        from kubernetes.config import kube_config as kc
+        from kubernetes.config import kube_config
 
         where = path or os.environ.get("KUBECONFIG") or "~/.kube/config"
 
         def load():
             try:
-                merged = kc.KubeConfigMerger(where).config
+                merged = kube_config.KubeConfigMerger(where).config
                 if merged is None:
                     raise ConfigException("no kubeconfig found")
-                loader = kc.KubeConfigLoader(config_dict=merged, active_context=context, config_base_path=None)
+                loader = kube_config.KubeConfigLoader(config_dict=merged, active_context=context,
+                                                      config_base_path=None)
                 config = Configuration()
                 loader.load_and_set(config)
             except (ConfigException, KeyError, ValueError, OSError) as exc:
