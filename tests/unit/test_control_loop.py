@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import re
 
-from kneecap.control import loop, plan
+from kneecap.control import loop, plan, tick
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.observe.scrape import ScrapeHTTPError, parse_metrics
 from tests.support.data import read_capture
@@ -40,7 +40,7 @@ def test_one_pod_failing_for_1000_ticks_keeps_the_others_scrapes_to_one_window()
     most = 0
     for _ in range(1000):
         w = asyncio.run(loop.observe_window(ctx, mem, SPEC, state, [*GOOD, BAD]))
-        assert w.outcome == plan.SCRAPE_FAILED and w.scrape_errors == 1 and BAD in w.message
+        assert w.outcome == tick.SCRAPE_FAILED and w.scrape_errors == 1 and BAD in w.message
         most = max(most, *(len(mem.snapshots["server"][u]) for u in GOOD))
         clock[0] += SPEC.control.interval_s
     assert most == per_window and BAD not in mem.snapshots["server"]
@@ -57,7 +57,7 @@ def test_a_garbage_page_closes_its_window_as_unusable_naming_what():
     pages = {GOOD[0]: text}
     ctx = context(pages, clock)
     mem, state = loop.LoopMemory(), live_pool()
-    assert asyncio.run(loop.observe_window(ctx, mem, SPEC, state, [GOOD[0]])).outcome == plan.OPEN  # priming
+    assert asyncio.run(loop.observe_window(ctx, mem, SPEC, state, [GOOD[0]])).outcome == tick.OPEN  # priming
     clock[0] += 60.0
     pages[GOOD[0]] = re.sub(r"^(vllm:num_requests_running\{.*\}) \S+$", r"\1 NaN", text, flags=re.M)
     w = asyncio.run(loop.observe_window(ctx, mem, SPEC, state, [GOOD[0]]))

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from kneecap.control import applied as applied_record, plan, reconcile, replica_stabilisation
-from kneecap.control import status as status_helpers, status_codec, vllm_args
+from kneecap.control import status as status_helpers, status_codec, tick, vllm_args
 from kneecap.control.kube import ApiError, ApiFailure
 from kneecap.control.spec import parse_spec
 from tests.support.plan_inputs import LABELS, NOW, RAW, SPEC, cond, gathered, live_pool, ring_status
@@ -66,13 +66,13 @@ def test_replicas_are_sized_by_gauss_at_the_cap_and_memory_recommended(curve):
     (plan.UNUSABLE, "http://10.0.0.1:8000/metrics: missing_metric:vllm:time_to_first_token_seconds_bucket",
      "MetricsUnusable"),
     (plan.UNUSABLE, "http://10.0.0.1:8000/metrics: counter_reset:process restarted", "MetricsUnusable"),
-    (plan.SCRAPE_FAILED, "http://10.0.0.1:8000/metrics: HTTP 500", "ScrapeFailed"),
+    (tick.SCRAPE_FAILED, "http://10.0.0.1:8000/metrics: HTTP 500", "ScrapeFailed"),
 ])
 def test_an_unusable_window_holds_sets_degraded_counts_it_and_leaves_the_ring(curve, outcome, message, reason):
     status, ring = ring_status(curve)
     status["observationFailures"] = {"consecutive": 0, "lastReason": "ScrapeFailed",
                                      "lastTime": status_helpers.iso(NOW - 600)}
-    w = plan.PoolWindow("server", live_pool(), outcome, message, scrape_errors=int(outcome == plan.SCRAPE_FAILED))
+    w = plan.PoolWindow("server", live_pool(), outcome, message, scrape_errors=int(outcome == tick.SCRAPE_FAILED))
     p = plan.plan(gathered(w, ring), status, SPEC, NOW)
     assert p.patches == ()
     d = cond(p.status, "Degraded")
@@ -91,7 +91,7 @@ def test_after_a_failure_the_open_window_still_holds_and_a_usable_one_clears_it(
     status, ring = ring_status(curve)
     status["observationFailures"] = {"consecutive": 2, "lastReason": plan.UNUSABLE, "lastMessage": "server: nan",
                                      "lastTime": status_helpers.iso(NOW - 30)}
-    held = plan.plan(gathered(plan.PoolWindow("server", live_pool(), plan.OPEN, "window open: 30s of 60s"), ring),
+    held = plan.plan(gathered(plan.PoolWindow("server", live_pool(), tick.OPEN, "window open: 30s of 60s"), ring),
                      status, SPEC, NOW)
     assert held.patches == () and cond(held.status, "Degraded")["reason"] == plan.UNUSABLE
     assert "2 failed observation(s)" in cond(held.status, "Degraded")["message"]
@@ -108,7 +108,7 @@ def test_no_usable_window_within_max_observation_age_holds_as_stale(curve):
     status, ring = ring_status(curve)
     assert SPEC.control.max_observation_age_s == 3 * WINDOW
     status["lastWindow"]["usableTime"] = status_helpers.iso(NOW - 3 * WINDOW - 1)
-    p = plan.plan(gathered(plan.PoolWindow("server", live_pool(), plan.NO_PODS, "no ready pod"), ring), status,
+    p = plan.plan(gathered(plan.PoolWindow("server", live_pool(), tick.NO_PODS, "no ready pod"), ring), status,
                   SPEC, NOW)
     assert p.patches == ()
     d = cond(p.status, "Degraded")
@@ -116,7 +116,7 @@ def test_no_usable_window_within_max_observation_age_holds_as_stale(curve):
     assert plan.MetricUpdate("set", "observation_age", LABELS, 181.0) in p.metrics
     # one second younger: fresh enough to decide
     status["lastWindow"]["usableTime"] = status_helpers.iso(NOW - 3 * WINDOW + 1)
-    fresh = plan.plan(gathered(plan.PoolWindow("server", live_pool(), plan.OPEN, "window open"), ring), status,
+    fresh = plan.plan(gathered(plan.PoolWindow("server", live_pool(), tick.OPEN, "window open"), ring), status,
                       SPEC, NOW)
     assert cond(fresh.status, "Degraded")["reason"] == "Healthy" and len(fresh.patches) == 1
 
@@ -174,7 +174,7 @@ def test_a_failed_reconcile_write_is_visible_and_stops_acting_but_not_observing(
     again = plan.plan(g, {**status, **p.status}, SPEC, NOW + 30)
     assert "CreateFailed" not in [e.reason for e in again.events] and updates(again, "api_errors")
     # writes succeed again: False
-    ok = plan.plan(gathered(plan.PoolWindow("server", live_pool(), plan.OPEN, "window open"), ring),
+    ok = plan.plan(gathered(plan.PoolWindow("server", live_pool(), tick.OPEN, "window open"), ring),
                    {**status, **p.status}, SPEC, NOW + 60)
     assert cond(ok.status, "ApiError")["status"] == "False"
 
@@ -183,7 +183,7 @@ def test_a_status_write_that_failed_last_tick_shows_in_api_error_without_countin
     status, ring = ring_status(curve)
     failure = ApiFailure.of(ApiError(500, {"message": "etcdserver: request timed out"},
                                      "PATCH /apis/kneecap.io/v1alpha1/namespaces/serving/llmdeployments/llm/status"))
-    g = gathered(plan.PoolWindow("server", live_pool(), plan.OPEN, "window open"), ring, status_write_failure=failure)
+    g = gathered(plan.PoolWindow("server", live_pool(), tick.OPEN, "window open"), ring, status_write_failure=failure)
     p = plan.plan(g, status, SPEC, NOW)
     c = cond(p.status, "ApiError")
     assert (c["status"], c["reason"]) == ("True", "StatusWriteFailed") and "llmdeployments/status llm" in c["message"]
@@ -337,18 +337,18 @@ def test_a_foreign_metrics_url_is_a_warning_condition_not_dropped_silently():
     """A pod annotation naming another host is ignored (the pod's IP is scraped) and said so:
     a Warning Event once, MetricsURLIgnored True while it lasts, False once it is gone."""
     ignored = "pod p-0: kneecap.io/metrics-url='http://169.254.169.254/'"
-    w = plan.PoolWindow("server", live_pool(), plan.OPEN, "window open", ignored_metrics_url=ignored)
+    w = plan.PoolWindow("server", live_pool(), tick.OPEN, "window open", ignored_metrics_url=ignored)
     first = plan.plan(gathered(w), {}, SPEC, NOW)
     cond = status_helpers.get_condition(first.status["conditions"], status_helpers.METRICS_URL_IGNORED)
     assert cond["status"] == "True" and cond["reason"] == "ForeignHost" and "169.254.169.254" in cond["message"]
     assert [e.reason for e in first.events if e.type == "Warning"] == [status_helpers.METRICS_URL_IGNORED]
     again = plan.plan(gathered(w), first.status, SPEC, NOW + 30)
     assert status_helpers.METRICS_URL_IGNORED not in [e.reason for e in again.events]
-    gone = plan.plan(gathered(plan.PoolWindow("server", live_pool(), plan.OPEN, "window open")), again.status, SPEC,
+    gone = plan.plan(gathered(plan.PoolWindow("server", live_pool(), tick.OPEN, "window open")), again.status, SPEC,
                      NOW + 60)
     assert status_helpers.get_condition(gone.status["conditions"],
                                         status_helpers.METRICS_URL_IGNORED)["status"] == "False"
-    never = plan.plan(gathered(plan.PoolWindow("server", live_pool(), plan.OPEN, "window open")), {}, SPEC, NOW)
+    never = plan.plan(gathered(plan.PoolWindow("server", live_pool(), tick.OPEN, "window open")), {}, SPEC, NOW)
     assert status_helpers.get_condition(never.status["conditions"], status_helpers.METRICS_URL_IGNORED) is None
 
 
@@ -360,7 +360,7 @@ def test_pods_the_scheduler_cannot_place_make_ready_false_with_its_message():
     assert why == "pod p-0 cannot be scheduled: 0/5 nodes are available: 4 node(s) had untolerated taint(s)."
     pool = live_pool()
     pool.deployment["status"] = {"readyReplicas": 0}
-    p = plan.plan(gathered(plan.PoolWindow("server", pool, plan.NO_PODS, "no ready pod", unschedulable=why)), {},
+    p = plan.plan(gathered(plan.PoolWindow("server", pool, tick.NO_PODS, "no ready pod", unschedulable=why)), {},
                   SPEC, NOW)
     ready = status_helpers.get_condition(p.status["conditions"], status_helpers.READY)
     assert (ready["status"], ready["reason"]) == ("False", "PodsUnschedulable")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 
-from kneecap.control import manifests, plan, reconcile
+from kneecap.control import manifests, plan, reconcile, tick
 from kneecap.control.kube import ApiError, ApiFailure, deployments_path, services_path
 from tests.support.plan_inputs import OWNER, SPEC, cond, gathered, live_pool
 
@@ -68,7 +68,7 @@ def test_a_full_pass_prunes_owned_objects_the_spec_no_longer_names():
 
 def test_a_failed_reconcile_write_reports_reconcile_failed_with_the_apis_answer():
     state = live_pool()
-    window = plan.PoolWindow("server", state, plan.OPEN, "window open")
+    window = plan.PoolWindow("server", state, tick.OPEN, "window open")
     p = plan.plan(gathered(window, owner=OWNER, live=_live(None)), {}, SPEC, 1_800_000_000.0)
     (action,) = p.reconcile
     assert action.write.verb == "create" and p.patches == ()

@@ -35,9 +35,9 @@ from kneecap.control.spec import LLMDeploymentSpec
 from kneecap.control.status_codec import (calibration_from_status, calibration_to_status, ownership_status,
                                           settings_status, workload_from_status)
 from kneecap.control.target import STRATEGIC, settings_patch
-from kneecap.control.tick import (APPLY_FAILED, FAILED, IDLE, NO_PODS, OBSERVED, OPEN, RECONCILE_FAILED,
-                                  SCRAPE_FAILED, STALE, UNUSABLE, DeploymentPatch, Event, FailedWrite, MetricUpdate,
-                                  Plan, PoolWindow, ReconcileWrite, TickInput, decision_status)
+from kneecap.control.tick import (FAILED, IDLE, OBSERVED, RECONCILE_FAILED, STALE, UNUSABLE, DeploymentPatch, Event,
+                                  FailedWrite, MetricUpdate, Plan, PoolWindow, ReconcileWrite, TickInput,
+                                  decision_status)
 from kneecap.model.arch import get_arch
 from kneecap.observe import pool as obs_pool
 from kneecap.observe.observation import Observation
