@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.support.control_plane import (ApiError, ControlPlane, ControlPlaneUnavailable, KubeClient, free_port,
-                                         token_credential_id)
+from tests.support.control_plane import (ApiError, ControlPlane, ControlPlaneUnavailable, KubeClient, audit_time,
+                                         free_port, token_credential_id)
 from tests.support.tools import tool
 from tests.support.sim_operator import SCALE as SIM_SCALE
 from tests.support.twins import Twin, TwinTime
@@ -210,6 +210,25 @@ def operator_kubeconfig(control_plane: ControlPlane, chart_installed: dict,
 
 
 OPERATOR_USER = f"system:serviceaccount:{RELEASE_NS}:{SERVICE_ACCOUNT}"
+
+
+def tick_writes(events: list[dict], namespace: str, name: str, after_s: float | None = None) -> list[dict]:
+    """The audit `events` that are a tick of LLMDeployment namespace/name: a status write that
+    succeeded (every tick writes the status: its window, its decision's time), after `after_s`."""
+    return [e for e in events if e["objectRef"].get("resource") == "llmdeployments"
+            and e["objectRef"].get("subresource") == "status" and e["objectRef"].get("namespace") == namespace
+            and e["objectRef"].get("name") == name and e["responseStatus"]["code"] < 300
+            and (after_s is None or audit_time(e) > after_s)]
+
+
+def wait_ticks(plane: ControlPlane, since_line: int, n: int, resources: list[tuple[str, str]], *,
+               timeout_s: float = 60.0, every_s: float = 0.2, user: str = OPERATOR_USER) -> None:
+    """Wait until each (namespace, name) of `resources` has ticked `n` times as `user` since the
+    audit mark: a test proves the operator ran before it asserts that nothing happened."""
+    def done() -> bool:
+        events = plane.audit(user, since_line=since_line)
+        return all(len(tick_writes(events, ns, name)) >= n for ns, name in resources)
+    plane.wait_for(done, timeout_s, f"{n} ticks of {', '.join(f'{ns}/{name}' for ns, name in resources)}", every_s)
 
 
 @pytest.fixture(scope="module")

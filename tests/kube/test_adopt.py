@@ -17,7 +17,7 @@ import pytest
 from kneecap.control import plan, reconcile, status as status_helpers, target, vllm_args
 from kneecap.control.kube import KubeClient
 from kneecap.control.spec import parse_spec
-from tests.kube.conftest import OPERATOR_USER, RELEASE_NS, SERVICE_ACCOUNT
+from tests.kube.conftest import OPERATOR_USER, RELEASE_NS, SERVICE_ACCOUNT, tick_writes, wait_ticks
 from tests.support.control_plane import ControlPlane, audit_writes, free_port
 from tests.support.counting_server import CountingServer
 from tests.support.profile_observations import observation
@@ -96,10 +96,7 @@ def operator_writes(plane: ControlPlane, since: int, resource: str, name: str | 
 
 
 def status_writes(plane: ControlPlane, since: int, name: str) -> int:
-    return sum(1 for e in plane.audit(OPERATOR_USER, since_line=since)
-               if e["objectRef"].get("resource") == "llmdeployments" and e["objectRef"].get("namespace") == NS
-               and e["objectRef"].get("name") == name
-               and e["objectRef"].get("subresource") == "status" and e["verb"] == "patch")
+    return len(tick_writes(plane.audit(OPERATOR_USER, since_line=since), NS, name))
 
 
 def running_pods(admin, selector: dict) -> list[dict]:
@@ -133,7 +130,7 @@ def test_a_target_another_controller_owns_is_advised_only_and_never_written(cont
         admin.create(LLMD, adopting("llama", "llama-runtime"))
         st = control_plane.wait_for(lambda: (s := status(admin, "llama")) and condition(s, "Advisory")
                                     and len(own.hits) >= 3 and s, 60, "Advisory and scrapes of the target's pod")
-        control_plane.wait_for(lambda: status_writes(control_plane, mark, "llama") >= 5, 60, "5 ticks")
+        wait_ticks(control_plane, mark, 5, [(NS, "llama")])
         delete_and_wait(control_plane, "llama")
     finally:
         own.close()
@@ -166,7 +163,7 @@ def test_a_missing_target_is_reported_and_nothing_is_created(control_plane, oper
         and (s.get("lastDecision") or {}).get("reason") == "TargetMissing" and s, 60, "Ready=False TargetMissing")
     warned = control_plane.wait_for(lambda: [e for e in admin.list("v1/events", NS) if e.get("reason") == "TargetMissing"
                                              and e["involvedObject"]["name"] == "waiting"], 30, "a TargetMissing Event")
-    control_plane.wait_for(lambda: status_writes(control_plane, mark, "waiting") >= 3, 60, "3 ticks")
+    wait_ticks(control_plane, mark, 3, [(NS, "waiting")])
     made = operator_writes(control_plane, mark, "deployments") + operator_writes(control_plane, mark, "services")
     # the Deployment appears (the user's chart installs it): kneecap picks it up, still writes nothing
     dep = admin.create(DEPLOY, user_deployment("llama-serving"))

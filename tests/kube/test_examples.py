@@ -8,13 +8,12 @@ new Event."""
 from __future__ import annotations
 
 import copy
-from collections import Counter
 
 import pytest
 import yaml
 
 from tests.kube.conftest import (H100_NODES, OPERATOR_USER, OperatorProcess, chart_operator_args, clear_namespace, kubectl,
-                                 with_ports)
+                                 wait_ticks, with_ports)
 from tests.support.control_plane import ControlPlane, free_port
 from tests.support.examples import EXAMPLES, documents, llmdeployment
 
@@ -169,16 +168,7 @@ def test_steady_ticks_write_nothing_but_status(control_plane, examples_running):
     _, keys = examples_running
     mark = control_plane.audit_mark()
 
-    def status_writes() -> Counter:
-        return Counter((e["objectRef"]["namespace"], e["objectRef"]["name"]) for e in
-                       control_plane.audit(OPERATOR_USER, since_line=mark)
-                       if e["objectRef"].get("resource") == "llmdeployments"
-                       and e["objectRef"].get("subresource") == "status" and e["verb"] == "patch")
-
-    # a tick of each resource writes its status (the observation window, the decision's time):
-    # wait for 100 of them per example
-    control_plane.wait_for(lambda: all(status_writes()[k] >= STEADY_TICKS for k in keys), 600,
-                           f"{STEADY_TICKS} ticks per example", every_s=2)
+    wait_ticks(control_plane, mark, STEADY_TICKS, list(keys), timeout_s=600, every_s=2)
     events = control_plane.audit(OPERATOR_USER, since_line=mark)
     writes = [(e["verb"], e["requestURI"], e["responseStatus"]["code"]) for e in events
               if e["objectRef"].get("resource") in ("deployments", "services")

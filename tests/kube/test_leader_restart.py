@@ -39,7 +39,7 @@ import time
 
 from kneecap.control.handlers import PEERING_LIFETIME_S
 from tests.kube.conftest import (OPERATOR_USER, SERVICE_ACCOUNT, PodTwins, metric_sum, service_account_kubeconfig,
-                                 start_chart_operator)
+                                 start_chart_operator, tick_writes)
 from tests.support.control_plane import ControlPlane, audit_time, audit_writes, credential_id
 from tests.support.examples import ROOT, llmdeployment
 from tests.support.twins import load
@@ -356,11 +356,9 @@ def test_apiserver_restart_mid_run_loses_no_window_and_applies_nothing_twice(
             quiet_from = max(back_at, acted_at) + 0.5
             step = "4 windows more, and 6 s and 2 status writes of the informers serving the ticks"
 
-            def quiet_ticks() -> list[dict]:
-                return [e for e in since_stop() if ref(e).get("subresource") == "status" and ref(e).get("name") == name
-                        and audit_time(e) > quiet_from and e["responseStatus"]["code"] < 300]
             plane.wait_for(lambda: len(rings.status().get("observations") or []) >= len(before["observations"]) + 4
-                           and time.time() > quiet_from + 6 and len(quiet_ticks()) >= 2, 120, step)
+                           and time.time() > quiet_from + 6
+                           and len(tick_writes(since_stop(), ns, name, after_s=quiet_from)) >= 2, 120, step)
         except Exception as exc:
             raise AssertionError(f"the operator did not recover ({step}: {exc}); status "
                                  f"{status_of(admin, ns, name)}\noperator log:\n{op.tail()}") from None
@@ -409,8 +407,7 @@ def test_apiserver_restart_mid_run_loses_no_window_and_applies_nothing_twice(
     # the informers serve the ticks again: no pod or ReplicaSet read from the API once they are back
     reads = [e for e in events if e["verb"] in ("list", "get") and ref(e).get("resource") in ("pods", "replicasets")
              and ref(e).get("namespace") == ns and audit_time(e) > quiet_from]
-    ticks = [e for e in events if ref(e).get("subresource") == "status" and ref(e).get("name") == name
-             and audit_time(e) > quiet_from]
+    ticks = tick_writes(events, ns, name, after_s=quiet_from)
     assert len(ticks) >= 2 and reads == [], summary(reads)
 
 

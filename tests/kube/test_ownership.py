@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import copy
 
-from tests.kube.conftest import OPERATOR_USER
+from tests.kube.conftest import OPERATOR_USER, wait_ticks
 from tests.support.control_plane import ControlPlane, audit_writes, free_port
 from tests.support.counting_server import CountingServer
 from tests.support.examples import ROOT, colocated, condition, documents, status_of
@@ -36,15 +36,6 @@ def _writes_to(plane: ControlPlane, since: int, resource: str, name: str) -> lis
     return [(e["verb"], e["requestURI"]) for e in audit_writes(plane.audit(OPERATOR_USER, since_line=since))
             if e["objectRef"].get("resource") == resource and e["objectRef"].get("namespace") == NS
             and e["objectRef"].get("name") == name]
-
-
-def _ticks(plane: ControlPlane, since: int, n: int, *names: str) -> None:
-    def done():
-        events = plane.audit(OPERATOR_USER, since_line=since)
-        return all(sum(1 for e in events if e["objectRef"].get("subresource") == "status"
-                       and e["objectRef"].get("namespace") == NS and e["objectRef"].get("name") == name) >= n
-                   for name in names)
-    plane.wait_for(done, 60, f"{n} ticks of {names}")
 
 
 def _theirs_deployment(name: str) -> dict:
@@ -83,7 +74,7 @@ def test_a_deployment_and_service_that_hold_the_pools_name_are_not_taken_over(co
     warned = control_plane.wait_for(lambda: [e for e in admin.list("v1/events", NS) if e.get("reason") == "Conflict"
                                              and e["involvedObject"]["name"] == name], 30, "a Conflict Event")
     assert warned[0]["type"] == "Warning" and f"Deployment {NS}/{name}" in warned[0]["message"]
-    _ticks(control_plane, mark, 5, name)
+    wait_ticks(control_plane, mark, 5, [(NS, name)])
     _delete(control_plane, name)
     # through the ticks and the delete: still exactly its owner's
     after = admin.get(DEPLOY, NS, name)
@@ -107,7 +98,7 @@ def test_a_service_that_holds_the_pools_name_does_not_block_its_deployment(contr
     ours = admin.get(DEPLOY, NS, name)
     assert ours["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "kneecap"
     assert [o["uid"] for o in ours["metadata"]["ownerReferences"]] == [owner["metadata"]["uid"]]
-    _ticks(control_plane, mark, 5, name)
+    wait_ticks(control_plane, mark, 5, [(NS, name)])
     _delete(control_plane, name)
     # its own Deployment goes with it (the operator's cleanup or the garbage collector); the Service stays
     control_plane.wait_for(lambda: admin.get(DEPLOY, NS, name) is None, 60, f"{name}'s own Deployment gone")

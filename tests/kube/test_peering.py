@@ -14,7 +14,8 @@ import datetime
 import time
 
 from kneecap.control.handlers import PEERING_LIFETIME_S
-from tests.kube.conftest import OPERATOR_USER, SERVICE_ACCOUNT, service_account_kubeconfig, start_chart_operator
+from tests.kube.conftest import (OPERATOR_USER, SERVICE_ACCOUNT, service_account_kubeconfig, start_chart_operator,
+                                 tick_writes)
 from tests.support.control_plane import ControlPlane, audit_time, audit_writes, credential_id
 from tests.support.examples import ROOT, llmdeployment
 
@@ -58,7 +59,7 @@ def test_one_replica_acts_and_the_other_takes_over_when_it_stops(control_plane: 
         plane.wait_for(lambda: "peer-b" in peers(admin), 30, "the second replica's keep-alive")
         assert peers(admin)["peer-a"]["priority"] > peers(admin)["peer-b"]["priority"]  # started first: leads
         admin.create(LLMD, doc)
-        plane.wait_for(lambda: len([e for e in work(cred_a) if e["objectRef"].get("subresource") == "status"]) >= 3,
+        plane.wait_for(lambda: len(tick_writes(work(cred_a), NS, "llama")) >= 3,
                        60, "the leader's reconcile and ticks")
         # stopped right after a keep-alive: were the follower to wait for that one to expire, it
         # would act 30 s later, not within the few seconds a goodbye takes
@@ -75,7 +76,7 @@ def test_one_replica_acts_and_the_other_takes_over_when_it_stops(control_plane: 
         except Exception:
             raise AssertionError(f"the follower never acted; its log:\n{follower.tail()}") from None
         took_over_at = min(audit_time(e) for e in taken)
-        plane.wait_for(lambda: len([e for e in work(cred_b) if e["objectRef"].get("subresource") == "status"]) >= 3,
+        plane.wait_for(lambda: len(tick_writes(work(cred_b), NS, "llama")) >= 3,
                        60, "the new leader's ticks")
         admin.delete(LLMD, NS, "llama")
         plane.wait_for(lambda: admin.get(LLMD, NS, "llama") is None, 60, "llama deleted (the new leader's finalizer)")

@@ -9,7 +9,7 @@ import json
 
 from kneecap.control import vllm_args
 from kneecap.control.kube import FIELD_MANAGER
-from tests.kube.conftest import OPERATOR_USER
+from tests.kube.conftest import OPERATOR_USER, wait_ticks
 from tests.support.control_plane import ControlPlane, audit_writes
 from tests.support.examples import colocated, condition, status_of
 
@@ -36,12 +36,6 @@ def _writes(plane: ControlPlane, since: int, resources=("deployments", "services
             if e["objectRef"].get("resource") in resources and e["objectRef"].get("namespace") == NS]
 
 
-def _ticks(plane: ControlPlane, since: int, name: str, n: int) -> None:
-    plane.wait_for(lambda: sum(1 for e in plane.audit(OPERATOR_USER, since_line=since)
-                               if e["objectRef"].get("subresource") == "status" and e["objectRef"].get("name") == name
-                               and e["objectRef"].get("namespace") == NS) >= n, 60, f"{n} ticks of {name}")
-
-
 def _events(admin, name: str, reason: str) -> list[dict]:
     return [e for e in admin.list("v1/events", NS) if e.get("reason") == reason and e["involvedObject"]["name"] == name]
 
@@ -56,7 +50,7 @@ def test_colocated_objects_are_created_once_with_owner_labels_and_flags(control_
     owner = admin.create(LLMD, _llmd("llama"))
     d = control_plane.wait_for(lambda: admin.get(DEPLOY, NS, "llama"), 60, "the Deployment")
     svc = control_plane.wait_for(lambda: admin.get(SERVICE, NS, "llama"), 60, "the Service")
-    _ticks(control_plane, mark, "llama", 10)
+    wait_ticks(control_plane, mark, 10, [(NS, "llama")])
     for obj in (d, svc):
         assert [o["uid"] for o in obj["metadata"]["ownerReferences"]] == [owner["metadata"]["uid"]]
         assert obj["metadata"]["labels"]["kneecap.io/role"] == "server"
@@ -97,7 +91,7 @@ def test_an_invalid_spec_is_refused_in_status_and_an_event_and_nothing_is_made(c
     st = control_plane.wait_for(lambda: (s := _status(admin, "bad")) and condition(s, "Ready") and s, 60,
                                 "the Ready condition")
     ev = control_plane.wait_for(lambda: _events(admin, "bad", "InvalidSpec"), 30, "an InvalidSpec Event")
-    _ticks(control_plane, mark, "bad", 1)
+    wait_ticks(control_plane, mark, 1, [(NS, "bad")])
     ready = condition(st, "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec") and "spec.accelerator.type" in ready["message"]
     assert st["phase"] == "Invalid"
@@ -132,7 +126,7 @@ def test_a_spec_change_follows_the_spec_keeps_the_loops_flags_and_leaves_an_hpa_
     # the real HPA controller has looked at it (no metrics server here: it cannot scale) ...
     hpa = control_plane.wait_for(lambda: (h := admin.get(HPA, NS, "scaled-hpa")) and
                                  (h.get("status") or {}).get("conditions") and h, 90, "the HPA controller's status")
-    _ticks(control_plane, mark, "scaled", 5)
+    wait_ticks(control_plane, mark, 5, [(NS, "scaled")])
     d = admin.get(DEPLOY, NS, "scaled")
     st = _status(admin, "scaled")
     assert vllm_args.container_flag(_container(d), "--max-num-seqs") == "32"  # a spec change does not undo a decision
@@ -148,7 +142,7 @@ def test_drift_of_its_deployment_is_repaired_in_one_patch_and_a_managed_flag_is_
     mark0 = control_plane.audit_mark()
     admin.create(LLMD, _llmd("drift"))
     d = control_plane.wait_for(lambda: admin.get(DEPLOY, NS, "drift"), 60, "the Deployment")
-    _ticks(control_plane, mark0, "drift", 3)
+    wait_ticks(control_plane, mark0, 3, [(NS, "drift")])
     # a user edits the image (a field the spec owns) and --max-num-seqs (a flag the loop manages)
     c = vllm_args.set_container_flag({**_container(d), "image": "example.com/vllm:patched"}, "--max-num-seqs", 64)
     mark = control_plane.audit_mark()
@@ -156,7 +150,7 @@ def test_drift_of_its_deployment_is_repaired_in_one_patch_and_a_managed_flag_is_
     repaired = control_plane.wait_for(lambda: (x := admin.get(DEPLOY, NS, "drift"))
                                       and _container(x)["image"] == "vllm/vllm-openai:v0.11.0" and x, 60,
                                       "the image repaired")
-    _ticks(control_plane, mark, "drift", 5)
+    wait_ticks(control_plane, mark, 5, [(NS, "drift")])
     after = admin.get(DEPLOY, NS, "drift")
     # one spec change since the user's (the repair), none after it (the Deployment controller's status aside)
     assert after["metadata"]["generation"] == repaired["metadata"]["generation"] == edited["metadata"]["generation"] + 1

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from kneecap.errors import InputError
-from kneecap.model import bca, calibrate, memory, slim
+from kneecap.model import bca, calibrate, memory
 from kneecap.model.arch import get_arch
 from kneecap.model.hardware import get_gpu
 

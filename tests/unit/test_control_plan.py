@@ -12,6 +12,7 @@ import pytest
 from kneecap.control import applied as applied_record, plan, reconcile, replica_stabilisation
 from kneecap.control import status as status_helpers, status_codec, tick, vllm_args
 from kneecap.control.kube import ApiError, ApiFailure
+from kneecap.control.metric_series import Series
 from kneecap.control.spec import parse_spec
 from tests.support.plan_inputs import LABELS, NOW, RAW, SPEC, cond, gathered, live_pool, ring_status
 from tests.support.profile_observations import observation
@@ -19,8 +20,8 @@ from tests.support.profile_observations import observation
 WINDOW = 60.0
 
 
-def updates(planned: plan.Plan, metric: str) -> list[plan.MetricUpdate]:
-    return [u for u in planned.metrics if u.metric == metric]
+def updates(planned: plan.Plan, series: Series) -> list[plan.MetricUpdate]:
+    return [u for u in planned.metrics if u.series is series]
 
 
 def test_a_fresh_window_in_enforce_patches_once_with_the_applied_record_in_the_same_patch(curve):
@@ -37,13 +38,13 @@ def test_a_fresh_window_in_enforce_patches_once_with_the_applied_record_in_the_s
     assert p.status["lastDecision"]["reason"] == "Applied"
     # the Applied Event and the restart counter wait for the patch; the hold it replaces is the rollback
     assert [e.reason for e in patch.events] == ["Applied"] and "Applied" not in [e.reason for e in p.events]
-    assert plan.MetricUpdate("inc", "restarts", (*LABELS, "Recommended"), 1.0) in patch.metrics
+    assert plan.MetricUpdate("inc", Series.RESTARTS, (*LABELS, "Recommended"), 1.0) in patch.metrics
     assert patch.rollback["applied"]["maxNumSeqs"] == 32 and "time" not in patch.rollback["applied"]
     assert cond(p.status, "Degraded")["status"] == "False" and cond(p.status, "ApiError") == {}  # none failed yet
     assert len(p.status["observations"]) == 4 and p.status["lastWindow"]["outcome"] == plan.OBSERVED
     assert "observationFailures" not in p.status
-    assert updates(p, "observation_consecutive_failures") == [
-        plan.MetricUpdate("set", "observation_consecutive_failures", LABELS, 0.0)]
+    assert updates(p, Series.OBSERVATION_CONSECUTIVE_FAILURES) == [
+        plan.MetricUpdate("set", Series.OBSERVATION_CONSECUTIVE_FAILURES, LABELS, 0.0)]
 
 
 def test_replicas_are_sized_by_gauss_at_the_cap_and_memory_recommended(curve):
@@ -82,8 +83,8 @@ def test_an_unusable_window_holds_sets_degraded_counts_it_and_leaves_the_ring(cu
                                                "lastMessage": f"server: {message}", "lastTime": status_helpers.iso(NOW)}
     assert "observations" not in p.status and "workload" not in p.status  # the ring is unchanged
     assert p.status["lastDecision"]["reason"] == reason and p.status["lastDecision"]["action"] == "hold"
-    assert plan.MetricUpdate("inc", "observation_failures", (*LABELS, reason), 1.0) in p.metrics
-    assert plan.MetricUpdate("set", "observation_consecutive_failures", LABELS, 1.0) in p.metrics
+    assert plan.MetricUpdate("inc", Series.OBSERVATION_FAILURES, (*LABELS, reason), 1.0) in p.metrics
+    assert plan.MetricUpdate("set", Series.OBSERVATION_CONSECUTIVE_FAILURES, LABELS, 1.0) in p.metrics
     assert [(e.type, e.reason) for e in p.events] == [("Warning", reason)]
 
 
@@ -96,7 +97,7 @@ def test_after_a_failure_the_open_window_still_holds_and_a_usable_one_clears_it(
     assert held.patches == () and cond(held.status, "Degraded")["reason"] == plan.UNUSABLE
     assert "2 failed observation(s)" in cond(held.status, "Degraded")["message"]
     assert "observationFailures" not in held.status  # unchanged: not re-sent, not counted again
-    assert not updates(held, "observation_failures")
+    assert not updates(held, Series.OBSERVATION_FAILURES)
     obs = replace(observation(curve[32]), t_end_s=NOW)
     ok = plan.plan(gathered(plan.PoolWindow("server", live_pool(), plan.OBSERVED, observation=obs), ring), status,
                    SPEC, NOW)
@@ -113,7 +114,7 @@ def test_no_usable_window_within_max_observation_age_holds_as_stale(curve):
     assert p.patches == ()
     d = cond(p.status, "Degraded")
     assert (d["status"], d["reason"]) == ("True", "ObservationStale") and "181s ago" in d["message"]
-    assert plan.MetricUpdate("set", "observation_age", LABELS, 181.0) in p.metrics
+    assert plan.MetricUpdate("set", Series.OBSERVATION_AGE, LABELS, 181.0) in p.metrics
     # one second younger: fresh enough to decide
     status["lastWindow"]["usableTime"] = status_helpers.iso(NOW - 3 * WINDOW + 1)
     fresh = plan.plan(gathered(plan.PoolWindow("server", live_pool(), tick.OPEN, "window open"), ring), status,
@@ -132,7 +133,7 @@ def test_idle_windows_are_not_failures_but_old_traffic_is_not_decided_on(curve):
     assert cond(p.status, "Degraded")["status"] == "False" and "observationFailures" not in p.status
     assert p.status["lastWindow"] == {"pool": "server", "outcome": plan.IDLE, "time": status_helpers.iso(NOW),
                                       "usableTime": status_helpers.iso(NOW)}
-    assert plan.MetricUpdate("drop", "batching_efficiency", (*LABELS, "server")) in p.metrics
+    assert plan.MetricUpdate("drop", Series.BATCHING_EFFICIENCY, (*LABELS, "server")) in p.metrics
 
 
 def test_the_deployment_record_keeps_the_cooldown_when_the_status_lost_it(curve):
@@ -166,13 +167,13 @@ def test_a_failed_reconcile_write_is_visible_and_stops_acting_but_not_observing(
     c = cond(p.status, "ApiError")
     assert (c["status"], c["reason"]) == ("True", "CreateFailed")
     assert c["message"] == 'create services: HTTP 422: Service "llm" is invalid: metadata.name: Invalid value'
-    assert plan.MetricUpdate("inc", "api_errors", ("create", "services", "422"), 1.0) in p.metrics
+    assert plan.MetricUpdate("inc", Series.API_ERRORS, ("create", "services", "422"), 1.0) in p.metrics
     assert ("Warning", "CreateFailed") in [(e.type, e.reason) for e in p.events]
     assert p.status["lastDecision"]["reason"] == "ReconcileFailed" and "HTTP 422" in p.status["lastDecision"]["message"]
     assert len(p.status["observations"]) == 4 and p.status["recommendation"]["maxNumSeqs"] > 32  # still observing
     # the same failure on the next tick: the condition stands, no second Event
     again = plan.plan(g, {**status, **p.status}, SPEC, NOW + 30)
-    assert "CreateFailed" not in [e.reason for e in again.events] and updates(again, "api_errors")
+    assert "CreateFailed" not in [e.reason for e in again.events] and updates(again, Series.API_ERRORS)
     # writes succeed again: False
     ok = plan.plan(gathered(plan.PoolWindow("server", live_pool(), tick.OPEN, "window open"), ring),
                    {**status, **p.status}, SPEC, NOW + 60)
@@ -187,7 +188,7 @@ def test_a_status_write_that_failed_last_tick_shows_in_api_error_without_countin
     p = plan.plan(g, status, SPEC, NOW)
     c = cond(p.status, "ApiError")
     assert (c["status"], c["reason"]) == ("True", "StatusWriteFailed") and "llmdeployments/status llm" in c["message"]
-    assert not updates(p, "api_errors") and "StatusWriteFailed" not in [e.reason for e in p.events]
+    assert not updates(p, Series.API_ERRORS) and "StatusWriteFailed" not in [e.reason for e in p.events]
 
 
 def test_a_failed_patch_rolls_back_what_it_would_have_changed(curve):
@@ -203,7 +204,7 @@ def test_a_failed_patch_rolls_back_what_it_would_have_changed(curve):
     c = cond(out, "ApiError")
     assert (c["status"], c["reason"]) == ("True", "PatchFailed") and "patch deployments llm: HTTP 422" in c["message"]
     assert (event.type, event.reason) == ("Warning", "PatchFailed")
-    assert counters[0] == plan.MetricUpdate("inc", "api_errors", ("patch", "deployments", "422"), 1.0)
+    assert counters[0] == plan.MetricUpdate("inc", Series.API_ERRORS, ("patch", "deployments", "422"), 1.0)
     # the same refusal on the next tick: counted, no second Event
     next_tick = replace(p.patches[0].if_failed, status={**p.status, **out}, now_s=NOW + 30)
     _, again, counted = next_tick.outcome(failure)

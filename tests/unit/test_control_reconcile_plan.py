@@ -7,6 +7,7 @@ import copy
 
 from kneecap.control import manifests, plan, reconcile, tick
 from kneecap.control.kube import ApiError, ApiFailure, deployments_path, services_path
+from kneecap.control.metric_series import Series
 from tests.support.plan_inputs import OWNER, SPEC, cond, gathered, live_pool
 
 NS = "serving"
@@ -79,6 +80,31 @@ def test_a_failed_reconcile_write_reports_reconcile_failed_with_the_apis_answer(
     assert status["lastDecision"]["reason"] == "ReconcileFailed"
     assert "the create of Deployment llm failed" in status["lastDecision"]["message"]
     assert (event.type, event.reason) == ("Warning", "CreateFailed")
-    assert counters[1] == plan.MetricUpdate("inc", "decisions", ("serving", "llm", "ReconcileFailed"), 1.0)
+    assert counters[1] == plan.MetricUpdate("inc", Series.DECISIONS, ("serving", "llm", "ReconcileFailed"), 1.0)
     # the plan's own status is the one written when the write succeeds
     assert p.status["lastDecision"]["reason"] != "ReconcileFailed"
+
+
+def test_a_deployment_found_in_sync_is_remembered_by_the_cache_and_a_new_resource_version_compares_again():
+    deploy = copy.deepcopy(live_pool().deployment)
+    deploy["metadata"]["resourceVersion"] = "41"
+    cache = reconcile.InSyncCache()
+    first = reconcile.plan_reconcile(OWNER, SPEC, _live(deploy), cache)
+    assert first.writes == [] and len(first.found_in_sync) == 1 and len(cache) == 0  # planning only reads it
+    cache.record(first.found_in_sync)
+    again = reconcile.plan_reconcile(OWNER, SPEC, _live(deploy), cache)
+    assert again.writes == [] and again.found_in_sync == []  # not compared again
+    # drifted at a new resourceVersion: compared, and patched
+    drifted = copy.deepcopy(deploy)
+    drifted["metadata"]["resourceVersion"] = "42"
+    manifests.vllm_container(drifted)["image"] = "someone-elses-image"
+    (write,) = reconcile.plan_reconcile(OWNER, SPEC, _live(drifted), cache).writes
+    assert write.verb == "patch" and write.body["spec"]["template"]["spec"]["containers"][0]["image"] == "vllm"
+
+
+def test_the_in_sync_cache_is_bounded_and_starts_over_when_full():
+    cache = reconcile.InSyncCache(max_entries=3)
+    cache.record([("a",), ("b",), ("c",)])
+    assert len(cache) == 3 and ("a",) in cache
+    cache.record([("d",)])
+    assert len(cache) == 1 and ("d",) in cache and ("a",) not in cache

@@ -13,6 +13,7 @@ import pytest
 
 from kneecap.control import applied as applied_record, manifests, plan, reconcile, status as status_helpers
 from kneecap.control import status_codec, target, vllm_args
+from kneecap.control.metric_series import Series
 from kneecap.control.spec import parse_spec
 from kneecap.emulation.admission import strategic_merge
 from tests.support.plan_inputs import LABELS, NOW, cond, ring_status
@@ -175,7 +176,7 @@ def test_a_target_kneecap_may_not_write_is_advised_only(curve, refs, container, 
     d = p.status["lastDecision"]
     assert d["reason"] == "Advised" and d["target"]["maxNumSeqs"] == 64 and needle in d["message"]
     assert p.status["recommendation"]["maxNumSeqs"] >= 64  # still computed and reported
-    assert plan.MetricUpdate("inc", "decisions", (*LABELS, "Advised"), 1.0) in p.metrics
+    assert plan.MetricUpdate("inc", Series.DECISIONS, (*LABELS, "Advised"), 1.0) in p.metrics
 
 
 def test_a_missing_target_creates_nothing_and_says_so(curve):

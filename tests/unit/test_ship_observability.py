@@ -170,9 +170,9 @@ def test_decisions_annotation_asks_for_reasons_the_operator_records():
     (alternatives,) = set(re.findall(r'reason=~"([^"]+)"', ann["kneecap decisions"]))
     plan = (ROOT / "operator" / "kneecap" / "control" / "plan.py").read_text()
     counted = set(re.findall(r't\.decision\("(\w+)"', plan)) | set(
-        re.findall(r'MetricUpdate\("inc", "decisions", \([^)]*"(\w+)"\)', plan))
+        re.findall(r'MetricUpdate\("inc", Series\.DECISIONS, \([^)]*"(\w+)"\)', plan))
     failed_write = (ROOT / "operator" / "kneecap" / "control" / "tick.py").read_text()  # FailedWrite.outcome
-    if re.search(r'MetricUpdate\("inc", "decisions", \(\*self\.labels, self\.reason\)', failed_write):
+    if re.search(r'MetricUpdate\("inc", Series\.DECISIONS, \(\*self\.labels, self\.reason\)', failed_write):
         counted |= {tick.APPLY_FAILED, tick.RECONCILE_FAILED}
     assert {"Applied", "Advised", "ApplyFailed"} <= counted and "Recommended" not in counted
     assert set(alternatives.split("|")) <= counted

@@ -23,6 +23,7 @@ from kneecap.control.gauss_reuse import GaussRuns
 from kneecap.control.informer import CachedReads
 from kneecap.control.kube import KubeClient
 from kneecap.control.metrics import OperatorMetrics
+from kneecap.control.reconcile import InSyncCache
 from kneecap.control.spec import GROUP, PLURAL, VERSION
 from kneecap.observe.histogram import HistogramCache
 from kneecap.observe.scrape import ParseCache
@@ -96,7 +97,8 @@ def _operator(config: OperatorConfig, memo: kopf.Memo) -> lifecycle.Operator:
                               reads=getattr(memo, "reads", None), session=getattr(memo, "scrape_session", None),
                               gauss_runs=getattr(memo, "gauss_runs", None),
                               parse_cache=getattr(memo, "parse_cache", None),
-                              histogram_cache=getattr(memo, "histogram_cache", None))
+                              histogram_cache=getattr(memo, "histogram_cache", None),
+                              sync_cache=getattr(memo, "sync_cache", None))
 
 
 def _sink(body, patch: kopf.Patch, logger) -> lifecycle.Sink:
@@ -155,6 +157,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         memo.gauss_runs = GaussRuns()  # shared by every resource's plan (LoopContext.gauss_runs)
         memo.parse_cache = ParseCache()  # shared by every scrape (LoopContext.parse_cache)
         memo.histogram_cache = HistogramCache()  # shared by every window (LoopContext.histogram_cache)
+        memo.sync_cache = InSyncCache()  # shared by every resource (LoopContext.sync_cache)
         # one client session for every scrape; a connection per scrape (force_close): vLLM's
         # server drops idle keep-alive connections after 5 s, an interval is longer
         memo.scrape_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))

@@ -45,6 +45,7 @@ class Operator:
     gauss_runs: GaussRuns | None = None  # GAUSS's λ* reuse (LoopContext.gauss_runs)
     parse_cache: ParseCache | None = None  # the scrapes' parser's (LoopContext.parse_cache)
     histogram_cache: HistogramCache | None = None  # the windows' bucket plans (LoopContext.histogram_cache)
+    sync_cache: reconcile.InSyncCache | None = None  # Deployments found in sync (LoopContext.sync_cache)
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ async def on_spec(operator: Operator, body: dict, lock: asyncio.Lock, reason: st
     if spec is None:
         return
     async with lock:
-        result = await reconcile.reconcile(operator.kube, dict(body), spec)
+        result = await reconcile.reconcile(operator.kube, dict(body), spec, sync_cache=operator.sync_cache)
     now = operator.now()
     gen = body["metadata"].get("generation")
     conds = (body.get("status") or {}).get("conditions")
@@ -154,6 +155,7 @@ async def on_timer(operator: Operator, body: dict, mem: loop.LoopMemory, lock: a
                            session=operator.session, reads=None if fresh else operator.reads,
                            reconcile_lock=lock, gauss_runs=operator.gauss_runs,
                            parse_cache=operator.parse_cache, histogram_cache=operator.histogram_cache,
+                           sync_cache=operator.sync_cache,
                            event=sink.event)
     seen = dict(body)  # (a caller's body may be live: kopf's watch may replace it during the tick)
     status = await loop.tick(ctx, seen, mem.spec, mem)

@@ -24,6 +24,7 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Container
 from dataclasses import dataclass, field, replace
 from typing import Awaitable, Callable
 
@@ -35,7 +36,7 @@ from kneecap.control.informer import ApiReads
 from kneecap.control.kube import ApiError, ApiFailure, KubeClient, deployments_path
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.control.spec import LLMDeploymentSpec
-from kneecap.control.tick import (IDLE, NO_PODS, OBSERVED, OPEN, SCRAPE_FAILED, UNUSABLE, Event, MetricUpdate, Plan,
+from kneecap.control.tick import (IDLE, NO_PODS, OBSERVED, OPEN, SCRAPE_FAILED, UNUSABLE, Event, Plan,
                                   PoolWindow, ReconcileWrite, TickInput)
 from kneecap.observe.scrape import ParseCache, ScrapeError, Snapshot, family_filter, scrape as http_scrape
 from kneecap.observe.vllm_metric_names import WINDOW_METRICS
@@ -93,6 +94,12 @@ class LoopContext:
     parse_cache: ParseCache | None = None  # the scrapes' parser's (one per operator process; None: each page alone)
     # the windows' bucket plans (one per operator process, like parse_cache; None: each window alone)
     histogram_cache: HistogramCache | None = None
+    # the Deployments found in sync with the spec (one per operator process; None: compared every tick)
+    sync_cache: reconcile.InSyncCache | None = None
+
+    @property
+    def known_in_sync(self) -> Container[tuple]:
+        return () if self.sync_cache is None else self.sync_cache
 
     @property
     def reader(self) -> ApiReads:
@@ -187,6 +194,13 @@ async def observe_pool(ctx: LoopContext, mem: LoopMemory, ns: str, name: str, sp
                    ignored_metrics_url=reconcile.ignored_metrics_url(pods))
 
 
+def _seen(ctx: LoopContext, result: reconcile.ReconcileResult) -> reconcile.ReconcileResult:
+    """Remember the Deployments the comparison found in sync (the plan's comparison then skips them)."""
+    if ctx.sync_cache is not None:
+        ctx.sync_cache.record(result.found_in_sync)
+    return result
+
+
 async def read_owned(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec,
                      full: bool) -> tuple[reconcile.LiveObjects | None, reconcile.ReconcileResult, ApiFailure | None]:
     """The owned (or adopted) objects as read and what they show (the pools, conflicts, missing
@@ -194,14 +208,14 @@ async def read_owned(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec,
     a read of the Deployments alone (their windows still count), and the failure."""
     try:
         live = await reconcile.read_live(ctx.kube, body, spec, full=full, reads=ctx.reader)
-        return live, reconcile.plan_reconcile(body, spec, live), None
+        return live, _seen(ctx, reconcile.plan_reconcile(body, spec, live, ctx.known_in_sync)), None
     except API_EXCEPTIONS as exc:
         failure = ApiFailure.of(exc)
         log.warning("reading the objects of %s/%s failed: %s", body["metadata"]["namespace"],
                     body["metadata"]["name"], failure)
     try:
-        partial = reconcile.plan_reconcile(body, spec, await reconcile.read_live(ctx.kube, body, spec, full=False,
-                                                                                 reads=ctx.reader))
+        partial = _seen(ctx, reconcile.plan_reconcile(body, spec, await reconcile.read_live(
+            ctx.kube, body, spec, full=False, reads=ctx.reader), ctx.known_in_sync))
     except API_EXCEPTIONS:
         return None, reconcile.ReconcileResult(), failure
     return None, reconcile.ReconcileResult(pools=[p for p in partial.pools if not p.created]), failure
@@ -230,20 +244,10 @@ async def gather(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec,
                      api_failures=(failure,) if failure else (), reconcile_failed=failure is not None,
                      status_write_failure=mem.status_write_failure,
                      conflicts=tuple(seen.conflicts), full_pass=full and live is not None,
-                     missing_targets=tuple(seen.missing)), status
+                     missing_targets=tuple(seen.missing), known_in_sync=ctx.known_in_sync), status
 
 
 # ---------------------------------------------------------------- apply
-
-def _update_metric(metrics: OperatorMetrics, u: MetricUpdate) -> None:
-    series = getattr(metrics, u.metric)
-    if u.op == "set":
-        metrics.set(series, u.value, *u.labels)
-    elif u.op == "inc":
-        metrics.inc(series, *u.labels, amount=u.value)
-    else:
-        metrics.drop(series, *u.labels)
-
 
 async def apply(ctx: LoopContext, g: TickInput, plan: Plan) -> tuple[dict, bool]:
     """Send the plan's writes in order, the reconcile writes first; at the first that fails,
@@ -277,7 +281,7 @@ async def apply(ctx: LoopContext, g: TickInput, plan: Plan) -> tuple[dict, bool]
         events += [event] if event else []
         updates.extend(counters)
     for u in updates:
-        _update_metric(ctx.metrics, u)
+        ctx.metrics.update(u)
     for e in events:
         ctx.event(e.type, e.reason, e.message)
     return status, failed is not None and isinstance(failed[0], ReconcileWrite)

@@ -6,7 +6,14 @@ with prometheus_client's HTTP server on --metrics-port.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, start_http_server
+
+from kneecap.control.metric_series import Series
+
+if TYPE_CHECKING:
+    from kneecap.control.tick import MetricUpdate
 
 LABELS = ("namespace", "name")
 POOL_LABELS = ("namespace", "name", "pool")
@@ -93,6 +100,10 @@ class OperatorMetrics:
                                   "verb, resource and HTTP code (0: no answer)", ("verb", "resource", "code"),
                                   registry=r)
         self._unscoped = {self.api_errors}  # not per LLMDeployment: `forget` leaves them
+        self._by_series = {series: getattr(self, series.attribute) for series in Series}
+        for series, metric in self._by_series.items():
+            if not isinstance(metric, Gauge if series.kind == "gauge" else Counter):
+                raise TypeError(f"Series.{series.name} is a {series.kind}, OperatorMetrics.{series.attribute} is not")
         self._seen: dict[tuple[str, str], set[tuple]] = {}
 
     def _remember(self, metric, labels: tuple) -> None:
@@ -117,6 +128,16 @@ class OperatorMetrics:
     def inc(self, metric: Counter, *labels: str, amount: float = 1.0) -> None:
         metric.labels(*labels).inc(amount)
         self._remember(metric, labels)
+
+    def update(self, update: MetricUpdate) -> None:
+        """Apply one of a plan's MetricUpdates."""
+        metric = self._by_series[update.series]
+        if update.op == "set":
+            self.set(metric, update.value, *update.labels)
+        elif update.op == "inc":
+            self.inc(metric, *update.labels, amount=update.value)
+        else:
+            self.drop(metric, *update.labels)
 
     def forget(self, namespace: str, name: str) -> None:
         for metric, labels in self._seen.pop((namespace, name), set()):

@@ -27,6 +27,7 @@ import numpy as np
 from kneecap.control import applied as applied_record, cudagraph, decide, gauss_reuse, manifests, policy, reconcile
 from kneecap.control import restart, status as status_helpers
 from kneecap.control.kube import MERGE
+from kneecap.control.metric_series import Series
 from kneecap.control.plan_metrics import MetricCollector, export_curve, export_recommendation, export_spec, slim_curve
 from kneecap.control.replica_stabilisation import (min_scale_down_recommendations, scale_down_window_s,
                                                    stabilised_replicas, watched_long_enough)
@@ -104,7 +105,7 @@ class _Tick:
         """Status, metrics and an Event for a decision. The Event is posted when the decision
         differs from the previous one (reason or target), so a steady hold does not flood the
         namespace."""
-        self.m.inc("decisions", *self.labels, reason)
+        self.m.inc(Series.DECISIONS, *self.labels, reason)
         d = decision_status(action, reason, message, self.now_s, settings_status(target) if target else None,
                             restart_cost)
         self.out["lastDecision"] = d
@@ -141,7 +142,7 @@ def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
     labels, role = t.labels, primary_role(spec)
     export_spec(t)
     if g.live is not None and g.owner is not None:  # the owned objects brought to the spec first
-        t.reconcile_writes = tuple(reconcile.plan_reconcile(g.owner, spec, g.live).writes)
+        t.reconcile_writes = tuple(reconcile.plan_reconcile(g.owner, spec, g.live, g.known_in_sync).writes)
     states = [p.state for p in g.pools]
     t.condition(status_helpers.READY, *status_helpers.ready(
         [s.deployment for s in states], conflicts=g.conflicts, missing=g.missing_targets,
@@ -164,10 +165,10 @@ def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
 
     for p in g.pools:
         # counted from the first tick (0 while every scrape succeeds): a rate query has a series
-        t.m.inc("scrape_failures", *labels, amount=p.scrape_errors)
-        t.m.set("replicas", p.state.settings.replicas, *labels, p.role)
-        t.m.set("applied_max_num_seqs", p.state.settings.max_num_seqs, *labels, p.role)
-        t.m.set("applied_gpu_memory_utilization", p.state.settings.gpu_memory_utilization, *labels, p.role)
+        t.m.inc(Series.SCRAPE_FAILURES, *labels, amount=p.scrape_errors)
+        t.m.set(Series.REPLICAS, p.state.settings.replicas, *labels, p.role)
+        t.m.set(Series.APPLIED_MAX_NUM_SEQS, p.state.settings.max_num_seqs, *labels, p.role)
+        t.m.set(Series.APPLIED_GPU_MEMORY_UTILIZATION, p.state.settings.gpu_memory_utilization, *labels, p.role)
 
     # the ring: this tick's observations appended as they are (status keeps them across restarts)
     ring = list(g.ring)
@@ -191,11 +192,11 @@ def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
     if main.observation is not None:
         t.out["workload"] = {"pool": role, **status_helpers.rounded(obs_pool.to_status(main.observation))}
         per_pod = (main.observation.prompt_tok_s + main.observation.generation_tok_s) / max(main.observation.pods, 1)
-        t.m.set("observed_throughput", per_pod, *labels, role)
+        t.m.set(Series.OBSERVED_THROUGHPUT, per_pod, *labels, role)
         ok = slo_met(spec, main.observation)
         if ok is not None:
             t.condition(status_helpers.SLO_MET, ok[0], "SLOMet" if ok[0] else "SLOMissed", ok[1])
-        t.m.set("slo_attainment", slo_attainment(spec, observations), *labels)
+        t.m.set(Series.SLO_ATTAINMENT, slo_attainment(spec, observations), *labels)
 
     if _observation_held(t, main):
         return t.finish()
@@ -211,13 +212,13 @@ def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
         accepted = (status_helpers.iso(now_s) if (cal_out.refit or cal_out.revalidated) and cal_out.ok
                     else None if cal_out.refit else (previous_status or {}).get("acceptedTime"))
         t.out["calibration"] = calibration_to_status(cal_out.calibration, cal_out.error, accepted)
-        t.m.set("calibration_error", cal_out.error, *labels)
+        t.m.set(Series.CALIBRATION_ERROR, cal_out.error, *labels)
         if accepted:
-            t.m.set("calibration_timestamp", status_helpers.parse_iso(accepted), *labels)
+            t.m.set(Series.CALIBRATION_TIMESTAMP, status_helpers.parse_iso(accepted), *labels)
         if main.observation is not None:
             export_curve(t, role, cal_out.calibration, main.observation)
     if main.outcome == IDLE:  # no running batch to be past the knee with
-        t.m.drop("batching_efficiency", *labels, role)
+        t.m.drop(Series.BATCHING_EFFICIENCY, *labels, role)
     t.condition(status_helpers.CALIBRATED, cal_out.calibration is not None and cal_out.ok, cal_out.reason,
                 cal_out.message)
     bad_fit = cal_out.reason in ("FitFailed", "FitRejected", "FitErrorTooHigh") or (
@@ -255,7 +256,7 @@ def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
         t.out["allocation"] = dict(r.allocation)
     export_recommendation(t, role, r)
     if main.observation is not None:
-        t.m.set("knee_throughput",
+        t.m.set(Series.KNEE_THROUGHPUT,
                 float(slim_curve(cal_out.calibration, spec, main.observation, np.array([r.knee_batch]))[0]),
                 *labels, role)
 
@@ -296,7 +297,7 @@ def _api_errors(t: _Tick) -> None:
     tick's status write), with a Warning Event and the api_errors counter; False otherwise."""
     failures = list(t.g.api_failures) + ([t.g.status_write_failure] if t.g.status_write_failure else [])
     for f in t.g.api_failures:
-        t.m.inc("api_errors", f.verb, f.resource, str(f.code))
+        t.m.inc(Series.API_ERRORS, f.verb, f.resource, str(f.code))
     if not failures:
         # (absent until a write first fails: fewer bytes a tick)
         if status_helpers.get_condition(t.conds, status_helpers.API_ERROR):
@@ -327,11 +328,11 @@ def _observation_held(t: _Tick, main: PoolWindow) -> bool:
                  "lastTime": status_helpers.iso(now_s)}
         t.out["observationFailures"] = fails
         for q in failed:
-            t.m.inc("observation_failures", *labels, q.outcome)
+            t.m.inc(Series.OBSERVATION_FAILURES, *labels, q.outcome)
     elif consecutive and main.outcome in (OBSERVED, IDLE):
         consecutive = 0
         t.out["observationFailures"] = {**fails, "consecutive": 0}
-    t.m.set("observation_consecutive_failures", consecutive, *labels)
+    t.m.set(Series.OBSERVATION_CONSECUTIVE_FAILURES, consecutive, *labels)
 
     last = dict(t.status.get("lastWindow") or {})
     if main.outcome in (OBSERVED, IDLE, UNUSABLE):
@@ -341,7 +342,7 @@ def _observation_held(t: _Tick, main: PoolWindow) -> bool:
         t.out["lastWindow"] = last
     usable_s = status_helpers.parse_iso(last.get("usableTime")) if last.get("usableTime") else None
     if usable_s is not None:
-        t.m.set("observation_age", now_s - usable_s, *labels)
+        t.m.set(Series.OBSERVATION_AGE, now_s - usable_s, *labels)
 
     if consecutive:
         reason = fails.get("lastReason") or UNUSABLE
@@ -384,11 +385,11 @@ def _apply_primary(t: _Tick, pool: reconcile.PoolState, d: policy.Decision, cur:
     metrics = t.m.updates[decisions_before[0]:]
     events = t.events[decisions_before[1]:]
     del t.m.updates[decisions_before[0]:], t.events[decisions_before[1]:]
-    metrics += [MetricUpdate("set", "applied_max_num_seqs", (*labels, role), float(d.target.max_num_seqs)),
-                MetricUpdate("set", "applied_gpu_memory_utilization", (*labels, role),
+    metrics += [MetricUpdate("set", Series.APPLIED_MAX_NUM_SEQS, (*labels, role), float(d.target.max_num_seqs)),
+                MetricUpdate("set", Series.APPLIED_GPU_MEMORY_UTILIZATION, (*labels, role),
                              float(d.target.gpu_memory_utilization))]
     if restart:
-        metrics.append(MetricUpdate("inc", "restarts", (*labels, d.reason), 1.0))
+        metrics.append(MetricUpdate("inc", Series.RESTARTS, (*labels, d.reason), 1.0))
     t.patches.append(DeploymentPatch(role, pool.pool.name, body, rollback, tuple(events), tuple(metrics),
                                      content_type))
 
@@ -416,8 +417,8 @@ def _prefill_replicas(t: _Tick, pre: reconcile.PoolState, want: int, state: poli
             "prefill", pre.pool.name, body, rollback,
             (Event("Normal", "Applied", f"prefill pool {pre.pool.name}: replicas {cur.replicas}->{d.target.replicas}"
                                         f" (SARA wants {want}){' (step limited)' if d.step_limited else ''}"),),
-            (MetricUpdate("set", "replicas", (*labels, "prefill"), float(d.target.replicas)),
-             MetricUpdate("inc", "decisions", (*labels, "Applied"), 1.0))))
+            (MetricUpdate("set", Series.REPLICAS, (*labels, "prefill"), float(d.target.replicas)),
+             MetricUpdate("inc", Series.DECISIONS, (*labels, "Applied"), 1.0))))
     elif d.action == policy.APPLY and advise_only:
         alloc["prefillDecision"] = {**decision, "reason": "Advised", "message": (
             f"advise only, not applied (Deployment {pre.pool.name}: {pre.adoption.why_advise_only}): {d.message}")}

@@ -14,6 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from kneecap.control import decide
+from kneecap.control.metric_series import Series
 from kneecap.control.metrics import CURVE_BATCHES
 from kneecap.control.spec import LLMDeploymentSpec
 from kneecap.control.tick import MetricUpdate
@@ -30,15 +31,15 @@ class MetricCollector:
     def __init__(self):
         self.updates: list[MetricUpdate] = []
 
-    def set(self, metric: str, value: float | None, *labels: str) -> None:
+    def set(self, series: Series, value: float | None, *labels: str) -> None:
         if value is not None:
-            self.updates.append(MetricUpdate("set", metric, labels, float(value)))
+            self.updates.append(MetricUpdate("set", series, labels, float(value)))
 
-    def inc(self, metric: str, *labels: str, amount: float = 1.0) -> None:
-        self.updates.append(MetricUpdate("inc", metric, labels, float(amount)))
+    def inc(self, series: Series, *labels: str, amount: float = 1.0) -> None:
+        self.updates.append(MetricUpdate("inc", series, labels, float(amount)))
 
-    def drop(self, metric: str, *labels: str) -> None:
-        self.updates.append(MetricUpdate("drop", metric, labels))
+    def drop(self, series: Series, *labels: str) -> None:
+        self.updates.append(MetricUpdate("drop", series, labels))
 
 
 class Planning(Protocol):
@@ -81,13 +82,13 @@ def batching_efficiency(cal: calibrate.Calibration, spec: LLMDeploymentSpec, obs
 
 def export_spec(t: Planning) -> None:
     spec, labels = t.spec, t.labels
-    t.m.set("efficiency_floor", spec.batching.efficiency_floor, *labels)
-    t.m.set("slo_quantile", spec.slo.quantile, *labels)
+    t.m.set(Series.EFFICIENCY_FLOOR, spec.batching.efficiency_floor, *labels)
+    t.m.set(Series.SLO_QUANTILE, spec.slo.quantile, *labels)
     for kind, v in (("ttft", spec.slo.ttft_s), ("tpot", spec.slo.tpot_s), ("e2e", spec.slo.e2e_s)):
         if v is None:
-            t.m.drop("slo_target", *labels, kind)
+            t.m.drop(Series.SLO_TARGET, *labels, kind)
         else:
-            t.m.set("slo_target", v, *labels, kind)
+            t.m.set(Series.SLO_TARGET, v, *labels, kind)
 
 
 def export_curve(t: Planning, role: str, cal: calibrate.Calibration, obs: Observation) -> None:
@@ -106,21 +107,21 @@ def export_curve(t: Planning, role: str, cal: calibrate.Calibration, obs: Observ
     t1, t_eff, t_obs = (float(x) for x in thr[len(batch):])
     for b, thr_b in zip(batch, thr):
         if np.isfinite(thr_b):
-            t.m.set("predicted_curve", float(thr_b), *labels, role, str(int(b)))
+            t.m.set(Series.PREDICTED_CURVE, float(thr_b), *labels, role, str(int(b)))
     eff = _efficiency(t1, t_eff, b_eff)
     if np.isfinite(eff):
-        t.m.set("batching_efficiency", eff, *labels, role)
+        t.m.set(Series.BATCHING_EFFICIENCY, eff, *labels, role)
     if np.isfinite(t_obs):
-        t.m.set("predicted_throughput", t_obs, *labels, role)
+        t.m.set(Series.PREDICTED_THROUGHPUT, t_obs, *labels, role)
     for b in CURVE_BATCHES:
         if b > spec.batching.max_max_num_seqs:
-            t.m.drop("predicted_curve", *labels, role, str(b))
+            t.m.drop(Series.PREDICTED_CURVE, *labels, role, str(b))
 
 
 def export_recommendation(t: Planning, role: str, r: decide.Recommendation) -> None:
     labels = t.labels
-    t.m.set("recommended_max_num_seqs", r.max_num_seqs, *labels, role)
-    t.m.set("recommended_gpu_memory_utilization", r.gpu_memory_utilization, *labels, role)
-    t.m.set("memory_released_bytes", r.released_bytes, *labels, role)
-    t.m.set("knee_batch", r.knee_batch, *labels, role)
-    t.m.set("recommended_throughput", r.pred_throughput_tok_s, *labels, role)
+    t.m.set(Series.RECOMMENDED_MAX_NUM_SEQS, r.max_num_seqs, *labels, role)
+    t.m.set(Series.RECOMMENDED_GPU_MEMORY_UTILIZATION, r.gpu_memory_utilization, *labels, role)
+    t.m.set(Series.MEMORY_RELEASED_BYTES, r.released_bytes, *labels, role)
+    t.m.set(Series.KNEE_BATCH, r.knee_batch, *labels, role)
+    t.m.set(Series.RECOMMENDED_THROUGHPUT, r.pred_throughput_tok_s, *labels, role)

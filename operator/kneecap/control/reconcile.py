@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import urllib.parse
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 
 from kneecap.control import manifests, target
@@ -152,6 +153,7 @@ class ReconcileResult:
     conflicts: list[Conflict] = field(default_factory=list)  # their pools are left out of `pools`
     missing: list[str] = field(default_factory=list)  # spec.targetRef Deployments (or containers) not found
     writes: list[ObjectWrite] = field(default_factory=list)  # what brings the live objects to the spec, in order
+    found_in_sync: list[tuple] = field(default_factory=list)  # InSyncCache keys of the Deployments compared equal
 
     @property
     def changed(self) -> bool:
@@ -182,12 +184,16 @@ async def read_live(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec, *, f
     return LiveObjects(hpas, deployments, services, owned)
 
 
-def plan_reconcile(owner: dict, spec: LLMDeploymentSpec, live: LiveObjects) -> ReconcileResult:
+def plan_reconcile(owner: dict, spec: LLMDeploymentSpec, live: LiveObjects,
+                   known_in_sync: Container[tuple] = ()) -> ReconcileResult:
     """Compare the live objects with what the spec asks for (pure): each pool's state as it will
     be, the conflicts, and the writes that create what is missing, patch what drifted and (a full
     pass) delete the pools the spec dropped. A pool to be created is represented by the object to
     be created (``created``); one to be patched by its live object (``patched``: its rollout
-    starts with the patch, so the loop holds its decisions until the next tick)."""
+    starts with the patch, so the loop holds its decisions until the next tick).
+
+    ``known_in_sync`` (an :class:`InSyncCache`, read only here): a Deployment whose key it holds is
+    not compared again; the keys of those compared equal come back in ``found_in_sync``."""
     ns, name = owner["metadata"]["namespace"], owner["metadata"]["name"]
     result = ReconcileResult()
     pools = manifests.pools(name, spec)
@@ -198,7 +204,7 @@ def plan_reconcile(owner: dict, spec: LLMDeploymentSpec, live: LiveObjects) -> R
                 result.pools.append(state)
         return result
     for pool in pools:
-        state = _plan_pool(owner, spec, pool, live, result)
+        state = _plan_pool(owner, spec, pool, live, result, known_in_sync)
         if state is None:
             continue  # the Deployment is someone else's: nothing is made for this pool
         result.pools.append(state)
@@ -227,7 +233,7 @@ async def write(kube: KubeClient, w: ObjectWrite) -> tuple[dict | None, bool]:
 
 
 async def reconcile(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec, *, full: bool = True,
-                    reads: ApiReads | None = None) -> ReconcileResult:
+                    reads: ApiReads | None = None, sync_cache: InSyncCache | None = None) -> ReconcileResult:
     """Create what is missing, patch what drifted from the spec, delete pools the spec dropped
     (:func:`read_live`, :func:`plan_reconcile`, then the writes in order; the spec handlers'
     pass, the control loop's ticks send the same writes as actions of their plan).
@@ -235,7 +241,10 @@ async def reconcile(kube: KubeClient, owner: dict, spec: LLMDeploymentSpec, *, f
     ``full=False`` (the control loop's ticks between full passes): Deployments only, no
     Service check and no pruning; what a spec change adds or drops is handled by the spec
     handlers, which always run a full pass. A write that fails raises (ApiError)."""
-    result = plan_reconcile(owner, spec, await read_live(kube, owner, spec, full=full, reads=reads))
+    result = plan_reconcile(owner, spec, await read_live(kube, owner, spec, full=full, reads=reads),
+                            () if sync_cache is None else sync_cache)
+    if sync_cache is not None:
+        sync_cache.record(result.found_in_sync)
     written: dict[str, dict] = {}
     for w in result.writes:
         obj, changed = await write(kube, w)
@@ -279,7 +288,7 @@ def adopted_pool(ns: str, spec: LLMDeploymentSpec, pool: manifests.Pool, contain
 
 
 def _plan_pool(owner: dict, spec: LLMDeploymentSpec, pool: manifests.Pool, live: LiveObjects,
-               result: ReconcileResult) -> PoolState | None:
+               result: ReconcileResult, known_in_sync: Container[tuple]) -> PoolState | None:
     """One pool's Deployment: created when missing, patched when it drifted; None (and a
     Conflict) when it is not kneecap's."""
     ns = owner["metadata"]["namespace"]
@@ -302,7 +311,7 @@ def _plan_pool(owner: dict, spec: LLMDeploymentSpec, pool: manifests.Pool, live:
                                             settings.kv_cache_memory_bytes, bounds.clamp(settings.replicas))
     key = _sync_key(owner, deploy, pool, settings, ownership.external)
     patched = rollout_pending = False
-    if key is None or key not in _IN_SYNC:
+    if key is None or key not in known_in_sync:
         desired = manifests.deployment(owner, spec, pool, settings)
         # labels, the owner reference and the pod template (replicas unless an HPA or a person
         # owns them); other metadata (the loop's kneecap.io/applied annotation) is left as it is
@@ -320,17 +329,31 @@ def _plan_pool(owner: dict, spec: LLMDeploymentSpec, pool: manifests.Pool, live:
             result.writes.append(ObjectWrite("patch", "Deployment", pool.name, deployments_path(ns, pool.name), want))
             rollout_pending = bool(removed) or not in_sync({"spec": want["spec"]}, deploy)
         elif key is not None:
-            if len(_IN_SYNC) >= _IN_SYNC_MAX:
-                _IN_SYNC.clear()
-            _IN_SYNC[key] = None
+            result.found_in_sync.append(key)
     return PoolState(pool, deploy, settings, ownership, patched=patched, rollout_pending=rollout_pending)
 
 
-# Deployments found in sync with what the builder makes, keyed by everything the builder and
-# the comparison read (the owner's generation for its spec, the live object's resourceVersion): a steady pool is compared
-# once, not on every tick (the semantic diff walks the whole Deployment). Bounded.
-_IN_SYNC: dict[tuple, None] = {}
-_IN_SYNC_MAX = 8192
+class InSyncCache:
+    """Deployments found in sync with what the builder makes, keyed by everything the builder and
+    the comparison read (the owner's generation for its spec, the live object's resourceVersion):
+    a steady pool is compared once, not on every tick (the semantic diff walks the whole
+    Deployment). One per operator process (``LoopContext.sync_cache``); bounded: full, it starts over."""
+
+    def __init__(self, max_entries: int = 8192):
+        self.max_entries = max_entries
+        self._keys: dict[tuple, None] = {}
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def record(self, keys: Iterable[tuple]) -> None:
+        for key in keys:
+            if len(self._keys) >= self.max_entries:
+                self._keys.clear()
+            self._keys[key] = None
 
 
 def _sync_key(owner: dict, live: dict, pool: manifests.Pool, settings: manifests.EngineSettings,

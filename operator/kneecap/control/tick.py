@@ -10,10 +10,13 @@ should it fail); apply sends the writes and reports what happened.
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
+from typing import Literal
 
 from kneecap.control import policy, reconcile, status as status_helpers
 from kneecap.control.kube import MERGE, ApiFailure
+from kneecap.control.metric_series import Series
 from kneecap.observe.observation import Observation
 
 # What a tick saw of a pool's window.
@@ -63,6 +66,8 @@ class TickInput:
     conflicts: tuple[reconcile.Conflict, ...] = ()  # owned objects that are not kneecap's
     full_pass: bool = False  # reconcile checked every owned object (Services too): no conflict means none
     missing_targets: tuple[str, ...] = ()  # spec.targetRef Deployments not found (nothing is created for them)
+    # the Deployments known in sync with the spec (the loop's InSyncCache, read only): not compared again
+    known_in_sync: Container[tuple] = ()
 
 
 @dataclass(frozen=True)
@@ -74,12 +79,18 @@ class Event:
 
 @dataclass(frozen=True)
 class MetricUpdate:
-    """One change to an OperatorMetrics series: ``op`` set | inc | drop of attribute ``metric``."""
+    """One change to an OperatorMetrics series: set (a gauge), inc (a counter) or drop (either)
+    the label set ``labels`` of ``series``."""
 
-    op: str
-    metric: str
+    op: Literal["set", "inc", "drop"]
+    series: Series
     labels: tuple[str, ...]
     value: float | None = None
+
+    def __post_init__(self):
+        fits = {"set": ("gauge",), "inc": ("counter",), "drop": ("gauge", "counter")}.get(self.op)
+        if fits is None or self.series.kind not in fits:
+            raise ValueError(f"MetricUpdate: {self.op!r} does not apply to the {self.series.kind} {self.series.name}")
 
 
 def decision_status(action: str, reason: str, message: str, now_s: float, target: dict | None = None,
@@ -114,8 +125,8 @@ class FailedWrite:
                   "lastDecision": decision_status(policy.HOLD, self.reason, message, self.now_s)}
         repeated = prev.get("status") == "True" and prev.get("message") == text
         return status, None if repeated else Event("Warning", reason, message[:900]), (
-            MetricUpdate("inc", "api_errors", (failure.verb, failure.resource, str(failure.code)), 1.0),
-            MetricUpdate("inc", "decisions", (*self.labels, self.reason), 1.0))
+            MetricUpdate("inc", Series.API_ERRORS, (failure.verb, failure.resource, str(failure.code)), 1.0),
+            MetricUpdate("inc", Series.DECISIONS, (*self.labels, self.reason), 1.0))
 
 
 @dataclass(frozen=True)

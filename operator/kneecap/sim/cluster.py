@@ -36,6 +36,7 @@ from kneecap.control import lifecycle, loop
 from kneecap.control.gauss_reuse import GaussRuns
 from kneecap.control.kube import resource_path
 from kneecap.control.metrics import OperatorMetrics
+from kneecap.control.reconcile import InSyncCache
 from kneecap.control.spec import GROUP, PLURAL, VERSION
 from kneecap.emulation.controllers import DeploymentController, ReplicaSetController
 from kneecap.emulation.store import Store
@@ -98,7 +99,7 @@ class OperatorDriver:
         self.decisions: list[dict] = []
         self.operator = lifecycle.Operator(kube=cluster.api, metrics=self.metrics, now=cluster.now, tick_s=tick_s,
                                            scrape=self.scrape, gauss_runs=cluster.gauss_runs,
-                                           histogram_cache=cluster.histogram_cache)
+                                           histogram_cache=cluster.histogram_cache, sync_cache=cluster.sync_cache)
         self._aio = asyncio.new_event_loop()
         self.lock = asyncio.Lock()  # (the resource's reconcile lock; nothing here runs concurrently)
         self.logger = logging.getLogger(f"kneecap.sim.operator.{name}")
@@ -183,6 +184,7 @@ class VirtualCluster:
         self.gauss_runs = GaussRuns()  # the operator's λ* reuse, one per run (as one per operator process)
         self.parse_cache = ParseCache()  # the operator's scrape parser's, likewise
         self.histogram_cache = HistogramCache()  # the operator's windows' bucket plans, likewise
+        self.sync_cache = InSyncCache()  # the Deployments the operator found in sync, likewise
 
     def now(self) -> float:
         return EPOCH_S + self.t_s
