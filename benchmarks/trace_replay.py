@@ -5,7 +5,8 @@ data/azure-llm-2023/, CC-BY 4.0, Patel et al. ISCA 2024) replayed with `kneecap.
 in virtual time: Llama-3.1-8B on h100-80gb twins, SLO p95 TTFT ≤ 1 s and p95 TPOT ≤ 50 ms,
 pods load 16 GB of weights at 2 GiB/s plus 30 s of start-up, a stopping pod finishes its
 requests for 30 s and loses the rest. Policies: kneecap (enforce), vLLM defaults on a pool
-sized for the peak, the defaults under an HPA on KV-cache usage (target 0.5), and the best
+sized for the peak, the defaults under an HPA on KV-cache usage (target 0.5) and on waiting
+requests (5 per pod), the defaults under llm-d's SLO-aware KEDA recipe (keda-slo), and the best
 static configuration in hindsight (oracle).
 
 Compression: the least whole factor at which the defaults' pool sized for the peak needs at least
@@ -58,6 +59,8 @@ def goals(report: dict) -> dict:
     k, o, h = p["kneecap"], p["oracle"], p["defaults+hpa"]
     att = lambda s: s["slo_attainment_requests"] or 0.0  # noqa: E731
     g = lambda s: s["good_per_gpu_hour"] or 0.0  # noqa: E731
+    # the best of what users run today: every baseline of the replay but the hindsight oracle
+    best = max((q for q in p if q not in ("kneecap", "oracle")), key=lambda q: g(p[q]))
     return {
         "vs_oracle": round(g(k) / g(o), 4) if g(o) else None,
         "vs_oracle_met": g(k) >= 0.97 * g(o),
@@ -69,6 +72,8 @@ def goals(report: dict) -> dict:
         "flaps": k["flaps"],
         "flaps_met": k["flaps"] == 0,
         "defaults_replicas": p["defaults"]["settings"]["replicas"],
+        "best_baseline": best,
+        "vs_best_baseline": round(g(k) / g(p[best]), 4) if g(p[best]) else None,
     }
 
 
@@ -221,6 +226,7 @@ def markdown(report: dict, gl: dict, cpu_s: float) -> str:
         f"| SLO attainment ≥ oracle's and defaults+hpa's | "
         f"{report['policies']['kneecap']['slo_attainment_requests']} | {gl['attainment_met']} |",
         f"| ≤ 1 restart per replica-hour | {gl['restarts_per_replica_hour']} | {gl['restarts_met']} |",
+        f"| (reported) good req/GPU-h against the best baseline ({gl['best_baseline']}) | {gl['vs_best_baseline']} | |",
         f"| no flapping | {gl['flaps']} flaps | {gl['flaps_met']} |",
         "",
         f"The defaults' pool sized for the peak: {gl['defaults_replicas']} replicas; kneecap and the HPA start "

@@ -93,6 +93,18 @@ def test_compression_for_peak_is_the_least_factor_that_needs_the_replicas(tmp_pa
     assert compression_for_peak(trace, cfg, 1) == 1
 
 
+def test_replay_variant_option_replays_the_trace_changed_in_one_property(tmp_path):
+    p = write_trace(tmp_path, 6.0, 60.0)
+    plain = json.loads(replay_json([str(p), "--policy", "defaults"]))
+    longer = json.loads(replay_json([str(p), "--policy", "defaults", "--variant", "long-prompts"]))
+    assert longer["trace"]["requests"] == plain["trace"]["requests"]
+    assert "prompts ×4" in longer["trace"]["source"]
+    assert longer["trace"]["input_tokens_mean"] == pytest.approx(4 * plain["trace"]["input_tokens_mean"], rel=0.01)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["replay", str(p), "--variant", "sideways"])
+    assert e.value.code == 2
+
+
 def test_replay_peak_replicas_option(tmp_path, capsys):
     p = write_trace(tmp_path, 6.0, 60.0)
     report = json.loads(replay_json([str(p), "--peak-replicas", "2", "--policy", "defaults", "--max-replicas", "4"]))

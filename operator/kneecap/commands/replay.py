@@ -22,6 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from kneecap.sim.hpa import HPASpec
     from kneecap.sim.kubelet_virtual import KubeletConfig
     from kneecap.sim.replay import POLICIES, ReplayConfig
+    from kneecap.sim.trace_variants import SUITE
 
     d, h, k = ReplayConfig(), HPASpec(), KubeletConfig()
     parser.add_argument("trace", type=Path, help="CSV: TIMESTAMP,ContextTokens,GeneratedTokens or "
@@ -34,6 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "TP GPUs and the cost counts them")
     common.add_slo(parser, ttft=d.slo_ttft_s, tpot=d.slo_tpot_s)
     common.add_quantile(parser, d.quantile)
+    parser.add_argument("--variant", choices=tuple(SUITE), default=None,
+                        help="replay the trace changed in one property (before compression): "
+                             + "; ".join(f"{name}: {stresses}" for name, (stresses, _) in SUITE.items()))
     squeeze = parser.add_mutually_exclusive_group()
     squeeze.add_argument("--compress", type=float, default=1.0,
                          help="time compression: arrivals come this many times faster (default 1)")
@@ -102,10 +106,13 @@ def run(args) -> int:
     from kneecap.sim import replay_report as rep
     from kneecap.sim.replay import POLICIES, compression_for_peak, replay, series
     from kneecap.sim.trace import compress, read_trace
+    from kneecap.sim.trace_variants import SUITE
 
     cfg = config_from_args(args)
     cfg.check()
     raw = read_trace(args.trace)
+    if args.variant is not None:
+        raw = SUITE[args.variant][1](raw)
     factor = args.compress if args.peak_replicas is None else compression_for_peak(raw, cfg, args.peak_replicas)
     trace = compress(raw, factor)
     policies = tuple(dict.fromkeys(args.policy or POLICIES))

@@ -9,7 +9,11 @@ Policies (all on the same arrivals, the same twin engines and the same kubelet):
   fixed pool sized for the peak: the fewest replicas at which the defaults meet the SLO over
   the whole trace (found by replaying it, as a load test at the peak would);
 * ``defaults+hpa``: the defaults under a HorizontalPodAutoscaler (:mod:`kneecap.sim.hpa`)
-  added to the same starting pool;
+  added to the same starting pool, on KV-cache usage (``hpa``);
+* ``defaults+hpa-waiting``: the same on waiting requests (``hpa_waiting``: an average of 5 per
+  pod, production-stack's KEDA tutorial threshold on ``vllm:num_requests_waiting``);
+* ``keda-slo``: the defaults under llm-d's SLO-aware KEDA recipe (:mod:`kneecap.sim.keda_slo`),
+  scaling on the pool's TTFT and TPOT quantiles against the SLOs;
 * ``oracle``: the best single static (max_num_seqs, memory, replicas) in hindsight, from a
   sweep of the same trace: the most good requests per GPU-hour among the configurations that
   meet the SLO over the trace.
@@ -37,10 +41,12 @@ from kneecap.model.hardware import get_gpu
 from kneecap.sim.cluster import (DONE, LOST, REJECTED, MissBudget, OperatorDriver, Requests, VirtualCluster,
                                  llmd_path)
 from kneecap.sim.hpa import HorizontalPodAutoscaler, HPASpec
+from kneecap.sim.keda_slo import KedaSLOAutoscaler, KedaSLOSpec
 from kneecap.sim.kubelet_virtual import KubeletConfig
 from kneecap.sim.trace import Trace, compress
 
-POLICIES = ("kneecap", "defaults", "defaults+hpa", "oracle")
+POLICIES = ("kneecap", "defaults", "defaults+hpa", "defaults+hpa-waiting", "keda-slo", "oracle")
+AUTOSCALED = ("defaults+hpa", "defaults+hpa-waiting", "keda-slo")  # the defaults under a replica autoscaler
 NAME = "llm"
 DEFAULT_CAP, DEFAULT_MEMORY = 256, 0.9  # vLLM's start-up defaults the baselines run
 ORACLE_CAPS = (256, 192, 128, 96, 64, 48, 32, 24, 16)
@@ -70,6 +76,8 @@ class ReplayConfig:
     released_memory_value: float = 0.0
     allow_downtime: bool = False  # spec.control.allowDowntime: restart a one-replica pool
     hpa: HPASpec = field(default_factory=HPASpec)
+    hpa_waiting: HPASpec = field(default_factory=lambda: HPASpec(metric="waiting", target=5.0))
+    keda: KedaSLOSpec = field(default_factory=KedaSLOSpec)
     kubelet: KubeletConfig = field(default_factory=KubeletConfig)
     window_s: float = 60.0  # SLO-attainment windows of the report
     sample_s: float = 10.0  # time-series resolution of the report
@@ -97,6 +105,8 @@ class ReplayConfig:
         if self.kubelet.interrupted not in ("lost", "retried"):
             raise InputError("interrupted", f"expected lost or retried, got {self.kubelet.interrupted!r}")
         self.hpa.check()
+        self.hpa_waiting.check()
+        self.keda.check()
         from kneecap.model.parallel import FLAG, check_tensor_parallel_size
 
         check_tensor_parallel_size(get_arch(self.architecture), self.tensor_parallel_size, FLAG)
@@ -209,15 +219,25 @@ def run_policy(trace: Trace, cfg: ReplayConfig, policy: str, *, static: tuple[in
         cluster.prewarm()
         settings = {"max_num_seqs": cap, "gpu_memory_utilization": mem, "replicas": replicas}
         op = None
-        if policy == "defaults+hpa":
-            hpa = HorizontalPodAutoscaler(replace(cfg.hpa, min_replicas=cfg.min_replicas,
-                                                  max_replicas=cfg.max_replicas),
+        if policy in ("defaults+hpa", "defaults+hpa-waiting"):
+            spec = cfg.hpa if policy == "defaults+hpa" else cfg.hpa_waiting
+            hpa = HorizontalPodAutoscaler(replace(spec, min_replicas=cfg.min_replicas, max_replicas=cfg.max_replicas),
                                           cluster.api, cluster.namespace, NAME, steady_at=(0.0, replicas))
 
             def autoscale(t: float) -> None:
                 if hpa.sync(t, list(cluster.kubelet.pods.values())) is not None:
                     cluster.settle()
-            cluster.every(cfg.hpa.sync_s, autoscale)
+            cluster.every(spec.sync_s, autoscale)
+        elif policy == "keda-slo":
+            hpa = KedaSLOAutoscaler(cfg.keda, replace(cfg.hpa, min_replicas=cfg.min_replicas,
+                                                      max_replicas=cfg.max_replicas),
+                                    cluster.api, cluster.namespace, NAME, quantile=cfg.quantile,
+                                    slo_ttft_s=cfg.slo_ttft_s, slo_tpot_s=cfg.slo_tpot_s, steady_at=(0.0, replicas))
+
+            def autoscale(t: float) -> None:
+                if hpa.sync(t, cluster.requests, list(cluster.kubelet.pods.values())) is not None:
+                    cluster.settle()
+            cluster.every(cfg.keda.rule_interval_s, autoscale)
     cluster.every(cfg.sample_s, _sampler(cluster, samples), start_s=0.0)
     try:
         rq = cluster.run(trace.arrival_s, trace.input_tokens, trace.output_tokens, cfg.drain_limit_s, budget=budget)
@@ -227,7 +247,7 @@ def run_policy(trace: Trace, cfg: ReplayConfig, policy: str, *, static: tuple[in
     if op is not None:
         decisions = [d for d in op.decisions if d["applied"]]
         events = op.events
-    elif policy == "defaults+hpa":
+    elif policy in AUTOSCALED:
         decisions, events = hpa.scales, []
     else:
         decisions, events = [], []
@@ -497,8 +517,8 @@ def replay(trace: Trace, cfg: ReplayConfig, policies=POLICIES) -> dict:
             runs[p] = run_policy(trace, cfg, "kneecap", start_replicas=start)
         elif p == "defaults":
             runs[p] = sweep.run(trace, cfg, DEFAULT_CAP, DEFAULT_MEMORY, peak, full=True)
-        elif p == "defaults+hpa":
-            runs[p] = run_policy(trace, cfg, "defaults+hpa", start_replicas=start)
+        elif p in AUTOSCALED:
+            runs[p] = run_policy(trace, cfg, p, start_replicas=start)
         else:
             cap, mem, r = oracle(trace, cfg, sweep, peak)
             runs[p] = sweep.run(trace, cfg, cap, mem, r, full=True)
@@ -508,7 +528,7 @@ def replay(trace: Trace, cfg: ReplayConfig, policies=POLICIES) -> dict:
         out["policies"][p] = s
     if sweep.points:
         out["sweep"] = list(sweep.points.values())
-    own = [r for p, r in runs.items() if p in ("kneecap", "defaults+hpa")]  # the rest are sweep runs
+    own = [r for p, r in runs.items() if p == "kneecap" or p in AUTOSCALED]  # the rest are sweep runs
     out["simulated_s"] = _r(sweep.simulated_s + sum(r.cluster.t_s for r in own), 3)
     return {"report": out, "runs": runs, "wall_s": sweep.cpu_s + sum(r.wall_s for r in own)}
 

@@ -1,0 +1,121 @@
+"""Trace suite: kneecap and the baselines on traffic it was not shaped on, in virtual time.
+
+The trace of `trace_replay.py` (Azure LLM inference 2023, conversation, 19,366 requests in one
+hour, data/azure-llm-2023/, CC-BY 4.0) at every whole compression from ×1 to the least that
+needs 6 replicas of vLLM's defaults for its peak, and the variants of `kneecap.sim.trace_variants`
+derived from it, each changing one property (the table says which and what it stresses), each at
+its own least compression for a 3-replica peak (`--peak-replicas 3`). Same model, GPU, SLOs and
+policies as `trace_replay.py`.
+
+Per trace: good requests per GPU-hour of each policy; kneecap's against the hindsight-best static
+setting (oracle) and against the best of the baselines a user runs today (defaults on a
+peak-sized pool, the HPA on KV usage or on waiting requests, llm-d's SLO-aware KEDA recipe);
+SLO attainment; mean replicas, pods started, restarts; and
+whether the knobs moved (applied cap changes, mean memory fraction). Reported as measured.
+Writes trace_suite.{json,md} to results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _paths import RESULTS  # noqa: E402
+from trace_replay import CONFIG, TRACE  # noqa: E402
+
+from kneecap.sim.replay import DEFAULT_CAP, compression_for_peak, replay  # noqa: E402
+from kneecap.sim.trace import Trace, compress, read_trace  # noqa: E402
+from kneecap.sim.trace_variants import SUITE  # noqa: E402
+
+BASELINES = ("defaults", "defaults+hpa", "defaults+hpa-waiting", "keda-slo")
+PEAK_REPLICAS = 3
+MOST_REPLICAS = 6
+
+
+def cap_changes(decisions: list[dict]) -> int:
+    """Applied decisions that moved --max-num-seqs."""
+    cap, changes = DEFAULT_CAP, 0
+    for d in decisions:
+        target = d.get("target") or {}
+        if d.get("applied") and target.get("maxNumSeqs") not in (None, cap):
+            cap, changes = target["maxNumSeqs"], changes + 1
+    return changes
+
+
+def row(name: str, stresses: str, trace: Trace, factor: int) -> dict:
+    cpu0 = time.process_time()
+    report = replay(compress(trace, factor), CONFIG)["report"]
+    p = report["policies"]
+    good = {k: s["good_per_gpu_hour"] or 0.0 for k, s in p.items()}
+    best = max(BASELINES, key=lambda k: good[k])
+    k = p["kneecap"]
+    return {
+        "trace": name, "stresses": stresses, "compress": factor, "requests": len(trace),
+        "good_per_gpu_hour": good,
+        "attainment": {q: s["slo_attainment_requests"] for q, s in p.items()},
+        "mean_replicas": {q: s["mean_replicas"] for q, s in p.items()},
+        "pods_started": {q: s["pods_started"] for q, s in p.items()},
+        "best_baseline": best,
+        "vs_oracle": round(good["kneecap"] / good["oracle"], 4) if good["oracle"] else None,
+        "vs_best_baseline": round(good["kneecap"] / good[best], 4) if good[best] else None,
+        "kneecap_restarts": k["restarts"], "kneecap_flaps": k["flaps"],
+        "kneecap_cap_changes": cap_changes(k["decisions"]),
+        "kneecap_mean_memory_fraction": k["mean_memory_fraction"],
+        "oracle_settings": p["oracle"]["settings"],
+        "cpu_s": round(time.process_time() - cpu0, 1),
+    }
+
+
+def markdown(rows: list[dict]) -> str:
+    out = ["# Trace suite", "", __doc__.split("\n\n")[1].replace("\n", " "), "",
+           "| trace | stresses | × | kneecap good/GPU-h | vs oracle | vs best baseline (which) | attainment kneecap / "
+           "oracle / best | replicas kneecap / oracle | pods started | restarts | cap changes | memory fraction |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        a, m, b = r["attainment"], r["mean_replicas"], r["best_baseline"]
+        out.append(f"| {r['trace']} | {r['stresses']} | {r['compress']} | {r['good_per_gpu_hour']['kneecap']:,.0f} "
+                   f"| {r['vs_oracle']} | {r['vs_best_baseline']} ({b}) "
+                   f"| {a['kneecap']:.5f} / {a['oracle']:.5f} / {a[b]:.5f} | {m['kneecap']:.2f} / {m['oracle']:.2f} "
+                   f"| {r['pods_started']['kneecap']} | {r['kneecap_restarts']} | {r['kneecap_cap_changes']} "
+                   f"| {r['kneecap_mean_memory_fraction']} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--only", nargs="*", default=None, help="trace names to run (default all)")
+    args = ap.parse_args(argv)
+    raw = read_trace(TRACE)
+    cases: list[tuple[str, str, Trace, int | None]] = []
+    most = compression_for_peak(raw, CONFIG, MOST_REPLICAS)
+    for factor in range(1, most + 1):
+        cases.append((f"azure-conv ×{factor}", "the trace itself at this compression", raw, factor))
+    for name, (stresses, variant) in SUITE.items():
+        cases.append((name, stresses, variant(raw), None))
+    rows = []
+    for name, stresses, trace, factor in cases:
+        if args.only is not None and name not in args.only:
+            continue
+        factor = factor if factor is not None else compression_for_peak(trace, CONFIG, PEAK_REPLICAS)
+        rows.append(row(name, stresses, trace, factor))
+        print(json.dumps({k: rows[-1][k] for k in ("trace", "compress", "vs_oracle", "vs_best_baseline",
+                                                    "kneecap_cap_changes", "cpu_s")}), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "trace_suite.json").write_text(json.dumps({"rows": rows, "most_replicas_compress": most,
+                                                           "config": dataclasses.asdict(CONFIG)},
+                                                          indent=1, sort_keys=True, default=str))
+    (args.out / "trace_suite.md").write_text(markdown(rows))
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
