@@ -200,3 +200,30 @@ def test_metrics_exposition_and_forget():
     m.forget("ns", "a")
     text = m.exposition().decode()
     assert 'name="a"' not in text and 'kneecap_scrape_failures_total{name="b",namespace="ns"} 1.0' in text
+
+
+def test_a_small_cap_can_rise_through_capture_size_rounding():
+    """×1.25 from 8 is 10, which rounds down to 8: the step is widened to the next capture size
+    (16), never undone; a decrease still rounds down; a destination below the next capture size
+    leaves the cap where it is."""
+    from kneecap.control import cudagraph
+
+    spec = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb"},
+                       "engine": {"image": "vllm", "maxNumSeqs": 8},
+                       "batching": {"minMaxNumSeqs": 1, "maxMaxNumSeqs": 256},
+                       "control": {"mode": "enforce", "cooldown": "10m", "minObservations": 3, "maxStepFactor": 1.25}})
+    rounding = lambda cap: cudagraph.round_cap(cap, 1, 256)  # noqa: E731
+
+    def step(cur: int, want: int) -> policy.Decision:
+        return policy.guard(EngineSettings(cur, 0.9, None, 2), policy.Proposal(EngineSettings(want, 0.9, None, 2), 0.3),
+                            spec.control, spec.batching, spec.topology.replicas, OK, round_cap=rounding)
+
+    assert step(8, 64).target.max_num_seqs == 16 and step(8, 64).action == policy.APPLY
+    assert step(16, 64).target.max_num_seqs == 24  # 20 rounds back to 16: widened to 24
+    assert step(64, 8).target.max_num_seqs == 48  # a decrease: ⌈64/1.25⌉ = 52, rounded down to 48
+    assert step(8, 12).target.max_num_seqs == 8 and step(8, 12).reason == "NoChange"  # no capture size in (8, 12]
+    climb, seen = 8, [8]
+    while climb < 64:  # the cap reaches its destination in steps, never stuck
+        climb = step(climb, 64).target.max_num_seqs
+        seen.append(climb)
+    assert seen == [8, 16, 24, 32, 40, 48, 56, 64]

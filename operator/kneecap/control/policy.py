@@ -4,7 +4,8 @@ Changing --max-num-seqs or the memory flag restarts vLLM pods, so the operator a
 the models are trustworthy and the predicted gain is worth a restart: never on a failed scrape
 or a bad fit, only with enough observations, no rollout in progress, cooldown elapsed, gain ≥
 minImprovement and outside the hysteresis band; the target is clamped to the spec's bounds and
-moves at most ×maxStepFactor per step, its cap rounded down to a CUDA-graph capture size. A
+moves at most ×maxStepFactor per step, its cap rounded down to a CUDA-graph capture size (a rise
+that rounding would undo is widened to the next capture size: :func:`round_step`). A
 change that restarts pods must pay for itself (:mod:`kneecap.control.restart`: tokens gained
 over the cooldown > tokens lost to the restart, else ``RestartNotWorthIt``) and must leave a
 Ready pod unless ``spec.control.allowDowntime`` (else ``RestartNeedsDowntime``); when either
@@ -71,6 +72,21 @@ def step_limit(current: int, target: int, factor: float) -> int:
     return max(lo, min(hi, target))
 
 
+def round_step(current: int, stepped: int, destination: int, round_cap: Callable[[int], int]) -> int:
+    """The stepped cap rounded (a CUDA-graph capture size), never undoing the step: a rise that
+    rounds back to ``current`` or below is widened to the next capture size above ``current``
+    (the first value whose rounding exceeds it), provided that is not past ``destination``; if
+    none is, the cap stays (no capture size lies between)."""
+    rounded = round_cap(stepped)
+    if stepped <= current or rounded > current:
+        return rounded
+    for cap in range(current + 1, destination + 1):
+        wider = round_cap(cap)
+        if wider > current:
+            return wider if wider <= destination else current
+    return current
+
+
 def _rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-12)
 
@@ -111,7 +127,7 @@ def guard(
     clamped = cap != want.max_num_seqs or (not state.replicas_external and replicas != want.replicas)
     limited_cap = step_limit(current.max_num_seqs, cap, control.max_step_factor)
     if round_cap is not None and limited_cap != current.max_num_seqs:
-        limited_cap = round_cap(limited_cap)
+        limited_cap = round_step(current.max_num_seqs, limited_cap, cap, round_cap)
     limited_replicas = replicas if state.replicas_external else step_limit(current.replicas, replicas,
                                                                           control.max_step_factor)
     step_limited = limited_cap != cap or limited_replicas != replicas
