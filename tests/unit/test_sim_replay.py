@@ -9,6 +9,7 @@ import pytest
 from kneecap import cli
 from kneecap.control import manifests, vllm_args
 from kneecap.control.kube import deployments_path
+from kneecap.control.spec import parse_spec
 from kneecap.sim.cluster import llmd_path
 from kneecap.sim.replay import NAME, ReplayConfig, run_policy, score
 from kneecap.sim.trace import read_trace
@@ -115,3 +116,26 @@ def test_replay_peak_replicas_option(tmp_path, capsys):
     assert e.value.code == 2
     assert cli.main(["replay", str(p), "--peak-replicas", "5", "--max-replicas", "4", "--json"]) == 2
     assert json.loads(capsys.readouterr().err.splitlines()[-1])["field"] == "peak-replicas"
+
+
+def test_the_ablations_hold_one_lever_each(tmp_path):
+    """kneecap:replicas-only never moves the cap off 256; kneecap:knobs-only never moves the
+    replicas off the starting pool; both run the real operator on the same arrivals."""
+    from kneecap.sim.replay import DEFAULT_CAP, llmd_spec
+
+    cfg = ReplayConfig(min_replicas=1, max_replicas=4, interval_s=15.0, cooldown_s=300.0, allow_downtime=True,
+                       released_memory_value=1.0)
+    spec = parse_spec(llmd_spec(cfg, "kneecap:replicas-only"))
+    assert spec.batching.min_max_num_seqs == spec.batching.max_max_num_seqs == DEFAULT_CAP
+    held = parse_spec(llmd_spec(cfg, "kneecap:knobs-only", start_replicas=2)).topology.replicas
+    assert (held.min, held.max) == (2, 2)
+    trace = read_trace(write_trace(tmp_path, 20.0, 150.0))
+    replicas_only = run_policy(trace, cfg, "kneecap:replicas-only", start_replicas=1)
+    assert all((d.get("target") or {}).get("maxNumSeqs", DEFAULT_CAP) == DEFAULT_CAP for d in replicas_only.decisions)
+    assert all(s.max_num_seqs in (None, DEFAULT_CAP) for s in replicas_only.samples)
+    knobs_only = run_policy(trace, cfg, "kneecap:knobs-only", start_replicas=1)
+    assert all(s.ready <= 1 for s in knobs_only.samples)  # (a replaced pod terminates beside its successor)
+    deploy = knobs_only.cluster.api.peek(deployments_path(knobs_only.cluster.namespace, NAME))
+    assert deploy["spec"]["replicas"] == 1
+    assert all((d.get("target") or {}).get("replicas", 1) == 1 for d in knobs_only.decisions)
+    assert any((d.get("target") or {}).get("maxNumSeqs", DEFAULT_CAP) < DEFAULT_CAP for d in knobs_only.decisions)

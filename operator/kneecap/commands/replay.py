@@ -21,7 +21,7 @@ HELP = "replay a request trace (Azure LLM format or arrival_s,input_tokens,outpu
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from kneecap.sim.hpa import HPASpec
     from kneecap.sim.kubelet_virtual import KubeletConfig
-    from kneecap.sim.replay import POLICIES, ReplayConfig
+    from kneecap.sim.replay import DEFAULT_POLICIES, POLICIES, ReplayConfig
     from kneecap.sim.trace_variants import SUITE
 
     d, h, k = ReplayConfig(), HPASpec(), KubeletConfig()
@@ -51,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cost-per-gpu-hour", type=float, default=d.cost_per_gpu_hour)
     parser.add_argument("--seed", type=int, default=d.seed, help="router tie-breaks")
     parser.add_argument("--policy", action="append", choices=POLICIES, default=None,
-                        help="policy to run (repeatable; default all: " + ", ".join(POLICIES) + ")")
+                        help="policy to run (repeatable; default: " + ", ".join(DEFAULT_POLICIES)
+                             + "; the ablations kneecap:replicas-only and kneecap:knobs-only when named)")
     parser.add_argument("--interval", type=float, default=d.interval_s,
                         help="kneecap's control interval and window, seconds")
     parser.add_argument("--cooldown", type=float, default=d.cooldown_s,
@@ -104,7 +105,7 @@ def config_from_args(args):
 
 def run(args) -> int:
     from kneecap.sim import replay_report as rep
-    from kneecap.sim.replay import POLICIES, compression_for_peak, replay, series
+    from kneecap.sim.replay import DEFAULT_POLICIES, compression_for_peak, replay, series
     from kneecap.sim.trace import compress, read_trace
     from kneecap.sim.trace_variants import SUITE
 
@@ -115,7 +116,7 @@ def run(args) -> int:
         raw = SUITE[args.variant][1](raw)
     factor = args.compress if args.peak_replicas is None else compression_for_peak(raw, cfg, args.peak_replicas)
     trace = compress(raw, factor)
-    policies = tuple(dict.fromkeys(args.policy or POLICIES))
+    policies = tuple(dict.fromkeys(args.policy or DEFAULT_POLICIES))
     out = replay(trace, cfg, policies)
     report = out["report"]
     report["compress"] = factor

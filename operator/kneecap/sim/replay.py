@@ -14,6 +14,11 @@ Policies (all on the same arrivals, the same twin engines and the same kubelet):
   pod, production-stack's KEDA tutorial threshold on ``vllm:num_requests_waiting``);
 * ``keda-slo``: the defaults under llm-d's SLO-aware KEDA recipe (:mod:`kneecap.sim.keda_slo`),
   scaling on the pool's TTFT and TPOT quantiles against the SLOs;
+* ``kneecap:replicas-only`` and ``kneecap:knobs-only`` (ablations, run when asked for): kneecap
+  with its cap held at the start-up flag (``spec.batching`` min = max = 256; the memory follows the
+  cap, and a change of memory alone gains no throughput to pay a restart with), or with its
+  replicas held at the starting pool (``spec.topology.replicas`` min = max): the share of the
+  result each lever earns;
 * ``oracle``: the best single static (max_num_seqs, memory, replicas) in hindsight, from a
   sweep of the same trace: the most good requests per GPU-hour among the configurations that
   meet the SLO over the trace.
@@ -45,7 +50,10 @@ from kneecap.sim.keda_slo import KedaSLOAutoscaler, KedaSLOSpec
 from kneecap.sim.kubelet_virtual import KubeletConfig
 from kneecap.sim.trace import Trace, compress
 
-POLICIES = ("kneecap", "defaults", "defaults+hpa", "defaults+hpa-waiting", "keda-slo", "oracle")
+DEFAULT_POLICIES = ("kneecap", "defaults", "defaults+hpa", "defaults+hpa-waiting", "keda-slo", "oracle")
+ABLATIONS = ("kneecap:replicas-only", "kneecap:knobs-only")
+POLICIES = DEFAULT_POLICIES + ABLATIONS
+KNEECAP = ("kneecap",) + ABLATIONS  # the real operator in the loop
 AUTOSCALED = ("defaults+hpa", "defaults+hpa-waiting", "keda-slo")  # the defaults under a replica autoscaler
 NAME = "llm"
 DEFAULT_CAP, DEFAULT_MEMORY = 256, 0.9  # vLLM's start-up defaults the baselines run
@@ -119,8 +127,19 @@ class ReplayConfig:
             raise
 
 
-def llmd_spec(cfg: ReplayConfig) -> dict:
-    """The LLMDeployment spec the kneecap policy applies (the pods start at vLLM's defaults)."""
+def llmd_spec(cfg: ReplayConfig, policy: str = "kneecap", start_replicas: int | None = None) -> dict:
+    """The LLMDeployment spec the kneecap policy applies (the pods start at vLLM's defaults);
+    an ablation's holds one lever (module docstring)."""
+    spec = _llmd_spec(cfg)
+    if policy == "kneecap:replicas-only":
+        spec["batching"] = {"minMaxNumSeqs": DEFAULT_CAP, "maxMaxNumSeqs": DEFAULT_CAP}
+    elif policy == "kneecap:knobs-only":
+        held = start_replicas or cfg.min_replicas
+        spec["topology"]["replicas"] = {"min": held, "max": held}
+    return spec
+
+
+def _llmd_spec(cfg: ReplayConfig) -> dict:
     return {
         "model": {"name": cfg.model, "architecture": cfg.architecture},
         "accelerator": {"type": cfg.gpu, "costPerHour": cfg.cost_per_gpu_hour},
@@ -193,13 +212,13 @@ def run_policy(trace: Trace, cfg: ReplayConfig, policy: str, *, static: tuple[in
     start = start_replicas or cfg.start_replicas or cfg.min_replicas
     wall0 = time.process_time()
     samples: list[Sample] = []
-    if policy == "kneecap":
+    if policy in KNEECAP:
         cluster = _cluster(cfg, with_metrics=True)
         # the pool runs the defaults on `start` pods, as the LLMDeployment's own Deployment (kneecap
         # changes only what it made: it does not take over a Deployment it does not own)
         owner = cluster.create(llmd_path(cluster.namespace), {"apiVersion": "kneecap.io/v1alpha1",
                                                               "kind": "LLMDeployment", "metadata": {"name": NAME},
-                                                              "spec": llmd_spec(cfg)})
+                                                              "spec": llmd_spec(cfg, policy, start)})
         cluster.create(deployments_path(cluster.namespace),
                        manifests.deployment(owner, parse_spec(owner["spec"]), manifests.Pool("server", NAME),
                                             manifests.EngineSettings(DEFAULT_CAP, DEFAULT_MEMORY, None, start)))
@@ -359,7 +378,7 @@ def score(cfg: ReplayConfig, run: Run, span_s: float) -> dict:
         "interrupted_by_restarts": st.interrupted_restart,
         "interrupted_by_scale_down": st.interrupted_scale_down,
         "decisions": run.decisions,
-        "flaps": _flaps(run.decisions, run.settings, cfg.cooldown_s) if run.policy == "kneecap" else 0,
+        "flaps": _flaps(run.decisions, run.settings, cfg.cooldown_s) if run.policy in KNEECAP else 0,
         "simulated_s": _r(cl.t_s, 3),
         "engine_steps": cl.engine_steps,
     }
@@ -495,7 +514,7 @@ def oracle(trace: Trace, cfg: ReplayConfig, sweep: Sweep, peak: int) -> tuple[in
     return best[1]
 
 
-def replay(trace: Trace, cfg: ReplayConfig, policies=POLICIES) -> dict:
+def replay(trace: Trace, cfg: ReplayConfig, policies=DEFAULT_POLICIES) -> dict:
     """Run the policies (module docstring); returns the report and the runs behind it."""
     cfg.check()
     if len(trace) == 0:
@@ -513,8 +532,8 @@ def replay(trace: Trace, cfg: ReplayConfig, policies=POLICIES) -> dict:
     start = cfg.start_replicas or peak
     out["start_replicas"] = start
     for p in policies:
-        if p == "kneecap":
-            runs[p] = run_policy(trace, cfg, "kneecap", start_replicas=start)
+        if p in KNEECAP:
+            runs[p] = run_policy(trace, cfg, p, start_replicas=start)
         elif p == "defaults":
             runs[p] = sweep.run(trace, cfg, DEFAULT_CAP, DEFAULT_MEMORY, peak, full=True)
         elif p in AUTOSCALED:
@@ -528,7 +547,7 @@ def replay(trace: Trace, cfg: ReplayConfig, policies=POLICIES) -> dict:
         out["policies"][p] = s
     if sweep.points:
         out["sweep"] = list(sweep.points.values())
-    own = [r for p, r in runs.items() if p == "kneecap" or p in AUTOSCALED]  # the rest are sweep runs
+    own = [r for p, r in runs.items() if p in KNEECAP or p in AUTOSCALED]  # the rest are sweep runs
     out["simulated_s"] = _r(sweep.simulated_s + sum(r.cluster.t_s for r in own), 3)
     return {"report": out, "runs": runs, "wall_s": sweep.cpu_s + sum(r.wall_s for r in own)}
 
