@@ -264,10 +264,6 @@ def _remove_earlier_deployments(admin) -> None:
     wait_for(lambda: not admin.list(LLMD, NS), timeout_s=60, what="the earlier tests' LLMDeployments gone")
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "times out waiting for Degraded BadFit after the engine switch when run after the module's other "
-    "tests (4 runs timed out, 2 passed; it passes alone on a fresh plane), with or without the earlier "
-    "LLMDeployments removed: cause not found, open in issue 21"))
 def test_worse_fit_keeps_last_good_calibration_and_sets_degraded(control_plane, token, sim):
     admin = control_plane.admin
     _remove_earlier_deployments(admin)
