@@ -11,7 +11,9 @@ Per trace: good requests per GPU-hour of each policy; kneecap's against the hind
 setting (oracle) and against the best of the baselines a user runs today (defaults on a
 peak-sized pool, the HPA on KV usage or on waiting requests, llm-d's SLO-aware KEDA recipe);
 SLO attainment; mean replicas, pods started, restarts; and
-whether the knobs moved (applied cap changes, mean memory fraction). Reported as measured.
+whether the knobs moved (applied cap changes, mean memory fraction); and the ablations
+(`kneecap:replicas-only`, `kneecap:knobs-only`) as a share of kneecap's good requests per
+GPU-hour. Reported as measured.
 Writes trace_suite.{json,md} to results/.
 """
 
@@ -30,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _paths import RESULTS  # noqa: E402
 from trace_replay import CONFIG, TRACE  # noqa: E402
 
-from kneecap.sim.replay import DEFAULT_CAP, compression_for_peak, replay  # noqa: E402
+from kneecap.sim.replay import ABLATIONS, DEFAULT_CAP, DEFAULT_POLICIES, compression_for_peak, replay  # noqa: E402
 from kneecap.sim.trace import Trace, compress, read_trace  # noqa: E402
 from kneecap.sim.trace_variants import SUITE  # noqa: E402
 
@@ -51,7 +53,7 @@ def cap_changes(decisions: list[dict]) -> int:
 
 def row(name: str, stresses: str, trace: Trace, factor: int) -> dict:
     cpu0 = time.process_time()
-    report = replay(compress(trace, factor), CONFIG)["report"]
+    report = replay(compress(trace, factor), CONFIG, DEFAULT_POLICIES + ABLATIONS)["report"]
     p = report["policies"]
     good = {k: s["good_per_gpu_hour"] or 0.0 for k, s in p.items()}
     best = max(BASELINES, key=lambda k: good[k])
@@ -65,6 +67,8 @@ def row(name: str, stresses: str, trace: Trace, factor: int) -> dict:
         "best_baseline": best,
         "vs_oracle": round(good["kneecap"] / good["oracle"], 4) if good["oracle"] else None,
         "vs_best_baseline": round(good["kneecap"] / good[best], 4) if good[best] else None,
+        # each lever's share: what kneecap with only that lever reaches, against kneecap with both
+        "ablations": {a: round(good[a] / good["kneecap"], 4) if good["kneecap"] else None for a in ABLATIONS},
         "kneecap_restarts": k["restarts"], "kneecap_flaps": k["flaps"],
         "kneecap_cap_changes": cap_changes(k["decisions"]),
         "kneecap_mean_memory_fraction": k["mean_memory_fraction"],
@@ -76,15 +80,17 @@ def row(name: str, stresses: str, trace: Trace, factor: int) -> dict:
 def markdown(rows: list[dict]) -> str:
     out = ["# Trace suite", "", __doc__.split("\n\n")[1].replace("\n", " "), "",
            "| trace | stresses | × | kneecap good/GPU-h | vs oracle | vs best baseline (which) | attainment kneecap / "
-           "oracle / best | replicas kneecap / oracle | pods started | restarts | cap changes | memory fraction |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "oracle / best | replicas kneecap / oracle | pods started | restarts | cap changes | memory fraction "
+           "| replicas-only / knobs-only (× kneecap) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         a, m, b = r["attainment"], r["mean_replicas"], r["best_baseline"]
         out.append(f"| {r['trace']} | {r['stresses']} | {r['compress']} | {r['good_per_gpu_hour']['kneecap']:,.0f} "
                    f"| {r['vs_oracle']} | {r['vs_best_baseline']} ({b}) "
                    f"| {a['kneecap']:.5f} / {a['oracle']:.5f} / {a[b]:.5f} | {m['kneecap']:.2f} / {m['oracle']:.2f} "
                    f"| {r['pods_started']['kneecap']} | {r['kneecap_restarts']} | {r['kneecap_cap_changes']} "
-                   f"| {r['kneecap_mean_memory_fraction']} |")
+                   f"| {r['kneecap_mean_memory_fraction']} "
+                   f"| {r['ablations']['kneecap:replicas-only']} / {r['ablations']['kneecap:knobs-only']} |")
     return "\n".join(out) + "\n"
 
 
