@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from kneecap.observe import Observation, observe, scrape, to_status
+from kneecap.observe.scrape import ScrapeTimeout
 from kneecap.observe.observation import OBSERVATION_FIELDS
 from kneecap.sim.loadgen import client_session
 from tests.conftest import BLOCK_SIZE, MAX_NUM_SEQS, NUM_GPU_BLOCKS
@@ -58,15 +59,20 @@ async def _run_load(
     server, prompt_lens: list[int], output_lens: list[int], seed: int, sample_every_s: float = 0.05, model: str = "tiny"
 ):
     """Send all requests at once; scrape before, continuously while they run (a sampler that
-    starts before the first request), and after."""
+    starts before the first request), and after. A sample that times out is a sample not taken
+    (vLLM's frontend answers /metrics on the loop that streams the batch, and beside two CPU
+    burners one took over 30 s); the window's two ends must answer."""
     async with client_session() as session:
-        prev = await scrape(server.metrics_url, timeout_s=10, max_bytes=4 << 20, session=session)
+        prev = await scrape(server.metrics_url, timeout_s=60, max_bytes=4 << 20, session=session)
         between = []
         done = asyncio.Event()
 
         async def sampler():
             while not done.is_set():
-                between.append(await scrape(server.metrics_url, timeout_s=30, max_bytes=4 << 20, session=session))
+                try:
+                    between.append(await scrape(server.metrics_url, timeout_s=30, max_bytes=4 << 20, session=session))
+                except ScrapeTimeout:
+                    continue
                 await asyncio.sleep(sample_every_s)
 
         sampling = asyncio.create_task(sampler())
@@ -77,7 +83,7 @@ async def _run_load(
         done.set()
         await sampling
         await asyncio.sleep(0.5)  # let the engine publish the last request's stats
-        cur = await scrape(server.metrics_url, timeout_s=10, max_bytes=4 << 20, session=session)
+        cur = await scrape(server.metrics_url, timeout_s=60, max_bytes=4 << 20, session=session)
     return prev, between, cur, responses
 
 
