@@ -216,6 +216,7 @@ def test_restart_keeps_calibration_and_observations_and_does_not_restart_pods(co
 def test_delete_cleans_up_owned_objects(control_plane, token):
     admin = control_plane.admin
     body = resource(NS, "gone", "advise", topology={"mode": "disaggregated", "kvTransfer": {}})
+    mark = control_plane.audit_mark()
     with sim_operator(control_plane.url, control_plane, token, NS, OperatorConfig(tick_s=0.2)) as runner:
         admin.create(LLMD, body)
         wait_for(lambda: admin.get(DEPLOY, NS, "gone-decode") and admin.get(SERVICE, NS, "gone-prefill"),
@@ -231,6 +232,10 @@ def test_delete_cleans_up_owned_objects(control_plane, token):
     owned = [o for r in (DEPLOY, SERVICE, "apps/v1/replicasets", "v1/pods") for o in admin.list(r, NS)
              if any(ref.get("uid") == uid for ref in o["metadata"].get("ownerReferences") or [])]
     assert owned == []
+    # scoped to one namespace by name, the operator never asked for Namespaces (the chart's
+    # cluster-wide role grants no such read; kopf would retry the refused list for a minute)
+    assert [e["verb"] for e in control_plane.audit(OPERATOR_USER, since_line=mark)
+            if e["objectRef"].get("resource") == "namespaces"] == []
 
 
 class StatusWatch:

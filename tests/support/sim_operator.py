@@ -18,7 +18,7 @@ import kopf
 from kopf.testing import KopfRunner
 
 from kneecap.control import vllm_args
-from kneecap.control.handlers import OperatorConfig, build_registry
+from kneecap.control.handlers import OperatorConfig, build_registry, operator_settings
 from tests.support.control_plane import ControlPlane, KubeClient
 from tests.support.twins import Twin, TwinTime
 
@@ -49,7 +49,7 @@ def sim_operator(url: str, plane: ControlPlane, token: str, ns: str, config: Ope
     """`kneecap run --standalone --namespace NS` in process, on `url` (the apiserver or a proxy)
     with `token` (the chart's ServiceAccount's)."""
     config.connection = kopf.ConnectionInfo(server=url, ca_path=str(plane.pki.ca), token=token)
-    settings = kopf.OperatorSettings()
+    settings = operator_settings([ns])
     settings.watching.server_timeout = 10
     return KopfRunner(["run", "--standalone", "--namespace", ns, "--verbose"],
                       registry=build_registry(config), settings=settings, timeout=60)

@@ -50,7 +50,7 @@ def run(args) -> int:
     _check(args)
     import kopf
 
-    from kneecap.control.handlers import OperatorConfig, build_registry
+    from kneecap.control.handlers import OperatorConfig, build_registry, operator_settings
     from kneecap.control.metrics import OperatorMetrics
 
     if args.json:
@@ -78,6 +78,7 @@ def run(args) -> int:
         kwargs["peering_name"] = args.peering
     if not args.all_namespaces and not args.namespace:
         kwargs["clusterwide"] = True
+    kwargs["settings"] = operator_settings(kwargs["namespaces"], clusterwide=kwargs["clusterwide"])
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(kopf.operator(**kwargs))
     return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -120,6 +121,28 @@ class SpecDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         lean = {k: v for k, v in body.items() if k not in ("status", "metadata")}
         lean["metadata"] = {k: meta[k] for k in ("labels", "annotations", "ownerReferences") if k in meta}
         return super().build(body=kopf.Body(lean), extra_fields=extra_fields)
+
+
+# a deleted resource keeps its finalizer until its control timer's current tick ends; kopf checks
+# for that again after this many seconds (its default, 60 s, held every such deletion a minute)
+TIMER_EXIT_POLL_S = 1.0
+# a namespace's exact name (an RFC 1123 label); anything else is one of kopf's patterns
+NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def operator_settings(namespaces: list[str] | tuple[str, ...] = (), *, clusterwide: bool = False,
+                      settings: kopf.OperatorSettings | None = None) -> kopf.OperatorSettings:
+    """kopf's settings for `kneecap run` (and the tests that run it in process).
+
+    A namespaced operator whose namespaces are all exact names (no glob, no negation) does not
+    list or watch Namespaces: there is nothing to match, and an install scoped to its own
+    namespaces need not grant a cluster-wide read (kopf would otherwise retry the forbidden list
+    for about a minute before serving anything). CRDs are still discovered once at start."""
+    settings = settings or kopf.OperatorSettings()
+    settings.background.cancellation_polling = TIMER_EXIT_POLL_S
+    if not clusterwide and namespaces and all(NAMESPACE_NAME.fullmatch(ns) for ns in namespaces):
+        settings.scanning.disabled = True
+    return settings
 
 
 def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistry:

@@ -193,7 +193,7 @@ class OperatorThread:
                  tick_s: float = 0.25, metrics: OperatorMetrics | None = None, scrape=None):
         import kopf
 
-        from kneecap.control.handlers import OperatorConfig, build_registry
+        from kneecap.control.handlers import OperatorConfig, build_registry, operator_settings
 
         self.metrics = metrics or OperatorMetrics()
         self.config = OperatorConfig(tick_s=tick_s, metrics=self.metrics,
@@ -203,7 +203,7 @@ class OperatorThread:
         if scrape is not None:
             self.config.scrape = scrape
         self.registry = build_registry(self.config)
-        self.settings = kopf.OperatorSettings()
+        self.settings = operator_settings([namespace])
         self.settings.watching.server_timeout = 10
         self.namespace = namespace
         self._stop = threading.Event()
