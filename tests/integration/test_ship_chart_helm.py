@@ -178,12 +178,10 @@ def test_namespaced_mode_renders_roles_not_cluster_wide_grants():
     docs = helm_template(*VALUE_SETS["namespaced"])
     roles = by_kind(docs, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["batch", "serving"]
-    (cr,) = by_kind(docs, "ClusterRole")  # only kopf's cluster-scoped reads and its peering are left
-    assert cr["rules"] == [{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
-                            "verbs": ["list", "watch"]},
-                           {"apiGroups": ["kopf.dev"], "resources": ["clusterkopfpeerings"],
-                            "verbs": ["list", "watch", "patch"]},
-                           {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}]
+    # only the peering is left cluster-wide: given exact namespaces, kopf reads no CRD and no Namespace
+    (cr,) = by_kind(docs, "ClusterRole")
+    assert cr["rules"] == [{"apiGroups": ["kopf.dev"], "resources": ["clusterkopfpeerings"],
+                            "verbs": ["list", "watch", "patch"]}]
     (dep,) = by_kind(docs, "Deployment")
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=serving" in args and "--namespace=batch" in args and "--all-namespaces" not in args
