@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "twin": "twin",
     "load": "load",
     "replay": "replay",
+    "pack": "pack",
 }
 
 def print_error(message: str, field: str | None, as_json: bool, prog: str = "kneecap") -> None:

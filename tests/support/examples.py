@@ -1,5 +1,6 @@
 """The shipped examples (examples/*.yaml): each holds one LLMDeployment, and an adopt example
-also the Deployments it targets (spec.targetRef), as a user would apply them."""
+also the Deployments it targets (spec.targetRef), as a user would apply them. Not
+examples/fleet.yaml: the input of `kneecap pack`, no Kubernetes object (tests/unit/test_pack.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+FLEET = ROOT / "examples" / "fleet.yaml"
+EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.yaml") if p != FLEET)
 
 
 def documents(path: Path) -> list[dict]:
