@@ -44,7 +44,9 @@ PERCENTILES = (0.50, 0.95, 0.99)
 
 class SharedGPU:
     """Engines time-slicing one GPU, one step at a time, round robin on ready steps (module
-    docstring). The engines must serve the same GPU; each keeps its own scheduler and KV cache."""
+    docstring). The engines must serve the same GPU; each keeps its own scheduler and KV cache.
+    ``before_step(index, start_s)``, if set, is called once a step is chosen, before it runs (a
+    load generator queues arrivals there; arrivals after ``start_s`` do not change the choice)."""
 
     def __init__(self, engines):
         engines = tuple(engines)
@@ -155,10 +157,9 @@ def step_cost_for(arch: ModelArch | str, params: SlimParams) -> StepCostParams:
     if bw_eff > 1.0:
         raise InputError("params.eta_w", f"{params.eta_w} with {arch.key}'s streamed weights needs a twin "
                                          f"bandwidth share {bw_eff:.3f} > 1")
+    per_seq_s = params.alpha_s + params.gamma_s * arch.layers * (arch.hidden / 1024.0) ** 2
     return StepCostParams(bw_efficiency=bw_eff, attn_bw_efficiency=params.eta_m, compute_efficiency=params.eta_c,
-                          step_overhead_s=per_step_s,
-                          per_seq_overhead_s=params.alpha_s + params.gamma_s * arch.layers * (arch.hidden / 1024.0) ** 2,
-                          eager_layer_overhead_s=0.0)
+                          step_overhead_s=per_step_s, per_seq_overhead_s=per_seq_s, eager_layer_overhead_s=0.0)
 
 
 def slim_params_for(arch: ModelArch | str, cost: StepCostParams = DEFAULT_STEP_COST) -> SlimParams:
@@ -190,7 +191,7 @@ class MeasuredEngine:
     name: str
     requests: int  # measured: arrived in [warmup_s, horizon_s]
     ttft_s: tuple[float, float, float]  # p50, p95, p99
-    tpot_s: tuple[float, float, float] | None  # per request (last − first token)/(tokens − 1); None: 1-token outputs
+    tpot_s: tuple[float, float, float] | None  # per request (last − first)/(tokens − 1); None: 1-token outputs
     ttft_mean_s: float
     tpot_mean_s: float | None
     gpu_share: float  # its steps' GPU time / the window
@@ -251,7 +252,8 @@ def _check(engines, gpu: GPU, seed: int) -> list[tuple[PlacedEngine, Engine, np.
                 raise InputError("rate_rps", f"expected a positive finite rate, got {e.rate_rps!r}")
             if not (isinstance(e.request_overhead_s, (int, float)) and e.request_overhead_s >= 0):
                 raise InputError("request_overhead_s", f"expected a non-negative time, got {e.request_overhead_s!r}")
-            seqs, budget = memory.vllm_default_limits(gpu, True, arch.max_position or 2048)  # as gauss.engine_limits_for
+            # unset caps as gauss.engine_limits_for resolves them, so the twin and the model agree
+            seqs, budget = memory.vllm_default_limits(gpu, True, arch.max_position or 2048)
             cfg = engine_config(arch, gpu, max_num_seqs=e.max_num_seqs if e.max_num_seqs is not None else seqs,
                                 max_num_batched_tokens=(e.max_num_batched_tokens if e.max_num_batched_tokens
                                                         is not None else budget),
