@@ -2,6 +2,8 @@
 
 * :mod:`kneecap.sim.engine` — scheduler, block KV cache and preemption, steppable in simulated time
 * :mod:`kneecap.sim.roofline` — per-step time of the configured model on the configured GPU
+* :mod:`kneecap.sim.shared_gpu` — several engines time-slicing one GPU (round robin on ready
+  steps) and ``verify_placement``, their seeded replay (``kneecap pack --verify``)
 * :mod:`kneecap.sim.metrics` — vLLM 0.32's Prometheus metrics
 * :mod:`kneecap.sim.server` — the OpenAI-compatible HTTP server (``kneecap twin``)
 * :mod:`kneecap.sim.loadgen` — open-loop load (``kneecap load``, ``run_load``)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -229,6 +230,13 @@ class Engine:
 
     def has_work(self) -> bool:
         return bool(self.running or self.waiting or self._future)
+
+    def ready_s(self) -> float:
+        """When the next step can start: ``now_s`` with requests running or queued, else the next
+        arrival, else inf. (:mod:`kneecap.sim.shared_gpu` schedules engines on one GPU by it.)"""
+        if self.running or self.waiting:
+            return self.now_s
+        return self._future[0][0] if self._future else math.inf
 
     @property
     def kv_usage(self) -> float:
