@@ -21,29 +21,71 @@ Assumptions:
   before i runs again (FCFS on ready steps; a vLLM engine with running requests always has its
   next step ready). So i waits a *whole* partner step, not a residual: the partner's step was
   queued while i's ran.
-* A3 random observer: at i's step boundaries engine j is in its time-stationary state,
-  independent of i: GAUSS's mean field (§3.8), decode batch B_j ~ Poisson(B̄_j) and a share f_j
-  of j's steps carrying a chunk of mean compute ℓ̄_j, independently.
+* A3 stationary partner: j's batch is GAUSS's mean field (§3.8), B_j ~ Poisson(B̄_j) and a share
+  f_j of j's steps carrying a chunk of mean compute ℓ̄_j; j is busy (has a step ready) with
+  probability a_j in time. Not at i's step boundaries: while j is busy i's steps are longer, so
+  fewer of them see j busy (C9), and its busy/idle alternation persists across i's requests (C10).
 * A4 no host overlap: all of d_j occupies the GPU (conservative: t_step and α are partly CPU).
+* A5 two-state partner: j alternates busy and idle sojourns, taken exponential (a two-state
+  Markov environment): its idle ones end at its next arrival, so they are Exp(1/λ_j) exactly;
+  its busy ones only in mean (C7).
 
 Then, with Δ_i the mean wait per step of engine i:
 
-    (C2) d_i^co(B, C) = d_i(B, C) + Δ_i,   Δ_i = Σ_{j≠i} π_j
-    (C3) π_j = E[g_j·1{j busy}] = d̄_j + f_j·ℓ̄_j − (1 − f_j)·e^{−B̄_j}·p_j
+    (C2) d_i^co(B, C) = d_i(B, C) + Δ_i,   Δ_i = Σ_{j≠i} q_ij·g_ij
+    (C3) π_j = E[g_j·1{j busy}] = d̄_j + f_j·ℓ̄_j − (1 − f_j)·e^{−B̄_j}·p_j,   g_j = π_j/a_j
          a_j = P(j busy) = 1 − (1 − f_j)·e^{−B̄_j}
-         (g_j: j's own GPU time per step; d̄_j = E[d_j(B_j)], an empty batch costing p_j)
-    (C4) B̄_j, f_j, ℓ̄_j: GAUSS's operating point of j with p_j + Δ_j, so Δ = G(Δ); G is increasing,
-         iterated from Δ = 0 to its least fixed point; none (a GAUSS stage of some engine unstable:
-         the waits grow its batch past what it can hold) is infeasible
+         (g_j: j's own GPU time per step, g_j here its mean when busy; d̄_j = E[d_j(B_j)], an
+         empty batch costing p_j)
+    (C4) B̄_j, f_j, ℓ̄_j: GAUSS's operating point of j with p_j + Δ_j, so Δ = G(Δ), iterated from
+         Δ = 0; none (a GAUSS stage of some engine unstable: the waits grow its batch past what it
+         can hold) is infeasible
     (C5) U_j = π_j/T_j, T_j = (d̄_j + Δ_j)/(1 − ρ_c,j) j's mean wall step (ρ_c,j = λ_j·E[S_c,j]): its GPU
-         share. T_j = Σ_k π_k + (1 − f_j)·e^{−B̄_j}·p_j, so ΣU ≤ 1 identically, = 1 when every
-         engine is always busy (the GPU never idles: a round of one step each)
-    (C6) tails: GAUSS (Algorithm 1) on engine i alone with p_i → p_i + Δ_i; every engine step,
-         decode or chunk, carries one wait
+         share. With every engine always busy, q → 1 and g_ij → g_j, T_j = Σ_k π_k and ΣU = 1 (the
+         GPU never idles: a round of one step each); otherwise C9 and C9' make the waits
+         step-averages and ΣU is 1 to within what they move (1e-4 beside a bursty partner)
+    (C6) tails: GAUSS (Algorithm 1) on engine i with p_i → p_i + Δ_i, TTFT less Δ_i. A request's
+         first token ends i's own step (its prefill's last chunk); the partners' steps come
+         after it. GAUSS's TTFT, W + S + the residual of the step in flight (Kleinrock eq. 5.12),
+         has a wall step d̄ + Δ_i for each of the n chunk steps in S and for the residual: the
+         residual is the wait for i's next step, partners' steps included (a round, A2); the n
+         chunk steps are n own steps and n − 1 rounds between them. One Δ_i too many, so
+         TTFT = W + S + residual − Δ_i; S keeps its n waits in the queue (the next request's
+         prefill starts one round after this one's first token). One engine alone: Δ = 0.
+    (C6') an arrival to an idle i (probability 1 − a_i, PASTA) waits out the partner step in
+         flight, j's with probability min(1, U_j/(1 − U_i)), a U(0, g_ij) residual (fixed length,
+         Kleinrock eq. 5.12); GAUSS's residual is i's own step's only, weighted by P(i busy)
+    (C7) E[BP_j] = a_j/(λ_j·(1 − a_j)): mean busy period (alternating renewal: a_j = E[BP]/(E[BP]
+         + E[I]), E[I] = 1/λ_j, Poisson arrivals). For an M/G/1 queue (a = ρ) it is E[S]/(1 − ρ)
+         (Kleinrock, Queueing Systems I, §5.8); for GAUSS's Poisson decode batch (M/G/∞,
+         a = 1 − e^{−B̄}) it is (e^{B̄} − 1)/λ (the M/G/∞ busy period, Takács)
+    (C8) persistence w_ij = E[BP_j]/(E[BP_j] + D_i), D_i = (E[OL_i] − 1)·τ_i i's expected decode
+         time: w → 1 when j's busy periods outlast i's requests (i's batch settles at the busy
+         regime's GAUSS steady state), w → 0 when they flicker (i's batch does not move). i's
+         mean step beside a busy j exceeds that beside an idle one by
+         Δτ_ij = g_ij·(w_ij·∂τ_i/∂Δ_i + 1 − w_ij)   (∂τ_i/∂Δ_i from GAUSS §3.8, ≥ 1)
+    (C9) step average, not time average: i steps at rate 1/τ_b while j is busy (a time share
+         a_j) and 1/τ_0 while idle, τ_b = τ_0 + Δτ_ij, so the share of i's steps that wait on j
+         is q_ij = a_j·τ_0/(a_j·τ_0 + (1 − a_j)·τ_b) ≤ a_j. With τ_i = τ_0 + q_ij·Δτ_ij (i's mean
+         step) it solves Δτ·q² − (τ_i + Δτ)·q + a_j·τ_i = 0, the root in [0, a_j]:
+         q_ij = 2·a_j·τ_i/(τ_i + Δτ + √((τ_i + Δτ)² − 4·Δτ·a_j·τ_i)). Δτ = 0 or a_j = 1: q = a_j
+    (C9') g_ij = g_j + w_ji·(1 − q_ji)·g_i·∂g_j/∂Δ_j: while i is busy j waits g_i at each step,
+         (1 − q_ji)·g_i above its mean, and its batch, so its step, follows (w_ji) ― the step i's
+         waits see (one pass: g, then q again)
+    (C10) TPOT/TTFT beside a partner j idle at least ``ALWAYS_BUSY_IDLE`` of the time: two GAUSS
+         runs on common random numbers, the idle regime (p_i + Δ_i − q_ij·g_ij) and the busy one
+         (that plus g_ij·(w_ij + (1 − w_ij)/∂τ_i/∂Δ_i), a mean step Δτ_ij higher, C8), and per
+         sampled request the share Y of its E[OL_i] − 1 steps taken while j is busy, from a path
+         of A5's environment (start busy with probability a_j, PASTA; τ_b, τ_0 as C9):
+         TPOT = TPOT_idle + Y·(TPOT_busy − TPOT_idle) (linear in the share of waiting steps, as
+         GAUSS §3.8's τ is in Δ), TTFT from the regime at arrival, each run's wait counted once
+         (C6). Long busy periods (w → 1) give a mixture of the two runs; short ones, Y → q_ij,
+         the mean field at Δ_i. Several alternating partners add their terms (superposition);
+         always-busy partners (Y ≡ 1) stay in the mean field, exactly as before
 
 Closed cases (tests/unit/test_model_colocation.py):
 
-* N = 1: Δ = 0, GAUSS unchanged.
+* N = 1: Δ = 0, GAUSS unchanged (exactly: no C6', C10).
 * Decode-heavy pair (f_j, ρ_c → 0): (C3) is π_j = a_j·E[d_j | B_j ≥ 1], a_j = 1 − e^{−B̄_j}:
   the partner's step times the probability it is busy (A2 gives the whole step, A3 the
   probability). At a fixed batch TPOT rises by Δ_i; through Little's law (GAUSS §3.8,
@@ -62,8 +104,9 @@ allowance, not measured). Each share must hold its weights, buffers and the KV o
 
 Not modelled: MPS or concurrent kernels (a compute-bound prefill overlapping a bandwidth-bound
 decode would cost less than A1 says), host/GPU overlap (A4), L2 contention, tensor parallelism
-(each engine on this one GPU, TP 1), and the variance of the waits: Δ_i enters as its mean, so
-TPOT tails from a partner's long busy and idle periods are underestimated.
+(each engine on this one GPU, TP 1); the ramp of i's batch within a busy period (C10 takes the
+busy regime's steady state, blended by w_ij), the correlation of several partners' busy periods
+(C10 adds them independently), non-exponential busy periods (A5).
 """
 
 from __future__ import annotations
@@ -83,6 +126,10 @@ MAX_TOTAL_UTILIZATION = memory.UTILIZATION_BOUNDS[1]
 FIXED_POINT_TOL = 1e-12  # relative change of Δ that ends the iteration (C4)
 FIXED_POINT_MAX_ITER = 5000
 MOMENT_SAMPLES = 20_000  # workload draws for the mean-field moments (seed 0: deterministic)
+SLOPE_STEP_S = 1e-7  # forward difference of τ_i in Δ_i (C8)
+ALWAYS_BUSY_IDLE = 1e-3  # 1 − a_j below this: j is always busy, Y ≡ 1, the mean field is the waits (C10)
+TAIL_QUANTILES = (0.50, 0.95, 0.99)  # EngineTails' p50, p95, p99
+PATH_MAX_SOJOURNS = 4096  # busy/idle sojourns followed per request at most (C10); the rest counted at the mean
 
 
 @dataclass(frozen=True)
@@ -132,6 +179,10 @@ class ColocationPoint:
     operating_points: tuple[gauss.OperatingPoint, ...]
     iterations: int
     infeasible: gauss.Infeasible | None = None
+    observed_busy: tuple[tuple[float, ...], ...] = ()  # q_ij (C9): share of i's steps that wait on j
+    observed_step_s: tuple[tuple[float, ...], ...] = ()  # g_ij (C9'): j's GPU step, as i's steps see it
+    step_slope: tuple[float, ...] = ()  # ∂τ_i/∂Δ_i (C8)
+    busy_step_slope: tuple[float, ...] = ()  # ∂g_i/∂Δ_i (C9')
 
 
 @dataclass(frozen=True)
@@ -219,25 +270,86 @@ def _check_engines(engines, gpu: GPU) -> list[_Engine]:
     return out
 
 
+def _coupling(prepared: list[_Engine], ops, a, pi, slope, g_slope):
+    """The pair terms of (C7)–(C9) at one state of the fixed point, as (N, N) arrays, [i, j] for
+    engine i beside partner j (the diagonal 0): g_ij, E[BP_j], w_ij, Δτ_ij, q_ij."""
+    n = len(prepared)
+    a = np.asarray(a, dtype=np.float64)
+    pi = np.asarray(pi, dtype=np.float64)
+    lam_rps = np.array([e.rate_rps for e in prepared])
+    tau_s = np.array([op.mean_step_s for op in ops])
+    steps = np.array([max(e.moments.output_tokens - 1.0, 1.0) for e in prepared])
+    busy_gpu_s = np.divide(pi, a, out=np.zeros(n), where=a > 0)  # g_j = π_j/a_j = E[g_j | busy] (C3)
+    idle = 1.0 - a
+    safe_idle = np.where(idle > 0, idle, 1.0)
+    period_s = np.where(idle > 0, a / (lam_rps * safe_idle), np.inf)  # (C7) E[BP_j] = a_j/(λ_j·(1 − a_j))
+    decode_s = steps * tau_s  # D_i = (E[OL_i] − 1)·τ_i (C8)
+    finite = np.isfinite(period_s)[None, :]
+    bp_s = np.where(finite, period_s[None, :], 0.0)
+    w = np.where(finite, bp_s / (bp_s + decode_s[:, None]), 1.0)  # (C8), E[BP] = ∞ → 1
+    eye = np.eye(n, dtype=bool)
+    w[eye] = 0.0
+    g = np.broadcast_to(busy_gpu_s[None, :], (n, n)).copy()
+    for k in range(2):  # (C9) q from g_j, then (C9') g_ij from q, then q again from g_ij
+        dtau_s = g * (w * np.asarray(slope)[:, None] + (1.0 - w))  # (C8)
+        tot = tau_s[:, None] + dtau_s
+        disc = np.sqrt(np.maximum(tot * tot - 4.0 * dtau_s * a[None, :] * tau_s[:, None], 0.0))
+        q = 2.0 * a[None, :] * tau_s[:, None] / (tot + disc)  # (C9), the root in [0, a_j]
+        q[eye] = 0.0
+        if k == 0:
+            # (C9'): while i is busy, j waits g_i at every step, (1 − q_ji)·g_i above its mean, and
+            # its step grows by ∂g_j/∂Δ_j of that, persistently (w_ji): the step of j that i sees
+            g = busy_gpu_s[None, :] + (w.T * (1.0 - q.T)) * busy_gpu_s[:, None] * np.asarray(g_slope)[None, :]
+            g[eye] = 0.0
+    dtau_s[eye] = 0.0
+    return g, period_s, w, dtau_s, q
+
+
+def _operating_slope(e: _Engine, delta_s: float, op) -> tuple[float, float]:
+    """(∂τ_i/∂Δ_i, ∂g_i/∂Δ_i) at Δ_i (C8, C9'): GAUSS §3.8's mean step grows with the wait
+    (Little's law grows the batch, so the first is ≥ 1), and with the batch the busy step g_i =
+    π_i/a_i (C3); forward differences of ``gauss.operating_point``."""
+    op_h = gauss.operating_point(colocated_coefficients(e.coef, delta_s + SLOPE_STEP_S), e.moments, e.rate_rps,
+                                 e.limits)
+    a0, pi0, _ = busy_step(e.coef, op, delta_s)
+    a1, pi1, _ = busy_step(e.coef, op_h, delta_s + SLOPE_STEP_S)
+    g0, g1 = (pi0 / a0 if a0 > 0 else 0.0), (pi1 / a1 if a1 > 0 else 0.0)
+    return (op_h.mean_step_s - op.mean_step_s) / SLOPE_STEP_S, (g1 - g0) / SLOPE_STEP_S
+
+
 def _fixed_point(prepared: list[_Engine]) -> ColocationPoint:
-    """Δ = G(Δ) (C4) by monotone iteration from 0."""
+    """Δ = G(Δ) (C4, with C9's step-average waits) by iteration from 0."""
     n = len(prepared)
     delta, a, pi, share = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
+    slope, g_slope = np.ones(n), np.zeros(n)
+    q, g = np.zeros((n, n)), np.zeros((n, n))
 
     def point(ops, iterations, infeasible=None):
         f = lambda x: tuple(map(float, x))  # noqa: E731
-        return ColocationPoint(f(delta), f(a), f(pi), f(share), tuple(ops), iterations, infeasible)
+        return ColocationPoint(f(delta), f(a), f(pi), f(share), tuple(ops), iterations, infeasible,
+                               tuple(f(row) for row in q), tuple(f(row) for row in g), f(slope), f(g_slope))
 
-    for it in range(1, FIXED_POINT_MAX_ITER + 1):
+    def evaluate():
         ops = []
         for i, e in enumerate(prepared):
             try:
                 op = gauss.operating_point(colocated_coefficients(e.coef, delta[i]), e.moments, e.rate_rps, e.limits)
+                slope[i], g_slope[i] = _operating_slope(e, delta[i], op) if n > 1 else (1.0, 0.0)
             except gauss.Infeasible as exc:
-                return point(ops, it, gauss.Infeasible(exc.stage, f"engines[{i}]: {exc.reason}", **exc.details))
+                return ops, gauss.Infeasible(exc.stage, f"engines[{i}]: {exc.reason}", **exc.details)
             ops.append(op)
             a[i], pi[i], share[i] = busy_step(e.coef, op, delta[i])
-        new = pi.sum() - pi if n > 1 else np.zeros(1)  # (C2): Σ_{j≠i} π_j
+        return ops, None
+
+    for it in range(1, FIXED_POINT_MAX_ITER + 1):
+        ops, bad = evaluate()
+        if bad is not None:
+            return point(ops, it, bad)
+        if n == 1:
+            new = np.zeros(1)
+        else:
+            g[:], _, _, _, q[:] = _coupling(prepared, ops, a, pi, slope, g_slope)
+            new = np.sum(q * g, axis=1)  # (C2): Δ_i = Σ_{j≠i} q_ij·g_ij
         converged = bool(np.all(np.abs(new - delta) <= FIXED_POINT_TOL * new))
         delta = new
         if converged:
@@ -246,10 +358,10 @@ def _fixed_point(prepared: list[_Engine]) -> ColocationPoint:
         return point(ops, FIXED_POINT_MAX_ITER, gauss.Infeasible(
             "gpu", f"the waits still grow after {FIXED_POINT_MAX_ITER} iterations: at the edge of saturation"))
     if n > 1:  # the operating points at the converged Δ
-        ops = [gauss.operating_point(colocated_coefficients(e.coef, delta[i]), e.moments, e.rate_rps, e.limits)
-               for i, e in enumerate(prepared)]
-        for i, e in enumerate(prepared):
-            a[i], pi[i], share[i] = busy_step(e.coef, ops[i], delta[i])
+        ops, bad = evaluate()
+        if bad is not None:
+            return point(ops, it, bad)
+        g[:], _, _, _, q[:] = _coupling(prepared, ops, a, pi, slope, g_slope)
     return point(ops, it)
 
 
@@ -258,34 +370,104 @@ def colocation_point(engines: list[EngineLoad], gpu: GPU | str) -> ColocationPoi
     return _fixed_point(_check_engines(engines, get_gpu(gpu)))
 
 
+def _busy_step_shares(rng: np.random.Generator, n: int, busy_prob: float, busy_s: float, idle_s: float,
+                      steps: float, tau0_s: float, taub_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """(C10) per request: Y, the share of its ``steps`` decode steps taken while the partner is
+    busy, and whether the partner was busy at its arrival. The partner alternates busy and idle
+    sojourns, exponential with means ``busy_s``, ``idle_s`` (a two-state Markov environment); a
+    request arrives in a busy one with probability ``busy_prob`` (PASTA; memoryless: the residual
+    sojourn has the same law) and steps every ``taub_s`` in a busy one, ``tau0_s`` in an idle one."""
+    start = rng.random(n) < busy_prob
+    state = start.copy()
+    left = np.full(n, float(steps))
+    busy_steps = np.zeros(n)
+    for _ in range(PATH_MAX_SOJOURNS):
+        if not np.any(left > 0):
+            break
+        mean_s = np.where(state, busy_s, idle_s)
+        sojourn_s = rng.standard_exponential(n) * mean_s
+        take = np.minimum(left, sojourn_s / np.where(state, taub_s, tau0_s))
+        busy_steps += np.where(state, take, 0.0)
+        left -= take
+        state = ~state
+    # what is left (only when sojourns are far shorter than a step): at the step-average share
+    q = busy_prob * tau0_s / (busy_prob * tau0_s + (1.0 - busy_prob) * taub_s)  # (C9) with these τ
+    busy_steps += left * q
+    return busy_steps / steps, start
+
+
 def colocated_tails(engines: list[EngineLoad], gpu: GPU | str, *, seed: int = 0, samples: int = 100_000,
                     replications: int = 4) -> list[EngineTails]:
-    """Per engine, p50/p95/p99 TTFT and TPOT beside its partners on ``gpu`` (C6) and its
+    """Per engine, p50/p95/p99 TTFT and TPOT beside its partners on ``gpu`` (C6, C10) and its
     utilisation, busy probability and GPU share. Every engine's GAUSS run draws from
     ``default_rng(seed)`` (common random numbers: identical engines get identical tails, one
-    engine alone gets exactly ``gauss.simulate``'s). Infeasible co-locations are reported, with
-    None latencies and a ``note``, not raised."""
+    engine alone gets exactly ``gauss.simulate``'s). An engine whose partners are all always busy
+    (idle less than ``ALWAYS_BUSY_IDLE``) takes GAUSS's quantiles at p + Δ_i, TTFT less Δ_i (C6);
+    beside a partner busy part of the time, the mixture (C10) over GAUSS's sampled requests.
+    Infeasible co-locations are reported, with None latencies and a ``note``, not raised."""
     gpu = get_gpu(gpu)
     prepared = _check_engines(engines, gpu)
     point = _fixed_point(prepared)
     names = [e.name or f"engines[{i}]" for i, e in enumerate(engines)]
-    if point.infeasible is not None:
-        note = str(point.infeasible)
+
+    def infeasible(note):
         return [EngineTails(name, False, None, None, None, None, None, None, None, note) for name in names]
-    results = []
-    for i, e in enumerate(prepared):
-        try:
-            results.append(gauss.simulate(
-                engines[i].workload, colocated_coefficients(e.coef, point.interference_s[i]), e.rate_rps,
-                rng=np.random.default_rng(seed), samples=samples, replications=replications, search_samples=samples,
-                limits=e.limits))
-        except gauss.Infeasible as exc:  # past GAUSS's limit on its own draws: its partners' waits assumed it steady
-            note = f"infeasible: {exc.stage} stage: engines[{i}]: {exc.reason}"
-            return [EngineTails(name, False, None, None, None, None, None, None, None, note) for name in names]
+
+    if point.infeasible is not None:
+        return infeasible(str(point.infeasible))
+    n = len(prepared)
+    if n > 1:
+        g_s, period_s, w, dtau_s, q = _coupling(prepared, point.operating_points, point.busy_probability,
+                                                point.busy_gpu_s, point.step_slope, point.busy_step_slope)
+    a = np.asarray(point.busy_probability)
     out = []
-    for i, (name, res) in enumerate(zip(names, results)):
-        tpot = None if res.tbt is None else (res.tbt.p50, res.tbt.p95, res.tbt.p99)
-        out.append(EngineTails(name, True, (res.ttft.p50, res.ttft.p95, res.ttft.p99), tpot, float(res.utilisation),
-                               point.busy_probability[i], point.gpu_share[i], point.interference_s[i],
+    for i, e in enumerate(prepared):
+        # partners idle at least ALWAYS_BUSY_IDLE of the time (C10); the others stay in the mean field
+        alternating = [j for j in range(n) if n > 1 and j != i and 1.0 - a[j] >= ALWAYS_BUSY_IDLE and g_s[i, j] > 0]
+        base_s = point.interference_s[i] - sum(q[i, j] * g_s[i, j] for j in alternating)  # always-busy partners' waits
+
+        def run(wait_s):
+            return gauss.simulate(engines[i].workload, colocated_coefficients(e.coef, wait_s), e.rate_rps,
+                                  rng=np.random.default_rng(seed), samples=samples, replications=replications,
+                                  search_samples=samples, limits=e.limits)
+
+        try:
+            res = run(base_s)
+            idle_i = 1.0 - a[i]  # P(i has no step ready at an arrival), PASTA (C3)
+            if not alternating and (n == 1 or idle_i < ALWAYS_BUSY_IDLE):
+                ttft = (res.ttft.p50 - base_s, res.ttft.p95 - base_s, res.ttft.p99 - base_s)  # (C6)
+                tpot = None if res.tbt is None else (res.tbt.p50, res.tbt.p95, res.tbt.p99)
+            else:
+                ttft_k = res.ttft_sample_s - base_s  # (C6)
+                rng_idle = np.random.default_rng([seed, i, n])
+                for j in range(n):  # (C6'): an arrival to an idle i waits out the partner step in flight
+                    if j == i:
+                        continue
+                    in_flight = min(1.0, point.gpu_share[j] / max(1.0 - point.gpu_share[i], 1e-12))
+                    hit = rng_idle.random(ttft_k.size) < idle_i * in_flight
+                    ttft_k = ttft_k + np.where(hit, rng_idle.random(ttft_k.size) * g_s[i, j], 0.0)
+                tbt_k = None if res.tbt_sample_s is None else res.tbt_sample_s.copy()
+                tau_s = point.operating_points[i].mean_step_s
+                for j in alternating:
+                    # the busy regime's GAUSS run: a wait that moves its mean step by Δτ_ij (C8)
+                    extra_s = g_s[i, j] * (w[i, j] + (1.0 - w[i, j]) / point.step_slope[i])
+                    busy = run(base_s + extra_s)
+                    tau0_s = tau_s - q[i, j] * dtau_s[i, j]  # (C9): τ_i less j's share
+                    size = ttft_k.size if tbt_k is None else max(ttft_k.size, tbt_k.size)
+                    y, start = _busy_step_shares(np.random.default_rng([seed, i, j]), size, float(a[j]),
+                                                 float(period_s[j]), 1.0 / prepared[j].rate_rps,
+                                                 max(e.moments.output_tokens - 1.0, 1.0), tau0_s,
+                                                 tau0_s + dtau_s[i, j])
+                    # (C10): TTFT from the regime at arrival, each run's wait counted once (C6)
+                    ttft_k = ttft_k + np.where(start[:ttft_k.size],
+                                               busy.ttft_sample_s - extra_s - res.ttft_sample_s, 0.0)
+                    if tbt_k is not None:  # (C10): TPOT by the share of steps in the busy regime
+                        tbt_k = tbt_k + y[:tbt_k.size] * (busy.tbt_sample_s - res.tbt_sample_s)
+                ttft = tuple(float(v) for v in np.quantile(ttft_k, TAIL_QUANTILES))
+                tpot = None if tbt_k is None else tuple(float(v) for v in np.quantile(tbt_k, TAIL_QUANTILES))
+        except gauss.Infeasible as exc:  # past GAUSS's limit on its own draws: its partners' waits assumed it steady
+            return infeasible(f"infeasible: {exc.stage} stage: engines[{i}]: {exc.reason}")
+        out.append(EngineTails(names[i], True, ttft, tpot, float(res.utilisation), point.busy_probability[i],
+                               point.gpu_share[i], point.interference_s[i],
                                float(point.operating_points[i].mean_step_s)))
     return out
