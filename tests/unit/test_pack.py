@@ -1,11 +1,14 @@
 """`kneecap pack` (kneecap.model.packing, kneecap.commands.pack): the example fleet packs onto
 fewer GPUs with every deployment's SLO predicted met; bad input exits 2 naming the entry and
-field; a deployment no GPU of the inventory serves exits 1 naming it; the JSON's shape."""
+field; a deployment no GPU of the inventory serves exits 1 naming it; the JSON's shape; --verify
+replays the packing on the twins, reports measured quantiles beside the predicted ones and exits
+1 naming a deployment whose SLO the replay misses."""
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import io
 import json
 
@@ -32,11 +35,12 @@ def _run(capsys, *argv):
 
 @pytest.fixture(scope="module")
 def example(tmp_path_factory):
-    """The example fleet through the CLI, once (capsys is per test: stdout captured here)."""
+    """The example fleet through the CLI with --verify, once (capsys is per test: stdout captured
+    here; the replay is about a minute of the 2-core CI machine)."""
     png = tmp_path_factory.mktemp("pack") / "fleet.png"
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        rc = main(["pack", "-f", str(FLEET), "--gpus", GPUS, "--json", "--plot", str(png)])
+        rc = main(["pack", "-f", str(FLEET), "--gpus", GPUS, "--json", "--plot", str(png), "--verify"])
     return rc, json.loads(buf.getvalue()), png
 
 
@@ -64,7 +68,7 @@ def test_the_example_fleet_packs_onto_fewer_gpus_with_every_slo_predicted_met(ex
 def test_json_shape(example):
     _, out, _ = example
     assert {"feasible", "margin", "before", "after", "gpus_returned", "savings_per_hour", "all_slo_met",
-            "placement", "deployments", "seed", "plot", "evaluations"} <= set(out)
+            "placement", "deployments", "seed", "plot", "evaluations", "verify"} <= set(out)
     assert out["margin"] == 0.1 and out["gpus_returned"] == out["before"]["gpus"] - out["after"]["gpus"]
     assert set(out["before"]) == {"gpus", "cost_per_hour", "by_type"}
     g = out["placement"][0]
@@ -72,7 +76,7 @@ def test_json_shape(example):
     assert set(g["engines"][0]) == {"deployment", "replica", "max_num_seqs", "gpu_memory_utilization", "gpu_share",
                                     "interference_s", "ttft_s", "tpot_s"}
     d = out["deployments"][0]
-    assert set(d) == {"name", "model", "replicas", "rate_rps", "slo", "before", "after"}
+    assert set(d) == {"name", "model", "replicas", "rate_rps", "slo", "before", "after", "verified"}
     assert set(d["before"]["ttft_s"]) == {"p50", "p95", "p99"}
     assert set(d["after"]) >= {"gpus", "ttft_s", "tpot_s", "slo_met"}
 
@@ -172,3 +176,90 @@ def test_an_slo_no_placement_meets_exits_1_with_the_best_it_could_do(tmp_path, c
 def test_text_output(tmp_path, capsys):
     rc, out, _ = _run(capsys, "-f", _write(tmp_path, ENTRIES[2:3]), "--samples", "8000")
     assert rc == 0 and out.startswith("today   2 GPUs, $10.00/h") and "summarize-9b" in out
+
+
+# ------------------------------------------------------------------------------------ --verify
+
+
+def test_the_example_fleet_verified_on_the_twins(example):
+    """Every SLO met as replayed (exit 0). Measured vs predicted at the SLO quantile (the worst
+    replica of each): an engine alone on its GPU (rag-32b) within 10% on both metrics, TTFT within
+    15% everywhere; TPOT shared three ways runs 11–16% above the co-location model (the twin's
+    rounds cost more than its mean field: benchmarks/results/fleet_pack.md), within 20% asserted."""
+    rc, out, _ = example
+    v = out["verify"]
+    assert rc == 0 and v["all_slo_met"] and v["misses"] == []
+    assert [g["index"] for g in v["gpus"]] == list(range(out["after"]["gpus"]))
+    assert len({g["seed"] for g in v["gpus"]}) == len(v["gpus"])  # a stream of its own per GPU
+    for g in v["gpus"]:
+        light = min(e["requests"] for e in g["engines"])
+        assert light >= 0.9 * v["requests"] or g["requests"] == v["max_requests"], g
+    for d in out["deployments"]:
+        m, err = d["verified"], d["verified"]["error"]
+        q = err["quantile"]
+        assert m["slo_met"] and m["ttft_s"][q] <= d["slo"]["ttft_s"] and m["tpot_s"][q] <= d["slo"]["tpot_s"]
+        assert m["ttft_s"]["p50"] <= m["ttft_s"]["p95"] <= m["ttft_s"]["p99"]
+        assert abs(err["ttft"]) <= 0.15 and abs(err["tpot"]) <= 0.20, (d["name"], err)
+        if d["name"] == "rag-32b":
+            assert abs(err["ttft"]) <= 0.10 and abs(err["tpot"]) <= 0.10, err
+
+
+def _small(tmp_path):
+    return _write(tmp_path, ENTRIES[3:5])  # support-3b (2 req/s) and code-7b (0.3 req/s, p99): one GPU
+
+
+SMALL = ("--gpus", "h100-80gb=2", "--samples", "8000", "--verify", "--verify-requests", "200")
+
+
+def test_verify_on_a_small_fleet_reports_measured_quantiles(tmp_path, capsys):
+    rc, out, _ = _run(capsys, "-f", _small(tmp_path), *SMALL, "--json")
+    res = json.loads(out)
+    assert rc == 0 and res["verify"]["all_slo_met"] and res["after"]["gpus"] == 1
+    (g,) = res["verify"]["gpus"]
+    by = {e["deployment"]: e for e in g["engines"]}
+    assert by["code-7b"]["requests"] >= 180 and by["support-3b"]["requests"] > by["code-7b"]["requests"]
+    for d in res["deployments"]:
+        m = d["verified"]
+        assert set(m) == {"ttft_s", "tpot_s", "requests", "rejected", "error", "slo_met"}
+        assert set(m["ttft_s"]) == set(m["tpot_s"]) == {"p50", "p95", "p99"} and m["slo_met"]
+        q = m["error"]["quantile"]
+        assert q == {0.95: "p95", 0.99: "p99"}[d["slo"]["quantile"]]
+        assert m["error"]["ttft"] == pytest.approx(m["ttft_s"][q] / d["after"]["ttft_s"][q] - 1)
+    rc, text, _ = _run(capsys, "-f", _small(tmp_path), *SMALL)
+    assert rc == 0 and "verified on the twins" in text and "code-7b          p99" in text
+
+
+def test_verify_is_deterministic(tmp_path):
+    deps = packing.parse_fleet(ENTRIES[3:5])
+    res = packing.pack(deps, packing.parse_inventory([{"type": "h100-80gb", "count": 2}]), samples=8000)
+    a = packing.verify(res, requests=100, max_requests=400)
+    assert a == packing.verify(res, requests=100, max_requests=400)
+    assert a != packing.verify(res, requests=100, max_requests=400, seed=1)
+
+
+def test_verify_exits_1_naming_a_missed_slo(tmp_path, capsys, monkeypatch):
+    """The packing as found, then support-3b's TPOT SLO tightened below what it measures: the
+    replay is judged against it (a miss the twin finds and the model did not)."""
+    real = packing.pack
+
+    def tightened(deployments, *a, **k):
+        res = real(deployments, *a, **k)
+        deps = tuple(dataclasses.replace(d, tpot_s=0.008) if d.name == "support-3b" else d
+                     for d in res.deployments)
+        return dataclasses.replace(res, deployments=deps)
+
+    monkeypatch.setattr(packing, "pack", tightened)
+    rc, out, _ = _run(capsys, "-f", _small(tmp_path), *SMALL, "--json")
+    assert rc == 1
+    v = json.loads(out)["verify"]
+    (miss,) = v["misses"]
+    assert miss["deployment"] == "support-3b" and miss["metric"] == "tpot" and miss["slo_s"] == 0.008
+    assert miss["measured_s"] > 0.008 and not v["all_slo_met"]
+    assert "support-3b p95 TPOT" in v["message"] and "> SLO 8ms" in v["message"]
+    rc, text, _ = _run(capsys, "-f", _small(tmp_path), *SMALL)
+    assert rc == 1 and "SLO missed as verified: support-3b p95 TPOT" in text
+
+
+def test_verify_requests_below_100_is_bad_input(tmp_path, capsys):
+    rc, _, err = _run(capsys, "-f", _small(tmp_path), "--verify", "--verify-requests", "10", "--json")
+    assert rc == 2 and json.loads(err)["field"] == "verify-requests"

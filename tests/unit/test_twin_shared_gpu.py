@@ -272,3 +272,19 @@ def test_an_engine_load_becomes_a_placed_engine():
     p = placed_engine(load(2.0, name="x", params=SlimParams(t_fixed_s=0.02)))
     assert (p.name, p.rate_rps, p.request_overhead_s, p.max_num_batched_tokens) == ("x", 2.0, 0.02, BUDGET)
     assert p.step_cost == step_cost_for(ARCH, SlimParams(t_fixed_s=0.02))
+
+
+def test_oversize_reject_refuses_what_vllm_would_and_counts_it():
+    """Prompts log-normal around 300 tokens (CV 1) + 512 output against max_model_len 1024: some
+    draws do not fit. "error" (the default) stops the replay; "reject" refuses them as vLLM does
+    (HTTP 400), counts those arriving in the window and serves the rest, from the same draws."""
+    wl = gauss.Workload(gauss.LogNormalLength(300, 1.0), gauss.FixedLength(512))
+    engine = co.EngineLoad(ARCH, wl, 2.0, 0.45, max_num_batched_tokens=BUDGET, max_model_len=1024)
+    with pytest.raises(InputError) as exc:
+        verify_placement([engine], GPU, requests=300)
+    assert exc.value.field == "engines[0].workload"
+    [m] = verify_placement([engine], GPU, requests=300, oversize="reject").engines
+    assert m.rejected > 0 and m.requests + m.rejected == pytest.approx(300, rel=0.2)
+    with pytest.raises(InputError) as exc:
+        verify_placement([engine], GPU, requests=300, oversize="truncate")
+    assert exc.value.field == "oversize"

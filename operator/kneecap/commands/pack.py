@@ -6,15 +6,22 @@ Input: ``-f FLEET.yaml`` (a YAML list, or documents each a deployment or a list 
 ``{type, count, costPerHour}``) or ``--gpus TYPE=COUNT[@PRICE]`` (repeatable or comma-separated);
 neither: the GPUs the fleet holds today. Prices: the inventory's, else the catalog's.
 
-Exit codes: 0 a packing was found (the JSON or the table says which predicted SLOs hold); 1 a
-deployment fits no GPU of the inventory (named, with the best it could do alone on each type);
-2 bad input (an unknown GPU or model, a duplicate name, a malformed entry: the field is named).
+``--verify`` replays the packing on the twins (``packing.verify``: each packed GPU's engines
+time-sliced on one virtual-time GPU, seeded, one GPU after another) and reports each deployment's
+measured p50/p95/p99 TTFT and TPOT beside the predicted ones.
+
+Exit codes: 0 a packing was found (the JSON or the table says which predicted SLOs hold) and,
+with ``--verify``, every SLO is met as measured; 1 a deployment fits no GPU of the inventory
+(named, with the best it could do alone on each type), or with ``--verify`` the replay misses an
+SLO (the deployments named, measured vs SLO); 2 bad input (an unknown GPU or model, a duplicate
+name, a malformed entry: the field is named).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 
 from kneecap.commands import common
@@ -36,6 +43,13 @@ def add_arguments(p) -> None:
                    help="each predicted quantile must be within (1 - margin) of its SLO")
     p.add_argument("--samples", type=int, default=50_000, help="GAUSS requests simulated per engine and check")
     p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--verify", action="store_true",
+                   help="replay the packing on the twins (virtual time, each GPU's engines time-sliced) and report "
+                        "measured p50/p95/p99 TTFT and TPOT beside the predicted; exit 1 if an SLO is missed as "
+                        "measured")
+    p.add_argument("--verify-requests", type=int, default=1000, metavar="N",
+                   help="with --verify: measured requests of each GPU's lightest engine (its busiest at most "
+                        "10000 or N)")
     p.add_argument("--plot", metavar="PNG", help="write the GPUs before and after, and what sits on each")
     common.add_json(p)
 
@@ -97,6 +111,8 @@ def build(args):
 
     if not (math.isfinite(args.margin) and 0 <= args.margin < 1):
         raise InputError("margin", f"expected a fraction in [0, 1), got {args.margin}")
+    if args.verify_requests < 100:
+        raise InputError("verify-requests", f"expected ≥ 100, got {args.verify_requests}")
     if args.samples < 400:
         raise InputError("samples", f"expected ≥ 400 (100 per replication), got {args.samples}")
     entries = _yaml(args.fleet, "fleet")
@@ -175,11 +191,50 @@ def _print(out: dict) -> None:
             after = f"{_fmt(at and at[k])} {_fmt(ap and ap[k], 1e3, 'ms')}"
             met = "yes" if d["after"]["slo_met"] else "NO"
         print(f"  {d['name']:<16} {slo:<24} {before:<22} {after:<22} {met}")
+    if out.get("verify"):
+        _print_verify(out)
     if not out["feasible"]:
         print()
         for t in out["unplaced"]["best"]:
             print(f"  {out['unplaced']['deployment']} alone on {t['gpu']}: TTFT {_fmt(t['ttft_s'])}, TPOT "
                   f"{_fmt(t['tpot_s'], 1e3, 'ms')} ({t['reason'] or 'fits'}; {t['units_left']} left)")
+
+
+def _pct(x):
+    return "—" if x is None else f"{x:+.1%}"
+
+
+def _print_verify(out: dict) -> None:
+    v = out["verify"]
+    print()
+    n = len(v["gpus"])
+    print(f"verified on the twins ({n} GPU{'' if n == 1 else 's'} replayed one after another in virtual time, "
+          f"seed {out['seed']}; each GPU's lightest engine ≥ {v['requests']} measured requests, its busiest ≤ "
+          f"{max(v['requests'], v['max_requests'])}; {v['wall_s']:.1f} s)")
+    print(f"  {'deployment':<16} {'q':<4} {'predicted TTFT/TPOT':<22} {'verified TTFT/TPOT':<22} "
+          f"{'error TTFT/TPOT':<18} {'requests':>8}  met")
+    for d in out["deployments"]:
+        k = d["verified"]["error"]["quantile"]
+        a, m = d["after"], d["verified"]
+        pred = f"{_fmt(a['ttft_s'] and a['ttft_s'][k])} {_fmt(a['tpot_s'] and a['tpot_s'][k], 1e3, 'ms')}"
+        meas = f"{_fmt(m['ttft_s'][k])} {_fmt(m['tpot_s'] and m['tpot_s'][k], 1e3, 'ms')}"
+        err = f"{_pct(m['error']['ttft'])} {_pct(m['error']['tpot'])}"
+        rej = f" ({m['rejected']} refused: longer than the model's context)" if m["rejected"] else ""
+        print(f"  {d['name']:<16} {k:<4} {pred:<22} {meas:<22} {err:<18} {m['requests']:>8}  "
+              f"{'yes' if m['slo_met'] else 'NO'}{rej}")
+    if v["misses"]:
+        print()
+        print(v["message"])
+
+
+def _misses_message(misses: list) -> str:
+    parts = []
+    for m in misses:
+        k = {0.5: "p50", 0.95: "p95", 0.99: "p99"}[m["quantile"]]
+        scale, unit = (1.0, "s") if m["metric"] == "ttft" else (1e3, "ms")
+        parts.append(f"{m['deployment']} {k} {m['metric'].upper()} {_fmt(m['measured_s'], scale, unit)} > SLO "
+                     f"{_fmt(m['slo_s'], scale, unit)}")
+    return "SLO missed as verified: " + "; ".join(parts)
 
 
 def run(args) -> int:
@@ -189,6 +244,15 @@ def run(args) -> int:
     res = packing.pack(deployments, inventory, margin=args.margin, seed=args.seed, samples=args.samples)
     out = packing.result_dict(res)
     out["seed"] = args.seed
+    if args.verify and res.feasible:
+        t0 = time.perf_counter()
+        verified = packing.verify(res, seed=args.seed, requests=args.verify_requests,
+                                  max_requests=max(args.verify_requests, packing.VERIFY_MAX_REQUESTS))
+        packing.verification_dict(res, verified, out, requests=args.verify_requests,
+                                  max_requests=max(args.verify_requests, packing.VERIFY_MAX_REQUESTS))
+        out["verify"]["wall_s"] = time.perf_counter() - t0
+        if out["verify"]["misses"]:
+            out["verify"]["message"] = _misses_message(out["verify"]["misses"])
     if args.plot:
         _plot(args.plot, res)
         out["plot"] = args.plot
@@ -196,4 +260,6 @@ def run(args) -> int:
         print(json.dumps(out, allow_nan=False))
     else:
         _print(out)
-    return common.EXIT_OK if res.feasible else common.EXIT_FAILED
+    if not res.feasible or (args.verify and out["verify"]["misses"]):
+        return common.EXIT_FAILED
+    return common.EXIT_OK

@@ -201,6 +201,7 @@ class MeasuredEngine:
     mean_batch: float  # sequences per step
     steps: int  # its steps started in the window
     preemptions: int  # over the whole run
+    rejected: int = 0  # drawn arrivals in the window vLLM would refuse (``oversize="reject"``), not served
 
 
 @dataclass(frozen=True)
@@ -280,7 +281,7 @@ def _quantiles(x: np.ndarray) -> tuple[float, float, float]:
 
 
 def verify_placement(engines, gpu: GPU | str, *, requests: int = 4000, seed: int = 0,
-                     warmup_fraction: float = 0.1) -> Verification:
+                     warmup_fraction: float = 0.1, oversize: str = "error") -> Verification:
     """Replay ``engines`` (:class:`PlacedEngine` or ``colocation.EngineLoad``) together on one
     ``gpu`` (:class:`SharedGPU`) under Poisson load and measure each one.
 
@@ -290,12 +291,19 @@ def verify_placement(engines, gpu: GPU | str, *, requests: int = 4000, seed: int
     ``requests``/(λ_max·(1 − warmup_fraction)): the busiest engine gets about ``requests``
     measured requests, a lighter one λ_i/λ_max of that (``MeasuredEngine.requests``), all over
     the same virtual time. The run ends when every request that arrived in the window has
-    finished. Deterministic: no wall clock; the same inputs give the same numbers."""
+    finished. Deterministic: no wall clock; the same inputs give the same numbers.
+
+    ``oversize``: a drawn request longer than the engine's ``max_model_len`` (prompt + output; a
+    log-normal draw can be) is an error (``"error"``, the default) or, with ``"reject"``, refused
+    as vLLM answers it (HTTP 400): not served, counted in ``MeasuredEngine.rejected`` when it
+    arrived in the window. The draws are the same either way; only what is queued differs."""
     gpu = get_gpu(gpu)
     if isinstance(requests, bool) or not isinstance(requests, int) or requests < 1:
         raise InputError("requests", f"expected a positive integer, got {requests!r}")
     if not (isinstance(warmup_fraction, (int, float)) and 0.0 <= warmup_fraction < 1.0):
         raise InputError("warmup_fraction", f"expected a fraction in [0, 1), got {warmup_fraction!r}")
+    if oversize not in ("error", "reject"):
+        raise InputError("oversize", f"expected 'error' or 'reject', got {oversize!r}")
     built = _check(engines, gpu, seed)
     n = len(built)
     rates = np.array([e.rate_rps for e, _, _ in built], dtype=np.float64)
@@ -307,6 +315,7 @@ def verify_placement(engines, gpu: GPU | str, *, requests: int = 4000, seed: int
     longest_step_s = np.array([_longest_step_s(eng.config) for _, eng, _ in built])
     measured: list[list] = [[] for _ in range(n)]
     pending: set = set()  # measured requests not finished yet
+    rejected = [0] * n  # window arrivals refused (oversize="reject")
 
     def draw_past(i: int, t_s: float) -> None:
         """Queue engine i's arrivals, ARRIVAL_BLOCK at a time, until one lies past ``t_s``. Every
@@ -320,6 +329,9 @@ def verify_placement(engines, gpu: GPU | str, *, requests: int = 4000, seed: int
                 raise AssertionError("an arrival was drawn after the engine's clock passed it")
             for a, p, c, o in zip(arrivals_s.tolist(), inp.astype(int).tolist(), prefilled.astype(int).tolist(),
                                   out.astype(int).tolist()):
+                if oversize == "reject" and p + o > eng.config.max_model_len:
+                    rejected[i] += warmup_s <= a <= horizon_s
+                    continue
                 try:
                     req = eng.add_request(p, o, arrival_s=a, prefilled_tokens=c)
                 except InputError as exc:
@@ -374,5 +386,6 @@ def verify_placement(engines, gpu: GPU | str, *, requests: int = 4000, seed: int
             float(ttft.mean()), float(tpot.mean()) if tpot.size else None, float(busy_s / window_s),
             float((np.sum((e - s)[in_window]) + waiting_s) / window_s),
             float(np.mean((e - s)[in_window])), float(np.mean(wall)) if wall.size else math.nan,
-            float(np.mean(np.asarray(seqs[i])[in_window])), int(in_window.sum()), eng.num_preemptions))
+            float(np.mean(np.asarray(seqs[i])[in_window])), int(in_window.sum()), eng.num_preemptions,
+            int(rejected[i])))
     return Verification(tuple(out), warmup_s, horizon_s, shared.now_s, float(busy_total_s / window_s))
