@@ -94,12 +94,13 @@ def test_two_identical_engines_at_half_load_each():
     assert a.tpot_s[0] == pytest.approx(tau, rel=0.02)
     # (C6): the first token ends the engine's own step, so GAUSS's TTFT at p + Δ less one Δ: the
     # wait for the partner's step is in the residual (the wait for the engine's next step), not
-    # again after the prefill step. Always-busy partners: exactly GAUSS's quantiles shifted
+    # again after the prefill step. Always-busy partners: GAUSS's quantiles shifted, up to (C11)'s
+    # zero-mean spread of the partner's prefill chunks (fixed 64-token prompts: a few tenths of a %)
     ref = gauss.simulate(WL, co.colocated_coefficients(coef, T / 2.0), lam, rng=np.random.default_rng(0),
                          samples=SAMPLES, replications=4, search_samples=SAMPLES, limits=limits)
     assert a.ttft_s == pytest.approx((ref.ttft.p50 - T / 2.0, ref.ttft.p95 - T / 2.0, ref.ttft.p99 - T / 2.0),
-                                     rel=1e-9)
-    assert a.tpot_s == pytest.approx((ref.tbt.p50, ref.tbt.p95, ref.tbt.p99), rel=1e-6)
+                                     rel=5e-3)
+    assert a.tpot_s == pytest.approx((ref.tbt.p50, ref.tbt.p95, ref.tbt.p99), rel=1e-3)
     assert a.ttft_s[:2] == pytest.approx((0.03257, 0.04198), rel=2e-3)  # was 43.01, 52.42 ms
     [one] = co.colocated_tails([engine(4.0)], GPU, samples=SAMPLES)
     assert a.tpot_s[0] > 1.9 * one.tpot_s[0]
