@@ -237,19 +237,10 @@ def _check_engines(engines, gpu: GPU) -> list[_Engine]:
     coefficients, limits and workload moments; errors name ``engines[i].<field>``."""
     if not isinstance(engines, (list, tuple)) or not engines:
         raise InputError("engines", "expected a non-empty list of EngineLoad")
-    shares = []
     for i, e in enumerate(engines):
         if not isinstance(e, EngineLoad):
             raise InputError(f"engines[{i}]", f"expected EngineLoad, got {type(e).__name__}")
-        u = e.gpu_memory_utilization
-        if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0.0 < u <= 1.0:
-            raise InputError(f"engines[{i}].gpu_memory_utilization", f"expected a fraction in (0, 1], got {u!r}")
-        shares.append(float(u))
-    total = math.fsum(shares)
-    if total > MAX_TOTAL_UTILIZATION + 1e-12:
-        raise InputError("engines.gpu_memory_utilization",
-                         f"the shares {shares} sum to {total:.4g} > {MAX_TOTAL_UTILIZATION:g}: keep "
-                         f"{1 - MAX_TOTAL_UTILIZATION:.0%} of {gpu.key} free of every engine")
+    checked_shares([e.gpu_memory_utilization for e in engines], gpu)
     out = []
     for i, e in enumerate(engines):
         field = f"engines[{i}]"
@@ -540,4 +531,20 @@ def colocated_tails(engines: list[EngineLoad], gpu: GPU | str, *, seed: int = 0,
         out.append(EngineTails(names[i], True, ttft, tpot, float(res.utilisation), point.busy_probability[i],
                                point.gpu_share[i], point.interference_s[i],
                                float(point.operating_points[i].mean_step_s)))
+    return out
+
+
+def checked_shares(shares: list, gpu: GPU) -> list[float]:
+    """The engines' memory shares, each a fraction in (0, 1] and together at most
+    MAX_TOTAL_UTILIZATION of the GPU (module docstring, Memory); an InputError names the field."""
+    out = []
+    for i, u in enumerate(shares):
+        if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0.0 < u <= 1.0:
+            raise InputError(f"engines[{i}].gpu_memory_utilization", f"expected a fraction in (0, 1], got {u!r}")
+        out.append(float(u))
+    total = math.fsum(out)
+    if total > MAX_TOTAL_UTILIZATION + 1e-12:
+        raise InputError("engines.gpu_memory_utilization",
+                         f"the shares {out} sum to {total:.4g} > {MAX_TOTAL_UTILIZATION:g}: keep "
+                         f"{1 - MAX_TOTAL_UTILIZATION:.0%} of {gpu.key} free of every engine")
     return out

@@ -221,7 +221,7 @@ class Verification:
 
 def _check(engines, gpu: GPU, seed: int) -> list[tuple[PlacedEngine, Engine, np.random.Generator]]:
     """Validate each engine (errors name ``engines[i].<field>``) and build its twin and stream."""
-    from kneecap.model.colocation import MAX_TOTAL_UTILIZATION, EngineLoad
+    from kneecap.model.colocation import EngineLoad, checked_shares
 
     if not isinstance(engines, (list, tuple)) or not engines:
         raise InputError("engines", "expected a non-empty list of PlacedEngine or EngineLoad")
@@ -236,13 +236,7 @@ def _check(engines, gpu: GPU, seed: int) -> list[tuple[PlacedEngine, Engine, np.
             raise InputError(f"engines[{i}]" + (f".{exc.field}" if exc.field else ""),
                              str(exc).split(": ", 1)[-1]) from None
         placed.append(e)
-    shares = [e.gpu_memory_utilization for e in placed]
-    for i, u in enumerate(shares):
-        if isinstance(u, bool) or not isinstance(u, (int, float)) or not 0.0 < u <= 1.0:
-            raise InputError(f"engines[{i}].gpu_memory_utilization", f"expected a fraction in (0, 1], got {u!r}")
-    if math.fsum(shares) > MAX_TOTAL_UTILIZATION + 1e-12:
-        raise InputError("engines.gpu_memory_utilization",
-                         f"the shares {shares} sum to {math.fsum(shares):.4g} > {MAX_TOTAL_UTILIZATION:g}")
+    checked_shares([e.gpu_memory_utilization for e in placed], gpu)
     out = []
     for i, e in enumerate(placed):
         field = f"engines[{i}]"
