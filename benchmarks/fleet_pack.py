@@ -8,7 +8,7 @@ the co-location model (model/colocation.py); `--verify` replays each packed GPU 
 with its engines' twins time-slicing it (sim/shared_gpu.verify_placement: Poisson arrivals at
 each replica's rate, log-normal lengths, the packing's caps and memory shares), one GPU after
 another, each with its own seed; every GPU's lightest engine gets at least 1,000 measured
-requests unless its busiest would then pass 10,000 (kneecap.model.packing.VERIFY_REQUESTS).
+requests unless its busiest would then pass 10,000 (kneecap.sim.pack_verify.VERIFY_REQUESTS).
 
 Reported per deployment (the worst replica, at its SLO quantile): the predicted and verified p95
 (p99 for code-7b) TTFT and TPOT against the SLO and the error verified/predicted − 1. Goal: at
@@ -35,6 +35,7 @@ from _paths import RESULTS, ROOT  # noqa: E402
 
 from kneecap.commands.pack import _gpus_flag  # noqa: E402
 from kneecap.model import packing  # noqa: E402
+from kneecap.sim import pack_verify  # noqa: E402
 
 FLEET = ROOT / "examples" / "fleet.yaml"
 GPUS = "h100-80gb=12,l40s=4,l4=4"
@@ -49,9 +50,9 @@ def run() -> dict:
     c0, w0 = time.process_time(), time.perf_counter()
     res = packing.pack(deployments, inventory, seed=SEED)
     c1, w1 = time.process_time(), time.perf_counter()
-    verified = packing.verify(res, seed=SEED)
+    verified = pack_verify.verify(res, seed=SEED)
     c2, w2 = time.process_time(), time.perf_counter()
-    out = packing.verification_dict(res, verified, packing.result_dict(res))
+    out = pack_verify.verification_dict(res, verified, packing.result_dict(res))
     out["seed"] = SEED
     returned, before = out["gpus_returned"], out["before"]["gpus"]
     out["goal"] = {"text": "at least one GPU in three returned on the example fleet with no SLO missed (verified)",

@@ -18,6 +18,7 @@ import yaml
 from kneecap.cli import main
 from kneecap.errors import InputError
 from kneecap.model import packing
+from kneecap.sim import pack_verify
 from tests.support.examples import FLEET
 
 GPUS = "h100-80gb=12,l40s=4,l4=4"
@@ -232,9 +233,9 @@ def test_verify_on_a_small_fleet_reports_measured_quantiles(tmp_path, capsys):
 def test_verify_is_deterministic(tmp_path):
     deps = packing.parse_fleet(ENTRIES[3:5])
     res = packing.pack(deps, packing.parse_inventory([{"type": "h100-80gb", "count": 2}]), samples=8000)
-    a = packing.verify(res, requests=100, max_requests=400)
-    assert a == packing.verify(res, requests=100, max_requests=400)
-    assert a != packing.verify(res, requests=100, max_requests=400, seed=1)
+    a = pack_verify.verify(res, requests=100, max_requests=400)
+    assert a == pack_verify.verify(res, requests=100, max_requests=400)
+    assert a != pack_verify.verify(res, requests=100, max_requests=400, seed=1)
 
 
 def test_verify_exits_1_naming_a_missed_slo(tmp_path, capsys, monkeypatch):

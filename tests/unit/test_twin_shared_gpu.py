@@ -302,7 +302,7 @@ def test_three_engines_of_the_example_fleet_agree_with_the_model():
     flight length-biased) the model's TTFT p95 was 5–23% low (support-3b 0.0495 s against 0.0646
     s). With it, model against twin (this run): TTFT p50 +1.2%, +0.2%, −6.0%, p95 −5.0%, +8.8%,
     −2.9%; TPOT p50 −0.9%, +0.9%, +1.0%, p95 −2.5%, −6.5%, −5.8%. Tolerance 10%."""
-    from kneecap.model import packing
+    from kneecap.sim import pack_verify
 
     def wl(i, o):
         return gauss.Workload(gauss.LogNormalLength(i, 1.0), gauss.LogNormalLength(o, 1.0))
@@ -311,7 +311,7 @@ def test_three_engines_of_the_example_fleet_agree_with_the_model():
              co.EngineLoad("llama-3.2-3b", wl(512, 128), 2.0, 0.163, max_num_seqs=24, name="support-3b#0"),
              co.EngineLoad("qwen2.5-7b", wl(1500, 300), 0.3, 0.323, max_num_seqs=16, name="code-7b#0")]
     tails = co.colocated_tails(loads, GPU, samples=50_000)
-    v = verify_placement(loads, GPU, requests=6667, seed=packing.gpu_seed(0, 0), oversize="reject")
+    v = verify_placement(loads, GPU, requests=6667, seed=pack_verify.gpu_seed(0, 0), oversize="reject")
     for t, m in zip(tails, v.engines):
         assert t.feasible, t.note
         for q in (0, 1):  # p50, p95

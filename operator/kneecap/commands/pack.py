@@ -6,7 +6,7 @@ Input: ``-f FLEET.yaml`` (a YAML list, or documents each a deployment or a list 
 ``{type, count, costPerHour}``) or ``--gpus TYPE=COUNT[@PRICE]`` (repeatable or comma-separated);
 neither: the GPUs the fleet holds today. Prices: the inventory's, else the catalog's.
 
-``--verify`` replays the packing on the twins (``packing.verify``: each packed GPU's engines
+``--verify`` replays the packing on the twins (``sim.pack_verify.verify``: each packed GPU's engines
 time-sliced on one virtual-time GPU, seeded, one GPU after another) and reports each deployment's
 measured p50/p95/p99 TTFT and TPOT beside the predicted ones.
 
@@ -108,6 +108,7 @@ def _calibrations(entries: list, base: Path) -> dict:
 
 def build(args):
     from kneecap.model import packing
+    from kneecap.sim import pack_verify
 
     if not (math.isfinite(args.margin) and 0 <= args.margin < 1):
         raise InputError("margin", f"expected a fraction in [0, 1), got {args.margin}")
@@ -239,6 +240,7 @@ def _misses_message(misses: list) -> str:
 
 def run(args) -> int:
     from kneecap.model import packing
+    from kneecap.sim import pack_verify
 
     deployments, inventory = build(args)
     res = packing.pack(deployments, inventory, margin=args.margin, seed=args.seed, samples=args.samples)
@@ -246,10 +248,10 @@ def run(args) -> int:
     out["seed"] = args.seed
     if args.verify and res.feasible:
         t0 = time.perf_counter()
-        verified = packing.verify(res, seed=args.seed, requests=args.verify_requests,
-                                  max_requests=max(args.verify_requests, packing.VERIFY_MAX_REQUESTS))
-        packing.verification_dict(res, verified, out, requests=args.verify_requests,
-                                  max_requests=max(args.verify_requests, packing.VERIFY_MAX_REQUESTS))
+        verified = pack_verify.verify(res, seed=args.seed, requests=args.verify_requests,
+                                  max_requests=max(args.verify_requests, pack_verify.VERIFY_MAX_REQUESTS))
+        pack_verify.verification_dict(res, verified, out, requests=args.verify_requests,
+                                  max_requests=max(args.verify_requests, pack_verify.VERIFY_MAX_REQUESTS))
         out["verify"]["wall_s"] = time.perf_counter() - t0
         if out["verify"]["misses"]:
             out["verify"]["message"] = _misses_message(out["verify"]["misses"])
