@@ -1,0 +1,133 @@
+"""The interpreted KV-cache admission loop GAUSS ran before it was compiled
+(kneecap.model.gauss.kv_events): the oracle the compiled chain is checked against, operation
+for operation (tests/unit/test_gauss_kv_events.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def admit_kv(arrival, service, unshared_service, shared, lag, decode, servers, slots, kv, prompt, growth,
+              redo_first_s, redo_last_s, steps):
+    """:func:`_admit` with a KV cache of ``kv`` tokens, event by event per chain (package
+    docstring, "KV cache"). The running set's resident context is R(t) = Σ r_j + g_j·(t − f_j)
+    (r_j resident at its admission, g_j = 1/τ_j tokens/s from its first token f_j). A request
+    is admitted when a seat is free, no preempted request waits and R leaves room for its
+    prompt; when R reaches ``kv`` the newest running request is preempted (recompute): it
+    frees its blocks and waits at the front of the queue; re-admitted when a departure leaves
+    room, it recomputes its prompt and the k tokens it had on a prefill slot (``redo_first_s``
+    + (``redo_last_s`` − ``redo_first_s``)·k/``steps``) and decodes the rest. Returns (p, p0,
+    service used, switched, preemptions, first-token delay, decode delay per request)."""
+    from heapq import heappop, heappush, heapreplace
+
+    inf = math.inf
+    chains, n = arrival.shape
+    outs = [np.empty_like(arrival), np.empty_like(arrival), service.copy(), np.zeros(arrival.shape, dtype=bool),
+            np.zeros(arrival.shape), np.zeros(arrival.shape), np.zeros(arrival.shape)]
+    for row in range(chains):
+        a, s_l, u_l = arrival[row].tolist(), service[row].tolist(), unshared_service[row].tolist()
+        sh, lg, dc, r0, g = (x[row].tolist() for x in (shared, lag, decode, prompt, growth))
+        lo, hi, st = redo_first_s[row].tolist(), redo_last_s[row].tolist(), steps[row].tolist()
+        pre, pre0 = [0.0] * servers, [0.0] * servers
+        p, p0, used, switched = [0.0] * n, [0.0] * n, list(s_l), [False] * n
+        preempted, first, token, done, gone = [0] * n, [0.0] * n, [inf] * n, [0.0] * n, [0.0] * n
+        resident, gen, live = list(r0), [0] * n, [False] * n
+        running, order, waiting = [], [], []  # departures (t, i, gen); admission order; preempted
+        state = [0.0, 0.0, 0.0, 0, 0.0]  # Σ r, Σ g, Σ g·f over the running set, seats taken, clock
+
+        def enter(j, t_start, slot_s, lag_s):  # j takes a prefill slot at t_start, then decodes
+            heapreplace(pre, t_start + slot_s)
+            first[j] = t_start + slot_s + lag_s
+            if token[j] == inf:  # its first token comes at the end of this (re)computed prefill
+                token[j] = first[j]
+            rest = dc[j] * (1.0 - done[j] / st[j]) if st[j] else 0.0
+            heappush(running, (first[j] + rest, j, gen[j]))
+            live[j] = True
+            order.append(j)
+            state[0] += resident[j]
+            state[1] += g[j]
+            state[2] += g[j] * first[j]
+            state[3] += 1
+
+        def leave(j):
+            live[j] = False
+            state[0] -= resident[j]
+            state[1] -= g[j]
+            state[2] -= g[j] * first[j]
+            state[3] -= 1
+
+        def next_departure():
+            while running and gen[running[0][1]] != running[0][2]:
+                heappop(running)  # a preempted request's old departure
+            return running[0][0] if running else inf
+
+        def advance(until):  # departures, preemptions and re-admissions up to ``until``
+            while True:
+                d = next_departure()
+                base, rate, rate_at, taken, now = state
+                over = inf  # when R(t) = base + rate·t − rate_at reaches the cache
+                if taken > 1:
+                    if rate > 0.0:
+                        over = max(now, (kv - base + rate_at) / rate)
+                    elif base - rate_at > kv:
+                        over = now
+                if min(d, over) > until or d == over == inf:
+                    return
+                if over < d:  # preempt the newest running request (vLLM: the last of its running list)
+                    state[4] = over
+                    v = order.pop()
+                    while not live[v]:
+                        v = order.pop()
+                    leave(v)
+                    gen[v] += 1
+                    if over < token[v]:
+                        token[v] = inf  # no token yet: the prompt is recomputed in full
+                    else:
+                        done[v] = min(done[v] + max(over - first[v], 0.0) * g[v], st[v])
+                    resident[v] = r0[v] + done[v]
+                    preempted[v] += 1
+                    waiting.append(v)
+                    continue
+                _, j, _ = heappop(running)
+                leave(j)
+                gone[j] = state[4] = d
+                while waiting and state[3] < slots:  # the preempted go first, the last preempted first
+                    v = waiting[-1]
+                    if state[3] and state[0] + state[1] * d - state[2] + resident[v] > kv:
+                        break
+                    waiting.pop()
+                    redo = lo[v] + (hi[v] - lo[v]) * (done[v] / st[v] if st[v] else 0.0)
+                    enter(v, max(d, pre[0]), redo, 0.0)
+
+        last = 0.0
+        for i in range(n):
+            ai = a[i]
+            t0 = pre0[0] if pre0[0] > ai else ai
+            heapreplace(pre0, t0 + s_l[i])
+            free = max(ai, pre[0], last)  # FCFS: never before its predecessor
+            t = free
+            while True:
+                advance(t)
+                if pre[0] > t:  # a re-admitted request took the prefill slot
+                    t = pre[0]
+                    continue
+                base, rate, rate_at, taken, _ = state
+                if not waiting and taken < slots and (not taken or base + rate * t - rate_at + r0[i] <= kv):
+                    break
+                t = max(t, next_departure())  # wait for the next departure
+            si, lag_i = s_l[i], lg[i]
+            if t > free and sh[i]:
+                si, lag_i = u_l[i], 0.0
+                used[i], switched[i] = si, True
+            state[4] = last = t
+            enter(i, t, si, lag_i)
+            p[i], p0[i] = t, t0
+        advance(inf)
+        own_first = [p[j] + used[j] + (0.0 if switched[j] else lg[j]) for j in range(n)]
+        delay_first = [token[j] - own_first[j] if preempted[j] else 0.0 for j in range(n)]
+        delay_decode = [gone[j] - token[j] - dc[j] if preempted[j] else 0.0 for j in range(n)]
+        for arr, vals in zip(outs, (p, p0, used, switched, preempted, delay_first, delay_decode)):
+            arr[row] = vals
+    return tuple(outs)
