@@ -99,6 +99,20 @@ class OperatorMetrics:
         self.api_errors = Counter("kneecap_api_errors", "Kubernetes API calls of the operator that failed, by "
                                   "verb, resource and HTTP code (0: no answer)", ("verb", "resource", "code"),
                                   registry=r)
+        # the fleet advice (kneecap.control.fleet): one series each for the whole operator
+        self.fleet_gpus_recommended = Gauge("kneecap_fleet_gpus_recommended",
+                                            "GPUs the LLMDeployments in the fleet advice would hold packed",
+                                            registry=r)
+        self.fleet_gpus_current = Gauge("kneecap_fleet_gpus_current",
+                                        "GPUs the LLMDeployments in the fleet advice hold today", registry=r)
+        self.fleet_cost_recommended = Gauge("kneecap_fleet_cost_recommended_dollars_per_hour",
+                                            "$/h of the GPUs the fleet advice's deployments would hold packed",
+                                            registry=r)
+        self.fleet_cost_current = Gauge("kneecap_fleet_cost_current_dollars_per_hour",
+                                        "$/h of the GPUs the fleet advice's deployments hold today", registry=r)
+        self.fleet_deployments = Gauge("kneecap_fleet_deployments",
+                                       "LLMDeployments in the fleet advice (one-GPU engines with a workload)",
+                                       registry=r)
         self._unscoped = {self.api_errors}  # not per LLMDeployment: `forget` leaves them
         self._by_series = {series: getattr(self, series.attribute) for series in Series}
         for series, metric in self._by_series.items():
@@ -138,6 +152,15 @@ class OperatorMetrics:
             self.inc(metric, *update.labels, amount=update.value)
         else:
             self.drop(metric, *update.labels)
+
+    def set_fleet(self, gpus_current: int, gpus_recommended: int, cost_current_per_hour: float,
+                  cost_recommended_per_hour: float, deployments: int) -> None:
+        """The fleet advice's totals (kneecap_fleet_*)."""
+        self.fleet_gpus_current.set(gpus_current)
+        self.fleet_gpus_recommended.set(gpus_recommended)
+        self.fleet_cost_current.set(cost_current_per_hour)
+        self.fleet_cost_recommended.set(cost_recommended_per_hour)
+        self.fleet_deployments.set(deployments)
 
     def forget(self, namespace: str, name: str) -> None:
         for metric, labels in self._seen.pop((namespace, name), set()):
