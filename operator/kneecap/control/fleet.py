@@ -201,7 +201,10 @@ def compute(members, *, margin: float = packing.DEFAULT_MARGIN, samples: int = S
     if len(deps) < 2:
         return Advice(fp, members, None, gpus, gpus, cost, cost,
                       f"{len(deps)} deployment{'' if len(deps) == 1 else 's'} with a workload: nothing to pack")
-    res = packing.result_dict(packing.pack(deps, margin=margin, seed=seed, samples=samples))
+    try:
+        res = packing.result_dict(packing.pack(deps, margin=margin, seed=seed, samples=samples))
+    except InputError as exc:  # a model or GPU the packing cannot evaluate: no recommendation, said why
+        return Advice(fp, members, None, gpus, gpus, cost, cost, f"the packing failed: {exc}")
     if not res["feasible"]:
         return Advice(fp, members, res, gpus, gpus, cost, cost, res["message"])
     return Advice(fp, members, res, res["before"]["gpus"], res["after"]["gpus"], res["before"]["cost_per_hour"],

@@ -214,7 +214,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
                                  reconcile_lock(memo), _sink(body, patch, logger))
 
     # every watched LLMDeployment's spec and the status the fleet advice reads, kept by the watch
-    @kopf.index(*RESOURCE, registry=registry)
+    @kopf.index(*RESOURCE, id="llmdeployments", registry=registry)
     def llmdeployments(body, namespace, name, **_):
         return {(namespace, name): fleet.index_entry(body)}
 
