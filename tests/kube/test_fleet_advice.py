@@ -3,7 +3,7 @@ chart's ServiceAccount, two small LLMDeployments whose declared loads (spec.plac
 pack onto one GPU. Advice first: status.placement, kneecap_fleet_* and one FleetRecommendation
 Event each, while every pod keeps a whole nvidia.com/gpu; co-located (the pod template asks for
 the device plugin's shared resource at the advised memory share) only once spec.placement names
-time-slicing. No engine runs here: every scrape fails, the advice needs none."""
+time-slicing, then a DRA ResourceClaim the two reference. No engine runs here: every scrape fails, the advice needs none."""
 
 from __future__ import annotations
 
@@ -87,4 +87,16 @@ def test_fleet_advice_then_co_location_only_with_spec_placement(control_plane, t
         assert gpu_limits(admin, "a") == {SHARED: "1"}
         assert float(vllm_args.container_flag(container(admin, NS, "a"), "--gpu-memory-utilization")) == share
         assert len(events(admin, NS, fleet.EVENT_REASON, "a")) == 2  # the advice changed: enforced
+
+        # DRA: both name one ResourceClaim, whose device their pods then share (the claim is the
+        # user's: kneecap references it, and the pods wait for it)
+        for name in ("a", "b"):
+            admin.patch(LLMD, NS, name, {"spec": {"placement": {"mechanism": "dra", "resourceName": None,
+                                                                "resourceClaimName": "gpu-0"}}})
+        wait_for(lambda: "resourceClaims" in admin.get(DEPLOY, NS, "a")["spec"]["template"]["spec"], timeout_s=60,
+                 what="a's template on the shared ResourceClaim")
+        pod = admin.get(DEPLOY, NS, "a")["spec"]["template"]["spec"]
+        assert pod["resourceClaims"] == [{"name": "kneecap-shared-gpu", "resourceClaimName": "gpu-0"}]
+        assert pod["containers"][0]["resources"] == {"claims": [{"name": "kneecap-shared-gpu"}]}
+        assert advised(admin, "a", enforced=True, mechanism="dra", resourceClaimName="gpu-0")
     assert runner.exit_code == 0, runner.output

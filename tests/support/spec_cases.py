@@ -101,7 +101,9 @@ MALFORMED = [
     ({"rollout": {"maxUnavailable": -1}}, "spec.rollout.maxUnavailable"),
     ({"placement": {"mechanism": "time-slicing"}}, "spec.placement.resourceName"),  # which resource to request
     ({"placement": {"mechanism": "mps", "resourceName": ""}}, "spec.placement.resourceName"),
-    ({"placement": {"mechanism": "dra"}}, "spec.placement.mechanism"),
+    ({"placement": {"mechanism": "hami"}}, "spec.placement.mechanism"),
+    ({"placement": {"mechanism": "dra"}}, "spec.placement.resourceClaimName"),  # which claim to share
+    ({"placement": {"mechanism": "dra", "resourceClaimName": "Shared_GPU"}}, "spec.placement.resourceClaimName"),
     ({"placement": {"mechanism": "mps", "resourceName": "nvidia.com/gpu.shared", "replicasPerGpu": 1}},
      "spec.placement.replicasPerGpu"),
     ({"placement": {"workload": {"requestsPerSecond": 0, "inputLengthMean": 10, "outputLengthMean": 10}}},
@@ -169,6 +171,7 @@ WELL_FORMED = [
     {"placement": {"mechanism": "time-slicing", "resourceName": "nvidia.com/gpu.shared", "replicasPerGpu": 4,
                    "workload": {"requestsPerSecond": 0.5, "inputLengthMean": 512, "outputLengthMean": 128}}},
     {"placement": {"mechanism": "none"}},
+    {"placement": {"mechanism": "dra", "resourceClaimName": "shared-gpu-0"}},
     {"engine": yaml.safe_load((ROOT / "examples" / "shaped-pods.yaml").read_text())["spec"]["engine"]},
     {"engine.podTemplate": {"metadata": {"labels": {"app.kubernetes.io/part-of": "chat"}}},
      "engine.resources": {"limits": {"nvidia.com/gpu": 1, "memory": "64Gi"}}, "engine.shmSize": 1073741824},

@@ -233,3 +233,29 @@ def test_status_written_and_event_posted_only_when_the_advice_changes(pair_advic
     assert again is not None and again["shared"] is False and "sharedWith" not in again
     assert kube.patches[-1][1]["placement"]["sharedWith"] is None  # the merge patch drops it
     assert [r for _, r, _ in events].count(fleet.EVENT_REASON) == 2
+
+
+def dra(claim: str) -> dict:
+    return declared(mechanism="dra", resourceClaimName=claim)
+
+
+def test_dra_references_the_shared_claim_only_when_its_group_is_the_advised_gpu():
+    same = fleet.compute([fleet.member(fleet.index_entry(body(n, dra("gpu-0")))) for n in ("a", "b")])
+    block = fleet.status_block(same, "serving/a")
+    assert block["enforced"] is True and block["resourceClaimName"] == "gpu-0"
+    assert block["enforcedGpuMemoryUtilization"] == pytest.approx(block["gpuMemoryUtilization"], abs=1e-3)
+    b = body("a", dra("gpu-0"), status={"placement": block})
+    t = _template(b)
+    pod = t["spec"]["template"]["spec"]
+    assert pod["resourceClaims"] == [{"name": manifests.SHARED_CLAIM, "resourceClaimName": "gpu-0"}]
+    assert manifests.vllm_container(t)["resources"] == {"claims": [{"name": manifests.SHARED_CLAIM}]}
+    # the user renames the claim: the stored advice is for the other one, whole GPUs until it is redone
+    renamed = body("a", dra("gpu-1"), status={"placement": block})
+    assert "resourceClaims" not in _template(renamed)["spec"]["template"]["spec"]
+    # unshared again: the live template's claim is removed by the reconcile patch
+    b["status"]["placement"] = {**block, "enforced": False}
+    assert manifests.removed_template_fields(_template(b), t) == {"resourceClaims": None}
+    # claims that do not match the advised GPU's engines: advice only
+    apart = fleet.compute([fleet.member(fleet.index_entry(body(n, dra(f"gpu-{n}")))) for n in ("a", "b")])
+    block = fleet.status_block(apart, "serving/a")
+    assert block["shared"] and block["enforced"] is False and "ResourceClaim gpu-a" in block["message"]

@@ -4,11 +4,14 @@ fewer GPUs would return, per deployment in ``status.placement`` and fleet-wide i
 
 Advice first: the packing (``kneecap.model.packing.pack``, as ``kneecap pack`` runs it) is always
 computed and reported; it is enforced only for a deployment whose ``spec.placement.mechanism``
-names a sharing mechanism the cluster offers (NVIDIA device-plugin time-slicing or MPS) and whose
-advice puts it on a GPU shared with another deployment. Enforced, its pods request
-``spec.placement.resourceName`` (the device plugin's shared resource) instead of whole GPUs and
-run at the advised memory share, at most 0.95 / ``spec.placement.replicasPerGpu`` (any that many
-shared pods may land on one GPU); see :func:`effective_spec`. Without ``spec.placement`` (or
+names a sharing mechanism the cluster offers (NVIDIA device-plugin time-slicing or MPS, or a DRA
+ResourceClaim) and whose advice puts it on a GPU shared with another deployment. Enforced, its
+pods request ``spec.placement.resourceName`` (the device plugin's shared resource) instead of
+whole GPUs, at the advised memory share and at most 0.95 / ``spec.placement.replicasPerGpu`` (any
+that many shared pods may land on one GPU); with DRA they reference the ResourceClaim
+``spec.placement.resourceClaimName`` at the advised share, and only when the deployments naming
+that claim (one replica each) are exactly those the advice puts on one GPU; see
+:func:`effective_spec`. Without ``spec.placement`` (or
 ``mechanism: none``) nothing is co-located: the pods request whole GPUs as before.
 
 Inputs of a deployment (:func:`member`): its spec (model, GPU type and price, SLOs), its last
@@ -56,6 +59,7 @@ class Member:
     excluded: str | None = None  # why it is not in the packing
     mechanism: str = "none"  # spec.placement.mechanism
     replicas_per_gpu: int = 2
+    claim: str | None = None  # spec.placement.resourceClaimName (dra)
     workload_source: str | None = None  # "observed" | "declared"
     slo_quantile: float | None = None  # spec.slo.quantile (the packing checks the one at or above it)
 
@@ -116,7 +120,7 @@ def member(entry: Mapping) -> Member:
             return Member(key, None, "its model's shape is in a ConfigMap, which the fleet advice does not read")
         return Member(key, None, f"invalid spec ({exc.field})")
     out = dict(mechanism=spec.placement.mechanism, replicas_per_gpu=spec.placement.replicas_per_gpu,
-               slo_quantile=spec.slo.quantile)
+               claim=spec.placement.resource_claim_name, slo_quantile=spec.slo.quantile)
 
     def excluded(why: str) -> Member:
         return Member(key, None, why, **out)
@@ -155,7 +159,8 @@ def fingerprint(members) -> str:
     rows = []
     for m in sorted(members, key=lambda m: m.key):
         d = m.deployment
-        row = {"key": m.key, "excluded": m.excluded, "mechanism": m.mechanism, "perGpu": m.replicas_per_gpu}
+        row = {"key": m.key, "excluded": m.excluded, "mechanism": m.mechanism, "perGpu": m.replicas_per_gpu,
+               "claim": m.claim}
         if d is not None:
             cal = d.calibration
             row.update(arch=d.arch.key, gpu=d.gpu.key, replicas=d.replicas, rate=d.rate_rps,
@@ -235,8 +240,21 @@ def status_block(advice: Advice, key: str) -> dict:
     after = per["after"]
     share = min(e["gpu_memory_utilization"] for _, e in engines)
     shared = bool(partners)
-    enforced_share = min(share, colocation.MAX_TOTAL_UTILIZATION / m.replicas_per_gpu)
-    enforced = shared and m.mechanism != "none"
+    enforced, why_not = shared and m.mechanism != "none", ""
+    if m.mechanism == "dra":
+        # the pods naming one claim share its one device: enforced only when the deployments that
+        # name it (one replica each) are exactly those the advice puts on this deployment's GPU
+        group = {o.key for o in advice.members if o.mechanism == "dra" and o.claim == m.claim
+                 and o.key.split("/", 1)[0] == key.split("/", 1)[0]}
+        on_gpu = {o["deployment"] for g, _ in engines for o in g["engines"]}
+        if shared and (m.deployment.replicas != 1 or group != on_gpu):
+            enforced = False
+            why_not = (f"not enforced: ResourceClaim {m.claim} would put {', '.join(sorted(group))} on one GPU, "
+                       f"the advice puts {', '.join(sorted(on_gpu))} on it" if m.deployment.replicas == 1 else
+                       f"not enforced: {m.deployment.replicas} replicas cannot share one ResourceClaim's device")
+        enforced_share = share
+    else:
+        enforced_share = min(share, colocation.MAX_TOTAL_UTILIZATION / m.replicas_per_gpu)
     gpu_types = sorted({g["gpu"] for g, _ in engines})
     block.update(
         gpu=gpu_types[0] if len(gpu_types) == 1 else ",".join(gpu_types), gpus=len(engines), shared=shared,
@@ -247,20 +265,23 @@ def status_block(advice: Advice, key: str) -> dict:
                    "tpotSeconds": _round((after["tpot_s"] or {}).get(k))},
         sloMet=bool(after["slo_met_with_margin"]), enforced=enforced,
         enforcedGpuMemoryUtilization=_round(math.floor(enforced_share * 1000) / 1000, 3) if enforced else None,
-        message=_message(m, shared, partners, share, enforced))
+        resourceClaimName=m.claim if m.mechanism == "dra" else None,
+        message=_message(m, shared, partners, share, enforced, why_not))
     return status_helpers.compact(block)
 
 
-def _message(m: Member, shared: bool, partners: list[str], share: float, enforced: bool) -> str:
+def _message(m: Member, shared: bool, partners: list[str], share: float, enforced: bool, why_not: str = "") -> str:
     if not shared:
         return "its engines keep a GPU each in the packed fleet"
-    how = (f"enforced: its pods request {m.mechanism} slices" if enforced
-           else "advice only: spec.placement names no sharing mechanism, nothing is co-located")
+    how = (why_not or "advice only: spec.placement names no sharing mechanism, nothing is co-located") \
+        if not enforced else (f"enforced: its pods reference ResourceClaim {m.claim}" if m.mechanism == "dra"
+                              else f"enforced: its pods request {m.mechanism} slices")
     return f"would share a GPU with {', '.join(partners)} at memory share {share:.3f} ({how})"
 
 
 # what a change of which posts an Event (predictions moving a little do not)
-_DISCRETE = ("included", "gpu", "gpus", "shared", "sharedWith", "maxNumSeqs", "enforced", "mechanism")
+_DISCRETE = ("included", "gpu", "gpus", "shared", "sharedWith", "maxNumSeqs", "enforced", "mechanism",
+             "resourceClaimName")
 
 
 def placement_changed(old: Mapping | None, new: Mapping) -> bool:
@@ -294,6 +315,7 @@ def effective_spec(body: Mapping, spec: LLMDeploymentSpec) -> LLMDeploymentSpec:
     block = (body.get("status") or {}).get("placement") or {}
     share = _number(block.get("enforcedGpuMemoryUtilization"))
     if not (block.get("enforced") is True and block.get("mechanism") == spec.placement.mechanism
+            and block.get("resourceClaimName") == spec.placement.resource_claim_name
             and share is not None and 0.0 < share < 1.0):
         share = None
     return spec if spec.shared_gpu_share == share else dataclasses.replace(spec, shared_gpu_share=share)

@@ -169,12 +169,15 @@ def resources(spec: LLMDeploymentSpec) -> dict:
     out = {k: dict(v) for k, v in (spec.engine.resources or {}).items()}
     if not spec.accelerator.resource_name:
         return out
-    if spec.shared_gpu_share is not None and spec.placement.resource_name:
+    if spec.shared_gpu_share is not None:
         # a shared GPU (spec.placement, enforced by the fleet advice): one slice of the device
-        # plugin's shared resource instead of a whole GPU
+        # plugin's shared resource, or the shared ResourceClaim (dra), instead of a whole GPU
         for kind in out.values():
             kind.pop(spec.accelerator.resource_name, None)
-        out.setdefault("limits", {})[spec.placement.resource_name] = "1"
+        if spec.placement.mechanism == "dra":
+            out["claims"] = [{"name": SHARED_CLAIM}]
+        else:
+            out.setdefault("limits", {})[spec.placement.resource_name] = "1"
         return {k: v for k, v in out.items() if v}
     gpus = str(spec.gpus_per_replica)
     out.setdefault("limits", {})[spec.accelerator.resource_name] = gpus
@@ -248,6 +251,9 @@ def pod_spec(spec: LLMDeploymentSpec, role: str, settings: EngineSettings) -> di
     securityContext says otherwise (its keys replace kneecap's); no API token (vLLM never calls
     the Kubernetes API); a writable $HOME for vLLM's caches."""
     user = dict(spec.engine.pod_template.get("spec") or {})
+    if spec.shared_gpu_share is not None and spec.placement.mechanism == "dra":  # the shared GPU's claim
+        user["resourceClaims"] = [*user.get("resourceClaims", ()), {
+            "name": SHARED_CLAIM, "resourceClaimName": spec.placement.resource_claim_name}]
     security = {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,
                 "fsGroup": RUN_AS_USER, "seccompProfile": {"type": "RuntimeDefault"}}
     return {
@@ -262,7 +268,8 @@ def pod_spec(spec: LLMDeploymentSpec, role: str, settings: EngineSettings) -> di
 # pod fields only spec.engine.podTemplate sets (and `serviceAccount`, the deprecated mirror the API
 # server copies serviceAccountName from); container fields only spec.engine sets
 TEMPLATE_POD_FIELDS = ("tolerations", "nodeSelector", "affinity", "imagePullSecrets", "serviceAccountName",
-                       "serviceAccount", "runtimeClassName", "priorityClassName")
+                       "serviceAccount", "runtimeClassName", "priorityClassName", "resourceClaims")
+SHARED_CLAIM = "kneecap-shared-gpu"  # the pod's name of the shared GPU's ResourceClaim (spec.placement dra)
 TEMPLATE_CONTAINER_FIELDS = ("envFrom",)
 
 

@@ -240,16 +240,19 @@ class DeclaredWorkload:
     output_length_cv: float
 
 
-# spec.placement.mechanism values that share a GPU through an extended resource of the device plugin
-SHARING_MECHANISMS = frozenset({"time-slicing", "mps"})
+# spec.placement.mechanism values that share a GPU: an extended resource of the NVIDIA device plugin
+# (time-slicing, mps), or a ResourceClaim several pods reference (dra)
+SHARED_RESOURCE_MECHANISMS = frozenset({"time-slicing", "mps"})
+SHARING_MECHANISMS = SHARED_RESOURCE_MECHANISMS | {"dra"}
 
 
 @dataclass(frozen=True)
 class PlacementSpec:
     """spec.placement: whether kneecap may co-locate this deployment's engines (docs/placement.md)."""
 
-    mechanism: str = "none"  # "none" | "time-slicing" | "mps"
-    resource_name: str | None = None  # the shared resource (e.g. nvidia.com/gpu.shared); None with "none"
+    mechanism: str = "none"  # "none" | "time-slicing" | "mps" | "dra"
+    resource_name: str | None = None  # the shared resource (e.g. nvidia.com/gpu.shared) of time-slicing, mps
+    resource_claim_name: str | None = None  # dra: the ResourceClaim the sharing pods reference
     replicas_per_gpu: int = 2  # the device plugin's replicas: pods one GPU is advertised to
     workload: DeclaredWorkload | None = None
 
@@ -536,7 +539,8 @@ def _placement(p: Mapping) -> PlacementSpec:
     with a sharing mechanism)."""
     w = p.get("workload")
     return PlacementSpec(
-        mechanism=p["mechanism"], resource_name=p.get("resourceName") or None, replicas_per_gpu=p["replicasPerGpu"],
+        mechanism=p["mechanism"], resource_name=p.get("resourceName") or None,
+        resource_claim_name=p.get("resourceClaimName") or None, replicas_per_gpu=p["replicasPerGpu"],
         workload=None if w is None else DeclaredWorkload(
             float(w["requestsPerSecond"]), float(w["inputLengthMean"]), float(w["inputLengthCoefficientOfVariation"]),
             float(w["outputLengthMean"]), float(w["outputLengthCoefficientOfVariation"])))
