@@ -2,8 +2,9 @@
 chart's ServiceAccount, two small LLMDeployments whose declared loads (spec.placement.workload)
 pack onto one GPU. Advice first: status.placement, kneecap_fleet_* and one FleetRecommendation
 Event each, while every pod keeps a whole nvidia.com/gpu; co-located (the pod template asks for
-the device plugin's shared resource at the advised memory share) only once spec.placement names
-time-slicing, then a DRA ResourceClaim the two reference. No engine runs here: every scrape fails, the advice needs none."""
+the device plugin's shared resource at the advised memory share) only once spec.placement
+names time-slicing, then a DRA ResourceClaim the two reference. No engine runs here: every
+scrape fails, the advice needs none."""
 
 from __future__ import annotations
 

@@ -290,7 +290,9 @@ def placement_changed(old: Mapping | None, new: Mapping) -> bool:
     old = old or {}
     if any(old.get(k) != new.get(k) for k in _DISCRETE):
         return True
-    share = lambda b: None if b.get("gpuMemoryUtilization") is None else round(b["gpuMemoryUtilization"], 2)  # noqa: E731
+    def share(b: Mapping) -> float | None:
+        return None if b.get("gpuMemoryUtilization") is None else round(b["gpuMemoryUtilization"], 2)
+
     if share(old) != share(new):
         return True
     fo, fn = old.get("fleet") or {}, new.get("fleet") or {}

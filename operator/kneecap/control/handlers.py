@@ -107,7 +107,8 @@ def _operator(config: OperatorConfig, memo: kopf.Memo) -> lifecycle.Operator:
 
 def _sink(body, patch: kopf.Patch | dict, logger) -> lifecycle.Sink:
     """The handler's status goes into kopf's patch (or a dict), its Events through kopf's poster."""
-    return lifecycle.Sink(patch.status if isinstance(patch, kopf.Patch) else patch.setdefault("status", {}), lambda etype, reason, message: kopf.event(
+    status = patch.status if isinstance(patch, kopf.Patch) else patch.setdefault("status", {})
+    return lifecycle.Sink(status, lambda etype, reason, message: kopf.event(
         body, type=etype, reason=reason, message=message), logger)
 
 
