@@ -99,6 +99,17 @@ MALFORMED = [
     ({"rollout": {"maxSurge": 0, "maxUnavailable": "0%"}}, "spec.rollout.maxUnavailable"),  # no pod could move
     ({"rollout": {"maxSurge": "a lot"}}, "spec.rollout.maxSurge"),
     ({"rollout": {"maxUnavailable": -1}}, "spec.rollout.maxUnavailable"),
+    ({"placement": {"mechanism": "time-slicing"}}, "spec.placement.resourceName"),  # which resource to request
+    ({"placement": {"mechanism": "mps", "resourceName": ""}}, "spec.placement.resourceName"),
+    ({"placement": {"mechanism": "hami"}}, "spec.placement.mechanism"),
+    ({"placement": {"mechanism": "dra"}}, "spec.placement.resourceClaimName"),  # which claim to share
+    ({"placement": {"mechanism": "dra", "resourceClaimName": "Shared_GPU"}}, "spec.placement.resourceClaimName"),
+    ({"placement": {"mechanism": "mps", "resourceName": "nvidia.com/gpu.shared", "replicasPerGpu": 1}},
+     "spec.placement.replicasPerGpu"),
+    ({"placement": {"workload": {"requestsPerSecond": 0, "inputLengthMean": 10, "outputLengthMean": 10}}},
+     "spec.placement.workload.requestsPerSecond"),
+    ({"placement": {"workload": {"requestsPerSecond": 1, "inputLengthMean": 10}}},
+     "spec.placement.workload.outputLengthMean"),
     ({"control.allowDowntime": "yes"}, "spec.control.allowDowntime"),
     # pod shaping: kneecap's labels, volumes and mounts stay kneecap's; Kubernetes types are typed
     ({"engine.podTemplate": {"metadata": {"labels": {"team": "a", "kneecap.io/role": "server"}}}},
@@ -157,6 +168,10 @@ WELL_FORMED = [
     {"model.architecture": "qwen3-30b-a3b", "accelerator.type": "mi300x"},
     {"model.architecture": "Qwen/Qwen3-235B-A22B", "accelerator": {"type": "b200", "count": 8}},
     {"rollout": {"maxSurge": "25%", "maxUnavailable": 0}, "control.allowDowntime": True},
+    {"placement": {"mechanism": "time-slicing", "resourceName": "nvidia.com/gpu.shared", "replicasPerGpu": 4,
+                   "workload": {"requestsPerSecond": 0.5, "inputLengthMean": 512, "outputLengthMean": 128}}},
+    {"placement": {"mechanism": "none"}},
+    {"placement": {"mechanism": "dra", "resourceClaimName": "shared-gpu-0"}},
     {"engine": yaml.safe_load((ROOT / "examples" / "shaped-pods.yaml").read_text())["spec"]["engine"]},
     {"engine.podTemplate": {"metadata": {"labels": {"app.kubernetes.io/part-of": "chat"}}},
      "engine.resources": {"limits": {"nvidia.com/gpu": 1, "memory": "64Gi"}}, "engine.shmSize": 1073741824},

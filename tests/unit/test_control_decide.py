@@ -441,3 +441,15 @@ def test_a_70b_replica_is_advised_at_tp2_and_refused_at_tp1(curve):
     with pytest.raises(InputError) as exc:
         decide.memory_for_cap(tp1, live, 64)
     assert "--tensor-parallel-size" in str(exc.value)
+
+
+def test_on_a_shared_gpu_the_memory_recommended_keeps_to_the_share(curve):
+    """spec.placement enforced by the fleet advice (kneecap.control.fleet.effective_spec): the
+    recommended --gpu-memory-utilization never exceeds the shared GPU's share."""
+    obs = [observation(curve[c]) for c in (8, 16, 32)]
+    out = decide.recalibrate("llama-2-7b", "h100-64gb", obs, None, 0.3)
+    whole = decide.recommend(SPEC, "server", out.calibration, obs[-1], EngineSettings(32, 0.9, None, 1))
+    share = round(whole.gpu_memory_utilization / 2, 3)
+    shared = decide.recommend(replace(SPEC, shared_gpu_share=share), "server", out.calibration, obs[-1],
+                              EngineSettings(32, 0.9, None, 1))
+    assert whole.gpu_memory_utilization > share and shared.gpu_memory_utilization == share

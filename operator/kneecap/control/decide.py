@@ -541,6 +541,8 @@ def recommend(spec: LLMDeploymentSpec, role: str, cal: calibrate.Calibration, ob
                      output_cv=obs.output_len_cv, length_std_tok=ctx_std, tensor_parallel_size=model_tp(spec))
     cap = int(res.cap)
     u, kvb, kv_bytes = memory_for_cap(spec, obs, cap)
+    if spec.shared_gpu_share is not None:  # a shared GPU: the engine keeps to its share
+        u = min(u, spec.shared_gpu_share)
     cur_thr, new_thr = _throughputs(spec, cal, obs, current, cap, u)
     released, memory_gain = _released(spec, current, u)
     return Recommendation(

@@ -18,7 +18,7 @@ from typing import Callable
 import aiohttp
 import kopf
 
-from kneecap.control import lifecycle, loop
+from kneecap.control import fleet, lifecycle, loop
 from kneecap.control.auth import Credentials, CredentialsError
 from kneecap.control.gauss_reuse import GaussRuns
 from kneecap.control.informer import CachedReads
@@ -50,6 +50,9 @@ class OperatorConfig:
     # oldest_first_priority(), so exactly one replica is active and a new one never preempts it
     peering_priority: int | None = None
     peering_lifetime_s: int = PEERING_LIFETIME_S
+    # how often each LLMDeployment's fleet timer reads the operator-wide fleet advice (the packing
+    # itself reruns only when the fleet's inputs change: kneecap.control.fleet.FleetAdvisor)
+    fleet_s: float = 60.0
 
 
 def oldest_first_priority(now_s: float | None = None) -> int:
@@ -102,9 +105,10 @@ def _operator(config: OperatorConfig, memo: kopf.Memo) -> lifecycle.Operator:
                               sync_cache=getattr(memo, "sync_cache", None))
 
 
-def _sink(body, patch: kopf.Patch, logger) -> lifecycle.Sink:
-    """The handler's status goes into kopf's patch, its Events through kopf's poster."""
-    return lifecycle.Sink(patch.status, lambda etype, reason, message: kopf.event(
+def _sink(body, patch: kopf.Patch | dict, logger) -> lifecycle.Sink:
+    """The handler's status goes into kopf's patch (or a dict), its Events through kopf's poster."""
+    status = patch.status if isinstance(patch, kopf.Patch) else patch.setdefault("status", {})
+    return lifecycle.Sink(status, lambda etype, reason, message: kopf.event(
         body, type=etype, reason=reason, message=message), logger)
 
 
@@ -181,6 +185,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         memo.parse_cache = ParseCache()  # shared by every scrape (LoopContext.parse_cache)
         memo.histogram_cache = HistogramCache()  # shared by every window (LoopContext.histogram_cache)
         memo.sync_cache = InSyncCache()  # shared by every resource (LoopContext.sync_cache)
+        memo.fleet_advisor = fleet.FleetAdvisor()  # the one fleet advice, shared by every resource's fleet timer
         # one client session for every scrape; a connection per scrape (force_close): vLLM's
         # server drops idle keep-alive connections after 5 s, an interval is longer
         memo.scrape_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))
@@ -208,6 +213,17 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
     async def control(body, patch, memo, logger, **_):
         await lifecycle.on_timer(_operator(config, memo), body, memo.setdefault("loop", loop.LoopMemory()),
                                  reconcile_lock(memo), _sink(body, patch, logger))
+
+    # every watched LLMDeployment's spec and the status the fleet advice reads, kept by the watch
+    @kopf.index(*RESOURCE, id="llmdeployments", registry=registry)
+    def llmdeployments(body, namespace, name, **_):
+        return {(namespace, name): fleet.index_entry(body)}
+
+    @kopf.timer(*RESOURCE, interval=config.fleet_s, initial_delay=config.fleet_s, id="fleet", registry=registry)
+    async def fleet_advice(body, memo, logger, llmdeployments: kopf.Index, **_):
+        await fleet.advise_resource(_operator(config, memo), body, [e for store in llmdeployments.values()
+                                                                    for e in store],
+                                    memo.fleet_advisor, memo.setdefault("fleet", {}), _sink(body, {}, logger))
 
     @kopf.on.delete(*RESOURCE, id="delete", registry=registry)
     async def delete(body, memo, logger, **_):

@@ -18,7 +18,7 @@ from typing import Callable, MutableMapping
 
 import aiohttp
 
-from kneecap.control import loop, reconcile, status as status_helpers, status_codec
+from kneecap.control import fleet, loop, reconcile, status as status_helpers, status_codec
 from kneecap.control.gauss_reuse import GaussRuns
 from kneecap.control.informer import ApiReads
 from kneecap.control.kube import KubeClient, configmaps_path, resource_path
@@ -102,6 +102,7 @@ async def on_spec(operator: Operator, body: dict, lock: asyncio.Lock, reason: st
     spec = await parse(operator, body, sink, emit=True)
     if spec is None:
         return
+    spec = fleet.effective_spec(body, spec)  # a shared GPU where spec.placement and the fleet advice say so
     async with lock:
         result = await reconcile.reconcile(operator.kube, dict(body), spec, sync_cache=operator.sync_cache)
     now = operator.now()
@@ -158,7 +159,7 @@ async def on_timer(operator: Operator, body: dict, mem: loop.LoopMemory, lock: a
                            sync_cache=operator.sync_cache,
                            event=sink.event)
     seen = dict(body)  # (a caller's body may be live: kopf's watch may replace it during the tick)
-    status = await loop.tick(ctx, seen, mem.spec, mem)
+    status = await loop.tick(ctx, seen, fleet.effective_spec(seen, mem.spec), mem)
     # written directly (one merge patch on the status subresource, the object not read back):
     # kopf's patch would re-check the whole returned object on every tick
     await loop.write_status(ctx, status_path(seen), status, mem, base_version=seen["metadata"].get("resourceVersion"))

@@ -169,6 +169,16 @@ def resources(spec: LLMDeploymentSpec) -> dict:
     out = {k: dict(v) for k, v in (spec.engine.resources or {}).items()}
     if not spec.accelerator.resource_name:
         return out
+    if spec.shared_gpu_share is not None:
+        # a shared GPU (spec.placement, enforced by the fleet advice): one slice of the device
+        # plugin's shared resource, or the shared ResourceClaim (dra), instead of a whole GPU
+        for kind in out.values():
+            kind.pop(spec.accelerator.resource_name, None)
+        if spec.placement.mechanism == "dra":
+            out["claims"] = [{"name": SHARED_CLAIM}]
+        else:
+            out.setdefault("limits", {})[spec.placement.resource_name] = "1"
+        return {k: v for k, v in out.items() if v}
     gpus = str(spec.gpus_per_replica)
     out.setdefault("limits", {})[spec.accelerator.resource_name] = gpus
     if spec.accelerator.resource_name in out.get("requests", {}):
@@ -241,6 +251,9 @@ def pod_spec(spec: LLMDeploymentSpec, role: str, settings: EngineSettings) -> di
     securityContext says otherwise (its keys replace kneecap's); no API token (vLLM never calls
     the Kubernetes API); a writable $HOME for vLLM's caches."""
     user = dict(spec.engine.pod_template.get("spec") or {})
+    if spec.shared_gpu_share is not None and spec.placement.mechanism == "dra":  # the shared GPU's claim
+        user["resourceClaims"] = [*user.get("resourceClaims", ()), {
+            "name": SHARED_CLAIM, "resourceClaimName": spec.placement.resource_claim_name}]
     security = {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,
                 "fsGroup": RUN_AS_USER, "seccompProfile": {"type": "RuntimeDefault"}}
     return {
@@ -255,7 +268,8 @@ def pod_spec(spec: LLMDeploymentSpec, role: str, settings: EngineSettings) -> di
 # pod fields only spec.engine.podTemplate sets (and `serviceAccount`, the deprecated mirror the API
 # server copies serviceAccountName from); container fields only spec.engine sets
 TEMPLATE_POD_FIELDS = ("tolerations", "nodeSelector", "affinity", "imagePullSecrets", "serviceAccountName",
-                       "serviceAccount", "runtimeClassName", "priorityClassName")
+                       "serviceAccount", "runtimeClassName", "priorityClassName", "resourceClaims")
+SHARED_CLAIM = "kneecap-shared-gpu"  # the pod's name of the shared GPU's ResourceClaim (spec.placement dra)
 TEMPLATE_CONTAINER_FIELDS = ("envFrom",)
 
 
@@ -279,8 +293,18 @@ def pod_metadata(spec: LLMDeploymentSpec, name: str, role: str) -> dict:
             "annotations": {**(meta.get("annotations") or {}), **spec.engine.pod_annotations}}
 
 
+def shared_settings(spec: LLMDeploymentSpec, settings: EngineSettings) -> EngineSettings:
+    """``settings`` with --gpu-memory-utilization at most the shared GPU's share
+    (spec.shared_gpu_share, see kneecap.control.fleet.effective_spec)."""
+    share = spec.shared_gpu_share
+    if share is None or settings.gpu_memory_utilization <= share:
+        return settings
+    return EngineSettings(settings.max_num_seqs, share, settings.kv_cache_memory_bytes, settings.replicas)
+
+
 def deployment(owner: dict, spec: LLMDeploymentSpec, pool: Pool, settings: EngineSettings) -> dict:
-    """apps/v1 Deployment for one pool."""
+    """apps/v1 Deployment for one pool (on a shared GPU: the shared resource, the share's memory)."""
+    settings = shared_settings(spec, settings)
     name = owner["metadata"]["name"]
     lab = labels(name, pool.role)
     # no empty fields: the API server drops them, and drift checks compare what it stores

@@ -23,6 +23,22 @@ CURVE_LABELS = ("namespace", "name", "pool", "batch")
 CURVE_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
+class FleetGauges:
+    """The fleet advice's totals (kneecap.control.fleet), one series each for the whole operator."""
+
+    def __init__(self, r: CollectorRegistry):
+        self.gpus_recommended = Gauge("kneecap_fleet_gpus_recommended",
+                                      "GPUs the LLMDeployments in the fleet advice would hold packed", registry=r)
+        self.gpus_current = Gauge("kneecap_fleet_gpus_current",
+                                  "GPUs the LLMDeployments in the fleet advice hold today", registry=r)
+        self.cost_recommended = Gauge("kneecap_fleet_cost_recommended_dollars_per_hour",
+                                      "$/h of the GPUs the fleet advice's deployments would hold packed", registry=r)
+        self.cost_current = Gauge("kneecap_fleet_cost_current_dollars_per_hour",
+                                  "$/h of the GPUs the fleet advice's deployments hold today", registry=r)
+        self.deployments = Gauge("kneecap_fleet_deployments",
+                                 "LLMDeployments in the fleet advice (one-GPU engines with a workload)", registry=r)
+
+
 class OperatorMetrics:
     """All kneecap_* series; `forget` drops a deleted resource's label sets."""
 
@@ -99,6 +115,7 @@ class OperatorMetrics:
         self.api_errors = Counter("kneecap_api_errors", "Kubernetes API calls of the operator that failed, by "
                                   "verb, resource and HTTP code (0: no answer)", ("verb", "resource", "code"),
                                   registry=r)
+        self.fleet = FleetGauges(r)  # the fleet advice's (not per LLMDeployment: `forget` leaves them)
         self._unscoped = {self.api_errors}  # not per LLMDeployment: `forget` leaves them
         self._by_series = {series: getattr(self, series.attribute) for series in Series}
         for series, metric in self._by_series.items():
@@ -138,6 +155,16 @@ class OperatorMetrics:
             self.inc(metric, *update.labels, amount=update.value)
         else:
             self.drop(metric, *update.labels)
+
+    def set_fleet(self, gpus_current: int, gpus_recommended: int, cost_current_per_hour: float,
+                  cost_recommended_per_hour: float, deployments: int) -> None:
+        """The fleet advice's totals (kneecap_fleet_*)."""
+        f = self.fleet
+        f.gpus_current.set(gpus_current)
+        f.gpus_recommended.set(gpus_recommended)
+        f.cost_current.set(cost_current_per_hour)
+        f.cost_recommended.set(cost_recommended_per_hour)
+        f.deployments.set(deployments)
 
     def forget(self, namespace: str, name: str) -> None:
         for metric, labels in self._seen.pop((namespace, name), set()):

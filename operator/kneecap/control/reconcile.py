@@ -309,7 +309,7 @@ def _plan_pool(owner: dict, spec: LLMDeploymentSpec, pool: manifests.Pool, live:
         bounds = manifests.pool_bounds(spec, pool.role)
         settings = manifests.EngineSettings(settings.max_num_seqs, settings.gpu_memory_utilization,
                                             settings.kv_cache_memory_bytes, bounds.clamp(settings.replicas))
-    key = _sync_key(owner, deploy, pool, settings, ownership.external)
+    key = _sync_key(owner, deploy, pool, settings, ownership.external, spec.shared_gpu_share)
     patched = rollout_pending = False
     if key is None or key not in known_in_sync:
         desired = manifests.deployment(owner, spec, pool, settings)
@@ -357,14 +357,15 @@ class InSyncCache:
 
 
 def _sync_key(owner: dict, live: dict, pool: manifests.Pool, settings: manifests.EngineSettings,
-              external: bool) -> tuple | None:
-    """The owner's generation stands for its spec (None: an API without generations, or
-    without resourceVersions: compare every time)."""
+              external: bool, shared_gpu_share: float | None = None) -> tuple | None:
+    """The owner's generation stands for its spec, with the shared GPU's share the fleet advice
+    set (status.placement; None: an API without generations, or without resourceVersions:
+    compare every time)."""
     meta, lmeta = owner["metadata"], live.get("metadata") or {}
     if not lmeta.get("resourceVersion") or meta.get("generation") is None:
         return None
     return (meta.get("namespace"), meta.get("name"), meta.get("uid"), meta["generation"], lmeta.get("uid"),
-            lmeta["resourceVersion"], pool, settings, external)
+            lmeta["resourceVersion"], pool, settings, external, shared_gpu_share)
 
 
 def _plan_service(owner: dict, spec: LLMDeploymentSpec, pool: manifests.Pool, live: dict | None,

@@ -230,6 +230,39 @@ class RolloutSpec:
 
 
 @dataclass(frozen=True)
+class DeclaredWorkload:
+    """spec.placement.workload: the load expected, for the fleet advice before a window is observed."""
+
+    requests_per_second: float  # the whole deployment's
+    input_length_mean: float  # tokens
+    input_length_cv: float
+    output_length_mean: float  # tokens
+    output_length_cv: float
+
+
+# spec.placement.mechanism values that share a GPU: an extended resource of the NVIDIA device plugin
+# (time-slicing, mps), or a ResourceClaim several pods reference (dra)
+SHARED_RESOURCE_MECHANISMS = frozenset({"time-slicing", "mps"})
+SHARING_MECHANISMS = SHARED_RESOURCE_MECHANISMS | {"dra"}
+
+
+@dataclass(frozen=True)
+class PlacementSpec:
+    """spec.placement: whether kneecap may co-locate this deployment's engines (docs/placement.md)."""
+
+    mechanism: str = "none"  # "none" | "time-slicing" | "mps" | "dra"
+    resource_name: str | None = None  # the shared resource (e.g. nvidia.com/gpu.shared) of time-slicing, mps
+    resource_claim_name: str | None = None  # dra: the ResourceClaim the sharing pods reference
+    replicas_per_gpu: int = 2  # the device plugin's replicas: pods one GPU is advertised to
+    workload: DeclaredWorkload | None = None
+
+    @property
+    def shares(self) -> bool:
+        """A sharing mechanism is named: co-location may be enforced."""
+        return self.mechanism in SHARING_MECHANISMS
+
+
+@dataclass(frozen=True)
 class LLMDeploymentSpec:
     model: ModelSpec
     accelerator: AcceleratorSpec
@@ -245,6 +278,11 @@ class LLMDeploymentSpec:
     # the --tensor-parallel-size an adopted Deployment's argv sets (set per tick from the live argv)
     target_tensor_parallel_size: int | None = None
     rollout: RolloutSpec = field(default_factory=RolloutSpec)
+    placement: PlacementSpec = field(default_factory=PlacementSpec)
+    # the --gpu-memory-utilization of an engine on a shared GPU, set per tick from status.placement
+    # when spec.placement names a mechanism and the fleet advice shares this deployment's GPU
+    # (kneecap.control.fleet.effective_spec); None: the engine has whole GPUs
+    shared_gpu_share: float | None = None
 
     @property
     def tensor_parallel_size(self) -> int:
@@ -492,4 +530,17 @@ def parse_spec(raw: Mapping | None, config_map: Mapping | None = None) -> LLMDep
                                    if "maxObservationAge" in c else 3 * window_s),
             allow_downtime=bool(c["allowDowntime"]), released_memory_value=float(c["releasedMemoryValue"])),
         rollout=RolloutSpec(s["rollout"]["maxSurge"], s["rollout"]["maxUnavailable"]),
+        placement=_placement(s["placement"]),
     )
+
+
+def _placement(p: Mapping) -> PlacementSpec:
+    """spec.placement (validated and defaulted by the schema; its CEL rule requires resourceName
+    with a sharing mechanism)."""
+    w = p.get("workload")
+    return PlacementSpec(
+        mechanism=p["mechanism"], resource_name=p.get("resourceName") or None,
+        resource_claim_name=p.get("resourceClaimName") or None, replicas_per_gpu=p["replicasPerGpu"],
+        workload=None if w is None else DeclaredWorkload(
+            float(w["requestsPerSecond"]), float(w["inputLengthMean"]), float(w["inputLengthCoefficientOfVariation"]),
+            float(w["outputLengthMean"]), float(w["outputLengthCoefficientOfVariation"])))

@@ -1,0 +1,261 @@
+"""The fleet advice (kneecap.control.fleet, issue 24 item 3): computed from LLMDeployments' specs
+and statuses with the real packing, written only when it changes, an Event only when the
+placement changes, and enforced (a shared resource and the memory share in the pod template) only
+where spec.placement names a sharing mechanism."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kneecap.control import fleet, manifests, reconcile
+from kneecap.control.kube import ApiError
+from kneecap.control.lifecycle import Operator, Sink
+from kneecap.control.metrics import OperatorMetrics
+from kneecap.control.spec import parse_spec
+from kneecap.errors import InputError
+
+ROOT = Path(__file__).resolve().parents[2]
+BASE = yaml.safe_load((ROOT / "examples" / "colocated.yaml").read_text())
+# two small engines that each idle on an H100 today: the packing puts them on one GPU
+LIGHT = {"requestsPerSecond": 0.5, "inputLengthMean": 512, "outputLengthMean": 128}
+
+
+def body(name: str, placement: dict | None = None, model: str = "llama-3.2-1b", status: dict | None = None,
+         ns: str = "serving") -> dict:
+    obj = copy.deepcopy(BASE)
+    obj["metadata"] = {"name": name, "namespace": ns, "uid": f"uid-{name}", "generation": 1}
+    spec = obj["spec"]
+    spec["model"] = {"name": model, "architecture": model}
+    spec["slo"] = {"quantile": 0.95, "ttftSeconds": 1.0, "tpotSeconds": 0.05}
+    spec["engine"]["maxNumSeqs"] = 64
+    spec["engine"]["extraArgs"] = []
+    if placement is not None:
+        spec["placement"] = placement
+    obj["status"] = status or {}
+    return obj
+
+
+def declared(**extra) -> dict:
+    return {"workload": dict(LIGHT), **extra}
+
+
+TIME_SLICED = {"mechanism": "time-slicing", "resourceName": "nvidia.com/gpu.shared"}
+
+
+@pytest.fixture(scope="module")
+def pair_advice():
+    members = [fleet.member(fleet.index_entry(body(n, declared()))) for n in ("a", "b")]
+    return fleet.compute(members)
+
+
+def test_two_light_deployments_pack_onto_one_gpu(pair_advice):
+    adv = pair_advice
+    assert (adv.gpus_current, adv.gpus_recommended) == (2, 1)
+    assert adv.cost_current_per_hour == pytest.approx(10.0) and adv.cost_recommended_per_hour == pytest.approx(5.0)
+    block = fleet.status_block(adv, "serving/a")
+    assert block["included"] and block["shared"] and block["sharedWith"] == ["serving/b"]
+    assert block["gpu"] == "h100-80gb" and block["workloadSource"] == "declared"
+    assert 0 < block["gpuMemoryUtilization"] < 0.5 and block["maxNumSeqs"] >= 8
+    assert block["predicted"]["quantile"] == 0.95
+    assert 0 < block["predicted"]["ttftSeconds"] <= 0.9 and 0 < block["predicted"]["tpotSeconds"] <= 0.045
+    assert block["sloMet"] is True
+    assert block["fleet"] == {"deployments": 2, "gpusCurrent": 2, "gpusRecommended": 1,
+                              "costPerHourCurrent": 10.0, "costPerHourRecommended": 5.0}
+    # no spec.placement: advice only, never enforced
+    assert block["mechanism"] == "none" and block["enforced"] is False
+    assert "enforcedGpuMemoryUtilization" not in block and "advice only" in block["message"]
+
+
+def test_observed_workload_wins_and_nothing_to_pack_alone():
+    observed = {"workload": {"pool": "server", "requestsPerSecond": 0.51234, "inputLengthMean": 500.0,
+                             "inputLengthCoefficientOfVariation": 1.0, "outputLengthMean": 130.0,
+                             "outputLengthCoefficientOfVariation": 1.0}}
+    m = fleet.member(fleet.index_entry(body("a", declared(), status=observed)))
+    assert m.workload_source == "observed" and m.deployment.rate_rps == 0.51  # two significant digits
+    alone = fleet.compute([m])
+    assert alone.result is None and alone.gpus_recommended == alone.gpus_current == 1
+    block = fleet.status_block(alone, "serving/a")
+    assert block["shared"] is False and "nothing to pack" in block["message"]
+
+
+@pytest.mark.parametrize("change, why", [
+    (lambda b: b["spec"].pop("placement"), "no workload observed yet"),
+    (lambda b: b["spec"]["slo"].update(ttftSeconds=None, tpotSeconds=None) or b["spec"]["slo"].clear(),
+     "no TTFT or TPOT SLO"),
+    (lambda b: b["spec"]["accelerator"].update(count=2) or b["spec"]["engine"].pop("resources"),
+     "2 GPUs per replica"),
+    (lambda b: b["metadata"].update(deletionTimestamp="2026-01-01T00:00:00Z"), "being deleted"),
+    (lambda b: b["spec"]["engine"].update(maxNumSeqs=0), "invalid spec (spec.engine.maxNumSeqs)"),
+])
+def test_a_deployment_left_out_says_why(change, why):
+    b = body("a", declared())
+    change(b)
+    m = fleet.member(fleet.index_entry(b))
+    assert m.deployment is None and why in m.excluded
+    block = fleet.status_block(fleet.compute([m]), "serving/a")
+    assert block["included"] is False and why in block["message"]
+
+
+def test_placement_spec_validation_names_the_field():
+    spec = body("a")["spec"]
+    with pytest.raises(InputError) as e:
+        parse_spec({**spec, "placement": {"mechanism": "time-slicing"}})
+    assert e.value.field == "spec.placement.resourceName"
+    with pytest.raises(InputError) as e:
+        parse_spec({**spec, "placement": {"mechanism": "hope"}})
+    assert e.value.field == "spec.placement.mechanism"
+    with pytest.raises(InputError) as e:
+        parse_spec({**spec, "placement": {"workload": {"requestsPerSecond": 1.0, "inputLengthMean": 100}}})
+    assert e.value.field == "spec.placement.workload.outputLengthMean"
+    with pytest.raises(InputError) as e:
+        parse_spec({**spec, "placement": {**TIME_SLICED, "replicasPerGpu": 1}})
+    assert e.value.field == "spec.placement.replicasPerGpu"
+    p = parse_spec({**spec, "placement": TIME_SLICED}).placement
+    assert p.shares and p.resource_name == "nvidia.com/gpu.shared" and p.replicas_per_gpu == 2
+    assert not parse_spec(spec).placement.shares  # absent: mechanism none
+
+
+def _template(b: dict) -> dict:
+    spec = fleet.effective_spec(b, parse_spec(b["spec"]))
+    pool = manifests.pools(b["metadata"]["name"], spec)[0]
+    return manifests.deployment(b, spec, pool, manifests.initial_settings(spec, "server"))
+
+
+def test_nothing_is_co_located_without_spec_placement(pair_advice):
+    """The advice says share, but without spec.placement the pods keep a whole GPU each."""
+    for placement in (declared(), declared(mechanism="none")):
+        b = body("a", placement)
+        b["status"]["placement"] = fleet.status_block(pair_advice, "serving/a")
+        c = manifests.vllm_container(_template(b))
+        assert c["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+        assert "--gpu-memory-utilization=0.9" in c["args"]
+
+
+def test_time_slicing_requests_the_shared_resource_at_the_advised_share():
+    members = [fleet.member(fleet.index_entry(body(n, declared(**TIME_SLICED)))) for n in ("a", "b")]
+    adv = fleet.compute(members)
+    b = body("a", declared(**TIME_SLICED))
+    block = fleet.status_block(adv, "serving/a")
+    assert block["enforced"] is True and block["mechanism"] == "time-slicing"
+    share = block["enforcedGpuMemoryUtilization"]
+    assert share <= block["gpuMemoryUtilization"] and share <= 0.95 / 2
+    # before the advice is stored: whole GPUs
+    assert manifests.vllm_container(_template(b))["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    b["status"]["placement"] = block
+    c = manifests.vllm_container(_template(b))
+    assert c["resources"] == {"limits": {"nvidia.com/gpu.shared": "1"}}
+    assert f"--gpu-memory-utilization={share:g}" in c["args"]
+    # the advice no longer shares it (or the user drops spec.placement): whole GPUs again
+    b["status"]["placement"] = {**block, "enforced": False, "shared": False}
+    assert manifests.vllm_container(_template(b))["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+
+
+def test_live_deployment_is_patched_to_the_share_and_the_sync_cache_sees_the_change():
+    members = [fleet.member(fleet.index_entry(body(n, declared(**TIME_SLICED)))) for n in ("a", "b")]
+    block = fleet.status_block(fleet.compute(members), "serving/a")
+    b = body("a", declared(**TIME_SLICED))
+    live = _template(b)
+    live["metadata"].update(resourceVersion="7", uid="dep-uid")
+    cache = reconcile.InSyncCache()
+    spec = fleet.effective_spec(b, parse_spec(b["spec"]))
+    objs = reconcile.LiveObjects(hpas=(), deployments={"a": live})
+    first = reconcile.plan_reconcile(b, spec, objs, cache)
+    assert not first.writes
+    cache.record(first.found_in_sync)
+    b["status"]["placement"] = block
+    spec = fleet.effective_spec(b, parse_spec(b["spec"]))
+    result = reconcile.plan_reconcile(b, spec, objs, cache)
+    [w] = result.writes
+    c = w.body["spec"]["template"]["spec"]["containers"][0]
+    assert c["resources"]["limits"] == {"nvidia.com/gpu.shared": "1"}
+
+
+def test_placement_changed_ignores_small_prediction_moves(pair_advice):
+    block = fleet.status_block(pair_advice, "serving/a")
+    moved = {**block, "predicted": {**block["predicted"], "ttftSeconds": block["predicted"]["ttftSeconds"] * 1.01}}
+    assert not fleet.placement_changed(block, moved)
+    assert fleet.placement_changed(block, {**block, "sharedWith": []})
+    assert fleet.placement_changed(block, {**block, "fleet": {**block["fleet"], "gpusRecommended": 2}})
+    assert fleet.placement_changed(None, block)
+
+
+class FakeKube:
+    """Records status patches; fails while `fail` is set (the advice's only write)."""
+
+    def __init__(self):
+        self.patches, self.fail = [], False
+
+    async def patch_status(self, path, patch):
+        if self.fail:
+            raise ApiError(503, {"message": "unavailable"}, f"PATCH {path}")
+        self.patches.append((path, patch))
+
+
+def test_status_written_and_event_posted_only_when_the_advice_changes(pair_advice):
+    kube, metrics, events = FakeKube(), OperatorMetrics(), []
+    op = Operator(kube=kube, metrics=metrics, now=lambda: 1_800_000_000.0)
+    sink = Sink({}, lambda t, r, m: events.append((t, r, m)), logging.getLogger("test_fleet_advice"))
+    entries = [fleet.index_entry(body(n, declared())) for n in ("a", "b")]
+    advisor, written = fleet.FleetAdvisor(), {}
+    a = body("a", declared())
+
+    async def run(n: int, b: dict):
+        return [await fleet.advise_resource(op, b, entries, advisor, written, sink) for _ in range(n)]
+
+    kube.fail = True
+    assert asyncio.run(run(1, a)) == [None]
+    assert [r for _, r, _ in events] == [fleet.WRITE_FAILED_REASON]
+    assert 'kneecap_api_errors_total{code="503"' in metrics.exposition().decode()
+    kube.fail = False
+    first, *rest = asyncio.run(run(5, a))
+    assert first is not None and rest == [None] * 4  # written once
+    assert [r for _, r, _ in events].count(fleet.EVENT_REASON) == 1
+    [(_, reason, message)] = [e for e in events if e[1] == fleet.EVENT_REASON]
+    assert "2 -> 1 GPUs" in message and "$10.00/h -> $5.00/h" in message and "serving/b" in message
+    assert len(kube.patches) == 1 and kube.patches[0][1]["placement"]["sharedWith"] == ["serving/b"]
+    # the watch brings the write back: a fresh memo and the stored status, still no write
+    stored = body("a", declared(), status={"placement": first})
+    assert asyncio.run(fleet.advise_resource(op, stored, entries, advisor, {}, sink)) is None
+    assert advisor.computations == 1  # the same inputs: packed once
+    text = metrics.exposition().decode()
+    assert "kneecap_fleet_gpus_recommended 1.0" in text and "kneecap_fleet_gpus_current 2.0" in text
+    assert "kneecap_fleet_cost_recommended_dollars_per_hour 5.0" in text
+    assert "kneecap_fleet_cost_current_dollars_per_hour 10.0" in text
+    # b's declared workload is withdrawn: nothing left to pack a with, the advice changes, one new Event
+    entries[1] = fleet.index_entry(body("b"))
+    again = asyncio.run(fleet.advise_resource(op, stored, entries, advisor, written, sink))
+    assert again is not None and again["shared"] is False and "sharedWith" not in again
+    assert kube.patches[-1][1]["placement"]["sharedWith"] is None  # the merge patch drops it
+    assert [r for _, r, _ in events].count(fleet.EVENT_REASON) == 2
+
+
+def dra(claim: str) -> dict:
+    return declared(mechanism="dra", resourceClaimName=claim)
+
+
+def test_dra_references_the_shared_claim_only_when_its_group_is_the_advised_gpu():
+    same = fleet.compute([fleet.member(fleet.index_entry(body(n, dra("gpu-0")))) for n in ("a", "b")])
+    block = fleet.status_block(same, "serving/a")
+    assert block["enforced"] is True and block["resourceClaimName"] == "gpu-0"
+    assert block["enforcedGpuMemoryUtilization"] == pytest.approx(block["gpuMemoryUtilization"], abs=1e-3)
+    b = body("a", dra("gpu-0"), status={"placement": block})
+    t = _template(b)
+    pod = t["spec"]["template"]["spec"]
+    assert pod["resourceClaims"] == [{"name": manifests.SHARED_CLAIM, "resourceClaimName": "gpu-0"}]
+    assert manifests.vllm_container(t)["resources"] == {"claims": [{"name": manifests.SHARED_CLAIM}]}
+    # the user renames the claim: the stored advice is for the other one, whole GPUs until it is redone
+    renamed = body("a", dra("gpu-1"), status={"placement": block})
+    assert "resourceClaims" not in _template(renamed)["spec"]["template"]["spec"]
+    # unshared again: the live template's claim is removed by the reconcile patch
+    b["status"]["placement"] = {**block, "enforced": False}
+    assert manifests.removed_template_fields(_template(b), t) == {"resourceClaims": None}
+    # claims that do not match the advised GPU's engines: advice only
+    apart = fleet.compute([fleet.member(fleet.index_entry(body(n, dra(f"gpu-{n}")))) for n in ("a", "b")])
+    block = fleet.status_block(apart, "serving/a")
+    assert block["shared"] and block["enforced"] is False and "ResourceClaim gpu-a" in block["message"]
