@@ -4,9 +4,9 @@ Every policy serves the same arrivals on the same twin engines, pods and control
 (kneecap.sim.cluster); the clock is simulated, so the result does not depend on the machine
 (same trace, options and seed: the same JSON). See kneecap.sim.replay for the policies.
 
-`kneecap replay --fleet FLEET.yaml [TRACE] [--trace NAME=PATH ...]`: a fleet replay (issue 24,
-item 4; kneecap.sim.fleet_replay): every deployment of the fleet (as `kneecap pack -f` reads it)
-serves a trace of its own (``--trace NAME=PATH``, else one derived from TRACE at the
+`kneecap replay --fleet FLEET.yaml [TRACE] [--deployment-trace NAME=PATH ...]`: a fleet replay
+(issue 24, item 4; kneecap.sim.fleet_replay): every deployment of the fleet (as `kneecap pack -f` reads it)
+serves a trace of its own (``--deployment-trace NAME=PATH``, else one derived from TRACE at the
 deployment's declared rate and lengths), all at once, under the policies one-per-gpu (today) and
 kneecap+pack (the fleet packed with `kneecap pack`'s search from the workloads seen on the
 traces, engines time-slicing shared GPUs). Reports GPUs, $/h and each deployment's attainment.
@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d, h, k = ReplayConfig(), HPASpec(), KubeletConfig()
     parser.add_argument("trace", type=Path, nargs="?", default=None,
                         help="CSV: TIMESTAMP,ContextTokens,GeneratedTokens or arrival_s,input_tokens,output_tokens "
-                             "(with --fleet: the trace each deployment without --trace gets its own cut of)")
+                             "(with --fleet: the trace each deployment without --deployment-trace gets its own cut of)")
     parser.add_argument("--model", default=d.model, help=f"model served (default {d.model})")
     parser.add_argument("--arch", default=None, help="catalog model shape (default: guessed from --model)")
     parser.add_argument("--gpu", default=d.gpu, help=f"catalog GPU of each pod (default {d.gpu})")
@@ -89,7 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="replay a fleet (entries as `kneecap pack -f` takes them), every deployment on its own "
                             "trace, all at once, under one-per-gpu and kneecap+pack; --model, --gpu, the SLO and "
                             "the pool options then come from the fleet")
-    fleet.add_argument("--trace", dest="fleet_traces", action="append", default=None, metavar="NAME=PATH",
+    fleet.add_argument("--deployment-trace", dest="fleet_traces", action="append", default=None,
+                       metavar="NAME=PATH",
                        help="deployment NAME's trace (repeatable); a deployment without one gets a cut of TRACE")
     fleet.add_argument("--duration", type=float, default=DEFAULT_DURATION_S, metavar="S",
                        help=f"virtual seconds of each trace cut from TRACE (default {DEFAULT_DURATION_S:g}): its "
@@ -145,7 +146,7 @@ def run(args) -> int:
     if args.trace is None:
         raise InputError("trace", "required: a trace CSV (or --fleet FLEET.yaml)")
     if args.fleet_traces:
-        raise InputError("trace", "--trace NAME=PATH names a fleet deployment's trace: only with --fleet")
+        raise InputError("trace", "--deployment-trace NAME=PATH names a fleet deployment's trace: only with --fleet")
     if any(p in FLEET_POLICIES for p in args.policy or ()):
         raise InputError("policy", f"{' and '.join(FLEET_POLICIES)} are fleet policies: only with --fleet")
     cfg = config_from_args(args)
@@ -182,7 +183,7 @@ def run(args) -> int:
 
 
 def fleet_traces(args, deployments) -> dict:
-    """Deployment name → Trace: ``--trace NAME=PATH`` as read, else a cut of TRACE
+    """Deployment name → Trace: ``--deployment-trace NAME=PATH`` as read, else a cut of TRACE
     (``fleet_replay.derive_trace``); InputError naming a NAME the fleet lacks, a malformed
     option or a deployment left without a trace."""
     from kneecap.sim.fleet_replay import derive_trace
@@ -202,8 +203,8 @@ def fleet_traces(args, deployments) -> dict:
         given[name] = path.strip()
     missing = [n for n in names if n not in given]
     if missing and args.trace is None:
-        raise InputError("trace", f"deployment {missing[0]!r} has no trace: give --trace {missing[0]}=PATH or a "
-                                  "TRACE to cut every deployment's trace from")
+        raise InputError("trace", f"deployment {missing[0]!r} has no trace: give --deployment-trace "
+                                  f"{missing[0]}=PATH or a TRACE to cut every deployment's trace from")
     traces = {}
     base = read_trace(args.trace) if missing else None
     for i, d in enumerate(deployments):
@@ -217,13 +218,10 @@ def fleet_traces(args, deployments) -> dict:
     return traces
 
 
-def _fleet_plot(report: dict, path: Path) -> None:
-    from kneecap.plotting import pyplot
-
-    plt = pyplot()
+def draw_attainment(ax, report: dict) -> None:
+    """A fleet replay's per-deployment attainment, one bar per policy (its GPUs and $/h in the legend)."""
     pols = [(p, r) for p, r in report["policies"].items() if r.get("deployments")]
     names = list(report["traces"])
-    fig, ax = plt.subplots(figsize=(8, 0.45 * len(names) + 1.8))
     h = 0.8 / max(len(pols), 1)
     for k, (p, r) in enumerate(pols):
         att = [d["slo_attainment_requests"] or 0.0 for d in r["deployments"]]
@@ -236,6 +234,14 @@ def _fleet_plot(report: dict, path: Path) -> None:
     ax.set_xlabel("SLO attainment (requests meeting both TTFT and TPOT SLOs)")
     ax.set_title("fleet replay: every deployment's trace at once")
     ax.legend(fontsize=8, loc="lower left")
+
+
+def _fleet_plot(report: dict, path: Path) -> None:
+    from kneecap.plotting import pyplot
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(report["traces"]) + 1.8))
+    draw_attainment(ax, report)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
