@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import yaml
 
-from kneecap.cli import main
 from kneecap.errors import InputError
 from kneecap.model import packing
 from kneecap.sim import fleet_replay as fr
 from kneecap.sim.shared_gpu import replay_arrivals
 from kneecap.sim.trace import Trace
+from tests.support.cli import run_cli
 from tests.support.data import AZURE_CONVERSATION_CSV
 
 FLEET = [
@@ -38,12 +38,7 @@ def _write(tmp_path, entries, name="fleet.yaml") -> str:
 
 
 def _run(capsys, *argv):
-    try:
-        rc = main(["replay", *argv])
-    except SystemExit as exc:
-        rc = exc.code
-    out, err = capsys.readouterr()
-    return rc, out, err
+    return run_cli(capsys, "replay", *argv)
 
 
 @pytest.fixture(scope="module")
