@@ -93,10 +93,10 @@ def _lengths(x: np.ndarray):
 
 
 def observed(d: packing.Deployment, trace: Trace, observe_s: float | None = None) -> packing.Deployment:
-    """``d`` with the workload seen on ``trace`` over its first ``observe_s`` seconds (None: all
-    of it): requests per second, prompt and output lengths as log-normals of the seen mean and
+    """``d`` with the workload seen on ``trace`` over its first ``observe_s`` seconds (None, or
+    past its end: all of it): requests per second, prompt and output lengths as log-normals of the seen mean and
     coefficient of variation. What ``kneecap+pack`` packs from."""
-    span = trace.span_s if observe_s is None else float(observe_s)
+    span = trace.span_s if observe_s is None else min(float(observe_s), trace.span_s)
     seen = trace.arrival_s <= span
     n = int(seen.sum())
     if n < 2 or span <= 0:
