@@ -135,6 +135,8 @@ def test_fleet_options_without_fleet_are_refused(capsys):
     assert rc == 2 and json.loads(err.splitlines()[-1])["field"] == "policy"
     rc, _, err = _run(capsys, "--json")
     assert rc == 2 and json.loads(err.splitlines()[-1])["field"] == "trace"
+    rc, _, err = _run(capsys, str(AZURE_CONVERSATION_CSV), "--gpus", "l40s=2", "--json")
+    assert rc == 2 and json.loads(err.splitlines()[-1])["field"] == "gpus"
 
 
 def test_derive_trace_and_observed():

@@ -149,6 +149,9 @@ def run(args) -> int:
         raise InputError("trace", "--deployment-trace NAME=PATH names a fleet deployment's trace: only with --fleet")
     if any(p in FLEET_POLICIES for p in args.policy or ()):
         raise InputError("policy", f"{' and '.join(FLEET_POLICIES)} are fleet policies: only with --fleet")
+    for flag, value in (("gpus", args.gpus), ("inventory", args.inventory), ("observe", args.observe)):
+        if value is not None:
+            raise InputError(flag, f"--{flag} is a fleet replay option: only with --fleet")
     cfg = config_from_args(args)
     cfg.check()
     raw = read_trace(args.trace)
