@@ -203,7 +203,8 @@ def fleet_markdown(out: dict) -> list[str]:
         lines.append(f"| {name} | {p['gpus']} | {p['cost_per_hour']:.2f} | {p['by_type']} | "
                      f"{'yes' if p['all_slo_met'] else 'NO'} | {p['min_attainment']:.4f} |")
     if fr.get("gpus_returned") is not None:
-        lines.append(f"| returned / saved | {fr['gpus_returned']} | {fr['savings_per_hour']:.2f} | | | |")
+        lines.append(f"| returned / saved (kneecap+pack vs one-per-gpu) | {fr['gpus_returned']} | "
+                     f"{fr['savings_per_hour']:.2f} | | | |")
     lines += ["", f"Goal on the fleet replay (one GPU in three returned, no SLO missed over the traces): "
               f"{ok(g['met'])} ({g['gpus_returned']} of {g['gpus_before']} returned; "
               f"{'no SLO missed' if g['no_slo_missed'] else 'SLO missed'}). `--released-memory-value` is a "
