@@ -19,6 +19,7 @@ from kneecap.cli import main
 from kneecap.errors import InputError
 from kneecap.model import packing
 from kneecap.sim import pack_verify
+from tests.support.cli import run_cli
 from tests.support.examples import FLEET
 
 GPUS = "h100-80gb=12,l40s=4,l4=4"
@@ -26,12 +27,7 @@ ENTRIES = yaml.safe_load(FLEET.read_text())
 
 
 def _run(capsys, *argv):
-    try:
-        rc = main(["pack", *argv])
-    except SystemExit as exc:
-        rc = exc.code
-    out, err = capsys.readouterr()
-    return rc, out, err
+    return run_cli(capsys, "pack", *argv)
 
 
 @pytest.fixture(scope="module")

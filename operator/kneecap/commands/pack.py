@@ -33,15 +33,7 @@ HELP = "pack a fleet's engines onto fewer or cheaper GPUs, keeping every deploym
 def add_arguments(p) -> None:
     p.add_argument("-f", "--fleet", required=True, metavar="FLEET.yaml",
                    help="the deployments: a YAML list (or documents) of entries as in examples/fleet.yaml")
-    inv = p.add_mutually_exclusive_group()
-    inv.add_argument("--inventory", metavar="FILE", help="GPUs the packing may use: a YAML list of "
-                                                         "{type, count, costPerHour} (default: today's GPUs)")
-    inv.add_argument("--gpus", action="append", metavar="TYPE=COUNT[@PRICE]",
-                     help="GPUs the packing may use, e.g. h100-80gb=8,l40s=4@1.8 (price: the catalog's when "
-                          "omitted); repeatable")
-    p.add_argument("--margin", type=float, default=0.1,
-                   help="each predicted quantile must be within (1 - margin) of its SLO")
-    p.add_argument("--samples", type=int, default=50_000, help="GAUSS requests simulated per engine and check")
+    add_packing_arguments(p)
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--verify", action="store_true",
                    help="replay the packing on the twins (virtual time, each GPU's engines time-sliced) and report "
@@ -52,6 +44,20 @@ def add_arguments(p) -> None:
                         "10000 or N)")
     p.add_argument("--plot", metavar="PNG", help="write the GPUs before and after, and what sits on each")
     common.add_json(p)
+
+
+def add_packing_arguments(p) -> None:
+    """The options a packing takes (``kneecap pack`` and ``kneecap replay --fleet``): the GPUs it
+    may use, its margin and GAUSS samples."""
+    inv = p.add_mutually_exclusive_group()
+    inv.add_argument("--inventory", metavar="FILE", help="GPUs the packing may use: a YAML list of "
+                                                         "{type, count, costPerHour} (default: today's GPUs)")
+    inv.add_argument("--gpus", action="append", metavar="TYPE=COUNT[@PRICE]",
+                     help="GPUs the packing may use, e.g. h100-80gb=8,l40s=4@1.8 (price: the catalog's when "
+                          "omitted); repeatable")
+    p.add_argument("--margin", type=float, default=0.1,
+                   help="each predicted quantile must be within (1 - margin) of its SLO")
+    p.add_argument("--samples", type=int, default=50_000, help="GAUSS requests simulated per engine and check")
 
 
 def _yaml(path: str, what: str) -> list:
@@ -107,12 +113,13 @@ def _calibrations(entries: list, base: Path) -> dict:
 
 
 def build(args):
+    """(deployments, inventory or None) from the packing options (:func:`add_packing_arguments`)
+    and ``args.fleet``; InputError (exit 2) naming the option, or the entry and field."""
     from kneecap.model import packing
-    from kneecap.sim import pack_verify
 
     if not (math.isfinite(args.margin) and 0 <= args.margin < 1):
         raise InputError("margin", f"expected a fraction in [0, 1), got {args.margin}")
-    if args.verify_requests < 100:
+    if getattr(args, "verify_requests", 100) < 100:
         raise InputError("verify-requests", f"expected ≥ 100, got {args.verify_requests}")
     if args.samples < 400:
         raise InputError("samples", f"expected ≥ 400 (100 per replication), got {args.samples}")

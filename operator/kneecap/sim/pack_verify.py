@@ -42,6 +42,26 @@ def gpu_seed(seed: int, index: int) -> int:
     return int(np.random.SeedSequence([int(seed), int(index)]).generate_state(1)[0])
 
 
+def placement_loads(deployments, g) -> list:
+    """One placed GPU's engines (``packing.GpuPlacement``) as ``colocation.EngineLoad``: each
+    replica's deployment (found by name in ``deployments``) at the placement's cap and memory
+    share, at its per-replica rate, named ``deployment#replica``. The twin replays SLIM's
+    kneecap form only: another calibration form is refused (InputError naming the deployment)."""
+    by = {d.name: d for d in deployments}
+    gpu = get_gpu(g.gpu)
+    loads = []
+    for e in g.engines:
+        d = by[e.deployment]
+        params, form = engine_params(d, gpu)
+        if form != "kneecap":
+            raise InputError("calibration", f"deployment {d.name!r}: the twin replays SLIM's kneecap form only, "
+                                            f"its calibration is {form!r}; the twin cannot replay it")
+        loads.append(colocation.EngineLoad(d.arch, d.workload, d.rate_per_replica_rps, e.gpu_memory_utilization,
+                                           params=params, form=form, max_num_seqs=e.max_num_seqs,
+                                           name=f"{d.name}#{e.replica}"))
+    return loads
+
+
 def verify(res: PackResult, *, seed: int = 0, requests: int = VERIFY_REQUESTS,
            max_requests: int = VERIFY_MAX_REQUESTS) -> tuple[VerifiedGpu, ...]:
     """Replay every packed GPU of ``res`` in virtual time, its engines time-sliced on one twin GPU
@@ -57,20 +77,10 @@ def verify(res: PackResult, *, seed: int = 0, requests: int = VERIFY_REQUESTS,
     for name, v in (("requests", requests), ("max_requests", max_requests)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 100:
             raise InputError(name, f"expected an integer ≥ 100, got {v!r}")
-    by = {d.name: d for d in res.deployments}
     out = []
     for gi, g in enumerate(res.after):
         gpu = get_gpu(g.gpu)
-        loads = []
-        for e in g.engines:
-            d = by[e.deployment]
-            params, form = engine_params(d, gpu)
-            if form != "kneecap":
-                raise InputError("calibration", f"deployment {d.name!r}: the twin replays SLIM's kneecap form only, "
-                                                f"its calibration is {form!r}; --verify cannot replay it")
-            loads.append(colocation.EngineLoad(d.arch, d.workload, d.rate_per_replica_rps, e.gpu_memory_utilization,
-                                               params=params, form=form, max_num_seqs=e.max_num_seqs,
-                                               name=f"{d.name}#{e.replica}"))
+        loads = placement_loads(res.deployments, g)
         rates = [ld.rate_rps for ld in loads]
         n = max(requests, min(max_requests, int(math.ceil(requests * max(rates) / min(rates)))))
         s = gpu_seed(seed, gi)

@@ -383,3 +383,59 @@ def verify_placement(engines, gpu: GPU | str, *, requests: int = 4000, seed: int
             float(np.mean(np.asarray(seqs[i])[in_window])), int(in_window.sum()), eng.num_preemptions,
             int(rejected[i])))
     return Verification(tuple(out), warmup_s, horizon_s, shared.now_s, float(busy_total_s / window_s))
+
+
+# ---------------------------------------------------------------- a placement fed recorded arrivals
+
+
+@dataclass(frozen=True)
+class ArrivalsRun:
+    """One engine of :func:`replay_arrivals`: per given request its TTFT and TPOT (seconds; inf
+    for a request refused, NaN TPOT never: 0 for a one-token output, as ``sim.replay.latencies``),
+    whether it was refused, and the engine's preemptions and GPU time."""
+
+    name: str
+    ttft_s: np.ndarray
+    tpot_s: np.ndarray
+    refused: np.ndarray  # bool per request
+    preemptions: int
+    busy_s: float
+
+
+def replay_arrivals(engines, gpu: GPU | str, arrivals) -> tuple[ArrivalsRun, ...]:
+    """Replay ``engines`` (:class:`PlacedEngine` or ``colocation.EngineLoad``) together on one
+    ``gpu`` (:class:`SharedGPU`), each fed the requests it is given instead of Poisson draws:
+    ``arrivals[i]`` = (arrival_s, prompt_tokens, output_tokens) arrays for engine i (a trace's
+    share). All are queued up front (the engine admits each at its arrival) and the GPU runs
+    until every one has finished. A request the engine cannot hold (longer than its
+    ``max_model_len`` or its KV cache) is refused as vLLM answers it (HTTP 400): not served, its
+    latencies inf. Deterministic: no draws, no wall clock."""
+    gpu = get_gpu(gpu)
+    built = _check(engines, gpu, 0)
+    if not isinstance(arrivals, (list, tuple)) or len(arrivals) != len(built):
+        raise InputError("arrivals", f"expected one (arrival_s, prompt, output) triple per engine ({len(built)})")
+    shared = SharedGPU([eng for _, eng, _ in built])
+    queued = []
+    for (spec, eng, _), (arrival_s, prompt, output) in zip(built, arrivals):
+        reqs = []
+        for a, p, o in zip(np.asarray(arrival_s, dtype=float).tolist(), np.asarray(prompt).astype(int).tolist(),
+                           np.asarray(output).astype(int).tolist()):
+            try:
+                reqs.append(eng.add_request(max(p, 1), max(o, 1), arrival_s=a))
+            except InputError:
+                reqs.append(None)
+        queued.append(reqs)
+    busy = [0.0] * len(built)
+    while (nxt := shared.step()) is not None:
+        busy[nxt[0]] += nxt[1].duration_s
+    out = []
+    for (spec, eng, _), reqs, b in zip(built, queued, busy):
+        refused = np.array([r is None for r in reqs], dtype=bool)
+        ttft, tpot = np.full(len(reqs), np.inf), np.full(len(reqs), np.inf)
+        for k, r in enumerate(reqs):
+            if r is None:
+                continue
+            ttft[k] = r.first_token_s - r.arrival_s + float(spec.request_overhead_s)
+            tpot[k] = (r.last_token_s - r.first_token_s) / (r.output_tokens - 1) if r.output_tokens > 1 else 0.0
+        out.append(ArrivalsRun(spec.name, ttft, tpot, refused, eng.num_preemptions, float(b)))
+    return tuple(out)
