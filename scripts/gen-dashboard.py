@@ -264,6 +264,22 @@ def dashboard() -> dict:
                target("sum by (verb, resource, code) (rate(kneecap_api_errors_total[$__rate_interval])) or on() vector(0)",
                       "API errors/s {{verb}} {{resource}} {{code}}", "E")],
               (16, 37, 8, 8), min_=0),
+        row(21, "Fleet: what packing would return (every LLMDeployment of the operator)", 45),
+        panel(22, "GPUs today vs packed",
+              "GPUs the LLMDeployments in the fleet advice hold today (one engine per GPU) and would hold packed "
+              "with their SLOs kept (status.placement; docs/placement.md). Advice only unless spec.placement "
+              "names a sharing mechanism. Summed over operator shards (each advises its own).",
+              [target("sum(kneecap_fleet_gpus_current)", "today", "A"),
+               target("sum(kneecap_fleet_gpus_recommended)", "packed", "B"),
+               target("sum(kneecap_fleet_deployments)", "deployments in the advice", "C")],
+              (0, 46, 12, 8), min_=0),
+        panel(23, "GPU cost today vs packed ($/h)",
+              "The catalog price of the GPUs above (spec.gpu prices where set).",
+              [target("sum(kneecap_fleet_cost_current_dollars_per_hour)", "today", "A"),
+               target("sum(kneecap_fleet_cost_recommended_dollars_per_hour)", "packed", "B"),
+               target("sum(kneecap_fleet_cost_current_dollars_per_hour) - "
+                      "sum(kneecap_fleet_cost_recommended_dollars_per_hour)", "would be saved", "C")],
+              (12, 46, 12, 8), unit="currencyUSD", min_=0),
     ]
     for p in panels:
         if p["gridPos"]["y"] >= 10 and p["id"] not in (19, 20):
