@@ -25,6 +25,7 @@ from kneecap.control.informer import CachedReads
 from kneecap.control.kube import KubeClient
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.control.reconcile import InSyncCache
+from kneecap.control.shard import LabelSelector, finalizer, kopf_filters, release_unsharded_finalizer
 from kneecap.control.spec import GROUP, PLURAL, VERSION
 from kneecap.observe.histogram import HistogramCache
 from kneecap.observe.scrape import ParseCache
@@ -50,6 +51,9 @@ class OperatorConfig:
     # oldest_first_priority(), so exactly one replica is active and a new one never preempts it
     peering_priority: int | None = None
     peering_lifetime_s: int = PEERING_LIFETIME_S
+    # a label-selector shard (`kneecap run --selector`): the handlers see only the LLMDeployments
+    # it matches (kneecap.control.shard); None: all of them
+    selector: LabelSelector | None = None
 
 
 def oldest_first_priority(now_s: float | None = None) -> int:
@@ -156,7 +160,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
 
     @kopf.on.startup(registry=registry)
     async def startup(memo: kopf.Memo, settings: kopf.OperatorSettings, logger, **_):
-        settings.persistence.finalizer = "kneecap.io/finalizer"
+        settings.persistence.finalizer = finalizer(config.selector)  # a shard's own (kneecap.control.shard)
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kneecap.io")
         settings.persistence.diffbase_storage = SpecDiffBaseStorage(
             prefix="kneecap.io", key="last-handled-configuration")
@@ -197,19 +201,23 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         if session is not None:
             await session.close()
 
-    @kopf.on.resume(*RESOURCE, id="reconcile", registry=registry)
-    @kopf.on.create(*RESOURCE, id="reconcile", registry=registry)
-    @kopf.on.update(*RESOURCE, field="spec", id="reconcile", registry=registry)
+    shard = kopf_filters(config.selector)  # every LLMDeployment handler: this shard's resources only
+
+    @kopf.on.resume(*RESOURCE, id="reconcile", registry=registry, **shard)
+    @kopf.on.create(*RESOURCE, id="reconcile", registry=registry, **shard)
+    @kopf.on.update(*RESOURCE, field="spec", id="reconcile", registry=registry, **shard)
     async def reconcile(body, patch, memo, logger, reason, **_):
+        release_unsharded_finalizer(config.selector, body, patch)
         await lifecycle.on_spec(_operator(config, memo), body, reconcile_lock(memo), reason,
                                 _sink(body, patch, logger))
 
-    @kopf.timer(*RESOURCE, interval=config.tick_s, initial_delay=config.tick_s, id="control", registry=registry)
+    @kopf.timer(*RESOURCE, interval=config.tick_s, initial_delay=config.tick_s, id="control", registry=registry,
+                **shard)
     async def control(body, patch, memo, logger, **_):
         await lifecycle.on_timer(_operator(config, memo), body, memo.setdefault("loop", loop.LoopMemory()),
                                  reconcile_lock(memo), _sink(body, patch, logger))
 
-    @kopf.on.delete(*RESOURCE, id="delete", registry=registry)
+    @kopf.on.delete(*RESOURCE, id="delete", registry=registry, **shard)
     async def delete(body, memo, logger, **_):
         await lifecycle.on_delete(_operator(config, memo), body, logger)
 
