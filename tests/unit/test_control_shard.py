@@ -15,7 +15,7 @@ from kopf._core.intents import registries
 from kneecap.cli import main
 from kneecap.control import handlers
 from kneecap.control.shard import (UNSHARDED_FINALIZER, finalizer, kopf_filters, parse_selector,
-                                   release_unsharded_finalizer)
+                                   release_other_finalizers)
 from kneecap.errors import InputError
 
 A = {"kneecap.io/shard": "a"}
@@ -120,17 +120,27 @@ def test_without_a_selector_every_handler_acts_on_every_resource():
         assert matched(h, A) and matched(h, B) and matched(h, NONE), h.id
 
 
-def test_a_shard_releases_the_unsharded_finalizer_in_its_own_patch():
-    a = parse_selector("kneecap.io/shard=a")
-    body = {"metadata": {"finalizers": [UNSHARDED_FINALIZER, a.finalizer, "other.io/keep"]}}
-    patch = kopf.Patch()
-    assert release_unsharded_finalizer(a, body, patch)
-    assert patch.as_json_patch(body) and all(op["op"] == "remove" or op["path"].startswith("/metadata/finalizers")
-                                             for op in patch.as_json_patch(body))
+def apply(patch: kopf.Patch, body: dict) -> list[str]:
     copy = {"metadata": {"finalizers": list(body["metadata"]["finalizers"])}}
     for fn in patch.fns:
         fn(copy)
-    assert copy["metadata"]["finalizers"] == [a.finalizer, "other.io/keep"]
-    # unsharded, or the finalizer already gone: nothing to do
-    assert not release_unsharded_finalizer(None, body, kopf.Patch())
-    assert not release_unsharded_finalizer(a, {"metadata": {"finalizers": [a.finalizer]}}, kopf.Patch())
+    return copy["metadata"].get("finalizers")
+
+
+def test_an_operator_releases_the_other_kneecap_finalizers_in_its_own_patch():
+    a, b = parse_selector("kneecap.io/shard=a"), parse_selector("kneecap.io/shard=b")
+    # a shard serving a resource from before the split (and from a shard since gone)
+    body = {"metadata": {"finalizers": [UNSHARDED_FINALIZER, a.finalizer, "other.io/keep", b.finalizer]}}
+    patch = kopf.Patch()
+    assert release_other_finalizers(a.finalizer, body, patch) == sorted([UNSHARDED_FINALIZER, b.finalizer])
+    assert all(op["op"] == "remove" and op["path"].startswith("/metadata/finalizers/")
+               for op in patch.as_json_patch(body))
+    assert apply(patch, body) == [a.finalizer, "other.io/keep"]
+    # the unsharded operator after a merge back
+    patch = kopf.Patch()
+    assert release_other_finalizers(finalizer(None), body, patch) == sorted([a.finalizer, b.finalizer])
+    assert apply(patch, body) == [UNSHARDED_FINALIZER, "other.io/keep"]
+    # nothing of another operator's: no patch
+    patch = kopf.Patch()
+    assert release_other_finalizers(a.finalizer, {"metadata": {"finalizers": [a.finalizer, "x.io/kneecap.io"]}},
+                                    patch) == [] and not patch

@@ -25,7 +25,7 @@ from kneecap.control.informer import CachedReads
 from kneecap.control.kube import KubeClient
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.control.reconcile import InSyncCache
-from kneecap.control.shard import LabelSelector, finalizer, kopf_filters, release_unsharded_finalizer
+from kneecap.control.shard import LabelSelector, finalizer, kopf_filters, release_other_finalizers
 from kneecap.control.spec import GROUP, PLURAL, VERSION
 from kneecap.observe.histogram import HistogramCache
 from kneecap.observe.scrape import ParseCache
@@ -207,7 +207,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
     @kopf.on.create(*RESOURCE, id="reconcile", registry=registry, **shard)
     @kopf.on.update(*RESOURCE, field="spec", id="reconcile", registry=registry, **shard)
     async def reconcile(body, patch, memo, logger, reason, **_):
-        release_unsharded_finalizer(config.selector, body, patch)
+        release_other_finalizers(finalizer(config.selector), body, patch)  # a split or merge of shards
         await lifecycle.on_spec(_operator(config, memo), body, reconcile_lock(memo), reason,
                                 _sink(body, patch, logger))
 

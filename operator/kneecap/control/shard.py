@@ -13,9 +13,10 @@ labels stop matching (relabelled to another shard), removes its finalizer and st
 
 Each shard has a finalizer of its own (`finalizer`): kopf removes its finalizer from any
 resource of the kind that no handler of it matches, so two shards sharing one finalizer name
-would each strip the other's. An unsharded operator keeps ``kneecap.io/finalizer``; a shard
-releases that one from the resources it serves (`release_unsharded_finalizer`), so resources
-managed by one operator before the split can still be deleted once it is gone.
+would each strip the other's. An unsharded operator keeps ``kneecap.io/finalizer``. An operator
+releases the other kneecap finalizers from the resources it reconciles
+(`release_other_finalizers`): those of an operator that managed them before a split, a merge or
+a selector change, which would otherwise hold their deletion once that operator is gone.
 """
 
 from __future__ import annotations
@@ -181,20 +182,27 @@ def finalizer(selector: LabelSelector | None) -> str:
     return UNSHARDED_FINALIZER if selector is None else selector.finalizer
 
 
-def _drop_finalizer(body: dict, name: str) -> None:
+def is_kneecap_finalizer(name: str) -> bool:
+    """kneecap's finalizer, unsharded or of any shard."""
+    return name == UNSHARDED_FINALIZER or name.startswith(UNSHARDED_FINALIZER + "-")
+
+
+def _drop_finalizers(body: dict, names: frozenset[str]) -> None:
     finalizers = (body.get("metadata") or {}).get("finalizers")
-    if finalizers and name in finalizers:
-        finalizers[:] = [f for f in finalizers if f != name]
+    if finalizers and names & set(finalizers):
+        finalizers[:] = [f for f in finalizers if f not in names]
 
 
-def release_unsharded_finalizer(selector: LabelSelector | None, body, patch) -> bool:
-    """A shard serving a resource that still carries the unsharded operator's finalizer (the
-    resource predates the split) removes it in the handler's own patch (kopf's patch functions:
-    a JSON patch against the stored finalizer list), so only the shard's finalizer holds it.
-    True when it did."""
-    if selector is None or UNSHARDED_FINALIZER not in ((body.get("metadata") or {}).get("finalizers") or []):
-        return False
-    patch.fns.append(functools.partial(_drop_finalizer, name=UNSHARDED_FINALIZER))
-    return True
-
-
+def release_other_finalizers(own: str, body, patch) -> list[str]:
+    """The kneecap finalizers on a resource this operator serves other than its own `own`
+    (the unsharded operator's when the resource predates a split into shards, a shard's when
+    it predates a merge back or a shard's selector changed), removed in the handler's own patch
+    (kopf's patch functions: a JSON patch against the stored finalizer list), so that no finalizer
+    whose operator is gone holds the resource's deletion. Only one operator matches a resource
+    when the selectors are disjoint; the one that matches it is the one left to release them.
+    Returns the names released."""
+    other = sorted(f for f in ((body.get("metadata") or {}).get("finalizers") or [])
+                   if is_kneecap_finalizer(f) and f != own)
+    if other:
+        patch.fns.append(functools.partial(_drop_finalizers, names=frozenset(other)))
+    return other
