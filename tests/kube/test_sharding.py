@@ -134,7 +134,8 @@ def test_two_shards_split_the_llmdeployments_by_label_and_never_share_one(contro
                 admin.delete(LLMD, NS, name)
             plane.wait_for(lambda: not admin.list(LLMD, NS), 60, "every LLMDeployment deleted")
         except Exception as exc:
-            raise AssertionError(f"{exc}\n" + "\n".join(f"shard {s} log:\n{op.tail(30)}" for s, op in ops.items())) from None
+            logs = "\n".join(f"shard {s} log:\n{op.tail(30)}" for s, op in ops.items())
+            raise AssertionError(f"{exc}\n{logs}") from None
         deleted_at = time.time()
     finally:
         for op in ops.values():
