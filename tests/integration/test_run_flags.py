@@ -16,6 +16,8 @@ from tests.support.twins import ROOT
     (["--metrics-port", "70000"], "--metrics-port"),
     (["--liveness", "0"], "--liveness"),
     (["--tick", "0"], "--tick"),
+    (["--selector", "kneecap.io/shard in (a"], "--selector"),
+    (["--selector", ""], "--selector"),
 ])
 def test_kneecap_run_rejects_bad_flags(argv, needle):
     res = subprocess.run([sys.executable, "-m", "kneecap", "run", *argv], cwd=ROOT, capture_output=True, text=True,

@@ -35,6 +35,7 @@ VALUE_SETS = {
     "monitoring": MONITORING_API,
     "namespaced": ["--set", "operator.watchNamespaces={serving,batch}"],
     "standby": ["--set", "replicaCount=2"],
+    "shard": ["--set-string", "operator.shardSelector=kneecap.io/shard in (a\\,b)"],
     "grafana-alerts": [*MONITORING_API, "--set", "grafana.alerts.enabled=true", "--set", "alerts.runbookBaseUrl=https://docs.example/ops"],
     "bare": ["--set", "serviceMonitor.enabled=false", "--set", "vllmServiceMonitor.enabled=false",
              "--set", "prometheusRule.enabled=false", "--set", "grafana.dashboard.enabled=false",
@@ -155,6 +156,13 @@ def test_operator_args_are_what_kneecap_run_accepts():
         assert ns.liveness == ports["liveness"] and ns.metrics_port == ports["metrics"]
         assert ns.all_namespaces == (not args_set) and ns.namespace == (["serving", "batch"] if args_set else [])
         assert ns.peering == "kc-kneecap" and not ns.standalone  # leader election in the chart's peering object
+    # a shard: its selector passed as one argument, its own peering object (named after the release)
+    (dep,) = by_kind(helm_template(*VALUE_SETS["shard"]), "Deployment")
+    ns = parser.parse_args(dep["spec"]["template"]["spec"]["containers"][0]["args"][1:])
+    run_cmd._check(ns)
+    assert ns.selector == "kneecap.io/shard in (a,b)" and ns.peering == "kc-kneecap"
+    (dep,) = by_kind(helm_template(), "Deployment")
+    assert parser.parse_args(dep["spec"]["template"]["spec"]["containers"][0]["args"][1:]).selector is None
     cmd_line = next(l for l in (ROOT / "Dockerfile").read_text().splitlines() if l.startswith("CMD "))
     image_args = json.loads(cmd_line[4:])
     assert image_args[0] == "run"

@@ -17,6 +17,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     scope.add_argument("-n", "--namespace", action="append", default=[],
                        help="watch this namespace (repeatable; globs as kopf allows)")
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch the whole cluster")
+    parser.add_argument("--selector", metavar="SELECTOR", default=None,
+                        help="act only on the LLMDeployments whose labels match this label selector "
+                             "(kubectl -l syntax, e.g. kneecap.io/shard=a): one shard of several "
+                             "operators, each with its own --peering and a disjoint selector")
     parser.add_argument("--liveness", type=int, metavar="PORT", default=None,
                         help="serve kopf's liveness probe at http://0.0.0.0:PORT/healthz")
     parser.add_argument("--metrics-port", type=int, metavar="PORT", default=None,
@@ -44,6 +48,10 @@ def _check(args) -> None:
             raise InputError(f"--{name.replace('_', '-')}", f"expected a TCP port 1-65535, got {port}")
     if args.tick <= 0:
         raise InputError("--tick", f"expected seconds > 0, got {args.tick}")
+    if args.selector is not None:
+        from kneecap.control.shard import parse_selector
+
+        parse_selector(args.selector, "--selector")
 
 
 def run(args) -> int:
@@ -66,7 +74,15 @@ def run(args) -> int:
     metrics = OperatorMetrics()
     if args.metrics_port:
         metrics.serve(args.metrics_port)
-    registry = build_registry(OperatorConfig(metrics=metrics, tick_s=args.tick, peering_priority=args.priority))
+    selector = None
+    if args.selector is not None:
+        from kneecap.control.shard import parse_selector
+
+        selector = parse_selector(args.selector, "--selector")
+        logging.getLogger("kneecap.shard").info("shard %s: acting on LLMDeployments matching it only (finalizer %s)",
+                                                selector, selector.finalizer)
+    registry = build_registry(OperatorConfig(metrics=metrics, tick_s=args.tick, peering_priority=args.priority,
+                                             selector=selector))
     kwargs: dict = {
         "registry": registry,
         "standalone": args.standalone or args.peering is None,

@@ -25,6 +25,7 @@ from kneecap.control.informer import CachedReads
 from kneecap.control.kube import KubeClient
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.control.reconcile import InSyncCache
+from kneecap.control.shard import LabelSelector, finalizer, kopf_filters, release_other_finalizers
 from kneecap.control.spec import GROUP, PLURAL, VERSION
 from kneecap.observe.histogram import HistogramCache
 from kneecap.observe.scrape import ParseCache
@@ -53,6 +54,9 @@ class OperatorConfig:
     # how often each LLMDeployment's fleet timer reads the operator-wide fleet advice (the packing
     # itself reruns only when the fleet's inputs change: kneecap.control.fleet.FleetAdvisor)
     fleet_s: float = 60.0
+    # a label-selector shard (`kneecap run --selector`): the handlers see only the LLMDeployments
+    # it matches (kneecap.control.shard); None: all of them
+    selector: LabelSelector | None = None
 
 
 def oldest_first_priority(now_s: float | None = None) -> int:
@@ -160,7 +164,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
 
     @kopf.on.startup(registry=registry)
     async def startup(memo: kopf.Memo, settings: kopf.OperatorSettings, logger, **_):
-        settings.persistence.finalizer = "kneecap.io/finalizer"
+        settings.persistence.finalizer = finalizer(config.selector)  # a shard's own (kneecap.control.shard)
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kneecap.io")
         settings.persistence.diffbase_storage = SpecDiffBaseStorage(
             prefix="kneecap.io", key="last-handled-configuration")
@@ -202,30 +206,36 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         if session is not None:
             await session.close()
 
-    @kopf.on.resume(*RESOURCE, id="reconcile", registry=registry)
-    @kopf.on.create(*RESOURCE, id="reconcile", registry=registry)
-    @kopf.on.update(*RESOURCE, field="spec", id="reconcile", registry=registry)
+    shard = kopf_filters(config.selector)  # every LLMDeployment handler: this shard's resources only
+
+    @kopf.on.resume(*RESOURCE, id="reconcile", registry=registry, **shard)
+    @kopf.on.create(*RESOURCE, id="reconcile", registry=registry, **shard)
+    @kopf.on.update(*RESOURCE, field="spec", id="reconcile", registry=registry, **shard)
     async def reconcile(body, patch, memo, logger, reason, **_):
+        release_other_finalizers(finalizer(config.selector), body, patch)  # a split or merge of shards
         await lifecycle.on_spec(_operator(config, memo), body, reconcile_lock(memo), reason,
                                 _sink(body, patch, logger))
 
-    @kopf.timer(*RESOURCE, interval=config.tick_s, initial_delay=config.tick_s, id="control", registry=registry)
+    @kopf.timer(*RESOURCE, interval=config.tick_s, initial_delay=config.tick_s, id="control", registry=registry,
+                **shard)
     async def control(body, patch, memo, logger, **_):
         await lifecycle.on_timer(_operator(config, memo), body, memo.setdefault("loop", loop.LoopMemory()),
                                  reconcile_lock(memo), _sink(body, patch, logger))
 
-    # every watched LLMDeployment's spec and the status the fleet advice reads, kept by the watch
-    @kopf.index(*RESOURCE, id="llmdeployments", registry=registry)
+    # every LLMDeployment of this shard: its spec and the status the fleet advice reads, kept by the
+    # watch (a shard packs its own fleet)
+    @kopf.index(*RESOURCE, id="llmdeployments", registry=registry, **shard)
     def llmdeployments(body, namespace, name, **_):
         return {(namespace, name): fleet.index_entry(body)}
 
-    @kopf.timer(*RESOURCE, interval=config.fleet_s, initial_delay=config.fleet_s, id="fleet", registry=registry)
+    @kopf.timer(*RESOURCE, interval=config.fleet_s, initial_delay=config.fleet_s, id="fleet", registry=registry,
+                **shard)
     async def fleet_advice(body, memo, logger, llmdeployments: kopf.Index, **_):
         await fleet.advise_resource(_operator(config, memo), body, [e for store in llmdeployments.values()
                                                                     for e in store],
                                     memo.fleet_advisor, memo.setdefault("fleet", {}), _sink(body, {}, logger))
 
-    @kopf.on.delete(*RESOURCE, id="delete", registry=registry)
+    @kopf.on.delete(*RESOURCE, id="delete", registry=registry, **shard)
     async def delete(body, memo, logger, **_):
         await lifecycle.on_delete(_operator(config, memo), body, logger)
 
