@@ -18,6 +18,11 @@ from tests.support.twins import ROOT
     (["--tick", "0"], "--tick"),
     (["--selector", "kneecap.io/shard in (a"], "--selector"),
     (["--selector", ""], "--selector"),
+    (["--fleet-inventory", "h100=4"], "--fleet-inventory"),  # ambiguous: which H100
+    (["--fleet-inventory", "l40s=4,l4=many"], "--fleet-inventory"),
+    (["--fleet-inventory", "l4=2", "--fleet-inventory", "l4=1"], "--fleet-inventory"),  # duplicate type
+    (["--fleet-interval", "0"], "--fleet-interval"),
+    (["--fleet-interval", "nan"], "--fleet-interval"),
 ])
 def test_kneecap_run_rejects_bad_flags(argv, needle):
     res = subprocess.run([sys.executable, "-m", "kneecap", "run", *argv], cwd=ROOT, capture_output=True, text=True,

@@ -5,6 +5,7 @@ where spec.placement names a sharing mechanism."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import copy
 import logging
@@ -259,3 +260,76 @@ def test_dra_references_the_shared_claim_only_when_its_group_is_the_advised_gpu(
     apart = fleet.compute([fleet.member(fleet.index_entry(body(n, dra(f"gpu-{n}")))) for n in ("a", "b")])
     block = fleet.status_block(apart, "serving/a")
     assert block["shared"] and block["enforced"] is False and "ResourceClaim gpu-a" in block["message"]
+
+
+# --------------------------------------------------------------- an operator inventory (kneecap run --fleet-inventory)
+
+INVENTORY = "h100-80gb=4,l40s=4,l4=8"  # kneecap pack --gpus syntax, catalog prices ($5, $1.8, $0.8 /h)
+
+
+def _inventory(spec: str = INVENTORY):
+    from kneecap.commands import run as run_cmd
+
+    return run_cmd.fleet_inventory(argparse.Namespace(fleet_inventory=[spec]))
+
+
+@pytest.fixture(scope="module")
+def inventory_advice():
+    members = [fleet.member(fleet.index_entry(body(n, declared(**TIME_SLICED)))) for n in ("a", "b")]
+    return fleet.compute(members, inventory=_inventory())
+
+
+def test_an_inventory_moves_a_small_model_to_a_cheaper_gpu_type(pair_advice, inventory_advice):
+    # without an inventory: today's type only (pair_advice: both on one h100-80gb, $5/h)
+    assert fleet.status_block(pair_advice, "serving/a")["gpu"] == "h100-80gb"
+    adv = inventory_advice
+    block = fleet.status_block(adv, "serving/a")
+    assert block["included"] and block["gpu"] in ("l4", "l40s") and block["sloMet"] is True
+    assert f"on {block['gpu']} instead of its h100-80gb" in block["message"]
+    assert "never changes spec.accelerator" in block["message"]
+    # the fleet's $/h falls below the today's-types packing's, GPUs no more than it
+    assert adv.cost_current_per_hour == pytest.approx(10.0)
+    assert adv.cost_recommended_per_hour < pair_advice.cost_recommended_per_hour == pytest.approx(5.0)
+    assert adv.gpus_recommended <= pair_advice.gpus_recommended
+    assert block["fleet"]["costPerHourRecommended"] == pytest.approx(adv.cost_recommended_per_hour, abs=1e-4)
+    # time-slicing opted in, but the share is the advice's for another GPU type: not enforced
+    assert block["mechanism"] == "time-slicing" and block["enforced"] is False
+    assert "another GPU type" in block["message"] and "enforcedGpuMemoryUtilization" not in block
+    spec = parse_spec(body("a", declared(**TIME_SLICED))["spec"])
+    assert fleet.effective_spec(body("a", declared(**TIME_SLICED), status={"placement": block}),
+                                spec).shared_gpu_share is None
+
+
+def test_an_inventory_advises_a_lone_deployment_and_the_metrics_show_its_price():
+    kube, metrics, events = FakeKube(), OperatorMetrics(), []
+    op = Operator(kube=kube, metrics=metrics, now=lambda: 1_800_000_000.0)
+    sink = Sink({}, lambda t, r, m: events.append((t, r, m)), logging.getLogger("test_fleet_advice"))
+    entries = [fleet.index_entry(body("a", declared()))]
+    advisor = fleet.FleetAdvisor(inventory=_inventory())
+    block = asyncio.run(fleet.advise_resource(op, body("a", declared()), entries, advisor, {}, sink))
+    assert block["gpu"] in ("l4", "l40s") and block["shared"] is False and block["enforced"] is False
+    assert block["fleet"]["gpusRecommended"] == 1 and block["fleet"]["costPerHourRecommended"] < 5.0
+    [(_, reason, message)] = events
+    assert reason == fleet.EVENT_REASON and "$5.00/h -> $" in message and f"on {block['gpu']}" in message
+    text = metrics.exposition().decode()
+    assert "kneecap_fleet_cost_current_dollars_per_hour 5.0" in text
+    assert f"kneecap_fleet_cost_recommended_dollars_per_hour {block['fleet']['costPerHourRecommended']}" in text
+    # without an inventory a lone deployment has nothing to pack, as before
+    alone = fleet.compute([fleet.member(entries[0])])
+    assert alone.result is None and alone.cost_recommended_per_hour == pytest.approx(5.0)
+
+
+def test_an_inventory_price_is_the_one_the_advice_counts():
+    members = [fleet.member(fleet.index_entry(body(n, declared()))) for n in ("a", "b")]
+    adv = fleet.compute(members, inventory=_inventory("h100-80gb=2,l4=2@0.25"))
+    assert fleet.status_block(adv, "serving/a")["gpu"] == "l4"
+    assert adv.cost_recommended_per_hour == pytest.approx(0.25 * adv.gpus_recommended)
+
+
+@pytest.mark.parametrize("spec, needle", [("h100=4", "ambiguous GPU"), ("nosuchgpu=1", "nosuchgpu"),
+                                          ("l4=x", "TYPE=COUNT"), ("l4", "TYPE=COUNT"), ("", "non-empty"),
+                                          ("l4=1,l4=2", "duplicate"), ("l4=-1", "count")])
+def test_a_bad_inventory_names_the_flag(spec, needle):
+    with pytest.raises(InputError) as e:
+        _inventory(spec)
+    assert e.value.field == "--fleet-inventory" and needle in str(e.value)

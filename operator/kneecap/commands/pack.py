@@ -95,6 +95,21 @@ def _gpus_flag(values: list[str]) -> list[dict]:
     return out
 
 
+def parse_gpus(values, flag: str = "gpus"):
+    """The inventory ``TYPE=COUNT[@PRICE]`` values give (each one or several comma-separated;
+    price: the catalog's when omitted), as ``packing.parse_inventory`` checks it: a tuple of
+    ``packing.GpuOffer``. InputError naming ``flag`` (``kneecap pack --gpus``, ``kneecap run
+    --fleet-inventory``)."""
+    from kneecap.model import packing
+
+    if isinstance(values, str):
+        values = [values]
+    try:
+        return packing.parse_inventory(_gpus_flag(values))
+    except InputError as exc:
+        raise InputError(flag, str(exc)) from None
+
+
 def _calibrations(entries: list, base: Path) -> dict:
     from kneecap.model.calibrate import Calibration
 
@@ -128,10 +143,7 @@ def build(args):
     if args.inventory:
         inventory = packing.parse_inventory(_yaml(args.inventory, "inventory"))
     elif args.gpus:
-        try:
-            inventory = packing.parse_inventory(_gpus_flag(args.gpus))
-        except InputError as exc:
-            raise InputError("gpus", str(exc)) from None
+        inventory = parse_gpus(args.gpus)
     else:
         inventory = None
     return deployments, inventory

@@ -35,6 +35,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tick", type=float, default=10.0, metavar="SECONDS",
                         help="timer wake-up period: each resource acts every spec.control.interval, "
                              "to within half a tick (default 10)")
+    parser.add_argument("--fleet-inventory", action="append", metavar="TYPE=COUNT[@PRICE]", default=None,
+                        help="GPUs the fleet advice may pack onto, as kneecap pack --gpus takes them, e.g. "
+                             "h100-80gb=12,l40s=4,l4=8@0.7 (price: the catalog's when omitted; repeatable): it may "
+                             "then advise a smaller or cheaper GPU type (advice only; docs/placement.md). Default: "
+                             "the GPU types the fleet holds today")
+    parser.add_argument("--fleet-interval", type=float, default=60.0, metavar="SECONDS",
+                        help="how often each LLMDeployment's fleet timer reads the fleet advice (the packing "
+                             "reruns only when the fleet's inputs change)")
     parser.add_argument("--verbose", action="store_true")
     common.add_json(parser, "log as JSON lines on stdout (kopf's JSON format, with the object each line is about)")
 
@@ -52,6 +60,20 @@ def _check(args) -> None:
         from kneecap.control.shard import parse_selector
 
         parse_selector(args.selector, "--selector")
+    if not args.fleet_interval > 0 or args.fleet_interval == float("inf"):
+        raise InputError("--fleet-interval", f"expected seconds > 0, got {args.fleet_interval}")
+    fleet_inventory(args)
+
+
+def fleet_inventory(args):
+    """The GPUs the fleet advice may pack onto (``--fleet-inventory``, parsed as ``kneecap pack
+    --gpus``: a tuple of ``packing.GpuOffer``), None without the flag (today's GPU types);
+    InputError naming ``--fleet-inventory``."""
+    if args.fleet_inventory is None:
+        return None
+    from kneecap.commands.pack import parse_gpus
+
+    return parse_gpus(args.fleet_inventory, "--fleet-inventory")
 
 
 def run(args) -> int:
@@ -81,8 +103,14 @@ def run(args) -> int:
         selector = parse_selector(args.selector, "--selector")
         logging.getLogger("kneecap.shard").info("shard %s: acting on LLMDeployments matching it only (finalizer %s)",
                                                 selector, selector.finalizer)
+    inventory = fleet_inventory(args)
+    if inventory is not None:
+        logging.getLogger("kneecap.fleet").info(
+            "fleet advice packs onto %s (advice only: spec.accelerator.gpu is never changed)",
+            ", ".join(f"{o.gpu.key}={o.count}@{o.cost_per_hour:g}" for o in inventory))
     registry = build_registry(OperatorConfig(metrics=metrics, tick_s=args.tick, peering_priority=args.priority,
-                                             selector=selector))
+                                             selector=selector, fleet_s=args.fleet_interval,
+                                             fleet_inventory=inventory))
     kwargs: dict = {
         "registry": registry,
         "standalone": args.standalone or args.peering is None,

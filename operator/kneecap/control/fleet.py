@@ -22,6 +22,12 @@ whole fleet: :class:`FleetAdvisor`) only when the fleet's inputs move by more th
 Event fires only when the placement itself changes (GPU type, partners, memory share, cap, the
 fleet's GPUs and $/h), not when a prediction moves a little.
 
+The GPUs the packing may use: those the fleet holds today (each deployment's ``spec.accelerator``),
+or the operator's inventory (``kneecap run --fleet-inventory``, as ``kneecap pack --gpus``), on
+which the advice may put a deployment on a smaller or cheaper GPU type than its own (even a lone
+deployment). A type change is advice only: the operator never changes ``spec.accelerator`` or the
+pods' node selection; the status and the Event name the type, the metrics count its $/h.
+
 Pure except :class:`FleetAdvisor` (a process-wide cache with a lock; the packing runs in a worker
 thread) and :func:`advise_resource` (reads nothing, writes the status, the metrics and the Event).
 """
@@ -196,18 +202,21 @@ class Advice:
                 "costPerHourRecommended": round(self.cost_recommended_per_hour, 4)}
 
 
-def compute(members, *, margin: float = packing.DEFAULT_MARGIN, samples: int = SAMPLES, seed: int = 0) -> Advice:
-    """Pack the members that have an entry (two or more; else no recommendation)."""
+def compute(members, *, margin: float = packing.DEFAULT_MARGIN, samples: int = SAMPLES, seed: int = 0,
+            inventory=None) -> Advice:
+    """Pack the members that have an entry (two or more; else no recommendation) onto
+    ``inventory`` (``packing.GpuOffer`` tuples; None: the GPU types they hold today). With an
+    inventory one member is packed too: it may move to a cheaper type."""
     members = tuple(sorted(members, key=lambda m: m.key))
     fp = fingerprint(members)
     deps = tuple(m.deployment for m in members if m.deployment is not None)
     gpus = sum(d.replicas for d in deps)
     cost = math.fsum(d.replicas * d.cost_per_hour for d in deps)
-    if len(deps) < 2:
+    if len(deps) < (1 if inventory is not None else 2):
         return Advice(fp, members, None, gpus, gpus, cost, cost,
                       f"{len(deps)} deployment{'' if len(deps) == 1 else 's'} with a workload: nothing to pack")
     try:
-        res = packing.result_dict(packing.pack(deps, margin=margin, seed=seed, samples=samples))
+        res = packing.result_dict(packing.pack(deps, inventory, margin=margin, seed=seed, samples=samples))
     except InputError as exc:  # a model or GPU the packing cannot evaluate: no recommendation, said why
         return Advice(fp, members, None, gpus, gpus, cost, cost, f"the packing failed: {exc}")
     if not res["feasible"]:
@@ -256,6 +265,10 @@ def status_block(advice: Advice, key: str) -> dict:
     else:
         enforced_share = min(share, colocation.MAX_TOTAL_UTILIZATION / m.replicas_per_gpu)
     gpu_types = sorted({g["gpu"] for g, _ in engines})
+    if enforced and gpu_types != [m.deployment.gpu.key]:
+        # the share and the partners are the advice's for another GPU type; its pods run on its own
+        # (spec.accelerator), which the operator never changes: nothing is enforced
+        enforced, why_not = False, "not enforced: the advice is for another GPU type than its pods run on"
     block.update(
         gpu=gpu_types[0] if len(gpu_types) == 1 else ",".join(gpu_types), gpus=len(engines), shared=shared,
         sharedWith=partners, gpuMemoryUtilization=_round(share, 3),
@@ -266,7 +279,7 @@ def status_block(advice: Advice, key: str) -> dict:
         sloMet=bool(after["slo_met_with_margin"]), enforced=enforced,
         enforcedGpuMemoryUtilization=_round(math.floor(enforced_share * 1000) / 1000, 3) if enforced else None,
         resourceClaimName=m.claim if m.mechanism == "dra" else None,
-        message=_message(m, shared, partners, share, enforced, why_not))
+        message=_message(m, shared, partners, share, enforced, why_not) + _moved(m, gpu_types))
     return status_helpers.compact(block)
 
 
@@ -277,6 +290,15 @@ def _message(m: Member, shared: bool, partners: list[str], share: float, enforce
         if not enforced else (f"enforced: its pods reference ResourceClaim {m.claim}" if m.mechanism == "dra"
                               else f"enforced: its pods request {m.mechanism} slices")
     return f"would share a GPU with {', '.join(partners)} at memory share {share:.3f} ({how})"
+
+
+def _moved(m: Member, gpu_types: list[str]) -> str:
+    """What the message adds when the advice puts the deployment on another GPU type than its own."""
+    today = m.deployment.gpu.key
+    if gpu_types == [today]:
+        return ""
+    return (f"; on {', '.join(gpu_types)} instead of its {today} (the GPU type is advice only: the operator "
+            f"never changes spec.accelerator)")
 
 
 # what a change of which posts an Event (predictions moving a little do not)
@@ -325,10 +347,13 @@ def effective_spec(body: Mapping, spec: LLMDeploymentSpec) -> LLMDeploymentSpec:
 
 class FleetAdvisor:
     """The operator's one fleet advice, recomputed (in a worker thread, under a lock: once, whichever
-    resource's timer asks first) only when the fleet's inputs (:func:`fingerprint`) change."""
+    resource's timer asks first) only when the fleet's inputs (:func:`fingerprint`) change.
+    ``inventory``: the GPUs the packing may use (``kneecap run --fleet-inventory``), None: today's."""
 
-    def __init__(self, *, margin: float = packing.DEFAULT_MARGIN, samples: int = SAMPLES, seed: int = 0):
+    def __init__(self, *, margin: float = packing.DEFAULT_MARGIN, samples: int = SAMPLES, seed: int = 0,
+                 inventory=None):
         self.margin, self.samples, self.seed = margin, samples, seed
+        self.inventory = None if inventory is None else tuple(inventory)
         self.advice: Advice | None = None
         self.computations = 0
         self._lock: asyncio.Lock | None = None
@@ -341,7 +366,7 @@ class FleetAdvisor:
         async with self._lock:
             if self.advice is None or self.advice.fingerprint != fp:
                 self.advice = await asyncio.to_thread(compute, members, margin=self.margin, samples=self.samples,
-                                                      seed=self.seed)
+                                                      seed=self.seed, inventory=self.inventory)
                 self.computations += 1
         return self.advice
 

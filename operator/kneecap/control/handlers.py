@@ -54,6 +54,9 @@ class OperatorConfig:
     # how often each LLMDeployment's fleet timer reads the operator-wide fleet advice (the packing
     # itself reruns only when the fleet's inputs change: kneecap.control.fleet.FleetAdvisor)
     fleet_s: float = 60.0
+    # the GPUs the fleet advice may pack onto (`kneecap run --fleet-inventory`: packing.GpuOffer
+    # tuples, as `kneecap pack --gpus`); None: the GPU types the fleet holds today
+    fleet_inventory: tuple | None = None
     # a label-selector shard (`kneecap run --selector`): the handlers see only the LLMDeployments
     # it matches (kneecap.control.shard); None: all of them
     selector: LabelSelector | None = None
@@ -189,7 +192,8 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         memo.parse_cache = ParseCache()  # shared by every scrape (LoopContext.parse_cache)
         memo.histogram_cache = HistogramCache()  # shared by every window (LoopContext.histogram_cache)
         memo.sync_cache = InSyncCache()  # shared by every resource (LoopContext.sync_cache)
-        memo.fleet_advisor = fleet.FleetAdvisor()  # the one fleet advice, shared by every resource's fleet timer
+        # the one fleet advice, shared by every resource's fleet timer
+        memo.fleet_advisor = fleet.FleetAdvisor(inventory=config.fleet_inventory)
         # one client session for every scrape; a connection per scrape (force_close): vLLM's
         # server drops idle keep-alive connections after 5 s, an interval is longer
         memo.scrape_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))
