@@ -36,6 +36,8 @@ VALUE_SETS = {
     "namespaced": ["--set", "operator.watchNamespaces={serving,batch}"],
     "standby": ["--set", "replicaCount=2"],
     "shard": ["--set-string", "operator.shardSelector=kneecap.io/shard in (a\\,b)"],
+    "fleet": ["--set-string", "operator.fleet.inventory=h100-80gb=12\\,l40s=4\\,l4=8@0.7",
+              "--set", "operator.fleet.intervalSeconds=30"],
     "grafana-alerts": [*MONITORING_API, "--set", "grafana.alerts.enabled=true", "--set", "alerts.runbookBaseUrl=https://docs.example/ops"],
     "bare": ["--set", "serviceMonitor.enabled=false", "--set", "vllmServiceMonitor.enabled=false",
              "--set", "prometheusRule.enabled=false", "--set", "grafana.dashboard.enabled=false",
@@ -162,7 +164,15 @@ def test_operator_args_are_what_kneecap_run_accepts():
     run_cmd._check(ns)
     assert ns.selector == "kneecap.io/shard in (a,b)" and ns.peering == "kc-kneecap"
     (dep,) = by_kind(helm_template(), "Deployment")
-    assert parser.parse_args(dep["spec"]["template"]["spec"]["containers"][0]["args"][1:]).selector is None
+    ns = parser.parse_args(dep["spec"]["template"]["spec"]["containers"][0]["args"][1:])
+    assert ns.selector is None and ns.fleet_inventory is None and ns.fleet_interval == 60.0
+    # an operator inventory for the fleet advice: one argument, parsed as kneecap pack --gpus
+    (dep,) = by_kind(helm_template(*VALUE_SETS["fleet"]), "Deployment")
+    ns = parser.parse_args(dep["spec"]["template"]["spec"]["containers"][0]["args"][1:])
+    run_cmd._check(ns)
+    assert ns.fleet_inventory == ["h100-80gb=12,l40s=4,l4=8@0.7"] and ns.fleet_interval == 30.0
+    assert [(o.gpu.key, o.count, o.cost_per_hour) for o in run_cmd.fleet_inventory(ns)] == [
+        ("h100-80gb", 12, 5.0), ("l40s", 4, 1.8), ("l4", 8, 0.7)]
     cmd_line = next(l for l in (ROOT / "Dockerfile").read_text().splitlines() if l.startswith("CMD "))
     image_args = json.loads(cmd_line[4:])
     assert image_args[0] == "run"
@@ -320,6 +330,9 @@ def test_monitoring_switch_forces_objects_on_or_off():
     (["--set", "grafana.dashboard.enable=true"], "at '/grafana/dashboard': additional properties 'enable' not allowed"),
     (["--set", "serviceMonitor.interval=30 seconds"], "at '/serviceMonitor/interval'"),
     (["--set", "probes.liveness.periodSecond=5"], "at '/probes/liveness'"),
+    (["--set-string", "operator.fleet.inventory=l4"], "at '/operator/fleet/inventory'"),
+    (["--set", "operator.fleet.intervalSeconds=0"], "at '/operator/fleet/intervalSeconds'"),
+    (["--set", "operator.fleet.inventroy=l4=1"], "at '/operator/fleet': additional properties 'inventroy' not allowed"),
 ])
 def test_values_schema_rejects_typos_and_wrong_types_naming_the_key(args, message):
     for cmd in (["template", "kc"], ["lint", "--strict"]):

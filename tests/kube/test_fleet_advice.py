@@ -101,3 +101,29 @@ def test_fleet_advice_then_co_location_only_with_spec_placement(control_plane, t
         assert pod["containers"][0]["resources"] == {"claims": [{"name": "kneecap-shared-gpu"}]}
         assert advised(admin, "a", enforced=True, mechanism="dra", resourceClaimName="gpu-0")
     assert runner.exit_code == 0, runner.output
+
+
+def test_an_operator_inventory_advises_a_cheaper_gpu_type_and_changes_nothing(control_plane, token):
+    """`kneecap run --fleet-inventory`: the advice may put a deployment (a lone one too) on a
+    cheaper GPU type; status.placement and the metrics say so, while its spec, template and pod
+    keep their own GPU type (advice only)."""
+    from kneecap.commands.pack import parse_gpus
+    from tests.kube.conftest import clear_namespace
+
+    admin, metrics = control_plane.admin, OperatorMetrics()
+    clear_namespace(admin, NS)  # the test above's deployments
+    cfg = OperatorConfig(tick_s=0.5, fleet_s=0.5, scrape=no_engine, metrics=metrics,
+                         fleet_inventory=parse_gpus("h100-64gb=2,l40s=2,l4=2", "--fleet-inventory"))
+    with sim_operator(control_plane.url, control_plane, token, NS, cfg) as runner:
+        admin.create(LLMD, light("c"))
+        block = wait_for(lambda: advised(admin, "c"), timeout_s=60, what="c's fleet advice")
+        assert block["gpu"] in ("l4", "l40s") and block["shared"] is False and block["sloMet"]
+        assert block["fleet"]["costPerHourCurrent"] == 2.5 and block["fleet"]["costPerHourRecommended"] < 2.5
+        assert f"on {block['gpu']} instead of its h100-64gb" in block["message"]
+        wait_for(lambda: events(admin, NS, fleet.EVENT_REASON, "c"), timeout_s=30, what="c's FleetRecommendation")
+        text = metrics.exposition().decode()
+        assert f"kneecap_fleet_cost_recommended_dollars_per_hour {block['fleet']['costPerHourRecommended']}" in text
+        # advice only: the spec keeps its GPU type and the pod a whole GPU of it
+        assert admin.get(LLMD, NS, "c")["spec"]["accelerator"]["type"] == "h100-64gb"
+        assert gpu_limits(admin, "c") == {"nvidia.com/gpu": "1"}
+    assert runner.exit_code == 0, runner.output
