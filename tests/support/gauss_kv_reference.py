@@ -10,16 +10,8 @@ import numpy as np
 
 
 def admit_kv(arrival, service, unshared_service, shared, lag, decode, servers, slots, kv, prompt, growth,
-              redo_first_s, redo_last_s, steps):
-    """:func:`_admit` with a KV cache of ``kv`` tokens, event by event per chain (package
-    docstring, "KV cache"). The running set's resident context is R(t) = Σ r_j + g_j·(t − f_j)
-    (r_j resident at its admission, g_j = 1/τ_j tokens/s from its first token f_j). A request
-    is admitted when a seat is free, no preempted request waits and R leaves room for its
-    prompt; when R reaches ``kv`` the newest running request is preempted (recompute): it
-    frees its blocks and waits at the front of the queue; re-admitted when a departure leaves
-    room, it recomputes its prompt and the k tokens it had on a prefill slot (``redo_first_s``
-    + (``redo_last_s`` − ``redo_first_s``)·k/``steps``) and decodes the rest. Returns (p, p0,
-    service used, switched, preemptions, first-token delay, decode delay per request)."""
+             redo_first_s, redo_last_s, steps):
+    """kneecap.model.gauss.admission._admit_kv, interpreted (its docstring says what it computes)."""
     from heapq import heappop, heappush, heapreplace
 
     inf = math.inf
