@@ -228,6 +228,9 @@ def test_workload_horizon_is_the_current_workloads_run_in_window_seconds():
     for older in (_window(rate=7.0), _window(il=400.0), _window(ol=50.0), _window(rate=float("nan"))):
         assert restart.workload_horizon([_window()] * 3 + [older] + [_window()] * 2, 30.0, 60.0).seconds == 120.0
     assert restart.workload_horizon([_window(rate=8.0, il=300.0, ol=80.0), _window()], 30.0, 60.0).seconds == 120.0
+    # a light window's rate varies by counting alone: 18 vs 30 requests in 60 s may be the same workload, 6 not
+    assert restart.workload_horizon([_window(rate=0.3), _window(rate=0.5)], 30.0, 60.0).seconds == 120.0
+    assert restart.workload_horizon([_window(rate=0.1), _window(rate=0.5)], 30.0, 60.0).seconds == 60.0
     # bounded: one control interval below (a short window), MAX_HORIZON_S above
     assert restart.workload_horizon([_window(window_s=10.0)], 30.0, 10.0).seconds == 30.0
     capped = restart.workload_horizon([_window()] * 100, 30.0, 60.0)

@@ -113,12 +113,32 @@ class Horizon:
         return f"the workload held for {self.windows} window(s), {self.steady_s:.0f}s{capped}"
 
 
+def _rate_noise_rps(window, current) -> float:
+    """Three standard deviations of the difference of two windows' rates were both Poisson counts
+    at their pooled rate (requests / seconds over both): short or light windows differ by more than
+    ``REGIME_TOLERANCE`` with no change in the workload. 0 where a window's numbers are unusable."""
+    try:
+        w = [float(o.window_s) for o in (window, current)]
+        n = [float(o.request_rate_rps) * s for o, s in zip((window, current), w)]
+    except (TypeError, ValueError):
+        return 0.0
+    if not all(math.isfinite(x) and x > 0.0 for x in (*w, *n)):
+        return 0.0
+    return 3.0 * math.sqrt(sum(n) / sum(w) * (1.0 / w[0] + 1.0 / w[1]))
+
+
 def same_workload(window, current, tolerance: float = REGIME_TOLERANCE) -> bool:
     """Whether ``window``'s request rate and mean input and output lengths are each within
-    ``tolerance`` (relative) of ``current``'s; a non-finite value on either side is a change."""
+    ``tolerance`` (relative) of ``current``'s, the rate's widened to its counting noise
+    (:func:`_rate_noise_rps`); a non-finite value on either side is a change."""
     for name in ("request_rate_rps", "input_len_mean", "output_len_mean"):
         a, b = float(getattr(window, name)), float(getattr(current, name))
-        if not (math.isfinite(a) and math.isfinite(b)) or abs(a - b) > tolerance * max(abs(b), 1e-9):
+        if not (math.isfinite(a) and math.isfinite(b)):
+            return False
+        allowed = tolerance * max(abs(b), 1e-9)
+        if name == "request_rate_rps":
+            allowed = max(allowed, _rate_noise_rps(window, current))
+        if abs(a - b) > allowed:
             return False
     return True
 
