@@ -7,9 +7,9 @@ per pool from the API (a Ready pod's Ready condition ``lastTransitionTime`` minu
 modelled as weights / load bandwidth + start-up (CUDA graphs, warm-up).
 
 A change pays for itself when the tokens it is predicted to gain over the horizon exceed the
-tokens the pool does not serve while its pods restart: the observed throughput per pod × the restart time × the pods
-replaced (a RollingUpdate replaces them in ⌈pods / maxUnavailable⌉ steps; the pod-seconds lost
-are the same). Released GPU memory counts as a gain at ``spec.control.releasedMemoryValue``:
+tokens the pool does not serve while its pods restart: the observed throughput per pod × the
+restart time × the pods replaced (a RollingUpdate replaces them in ⌈pods / maxUnavailable⌉
+steps; the pod-seconds lost are the same). Released GPU memory counts as a gain at ``spec.control.releasedMemoryValue``:
 1 values releasing 10% of the pool's memory like a 10% throughput gain, 0 gives it no value
 (only throughput pays for a restart).
 
@@ -108,7 +108,7 @@ class Horizon:
     def note(self) -> str:
         """Where the seconds come from, for a message."""
         if self.source != WINDOW_HISTORY:
-            return "default: no window of the workload yet, one window assumed"
+            return "default: no readable window of the workload yet, one window assumed"
         capped = f", capped at {self.seconds:.0f}s" if self.steady_s > self.seconds else ""
         return f"the workload held for {self.windows} window(s), {self.steady_s:.0f}s{capped}"
 
