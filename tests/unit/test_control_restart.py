@@ -6,10 +6,12 @@ to vLLM's CUDA-graph capture sizes."""
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
-from kneecap.control import cudagraph, manifests, plan, policy, reconcile, restart, status as status_helpers
+from kneecap.control import (cudagraph, manifests, plan, policy, reconcile, restart, status as status_helpers,
+                             status_codec)
 from kneecap.control.manifests import EngineSettings
 from kneecap.control.spec import parse_spec
 from kneecap.model.arch import get_arch
@@ -53,7 +55,7 @@ def test_a_restart_is_applied_only_when_its_gain_over_the_horizon_exceeds_the_to
     assert (d.action, d.reason) == (action, reason)
     assert d.restart["costTokens"] == 320_000 and d.restart["gainTokens"] == gain_tokens
     assert d.restart["restartSeconds"] == 40.0 and d.restart["podsRestarted"] == 4
-    assert f"{gain_tokens} tokens gained over the 300s horizon vs 320000 lost" in d.message
+    assert f"{gain_tokens} tokens gained over the 300s horizon (Default) vs 320000 lost" in d.message
 
 
 def test_a_capacity_gain_pays_only_where_the_pool_turns_work_away(curve):  # noqa: F811
@@ -157,20 +159,89 @@ def _plan(curve, spec, replicas=2, measured=(), status_extra=None):
     return plan.plan(gathered(window, ring), status, spec, NOW)
 
 
+def _plan_with_history(curve, spec, history, measured=(90.0,)):
+    """The plan on this tick's window (cap 32) after ``history`` (oldest first), 60 s windows."""
+    obs = [replace(o, t_end_s=NOW - 60.0 * (len(history) - i)) for i, o in enumerate(history)]
+    entries = [{"pool": "server", **status_helpers.ring_entry(o)} for o in obs]
+    window = plan.PoolWindow("server", _live(2, spec), plan.OBSERVED,
+                             observation=replace(observation(curve[32]), t_end_s=NOW), start_to_ready_s=measured)
+    return plan.plan(gathered(window, status_codec.parse_ring(entries, "server")), {"observations": entries}, spec,
+                     NOW)
+
+
+def _steady(curve, n_32: int = 0):
+    """Windows at caps 8 and 16 (the fit needs two batch levels) then ``n_32`` at cap 32, all under
+    the cap-32 window's workload (its rate and lengths)."""
+    rate = observation(curve[32]).request_rate_rps
+    return [replace(observation(curve[c]), request_rate_rps=rate) for c in (8, 16)] + [observation(curve[32])] * n_32
+
+
 def test_plan_holds_a_gain_smaller_than_the_restart_and_applies_a_larger_one(curve):
-    # the same recommendation (cap 32 -> 64, +133% throughput) over a 10 s and a 600 s horizon
-    short = _plan(curve, _spec(cooldown="10s"), measured=(90.0,))
+    # the same recommendation (cap 32 -> 64) after a workload that just changed (one 60 s window
+    # of it: the gain over 60 s does not pay the 90 s restart) and after one steady for 3 windows
+    changed = [observation(curve[c]) for c in (8, 16)]  # their rates are not the cap-32 window's
+    short = _plan_with_history(curve, _spec(cooldown="600s"), changed)
     d = short.status["lastDecision"]
     assert d["reason"] == "RestartNotWorthIt" and short.patches == ()
     assert d["restart"]["gainTokens"] < d["restart"]["costTokens"]
     assert d["restart"]["restartSeconds"] == 90.0 and d["restart"]["restartSource"] == "Measured"
+    assert (d["restart"]["horizonSeconds"], d["restart"]["horizonSource"]) == (60.0, restart.WINDOW_HISTORY)
     (event,) = [e for e in short.events if e.reason == "RestartNotWorthIt"]
-    assert f"{d['restart']['gainTokens']} tokens gained" in event.message
+    assert f"{d['restart']['gainTokens']} tokens gained over the 60s horizon (the workload held for 1 window(s)" \
+        in event.message
     assert f"vs {d['restart']['costTokens']} lost" in event.message
-    long = _plan(curve, _spec(cooldown="600s"), measured=(90.0,))
+    long = _plan_with_history(curve, _spec(cooldown="600s"), _steady(curve))
     d = long.status["lastDecision"]
     assert d["reason"] == "Applied" and len(long.patches) == 1
     assert d["restart"]["gainTokens"] > d["restart"]["costTokens"]
+    assert (d["restart"]["horizonSeconds"], d["restart"]["horizonSource"]) == (180.0, restart.WINDOW_HISTORY)
+
+
+def test_a_zero_cooldown_still_applies_a_change_that_pays_over_a_steady_workload(curve):
+    """Issue 23 item 7 (b): ``cooldown: 0s`` used to make the horizon 0, so no restart could pay;
+    the horizon is the workload's, the cooldown only spaces changes."""
+    d = _plan_with_history(curve, _spec(cooldown="0s"), _steady(curve, 2)).status["lastDecision"]
+    assert d["reason"] == "Applied" and d["restart"]["horizonSeconds"] == 300.0  # 5 windows of 60 s
+    assert d["restart"]["gainTokens"] > d["restart"]["costTokens"] > 0
+    d = _plan_with_history(curve, _spec(cooldown="0s"), [observation(curve[c]) for c in (8, 16)]).status[
+        "lastDecision"]
+    assert d["reason"] == "RestartNotWorthIt" and d["restart"]["horizonSeconds"] == 60.0  # the workload just changed
+
+
+def test_the_horizon_grows_with_a_longer_steady_history_and_is_capped(curve):
+    spec = _spec(cooldown="0s", observationHistory=100)
+    horizons = [_plan_with_history(curve, spec, _steady(curve, n)).status["lastDecision"]["restart"]
+                for n in (0, 3, 10, 80)]
+    assert [h["horizonSeconds"] for h in horizons] == [180.0, 360.0, 780.0, restart.MAX_HORIZON_S]
+    assert {h["horizonSource"] for h in horizons} == {restart.WINDOW_HISTORY}
+
+
+def _window(rate=10.0, il=250.0, ol=100.0, window_s=60.0):
+    return SimpleNamespace(request_rate_rps=rate, input_len_mean=il, output_len_mean=ol, window_s=window_s)
+
+
+def test_workload_horizon_is_the_current_workloads_run_in_window_seconds():
+    h = restart.workload_horizon([_window()] * 5, interval_s=30.0, window_s=60.0)
+    assert (h.seconds, h.source, h.windows, h.steady_s) == (300.0, restart.WINDOW_HISTORY, 5, 300.0)
+    assert h.note == "the workload held for 5 window(s), 300s"
+    # a change beyond 25% in the rate or either mean length ends the run; within it, not
+    for older in (_window(rate=7.0), _window(il=400.0), _window(ol=50.0), _window(rate=float("nan"))):
+        assert restart.workload_horizon([_window()] * 3 + [older] + [_window()] * 2, 30.0, 60.0).seconds == 120.0
+    assert restart.workload_horizon([_window(rate=8.0, il=300.0, ol=80.0), _window()], 30.0, 60.0).seconds == 120.0
+    # a light window's rate varies by counting alone: 18 vs 30 requests in 60 s may be the same workload, 6 not
+    assert restart.workload_horizon([_window(rate=0.3), _window(rate=0.5)], 30.0, 60.0).seconds == 120.0
+    assert restart.workload_horizon([_window(rate=0.1), _window(rate=0.5)], 30.0, 60.0).seconds == 60.0
+    # bounded: one control interval below (a short window), MAX_HORIZON_S above
+    assert restart.workload_horizon([_window(window_s=10.0)], 30.0, 10.0).seconds == 30.0
+    capped = restart.workload_horizon([_window()] * 100, 30.0, 60.0)
+    assert (capped.seconds, capped.steady_s) == (restart.MAX_HORIZON_S, 6000.0) and "capped at 3600s" in capped.note
+    # no history (or a current window that cannot be read): the stated default, one window
+    for ring in ([], [_window(rate=float("nan"))], [_window(window_s=0.0)]):
+        d = restart.workload_horizon(ring, 30.0, 60.0)
+        assert (d.seconds, d.source, d.windows) == (60.0, restart.DEFAULT, 0) and "default" in d.note
+    # a pure function of the ring: the same ring, the same horizon
+    ring = [_window(rate=r) for r in (5.0, 9.0, 10.0, 11.0, 10.5)]
+    assert restart.workload_horizon(ring, 30.0, 60.0) == restart.workload_horizon(list(ring), 30.0, 60.0)
 
 
 def test_plan_keeps_the_last_measured_restart_and_models_one_before_any(curve):

@@ -239,7 +239,7 @@ def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
 
     pools = {p.role: p.state for p in g.pools}
     cur, external = pools[role].settings, pools[role].ownership.external
-    restart_cost = _restart_cost(t, pools[role], latest)
+    restart_cost = _restart_cost(t, pools[role], latest, observations)
     try:
         r = decide.recommend(spec, role, cal_out.calibration, latest, cur)
         # replicas sized at the cap and memory the recommendation applies (GAUSS's engine limits)
@@ -426,10 +426,12 @@ def _prefill_replicas(t: _Tick, pre: reconcile.PoolState, want: int, state: poli
         alloc["prefillDecision"] = decision
 
 
-def _restart_cost(t: _Tick, pool: reconcile.PoolState, obs: Observation) -> restart.RestartCost:
+def _restart_cost(t: _Tick, pool: reconcile.PoolState, obs: Observation,
+                  observations=()) -> restart.RestartCost:
     """The pool's restart cost: this tick's creation → Ready measurement (kept in
     ``status.restartCost``), else the last one kept, else the model (weights / load bandwidth +
-    start-up); the window's throughput; the live Deployment's rollout."""
+    start-up); the window's throughput; the live Deployment's rollout; the horizon from the
+    pool's window history (``observations``, oldest first: :func:`restart.workload_horizon`)."""
     role = pool.pool.role
     kept = dict(t.status.get("restartCost") or {})
     window = next((p for p in t.g.pools if p.role == role), None)
@@ -448,10 +450,12 @@ def _restart_cost(t: _Tick, pool: reconcile.PoolState, obs: Observation) -> rest
         seconds = restart.modelled_restart_s(weight_bytes_per_gpu(get_arch(t.spec.model.architecture),
                                                                   decide.model_tp(t.spec)))  # each GPU loads its shard
         source = restart.MODELLED
+    horizon = restart.workload_horizon(list(observations), t.spec.control.interval_s, t.spec.control.window_s)
     return restart.RestartCost(seconds, source, obs.prompt_tok_s + obs.generation_tok_s, pool.settings.replicas,
-                               t.spec.control.cooldown_s, restart.leaves_no_ready_pod(pool.deployment),
+                               horizon.seconds, restart.leaves_no_ready_pod(pool.deployment),
                                t.spec.control.released_memory_value,
-                               saturated=restart.saturated(obs, pool.settings.max_num_seqs))
+                               saturated=restart.saturated(obs, pool.settings.max_num_seqs),
+                               horizon_source=horizon.source, horizon_note=horizon.note)
 
 
 def _replicas(t: _Tick, cal, obs: Observation, current: int, restart_s: float, ring=(), settings=None):

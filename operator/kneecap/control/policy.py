@@ -7,10 +7,11 @@ minImprovement and outside the hysteresis band; the target is clamped to the spe
 moves at most ×maxStepFactor per step, its cap rounded down to a CUDA-graph capture size (a rise
 that rounding would undo is widened to the next capture size: :func:`round_step`). A
 change that restarts pods must pay for itself (:mod:`kneecap.control.restart`: tokens gained
-over the cooldown > tokens lost to the restart, else ``RestartNotWorthIt``) and must leave a
-Ready pod unless ``spec.control.allowDowntime`` (else ``RestartNeedsDowntime``); when either
-holds the flags, a replica change is still applied on its own (it restarts nothing), and it
-does not wait for the cooldown either (a scale-down is stabilised before it gets here:
+over the horizon the workload is expected to hold (read from the window history) > tokens lost
+to the restart, else ``RestartNotWorthIt``) and must leave a Ready pod unless
+``spec.control.allowDowntime`` (else ``RestartNeedsDowntime``); when either holds the flags,
+a replica change is still applied on its own (it restarts nothing), and it does not wait for
+the cooldown either (a scale-down is stabilised before it gets here:
 :func:`kneecap.control.replica_stabilisation.stabilised_replicas`). Every outcome carries a
 CamelCase reason and a message.
 """
@@ -182,7 +183,7 @@ def guard(
         record = rc.to_status(full.throughput_gain, full.memory_gain)
         summary += (f"; the recommendation it steps toward (cap {full.settings.max_num_seqs}) predicts throughput "
                     f"{full.throughput_gain:+.1%}, memory released {full.memory_gain:.1%}")
-    numbers = (f"{record['gainTokens']} tokens gained over the {rc.horizon_s:.0f}s horizon vs {record['costTokens']} "
+    numbers = (f"{record['gainTokens']} tokens gained over the {rc.horizon_text} vs {record['costTokens']} "
                f"lost restarting {rc.pods} pod(s) × {rc.restart_s:.0f}s ({rc.source.lower()})"
                + ("" if rc.saturated else "; neither the cap nor the KV cache limits the pool now, so more "
                                           "capacity at the cap adds no tokens"))

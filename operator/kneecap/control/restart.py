@@ -6,13 +6,16 @@ per pool from the API (a Ready pod's Ready condition ``lastTransitionTime`` minu
 ``creationTimestamp``, the median over the pool's pods); before any pod was measured it is
 modelled as weights / load bandwidth + start-up (CUDA graphs, warm-up).
 
-A change pays for itself when the tokens it is predicted to gain over the horizon (the
-cooldown: the least time it stays before the next change) exceed the tokens the pool does not
-serve while its pods restart: the observed throughput per pod × the restart time × the pods
-replaced (a RollingUpdate replaces them in ⌈pods / maxUnavailable⌉ steps; the pod-seconds lost
-are the same). Released GPU memory counts as a gain at ``spec.control.releasedMemoryValue``:
+A change pays for itself when the tokens it is predicted to gain over the horizon exceed the
+tokens the pool does not serve while its pods restart: the observed throughput per pod × the
+restart time × the pods replaced (a RollingUpdate replaces them in ⌈pods / maxUnavailable⌉
+steps; the pod-seconds lost are the same). Released GPU memory counts as a gain at ``spec.control.releasedMemoryValue``:
 1 values releasing 10% of the pool's memory like a 10% throughput gain, 0 gives it no value
 (only throughput pays for a restart).
+
+The horizon is how long the workload is expected to stay as it is (:func:`workload_horizon`),
+read from the window history, not the cooldown (which stays the least time between changes): a
+``cooldown: 0s`` no longer makes every restart worthless.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
+from typing import Sequence
 
 from kneecap.control import status
 
@@ -27,6 +31,9 @@ MODEL_LOAD_GIB_S = 2.0  # modelled weight-load bandwidth (object store or PVC to
 STARTUP_S = 30.0  # modelled start-up besides the weights (engine init, CUDA-graph capture, warm-up)
 GIB = 1024**3
 MEASURED, MODELLED = "Measured", "Modelled"
+WINDOW_HISTORY, DEFAULT = "WindowHistory", "Default"  # where a horizon comes from
+REGIME_TOLERANCE = 0.25  # relative change in rate or mean lengths that ends the current workload's run
+MAX_HORIZON_S = 3600.0  # the longest horizon a restart pays over, however long the workload has held
 
 
 def modelled_restart_s(weight_bytes: float, load_gib_s: float = MODEL_LOAD_GIB_S, startup_s: float = STARTUP_S) -> float:
@@ -89,6 +96,82 @@ def leaves_no_ready_pod(deploy: dict) -> bool:
 
 
 @dataclass(frozen=True)
+class Horizon:
+    """How long a change is expected to keep paying: seconds, their source, and the run behind them."""
+
+    seconds: float
+    source: str  # WINDOW_HISTORY | DEFAULT
+    windows: int = 0  # windows of the current workload counted (0: none, the default)
+    steady_s: float = 0.0  # window seconds the current workload has held (before the bounds)
+
+    @property
+    def note(self) -> str:
+        """Where the seconds come from, for a message."""
+        if self.source != WINDOW_HISTORY:
+            return "default: no readable window of the workload yet, one window assumed"
+        capped = f", capped at {self.seconds:.0f}s" if self.steady_s > self.seconds else ""
+        return f"the workload held for {self.windows} window(s), {self.steady_s:.0f}s{capped}"
+
+
+def _rate_noise_rps(window, current) -> float:
+    """Three standard deviations of the difference of two windows' rates were both Poisson counts
+    at their pooled rate (requests / seconds over both): short or light windows differ by more than
+    ``REGIME_TOLERANCE`` with no change in the workload. 0 where a window's numbers are unusable."""
+    try:
+        w = [float(o.window_s) for o in (window, current)]
+        n = [float(o.request_rate_rps) * s for o, s in zip((window, current), w)]
+    except (TypeError, ValueError):
+        return 0.0
+    if not all(math.isfinite(x) and x > 0.0 for x in (*w, *n)):
+        return 0.0
+    return 3.0 * math.sqrt(sum(n) / sum(w) * (1.0 / w[0] + 1.0 / w[1]))
+
+
+def same_workload(window, current, tolerance: float = REGIME_TOLERANCE) -> bool:
+    """Whether ``window``'s request rate and mean input and output lengths are each within
+    ``tolerance`` (relative) of ``current``'s, the rate's widened to its counting noise
+    (:func:`_rate_noise_rps`); a non-finite value on either side is a change."""
+    for name in ("request_rate_rps", "input_len_mean", "output_len_mean"):
+        a, b = float(getattr(window, name)), float(getattr(current, name))
+        if not (math.isfinite(a) and math.isfinite(b)):
+            return False
+        allowed = tolerance * max(abs(b), 1e-9)
+        if name == "request_rate_rps":
+            allowed = max(allowed, _rate_noise_rps(window, current))
+        if abs(a - b) > allowed:
+            return False
+    return True
+
+
+def workload_horizon(observations: Sequence, interval_s: float, window_s: float,
+                     tolerance: float = REGIME_TOLERANCE, max_s: float = MAX_HORIZON_S) -> Horizon:
+    """The horizon a restart must pay over, a pure function of the pool's observation ring
+    (oldest first) and the spec's interval and window.
+
+    The current workload's run: the window seconds, counted back from the newest window, of the
+    windows whose workload (:func:`same_workload`) matches the newest's, up to the first that does
+    not. A workload seen to hold for T is expected to hold about T more (a Lindy estimate: with no
+    model of what comes next, the age of a regime is the best guess at its remaining life), so the
+    horizon is T, at least one control interval and at most ``max_s`` (1 h: beyond it the operator
+    has long since re-decided). Gaps between windows (idle or unusable windows) neither count nor
+    end the run. With no window (or none with a usable length), the default is one window: what a
+    single window would give.
+    """
+    low = max(float(interval_s), 0.0)
+    if observations:
+        current = observations[-1]
+        steady_s, windows = 0.0, 0
+        for o in reversed(observations):
+            w = float(o.window_s)
+            if not (math.isfinite(w) and w > 0.0) or not same_workload(o, current, tolerance):
+                break
+            steady_s, windows = steady_s + w, windows + 1
+        if windows:
+            return Horizon(min(max(steady_s, low), max_s), WINDOW_HISTORY, windows, steady_s)
+    return Horizon(min(max(float(window_s), low), max_s), DEFAULT)
+
+
+@dataclass(frozen=True)
 class RestartCost:
     """What one restart of a pool costs, in seconds and in tokens."""
 
@@ -96,10 +179,17 @@ class RestartCost:
     source: str  # MEASURED | MODELLED
     pool_tok_s: float  # tokens/s the pool serves now (prompt + generated)
     pods: int  # pods now, each replaced once
-    horizon_s: float  # how long a change is kept (the cooldown)
+    horizon_s: float  # how long the workload is expected to stay as it is (workload_horizon)
     downtime: bool = False  # the rollout leaves the pool with no Ready pod
     memory_value: float = 1.0  # tokens a released memory fraction is worth, per token of the pool's throughput
     saturated: bool = True  # the cap or the KV cache limits the pool: more capacity serves more tokens
+    horizon_source: str = DEFAULT  # WINDOW_HISTORY | DEFAULT (Horizon.source)
+    horizon_note: str = ""  # where the horizon comes from, for messages (Horizon.note)
+
+    @property
+    def horizon_text(self) -> str:
+        """``900s horizon (…)``: the horizon and where it comes from, for messages."""
+        return f"{self.horizon_s:.0f}s horizon ({self.horizon_note or self.horizon_source})"
 
     @property
     def cost_tokens(self) -> float:
@@ -118,7 +208,8 @@ class RestartCost:
         return {"restartSeconds": round(self.restart_s, 1), "restartSource": self.source,
                 "gainTokens": round(self.gain_tokens(throughput_gain, memory_gain)),
                 "costTokens": round(self.cost_tokens),
-                "horizonSeconds": round(self.horizon_s, 1), "podsRestarted": self.pods, "downtime": self.downtime,
+                "horizonSeconds": round(self.horizon_s, 1), "horizonSource": self.horizon_source,
+                "podsRestarted": self.pods, "downtime": self.downtime,
                 "saturated": self.saturated}
 
 

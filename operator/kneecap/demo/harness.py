@@ -72,7 +72,7 @@ class DemoConfig:
     duration_s: float = 600.0
     time_scale: float = 4.0
     interval_s: float = 15.0
-    cooldown_s: float = 120.0  # the horizon a restart must pay for itself over (a twin pod restarts in ~31 s)
+    cooldown_s: float = 120.0  # the least time between changes (a restart pays over the workload's horizon)
     warmup_intervals: int = 3
     warmup_rate_fraction: float = 0.05
     max_concurrency: int = 320  # requests in flight from the load generator
