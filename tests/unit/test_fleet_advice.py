@@ -236,6 +236,28 @@ def test_status_written_and_event_posted_only_when_the_advice_changes(pair_advic
     assert [r for _, r, _ in events].count(fleet.EVENT_REASON) == 2
 
 
+def test_the_advisor_serves_every_timer_of_a_period_from_one_look_at_the_fleet():
+    """N resources' timers ask within one fleet period: the advisor looks at the fleet once per
+    recheck period (not once per timer: N² spec parses), and rebuilds only a changed member."""
+    advisor = fleet.FleetAdvisor(recheck_s=30.0)
+    entries = [fleet.index_entry(body(n, declared())) for n in ("a", "b")]
+
+    def untouchable():
+        raise AssertionError("the fleet was read again within the recheck period")
+        yield
+
+    first = asyncio.run(advisor.advise(iter(entries), 1000.0))
+    kept = {key: m for key, (_, m) in advisor._members.items()}
+    assert asyncio.run(advisor.advise(untouchable(), 1010.0)) is first
+    assert asyncio.run(advisor.advise(untouchable(), 1029.9)) is first
+    entries[1] = fleet.index_entry(body("b", {"workload": {**LIGHT, "requestsPerSecond": 2.0}}))
+    again = asyncio.run(advisor.advise(iter(entries), 1031.0))  # past the period: read, b rebuilt, a reused
+    assert advisor._members["serving/a"][1] is kept["serving/a"]
+    assert advisor._members["serving/b"][1] is not kept["serving/b"]
+    assert advisor._members["serving/b"][1].deployment.rate_rps == 2.0
+    assert again.fingerprint != first.fingerprint and advisor.computations == 2
+
+
 def dra(claim: str) -> dict:
     return declared(mechanism="dra", resourceClaimName=claim)
 

@@ -348,26 +348,57 @@ def effective_spec(body: Mapping, spec: LLMDeploymentSpec) -> LLMDeploymentSpec:
 class FleetAdvisor:
     """The operator's one fleet advice, recomputed (in a worker thread, under a lock: once, whichever
     resource's timer asks first) only when the fleet's inputs (:func:`fingerprint`) change.
-    ``inventory``: the GPUs the packing may use (``kneecap run --fleet-inventory``), None: today's."""
+    ``inventory``: the GPUs the packing may use (``kneecap run --fleet-inventory``), None: today's.
+    ``recheck_s``: how long an advice is served without looking at the fleet again (every
+    resource's timer asks within one fleet period: without it each of N timers would rebuild all
+    N members, N² spec parses a period). A member is rebuilt only when what it reads changed
+    (uid, spec, the status keys it reads)."""
 
     def __init__(self, *, margin: float = packing.DEFAULT_MARGIN, samples: int = SAMPLES, seed: int = 0,
-                 inventory=None):
+                 inventory=None, recheck_s: float = 0.0):
         self.margin, self.samples, self.seed = margin, samples, seed
         self.inventory = None if inventory is None else tuple(inventory)
+        self.recheck_s = recheck_s
         self.advice: Advice | None = None
         self.computations = 0
+        self.checked_s: float | None = None
+        self._members: dict[str, tuple[str, Member]] = {}
         self._lock: asyncio.Lock | None = None
 
-    async def advise(self, members) -> Advice:
-        members = tuple(members)
-        fp = fingerprint(members)
+    def _member(self, entry) -> tuple[str | None, Member]:
+        """(the object's stamp, its Member): rebuilt only when the stamp moved."""
+        if isinstance(entry, Member):
+            return None, entry
+        meta = entry.get("metadata") or {}
+        stamp = json.dumps([meta.get("uid"), meta.get("deletionTimestamp"), entry.get("spec"),
+                            {k: v for k, v in (entry.get("status") or {}).items() if k in STATUS_KEYS}],
+                           sort_keys=True, default=str)
+        hit = self._members.get(f"{meta.get('namespace')}/{meta.get('name')}")
+        return stamp, (hit[1] if hit is not None and hit[0] == stamp else member(entry))
+
+    async def advise(self, entries, now_s: float | None = None) -> Advice:
+        """The advice for ``entries`` (:func:`index_entry` dicts, whole objects or Members),
+        served from the last one while it is younger than ``recheck_s`` at ``now_s``."""
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
+            if (self.advice is not None and now_s is not None and self.checked_s is not None
+                    and 0.0 <= now_s - self.checked_s < self.recheck_s):
+                return self.advice
+            members, seen = [], {}
+            for entry in entries:
+                stamp, m = self._member(entry)
+                members.append(m)
+                if stamp is not None:
+                    seen[m.key] = (stamp, m)
+            self._members = seen  # forget what left the fleet
+            members = tuple(members)
+            fp = fingerprint(members)
             if self.advice is None or self.advice.fingerprint != fp:
                 self.advice = await asyncio.to_thread(compute, members, margin=self.margin, samples=self.samples,
                                                       seed=self.seed, inventory=self.inventory)
                 self.computations += 1
+            self.checked_s = now_s
         return self.advice
 
 
@@ -384,7 +415,7 @@ async def advise_resource(operator, body: Mapping, entries, advisor: FleetAdviso
     from kneecap.control.kube import ApiFailure
     from kneecap.control.lifecycle import status_path
 
-    advice = await advisor.advise(member(e) for e in entries)
+    advice = await advisor.advise(entries, operator.now())
     operator.metrics.set_fleet(advice.gpus_current, advice.gpus_recommended, advice.cost_current_per_hour,
                                advice.cost_recommended_per_hour, len(advice.packed))
     meta = body["metadata"]

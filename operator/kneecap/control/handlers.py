@@ -193,7 +193,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         memo.histogram_cache = HistogramCache()  # shared by every window (LoopContext.histogram_cache)
         memo.sync_cache = InSyncCache()  # shared by every resource (LoopContext.sync_cache)
         # the one fleet advice, shared by every resource's fleet timer
-        memo.fleet_advisor = fleet.FleetAdvisor(inventory=config.fleet_inventory)
+        memo.fleet_advisor = fleet.FleetAdvisor(inventory=config.fleet_inventory, recheck_s=config.fleet_s / 2)
         # one client session for every scrape; a connection per scrape (force_close): vLLM's
         # server drops idle keep-alive connections after 5 s, an interval is longer
         memo.scrape_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))
@@ -235,8 +235,8 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
     @kopf.timer(*RESOURCE, interval=config.fleet_s, initial_delay=config.fleet_s, id="fleet", registry=registry,
                 **shard)
     async def fleet_advice(body, memo, logger, llmdeployments: kopf.Index, **_):
-        await fleet.advise_resource(_operator(config, memo), body, [e for store in llmdeployments.values()
-                                                                    for e in store],
+        await fleet.advise_resource(_operator(config, memo), body, (e for store in llmdeployments.values()
+                                                                    for e in store),
                                     memo.fleet_advisor, memo.setdefault("fleet", {}), _sink(body, {}, logger))
 
     @kopf.on.delete(*RESOURCE, id="delete", registry=registry, **shard)
