@@ -706,6 +706,9 @@ def _real_md(res: dict) -> list[str]:
               + f"{median(x['handler_s_p99'] or 0 for x in sc) * 1e3:.2f} / "
               + f"{median(x['handler_s_max'] or 0 for x in sc) * 1e3:.2f} ms | scrapes measured: "
               + ", ".join(str(x["scrapes_since"]) for x in sc) + " | | |")
+    md.append("| LLMDeployment status writes per interval (each run; one per resource and tick when keeping up) | "
+              + ", ".join(f"{r['operator_requests_per_interval'].get('patch llmdeployments/status', 0):.0f}"
+                          for r in runs) + f" for {n} resources | | | |")
     md.append("| resources with a decision (each run) | " + ", ".join(str(r["resources_with_decision"]) for r in runs)
               + f" of {n} | | | |")
     tm = lambda key: ", ".join(f"{r['timings'][key]:.0f}" for r in runs)  # noqa: E731
