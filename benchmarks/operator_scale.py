@@ -684,7 +684,7 @@ def _real_md(res: dict) -> list[str]:
     runs = res["runs"]
     la = lambda x: "/".join(f"{v:.2f}" for v in x)  # noqa: E731
     md = [f"### {n} LLMDeployments × {p} pods, {s} shard{'s' if s > 1 else ''} ({res['date']})", "",
-          f"{res['repeat']} runs, each on a fresh control plane; interval {res['interval_s']:g} s, "
+          f"{res['repeat']} run{'s' if res['repeat'] > 1 else ''}, each on a fresh control plane; interval {res['interval_s']:g} s, "
           f"{res['intervals']} intervals measured after {res['warmup_intervals']} of warm-up. Machine: "
           f"{res['machine']['cpu_model']}, {res['machine']['nproc']} CPUs, **shared with other workers**: load "
           f"average {la(res['loadavg_start'])} at the start, {la(res['loadavg_end'])} at the end.", "",
@@ -731,7 +731,8 @@ def _real_md(res: dict) -> list[str]:
            + ", ".join(f"{r['run_wall_s']:.0f}" for r in runs) + ".", "",
            "The operator's API requests per interval by verb and resource (median of the runs, from the audit log):", "",
            "| verb resource | per interval |", "|---|---|"]
-    md += [f"| {k} | {v:g} |" for k, v in res["operator_requests_per_interval_median"].items()]
+    md += [f"| {k} | {v:g} |" for k, v in res["operator_requests_per_interval_median"].items()] or [
+        "| (none: the operator made no API request in the measured intervals) | 0 |"]
     return md + [""]
 
 
