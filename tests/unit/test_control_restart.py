@@ -178,9 +178,10 @@ def _steady(curve, n_32: int = 0):
 
 def test_plan_holds_a_gain_smaller_than_the_restart_and_applies_a_larger_one(curve):
     # the same recommendation (cap 32 -> 64) after a workload that just changed (one 60 s window
-    # of it: the gain over 60 s does not pay the 90 s restart) and after one steady for 3 windows
+    # of it: the gain over 60 s does not pay the 90 s restart) and after one steady for 3 windows;
+    # no cooldown, so the history alone sets the horizon
     changed = [observation(curve[c]) for c in (8, 16)]  # their rates are not the cap-32 window's
-    short = _plan_with_history(curve, _spec(cooldown="600s"), changed)
+    short = _plan_with_history(curve, _spec(cooldown="0s"), changed)
     d = short.status["lastDecision"]
     assert d["reason"] == "RestartNotWorthIt" and short.patches == ()
     assert d["restart"]["gainTokens"] < d["restart"]["costTokens"]
@@ -190,11 +191,23 @@ def test_plan_holds_a_gain_smaller_than_the_restart_and_applies_a_larger_one(cur
     assert f"{d['restart']['gainTokens']} tokens gained over the 60s horizon (the workload held for 1 window(s)" \
         in event.message
     assert f"vs {d['restart']['costTokens']} lost" in event.message
-    long = _plan_with_history(curve, _spec(cooldown="600s"), _steady(curve))
+    long = _plan_with_history(curve, _spec(cooldown="0s"), _steady(curve))
     d = long.status["lastDecision"]
     assert d["reason"] == "Applied" and len(long.patches) == 1
     assert d["restart"]["gainTokens"] > d["restart"]["costTokens"]
     assert (d["restart"]["horizonSeconds"], d["restart"]["horizonSource"]) == (180.0, restart.WINDOW_HISTORY)
+
+
+def test_the_cooldown_is_a_floor_under_the_horizon(curve):
+    """A change is kept at least the cooldown (the operator does not revisit it sooner): after a
+    workload that just changed, a 600 s cooldown is the horizon, and the change pays over it."""
+    changed = [observation(curve[c]) for c in (8, 16)]
+    d = _plan_with_history(curve, _spec(cooldown="600s"), changed).status["lastDecision"]
+    assert (d["restart"]["horizonSeconds"], d["restart"]["horizonSource"]) == (600.0, restart.COOLDOWN)
+    assert d["reason"] == "Applied" and d["restart"]["gainTokens"] > d["restart"]["costTokens"]
+    h = restart.workload_horizon([], 60.0, 300.0, cooldown_s=900.0)
+    assert (h.seconds, h.source) == (900.0, restart.COOLDOWN) and "no readable window" in h.note
+    assert restart.workload_horizon([], 60.0, 300.0, cooldown_s=7200.0).seconds == restart.MAX_HORIZON_S
 
 
 def test_a_zero_cooldown_still_applies_a_change_that_pays_over_a_steady_workload(curve):

@@ -69,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--interval", type=float, default=d.interval_s,
                         help="kneecap's control interval and window, seconds")
     parser.add_argument("--cooldown", type=float, default=d.cooldown_s,
-                        help="kneecap's cooldown: the least time between changes")
+                        help="kneecap's cooldown: the least time between changes (and the least horizon a restart pays over)")
     parser.add_argument("--released-memory-value", type=float, default=d.released_memory_value,
                         help="kneecap's spec.control.releasedMemoryValue (default 0: the score gives released "
                              "memory no value; --fleet measures it instead, as GPUs returned and $/h)")

@@ -450,7 +450,8 @@ def _restart_cost(t: _Tick, pool: reconcile.PoolState, obs: Observation,
         seconds = restart.modelled_restart_s(weight_bytes_per_gpu(get_arch(t.spec.model.architecture),
                                                                   decide.model_tp(t.spec)))  # each GPU loads its shard
         source = restart.MODELLED
-    horizon = restart.workload_horizon(list(observations), t.spec.control.interval_s, t.spec.control.window_s)
+    horizon = restart.workload_horizon(list(observations), t.spec.control.interval_s, t.spec.control.window_s,
+                                       t.spec.control.cooldown_s)
     return restart.RestartCost(seconds, source, obs.prompt_tok_s + obs.generation_tok_s, pool.settings.replicas,
                                horizon.seconds, restart.leaves_no_ready_pod(pool.deployment),
                                t.spec.control.released_memory_value,

@@ -31,7 +31,7 @@ MODEL_LOAD_GIB_S = 2.0  # modelled weight-load bandwidth (object store or PVC to
 STARTUP_S = 30.0  # modelled start-up besides the weights (engine init, CUDA-graph capture, warm-up)
 GIB = 1024**3
 MEASURED, MODELLED = "Measured", "Modelled"
-WINDOW_HISTORY, DEFAULT = "WindowHistory", "Default"  # where a horizon comes from
+WINDOW_HISTORY, COOLDOWN, DEFAULT = "WindowHistory", "Cooldown", "Default"  # where a horizon comes from
 REGIME_TOLERANCE = 0.25  # relative change in rate or mean lengths that ends the current workload's run
 MAX_HORIZON_S = 3600.0  # the longest horizon a restart pays over, however long the workload has held
 
@@ -100,13 +100,17 @@ class Horizon:
     """How long a change is expected to keep paying: seconds, their source, and the run behind them."""
 
     seconds: float
-    source: str  # WINDOW_HISTORY | DEFAULT
+    source: str  # WINDOW_HISTORY | COOLDOWN | DEFAULT
     windows: int = 0  # windows of the current workload counted (0: none, the default)
     steady_s: float = 0.0  # window seconds the current workload has held (before the bounds)
 
     @property
     def note(self) -> str:
         """Where the seconds come from, for a message."""
+        held = f"the workload held for {self.windows} window(s), {self.steady_s:.0f}s"
+        if self.source == COOLDOWN:
+            return f"the cooldown: a change is kept at least that long; {held}" if self.windows else \
+                "the cooldown: a change is kept at least that long; no readable window yet"
         if self.source != WINDOW_HISTORY:
             return "default: no readable window of the workload yet, one window assumed"
         capped = f", capped at {self.seconds:.0f}s" if self.steady_s > self.seconds else ""
@@ -143,10 +147,10 @@ def same_workload(window, current, tolerance: float = REGIME_TOLERANCE) -> bool:
     return True
 
 
-def workload_horizon(observations: Sequence, interval_s: float, window_s: float,
+def workload_horizon(observations: Sequence, interval_s: float, window_s: float, cooldown_s: float = 0.0,
                      tolerance: float = REGIME_TOLERANCE, max_s: float = MAX_HORIZON_S) -> Horizon:
     """The horizon a restart must pay over, a pure function of the pool's observation ring
-    (oldest first) and the spec's interval and window.
+    (oldest first) and the spec's interval, window and cooldown.
 
     The current workload's run: the window seconds, counted back from the newest window, of the
     windows whose workload (:func:`same_workload`) matches the newest's, up to the first that does
@@ -155,9 +159,11 @@ def workload_horizon(observations: Sequence, interval_s: float, window_s: float,
     horizon is T, at least one control interval and at most ``max_s`` (1 h: beyond it the operator
     has long since re-decided). Gaps between windows (idle or unusable windows) neither count nor
     end the run. With no window (or none with a usable length), the default is one window: what a
-    single window would give.
+    single window would give. The cooldown is a floor: a change is kept at least that long (the
+    operator does not revisit it sooner), so ``cooldown: 0s`` leaves the history alone to decide.
     """
     low = max(float(interval_s), 0.0)
+    found = Horizon(min(max(float(window_s), low), max_s), DEFAULT)
     if observations:
         current = observations[-1]
         steady_s, windows = 0.0, 0
@@ -167,8 +173,11 @@ def workload_horizon(observations: Sequence, interval_s: float, window_s: float,
                 break
             steady_s, windows = steady_s + w, windows + 1
         if windows:
-            return Horizon(min(max(steady_s, low), max_s), WINDOW_HISTORY, windows, steady_s)
-    return Horizon(min(max(float(window_s), low), max_s), DEFAULT)
+            found = Horizon(min(max(steady_s, low), max_s), WINDOW_HISTORY, windows, steady_s)
+    floor_s = min(float(cooldown_s), max_s) if math.isfinite(cooldown_s) else 0.0
+    if floor_s > found.seconds:
+        return Horizon(floor_s, COOLDOWN, found.windows, found.steady_s)
+    return found
 
 
 @dataclass(frozen=True)
@@ -183,7 +192,7 @@ class RestartCost:
     downtime: bool = False  # the rollout leaves the pool with no Ready pod
     memory_value: float = 1.0  # tokens a released memory fraction is worth, per token of the pool's throughput
     saturated: bool = True  # the cap or the KV cache limits the pool: more capacity serves more tokens
-    horizon_source: str = DEFAULT  # WINDOW_HISTORY | DEFAULT (Horizon.source)
+    horizon_source: str = DEFAULT  # WINDOW_HISTORY | COOLDOWN | DEFAULT (Horizon.source)
     horizon_note: str = ""  # where the horizon comes from, for messages (Horizon.note)
 
     @property
