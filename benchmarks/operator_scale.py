@@ -620,20 +620,27 @@ def measure_real(args, canned_port: int, env: dict, tmp: Path, run: int) -> dict
             "scrapes": scrapes, "resources_with_decision": len(decided), "samples": samples}
 
 
+def start_canned(script: str, args, rounds: int, extra, env: dict, stderr) -> subprocess.Popen:
+    """The canned metrics servers' process (``script`` with the rate, interval, rounds and
+    ``extra`` arguments), returned once it says it is ready."""
+    canned = subprocess.Popen([sys.executable, "-c", script, "20", str(args.interval), str(rounds), *map(str, extra)],
+                              env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    if canned.stdout.readline().strip() != "ready":
+        canned.kill()
+        raise SystemExit("the canned metrics servers did not start")
+    return canned
+
+
 def main_real(args) -> int:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "operator"))
     rounds = args.warmup_intervals + args.intervals + 6
     here = {"machine": machine(), "loadavg_start": os.getloadavg()}
     control_port = free_port()
     t = time.monotonic()
-    canned = subprocess.Popen([sys.executable, "-c", CANNED_REAL, "20", str(args.interval), str(rounds),
-                               str(args.servers), str(control_port)],
-                              env=env, stdout=subprocess.PIPE, stderr=open(Path(tempfile.gettempdir())
-                                                                         / "kneecap-canned-real.log", "wb"), text=True)
+    canned = start_canned(CANNED_REAL, args, rounds, [args.servers, control_port], env,
+                          open(Path(tempfile.gettempdir()) / "kneecap-canned-real.log", "wb"))
     runs = []
     try:
-        if canned.stdout.readline().strip() != "ready":
-            raise SystemExit("the canned metrics servers did not start")
         print(f"{args.servers} canned books, {rounds} rounds of {args.interval:g} s simulated traffic "
               f"[{time.monotonic() - t:.0f}s]", flush=True)
         for r in range(args.repeat):
@@ -812,12 +819,9 @@ def main(argv=None) -> int:
     rounds = args.warmup_intervals + args.intervals + 6
     here = {"machine": machine(), "loadavg_start": os.getloadavg()}
     t = time.monotonic()
-    canned = subprocess.Popen([sys.executable, "-c", CANNED, "20", str(args.interval), str(rounds), *map(str, ports)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    canned = start_canned(CANNED, args, rounds, ports, env, subprocess.DEVNULL)
     runs = []
     try:
-        if canned.stdout.readline().strip() != "ready":
-            raise SystemExit("the canned metrics servers did not start")
         print(f"{args.servers} canned servers, {rounds} rounds of {args.interval:g} s simulated traffic "
               f"[{time.monotonic() - t:.0f}s]", flush=True)
         for r in range(args.repeat):
