@@ -4,7 +4,8 @@
 Starts etcd and the given kube-apiserver (scripts/check-crd-oldest.sh builds v1.30.14) on
 loopback, applies crds/llmdeployment.yaml server-side, checks it Established, runs every example
 through `kubectl apply --server-side --dry-run=server`, and checks that a garbage quantity and a
-managed flag are refused naming the field. Prints a table and writes
+managed flag are refused naming the field, and
+the placement rules (spec.placement's CEL) refuse and accept as they should. Prints a table and writes
 benchmarks/results/crd_oldest_kubernetes.md.
 Usage: .venv/bin/python scripts/check-crd-oldest.py APISERVER_BINARY
 """
@@ -59,17 +60,23 @@ def main(argv: list[str]) -> int:
                              else out.stderr.strip().replace("\n", " ")))
             base = copy.deepcopy(llmdeployment(ROOT / "examples" / "colocated.yaml"))
             admin.add_namespace("oldest")
-            for what, mutate in (("garbage quantity", lambda e: e.update(resources={"limits": {"nvidia.com/gpu": "one"}})),
-                                 ("managed flag", lambda e: e.update(extraArgs=["--max-num-seqs=8"])),
-                                 ("tensor-parallel flag", lambda e: e.update(extraArgs=["-tp", "2"])),
-                                 ("tensorParallelSize vs accelerator.count",
-                                  lambda e: e.update(tensorParallelSize=2))):
+            refused = (("garbage quantity", lambda s: s["engine"].update(resources={"limits": {"nvidia.com/gpu": "one"}})),
+                       ("managed flag", lambda s: s["engine"].update(extraArgs=["--max-num-seqs=8"])),
+                       ("tensor-parallel flag", lambda s: s["engine"].update(extraArgs=["-tp", "2"])),
+                       ("tensorParallelSize vs accelerator.count", lambda s: s["engine"].update(tensorParallelSize=2)),
+                       ("time-slicing placement without resourceName",
+                        lambda s: s.update(placement={"mechanism": "time-slicing"})),
+                       ("dra placement without resourceClaimName", lambda s: s.update(placement={"mechanism": "dra"})))
+            accepted = (("mps placement with its resource",
+                         lambda s: s.update(placement={"mechanism": "mps", "resourceName": "nvidia.com/gpu.shared",
+                                                       "replicasPerGpu": 2})),)
+            for what, mutate in refused + accepted:
                 obj = copy.deepcopy(base)
                 obj["metadata"] = {"name": "hostile", "namespace": "oldest"}
-                mutate(obj["spec"]["engine"])
-                code, body = admin.request("POST", admin.path(LLMD, "oldest"), obj)
+                mutate(obj["spec"])
+                code, body = admin.request("POST", admin.path(LLMD, "oldest") + "?dryRun=All", obj)
                 fields = [c["field"] for c in (body.get("details") or {}).get("causes") or []] if isinstance(body, dict) else []
-                rows.append((what, f"HTTP {code} {', '.join(fields)}"))
+                rows.append((what, f"HTTP {code} {', '.join(fields)}".strip()))
         finally:
             plane.stop()
     text = [f"# The CRD on the oldest Kubernetes minor the chart claims: kube-apiserver {version}", "",
@@ -79,7 +86,9 @@ def main(argv: list[str]) -> int:
     out = ROOT / "benchmarks" / "results" / "crd_oldest_kubernetes.md"
     out.write_text("\n".join(text) + "\n")
     ok = rows[0][1] == "accepted" and "Established=True" in rows[1][1] and all(
-        "accepted" in r[1] for r in rows[2:2 + len(EXAMPLES)]) and all(r[1].startswith("HTTP 422") for r in rows[-2:])
+        "accepted" in r[1] for r in rows[2:2 + len(EXAMPLES)]) and all(
+        r[1].startswith("HTTP 422") for r in rows[-len(refused) - len(accepted):-len(accepted)]) and all(
+        r[1].startswith("HTTP 201") for r in rows[-len(accepted):])
     return 0 if ok else 1
 
 
