@@ -547,7 +547,8 @@ def measure_real(args, canned_port: int, env: dict, tmp: Path, run: int) -> dict
             argv = ["run", "--namespace", NS, "--standalone",
                     *(["--selector", f"kneecap.io/shard={s}"] if args.shards > 1 else []),
                     *(["--tick", str(args.tick)] if args.tick else [])]
-            ops.append(subprocess.Popen([sys.executable, "-m", "kneecap", *argv], env=dict(env, KUBECONFIG=str(kc)),
+            entry = ["-c", PROFILED, str(args.profile), *argv] if args.profile and k == 0 else ["-m", "kneecap", *argv]
+            ops.append(subprocess.Popen([sys.executable, *entry], env=dict(env, KUBECONFIG=str(kc)),
                                         stdout=open(tmp / f"operator-{s}.log", "wb"), stderr=subprocess.STDOUT,
                                         start_new_session=True))
         t0 = time.monotonic()
@@ -559,6 +560,8 @@ def measure_real(args, canned_port: int, env: dict, tmp: Path, run: int) -> dict
             if any(o.poll() is not None for o in ops):
                 raise SystemExit(f"an operator exited; see {tmp}")
         audit.read()
+        if args.profile:
+            ops[0].send_signal(signal.SIGUSR1)  # the first shard's measured intervals only
         start_wall = time.time()
         c0 = [proc_cpu_s(o.pid) for o in ops]
         k0 = {n: proc_cpu_s(pid) for n, pid in comps.items()}
@@ -590,6 +593,17 @@ def measure_real(args, canned_port: int, env: dict, tmp: Path, run: int) -> dict
         scrapes = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{canned_port}/stats?since={start_wall}",
                                                     timeout=30).read())
         items = admin.list(LLMD_PATH, NS)
+        since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(start_wall))
+        posted = [e for e in admin.list("v1/events", NS) if e["metadata"]["creationTimestamp"] >= since
+                  and (e.get("source") or {}).get("component", e.get("reportingComponent", "")) == "kopf"]
+        events_by_reason = {}
+        for e in posted:
+            events_by_reason[e.get("reason", "")] = events_by_reason.get(e.get("reason", ""), 0) + 1
+        if args.profile:
+            stats = Path(args.profile)
+            stats.unlink(missing_ok=True)
+            ops[0].send_signal(signal.SIGUSR2)
+            plane.wait_for(lambda: stats.exists() and stats.stat().st_size > 0, 60, "the profile written")
         for o in ops:
             if o.poll() is not None:
                 raise SystemExit(f"an operator exited during the measurement; see {tmp}")
@@ -617,7 +631,10 @@ def measure_real(args, canned_port: int, env: dict, tmp: Path, run: int) -> dict
             "operator_requests_per_interval": dict(sorted(reqs.items(), key=lambda kv: -kv[1])),
             "operator_requests_per_interval_total": sum(reqs.values()),
             "all_requests_per_interval_total": sum(s["all_requests_total"] for s in samples) / len(samples),
-            "scrapes": scrapes, "resources_with_decision": len(decided), "samples": samples}
+            "scrapes": scrapes, "resources_with_decision": len(decided), "samples": samples,
+            "last_tick_calibration": _reasons(items), "last_tick_gauss": _gauss_reused(items),
+            "operator_events_per_interval_by_reason": {r: c / n_int for r, c in sorted(events_by_reason.items(),
+                                                                                     key=lambda kv: -kv[1])}}
 
 
 def start_canned(script: str, args, rounds: int, extra, env: dict, stderr) -> subprocess.Popen:
@@ -731,6 +748,10 @@ def _real_md(res: dict) -> list[str]:
                           for r in runs) + f" for {n} resources | | | |")
     md.append("| resources with a decision (each run) | " + ", ".join(str(r["resources_with_decision"]) for r in runs)
               + f" of {n} | | | |")
+    if all("last_tick_gauss" in r for r in runs):
+        md.append("| each resource's last tick: calibration / GAUSS run or reused (each run) | "
+                  + "; ".join(_tallies({"calibration": r["last_tick_calibration"], "gauss": r["last_tick_gauss"]})
+                              .replace(" | ", ", GAUSS run/reused ") for r in runs) + " | | | |")
     tm = lambda key: ", ".join(f"{r['timings'][key]:.0f}" for r in runs)  # noqa: E731
     md += ["", f"Time per run (s, each run): control plane start {tm('control_plane_start_s')}; "
            f"{n} LLMDeployments + Deployments created {tm('create_resources_s')}; all {n * p} pods Running "
@@ -740,6 +761,12 @@ def _real_md(res: dict) -> list[str]:
            "| verb resource | per interval |", "|---|---|"]
     md += [f"| {k} | {v:g} |" for k, v in res["operator_requests_per_interval_median"].items()] or [
         "| (none: the operator made no API request in the measured intervals) | 0 |"]
+    if any("operator_events_per_interval_by_reason" in r for r in runs):
+        md += ["", "The Events the operator posted per interval, by reason (each run; from the Events in the namespace "
+               "created in the measured intervals):", "", "| reason | per interval |", "|---|---|"]
+        reasons = sorted({k for r in runs for k in r.get("operator_events_per_interval_by_reason", {})})
+        md += [f"| {k} | " + ", ".join(f"{r.get('operator_events_per_interval_by_reason', {}).get(k, 0):.1f}"
+                                       for r in runs) + " |" for k in reasons] or ["| (none) | 0 |"]
     return md + [""]
 
 

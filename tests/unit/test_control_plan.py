@@ -424,3 +424,42 @@ def test_the_status_written_is_declared_in_the_crd_in_full_words_and_base_units(
     for path, key in _keys(p.status):
         words = {w.lower() for w in re.findall(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])", key)}
         assert re.fullmatch(r"[a-z][A-Za-z0-9]*", key) and not words & banned and "GiB" not in key, (path, key)
+
+
+def test_advise_mode_keeps_its_advice_until_enforce_mode_would_have_acted(curve):
+    """Advise mode guards each advice against the last one as enforce mode guards against what it
+    applied: inside the cooldown the advice stands (same target, no second Event) however the
+    windows move; after it, the next advice steps from the advised cap, not from the live one;
+    once the pool runs other settings than it was advised from, the advice is dropped."""
+    spec = parse_spec({**RAW, "control": {**RAW["control"], "mode": "advise"}})
+    status, ring = ring_status(curve)
+
+    def advise(at_s, cap_seen, status, pool=None):
+        obs = replace(observation(curve[cap_seen]), t_end_s=at_s)
+        return plan.plan(gathered(plan.PoolWindow("server", pool or live_pool(), plan.OBSERVED, observation=obs), ring),
+                         status, spec, at_s)
+
+    first = advise(NOW, 32, status)
+    d1 = first.status["lastDecision"]
+    assert first.patches == () and d1["reason"] == "Advised" and d1["target"]["maxNumSeqs"] == 64
+    assert [e.reason for e in first.events].count("Advised") == 1
+    advised = first.status["advised"]
+    assert advised["from"]["maxNumSeqs"] == 32 and advised["target"] == d1["target"]
+    assert advised["time"] == status_helpers.iso(NOW)
+    status = {**status, **first.status}
+    for k, (cap_seen, dt_s) in enumerate(((16, 30.0), (32, 60.0), (8, 90.0), (32, 570.0))):
+        p = advise(NOW + dt_s, cap_seen, status)
+        d = p.status["lastDecision"]
+        assert p.patches == () and d["reason"] == "Advised" and d["target"] == d1["target"], (k, d)
+        assert "Cooldown" in d["message"] and "Advised" not in [e.reason for e in p.events], (k, d)
+        assert "advised" not in p.status  # kept as written (a merge patch leaves it)
+        status = {**status, **p.status}
+    later = advise(NOW + 630.0, 32, status)
+    d = later.status["lastDecision"]
+    assert d["reason"] == "Advised" and d["target"]["maxNumSeqs"] > 64 and "cap 64->" in d["message"]
+    assert [e.reason for e in later.events].count("Advised") == 1 and later.status["advised"]["from"]["maxNumSeqs"] == 32
+    # the user applied the advice by hand: advised from settings the pool no longer runs
+    moved = replace(live_pool(), settings=replace(live_pool().settings, max_num_seqs=64))
+    gone = advise(NOW + 60.0, 32, {**status, **first.status}, pool=moved)
+    assert "advised" in gone.status and gone.status["advised"] is None  # deleted by the merge patch
+    assert "advised 20" not in gone.status["lastDecision"]["message"]

@@ -269,24 +269,39 @@ def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
                    else "TargetMissing", f"not acting until the pools reconcile: {why}", "Warning")
         return t.finish()
 
+    adoption = pools[role].adoption
+    advise = not spec.enforce or (adoption is not None and adoption.advise_only)
+    standing = _standing_advice(status, cur, role) if advise else None
+    last_applied_s = applied_record.last_applied_s(applied, records.values())
+    if standing is not None:  # advise mode guards against its last advice as enforce does against what it applied
+        last_applied_s = max(last_applied_s or standing.time_s, standing.time_s)
+    base = standing.target if standing is not None else cur
     state = policy.GuardState(
-        now_s=now_s, last_applied_s=applied_record.last_applied_s(applied, records.values()),
+        now_s=now_s, last_applied_s=last_applied_s,
         rollout_in_progress=any(s.rollout_in_progress for s in states),
         n_observations=len(observations), fit_ok=cal_out.ok, fit_message=cal_out.message,
         replicas_external=external, restart=restart_cost)
     round_cap = None if cudagraph.eager(pools[role].engine_container) else (
         lambda cap: cudagraph.round_cap(cap, spec.batching.min_max_num_seqs, spec.batching.max_max_num_seqs))
-    d = policy.guard(cur, policy.Proposal(r.settings, r.throughput_gain, r.memory_gain), spec.control,
+    d = policy.guard(base, policy.Proposal(r.settings, r.throughput_gain, r.memory_gain), spec.control,
                      spec.batching, manifests.pool_bounds(spec, role), state,
                      memory_for_cap=lambda cap: decide.memory_for_cap(spec, latest, cap)[:2], round_cap=round_cap,
-                     gains_for=lambda target: decide.gains(spec, cal_out.calibration, latest, cur, target))
-    if d.action == policy.APPLY and spec.enforce:
+                     gains_for=lambda target: decide.gains(spec, cal_out.calibration, latest, base, target))
+    if d.action == policy.APPLY and not advise:
         _apply_primary(t, pools[role], d, cur, external)
     elif d.action == policy.APPLY:
-        t.decision("Advised", "advise mode, not applied: " + d.message, action=d.action, target=d.target,
-                   restart_cost=d.restart)
+        why = (f"advise only, not applied (Deployment {pools[role].pool.name}: {adoption.why_advise_only}): "
+               if spec.enforce else "advise mode, not applied: ")
+        t.out["advised"] = {"pool": role, "from": settings_status(cur), "target": settings_status(d.target),
+                            "time": status_helpers.iso(now_s), "message": (why + d.message)[:900]}
+        t.decision("Advised", why + d.message, action=d.action, target=d.target, restart_cost=d.restart)
+    elif standing is not None:  # the advice stands (its Event is not posted again)
+        t.decision("Advised", f"{standing.message} (advised {status_helpers.iso(standing.time_s)}; a new advice "
+                              f"is held: {d.reason})"[:900], action=policy.APPLY, target=standing.target)
     else:
         t.decision(d.reason, d.message, action=d.action, target=d.target, restart_cost=d.restart)
+    if status.get("advised") and standing is None and "advised" not in t.out:
+        t.out["advised"] = None  # enforce mode now, or advised from settings the pool no longer runs
     if spec.disaggregated and r.allocation.get("prefillReplicas") and "prefill" in pools:
         _prefill_replicas(t, pools["prefill"], int(r.allocation["prefillReplicas"]), state)
     return t.finish()
@@ -362,13 +377,38 @@ def _observation_held(t: _Tick, main: PoolWindow) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class StandingAdvice:
+    """The last advice of an advise-mode pool (``status.advised``), while the pool still runs the
+    settings it was advised from."""
+
+    target: manifests.EngineSettings
+    time_s: float
+    message: str
+
+
+def _standing_advice(status: dict, cur: manifests.EngineSettings, role: str) -> StandingAdvice | None:
+    """The advice in force, None when there is none or the pool no longer runs the settings it
+    was advised from (the user applied it, or something else). Advise mode guards the next advice
+    against this one as enforce mode guards against what it applied (cooldown, hysteresis, gain),
+    so the advice moves when enforce mode would have acted, not with every window's noise."""
+    a = status.get("advised") or {}
+    if a.get("pool", "server") != role or a.get("from") != settings_status(cur):
+        return None
+    try:
+        want = a["target"]
+        target = manifests.EngineSettings(int(want["maxNumSeqs"]), float(want["gpuMemoryUtilization"]),
+                                          int(want["kvCacheMemoryBytes"]) if want.get("kvCacheMemoryBytes") else None,
+                                          int(want.get("replicas", cur.replicas)))
+        time_s = status_helpers.parse_iso(a["time"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return None if time_s is None else StandingAdvice(target, time_s, str(a.get("message") or "advised"))
+
+
 def _apply_primary(t: _Tick, pool: reconcile.PoolState, d: policy.Decision, cur: manifests.EngineSettings,
                    external: bool) -> None:
     role, labels = pool.pool.role, t.labels
-    if pool.adoption is not None and pool.adoption.advise_only:
-        t.decision("Advised", f"advise only, not applied (Deployment {pool.pool.name}: "
-                              f"{pool.adoption.why_advise_only}): " + d.message, action=d.action, target=d.target)
-        return
     restart = not policy.only_replicas_changed(cur, d.target)
     record = {**settings_status(d.target), "time": status_helpers.iso(t.now_s), "reason": d.reason, "restart": restart}
     if pool.adoption is not None:  # only the managed flags of the user's container, strategic merge
