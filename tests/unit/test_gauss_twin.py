@@ -22,13 +22,16 @@ BUDGET = 2048
 def twin_coefficients(cfg) -> gauss.ServiceCoefficients:
     """GAUSS terms of kneecap.sim.roofline.step_time_s. Decode steps are bandwidth-bound:
     overhead + W/(η_w·BW) = p, per-sequence overhead = r, KV read per context token = s.
-    A prefill chunk step adds, compute-bound, 2·N per token and 4·L·D_attn per attended token
-    over η_c·F, plus the eager launches L·t_layer that replace the weight read (per chunk)."""
+    A prefill chunk step adds, compute-bound, 2·(N − N_e) per token (roofline's F_lin; its LM head
+    per sequence, µs, left out) and 4·L·D_attn per attended token over η_c·F, plus the eager
+    launches L·t_layer that replace the weight read (per chunk)."""
+    from kneecap.sim.roofline import embedding_params
+
     arch, gpu, c = cfg.arch, cfg.gpu, cfg.step_cost
     weights_s = arch.weight_bytes / (c.bw_efficiency * gpu.mem_bw_bytes_s)
     flops_s = c.compute_efficiency * gpu.peak_flops
     return gauss.ServiceCoefficients(
-        prefill_s_per_token=2 * arch.params / flops_s,
+        prefill_s_per_token=2 * (arch.params - embedding_params(arch)) / flops_s,
         prefill_s_per_attended_token=4 * arch.layers * arch.q_heads * arch.head_dim / flops_s,
         prefill_s_per_chunk=max(arch.layers * c.eager_layer_overhead_s - weights_s, 0.0),
         decode_step_s=c.step_overhead_s + weights_s, decode_s_per_seq=c.per_seq_overhead_s,
@@ -115,3 +118,26 @@ def test_gauss_matches_the_twin_when_the_batch_cap_binds():
     assert r.tbt.p50 == pytest.approx(np.quantile(tbt, 0.5), rel=0.05)
     assert r.tbt.p95 == pytest.approx(np.quantile(tbt, 0.95), rel=0.08)
     assert r.decode_batch == pytest.approx(np.mean([x[2] for x in runs]), rel=0.08)
+
+
+@pytest.mark.parametrize("arch_key", ["mistral-7b", "llama-3.1-8b", "qwen2.5-7b"])
+@pytest.mark.parametrize("gpu_key", ["l40s", "h100-80gb"])
+def test_a_lone_chunk_step_costs_what_the_verify_twin_steps(arch_key, gpu_key):
+    """One prompt alone in a step, SLIM's default θ on both sides (kneecap pack --verify's twin,
+    shared_gpu.step_cost_for): GAUSS's p + S_c against the twin's roofline step, from a
+    weight-bound chunk (64 tokens: the weight read hides the GEMMs) to compute-bound ones (the
+    GEMMs hide the weight read), causal attention. Within 2%: the twin also charges the prefilling
+    sequence's own overhead and its LM head, which GAUSS leaves out (µs). Before the overlap GAUSS
+    added the whole weight read to every chunk: +10% to +49% on the L40S."""
+    from kneecap.model.slim import SlimParams
+    from kneecap.sim.roofline import attention_flops, step_time_s
+    from kneecap.sim.shared_gpu import step_cost_for
+
+    arch, gpu = get_arch(arch_key), get_gpu(gpu_key)
+    coef = gauss.coefficients_for(arch, gpu, SlimParams(), chunk_tokens=8192)
+    cost = step_cost_for(arch, SlimParams())
+    for m in (64, 400, 2000, 6000):
+        twin = step_time_s(arch, gpu, num_seqs=1, num_tokens=m, kv_read_tokens=0,
+                           attn_flops=attention_flops(arch, m, 0), has_prefill=True, cost=cost)
+        compute, n = gauss.prefill_compute_s(coef, m, 0)
+        assert n == 1 and float(compute) + coef.decode_step_s == pytest.approx(twin, rel=0.02), m

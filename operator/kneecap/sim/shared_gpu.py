@@ -145,7 +145,7 @@ def step_cost_for(arch: ModelArch | str, params: SlimParams) -> StepCostParams:
       ``weight_read_bytes``); if that exceeds 1, bw = 1 and the overhead takes the rest (≥ 0);
     * per sequence: α + γ·L·(D/1024)²; per context token: η_m is the attention bandwidth share;
     * prefill: η_c; no eager launch term (SLIM's t_layer is in every step). A prefill step
-      still costs max(weights, compute) in the twin where GAUSS adds the compute: not exact.
+      costs max(weights, compute) in the twin, as in GAUSS (``gauss.weight_overlap_s``).
 
     A bw over 1 (η_w·W_twin/W_slim > 1) is refused: no share of the bandwidth gives that step.
     """
