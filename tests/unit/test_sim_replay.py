@@ -38,7 +38,12 @@ def test_operator_moves_the_cap_down_from_256_with_one_restart(tmp_path):
     assert pod.config.max_num_seqs == live  # the pod serving at the end runs the applied cap
     status = api.peek(llmd_path(ns, NAME))["status"]
     assert status["applied"]["restart"] is True and status["applied"]["maxNumSeqs"] == live
-    assert any(c["type"] == "Calibrated" and c["status"] == "True" for c in status["conditions"])
+    # a fit of the new pod's windows was accepted after the restart, within maxFitError (the last
+    # window, the trace's drain at half the batch, may be refused by a refit: the previous fit is kept)
+    cal = status["calibration"]
+    assert cal["acceptedTime"] > status["applied"]["time"] and cal["fitErrorPercent"] < 30.0
+    assert any(c["type"] == "Calibrated" and (c["status"] == "True" or c["reason"] == "FitRejected")
+               for c in status["conditions"])
     s = score(cfg, run, trace.span_s)
     assert s["restarts"] <= 1 and s["mean_memory_released_gib"] > 0
     assert s["completed"] + s["lost"] == s["requests"]
