@@ -381,6 +381,27 @@ def test_gauss_inputs_are_the_service_times_gauss_simulates():
     assert runs.nearest("other", x) is None
 
 
+def test_a_gauss_run_is_reused_across_a_cap_that_moved_by_a_slot_or_two(profiles_csv):
+    from kneecap.control.manifests import EngineSettings
+
+    cal, obs = _opt_fit(profiles_csv)
+    spec = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb", "costPerHour": 4},
+                       "engine": {"image": "vllm", "maxNumSeqs": 24}, "slo": {"ttftSeconds": 1.0, "tpotSeconds": 0.05}})
+    at = lambda cap: EngineSettings(max_num_seqs=cap, gpu_memory_utilization=0.9)  # noqa: E731
+    runs = GaussRuns()
+    _, _, first = decide.colocated_replicas(spec, cal, obs, settings=at(40), gauss_runs=runs)
+    # BCA's cap moves from 40 to 41 with the window's lengths: the same engine within tolerance
+    _, _, again = decide.colocated_replicas(spec, cal, obs, settings=at(41), gauss_runs=runs)
+    _, _, fresh = decide.colocated_replicas(spec, cal, obs, settings=at(41), gauss_runs=GaussRuns())
+    assert (first["gaussRunReused"], again["gaussRunReused"]) == (False, True)
+    assert again["sustainableRequestsPerSecondPerReplica"] == pytest.approx(
+        fresh["sustainableRequestsPerSecondPerReplica"], rel=0.03)
+    # a cap halved binds sooner: GAUSS runs again and λ* falls
+    _, _, half = decide.colocated_replicas(spec, cal, obs, settings=at(20), gauss_runs=runs)
+    assert half["gaussRunReused"] is False
+    assert half["sustainableRequestsPerSecondPerReplica"] < first["sustainableRequestsPerSecondPerReplica"]
+
+
 def _mape_of(cal, obs):
     return decide._mape(cal, "llama-2-7b", decide.fit_rows(obs))
 

@@ -359,8 +359,8 @@ def _gauss_rate(arch_key: str, gpu_key: str, cal: calibrate.Calibration, obs: Ob
                                   tensor_parallel_size=tp)
     lengths = (max(obs.input_len_mean, 1.0), max(obs.input_len_cv, 0.05),
                max(obs.output_len_mean, 1.0), max(obs.output_len_cv, 0.05))
-    inputs = gauss_reuse.inputs_for(coef, *lengths, kv_tokens=limits.kv_capacity_tokens)
-    key = (arch_key, gpu_key, cal.form, slo_ttft_s, slo_tbt_s, quantile, seed, limits.slots, tp)
+    inputs = gauss_reuse.inputs_for(coef, *lengths, kv_tokens=limits.kv_capacity_tokens, slots=limits.slots)
+    key = (arch_key, gpu_key, cal.form, slo_ttft_s, slo_tbt_s, quantile, seed, tp)
     hit = runs.find(key, inputs) if runs is not None else None
     if hit is not None:
         return (*hit, True)

@@ -4,12 +4,13 @@ A GAUSS λ search (Algorithm 1's bisection) costs ~0.1 s of CPU; at 200 deployme
 interval, running it every window would be most of an operator's CPU. λ* is a smooth function
 of what GAUSS sees: the service times the calibrated SLIM gives at the workload's lengths
 (prefill of a prompt; the decode step d(B, C) = p + q·C/B + r·B + s·C, GAUSS §3.3, which at
-C = B·context is a + b·B), the length distributions and the KV cache (the batch cap, an
-integer the operator sets, is part of the key). So a previous run's λ* is reused when
-every one of those inputs is within ``REL_TOL`` of the run's (CVs within ``CV_TOL``): the
-change in λ* is then of the same order, well inside the 20% rate headroom the replica count
-is sized with. A refit that barely moves the curve, a window whose mean lengths wobble by 1%,
-or another deployment of the same model and GPU with the same SLO all reuse the run.
+C = B·context is a + b·B), the length distributions, the batch cap and the KV cache. So a
+previous run's λ* is reused when every one of those inputs is within ``REL_TOL`` of the run's
+(CVs within ``CV_TOL``): the change in λ* is then of the same order (λ* moves no faster than
+the cap where the cap binds, not at all where it does not), well inside the 20% rate headroom
+the replica count is sized with. A refit that barely moves the curve, a window whose mean
+lengths wobble by 1%, a cap BCA moves from 120 to 122 with them, or another deployment of the
+same model and GPU with the same SLO all reuse the run.
 
 A run outside tolerance still starts its bisection from the nearest past run's λ*
 (:meth:`GaussRuns.nearest`). The store is process memory (lost on restart: the first window
@@ -37,19 +38,20 @@ class GaussInputs:
     overhead, and the decode step's intercept a = p + q·ctx and slope b = r + s·ctx per
     sequence at the mean context ctx (GAUSS §3.2-3.3). ``lengths``: mean input and output
     tokens. ``cvs``: their coefficients of variation. ``kv_tokens``: the engine's KV cache (0:
-    no limit; the batch cap is part of the key)."""
+    no limit). ``slots``: the batch cap (0: none given)."""
 
     service_s: tuple[float, ...]
     lengths: tuple[float, float]
     cvs: tuple[float, float]
     kv_tokens: float = 0.0
+    slots: float = 0.0
 
     def relative(self) -> np.ndarray:
-        return np.array(self.service_s + self.lengths + (self.kv_tokens,), dtype=float)
+        return np.array(self.service_s + self.lengths + (self.kv_tokens, self.slots), dtype=float)
 
 
 def inputs_for(coef, input_len: float, input_cv: float, output_len: float, output_cv: float,
-               kv_tokens: float | None = None) -> GaussInputs:
+               kv_tokens: float | None = None, slots: int | None = None) -> GaussInputs:
     """:class:`GaussInputs` of a workload on an engine described by GAUSS ``ServiceCoefficients``."""
     from kneecap.model import gauss
 
@@ -59,11 +61,11 @@ def inputs_for(coef, input_len: float, input_cv: float, output_len: float, outpu
     b_s = coef.decode_s_per_seq + coef.decode_s_per_resident_token * ctx
     return GaussInputs((float(prefill_s[0]), float(prefill_s[1]), float(coef.request_overhead_s), float(a_s),
                         float(b_s)), (float(input_len), float(output_len)), (float(input_cv), float(output_cv)),
-                       float(kv_tokens or 0.0))
+                       float(kv_tokens or 0.0), float(slots or 0))
 
 
 class GaussRuns:
-    """Past GAUSS results by key (model, GPU, form, SLO, quantile, cap), found by input tolerance."""
+    """Past GAUSS results by key (model, GPU, form, SLO, quantile, seed, TP), found by input tolerance."""
 
     def __init__(self, rel_tol: float = REL_TOL, cv_tol: float = CV_TOL, max_keys: int = MAX_KEYS,
                  max_runs_per_key: int = MAX_RUNS_PER_KEY):
