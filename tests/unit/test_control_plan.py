@@ -14,6 +14,7 @@ from kneecap.control import status as status_helpers, status_codec, tick, vllm_a
 from kneecap.control.kube import ApiError, ApiFailure
 from kneecap.control.metric_series import Series
 from kneecap.control.spec import parse_spec
+from kneecap.control.status_codec import calibration_from_status
 from tests.support.plan_inputs import LABELS, NOW, RAW, SPEC, cond, gathered, live_pool, ring_status
 from tests.support.profile_observations import observation
 
@@ -328,6 +329,16 @@ def test_a_replica_change_does_not_wait_for_the_cooldown_but_a_flag_change_does(
     d = p.status["lastDecision"]
     assert d["reason"] == "Applied" and d["target"]["maxNumSeqs"] == 32 and d["target"]["replicas"] > 1
     assert "flag changes wait (cooldown: 540s left" in d["message"]
+    # the recommended cap waits, so the pods are sized by GAUSS at the live cap they keep running
+    from kneecap.control import decide
+    from kneecap.control.manifests import EngineSettings
+
+    assert p.status["recommendation"]["maxNumSeqs"] != 32 and p.status["allocation"]["gaussMaxNumSeqs"] == 32
+    cal = calibration_from_status(p.status["calibration"])
+    live_n, _, live = decide.colocated_replicas(spec, cal, obs, settings=EngineSettings(32, 0.9, None, 1))
+    assert p.status["allocation"]["sustainableRequestsPerSecondPerReplica"] == live[
+        "sustainableRequestsPerSecondPerReplica"]
+    assert d["target"]["replicas"] == min(live_n, 2)  # ×maxStepFactor 2 a step
     (patch,) = p.patches
     assert patch.body["spec"]["replicas"] == d["target"]["replicas"]
     live = live_pool(applied).deployment["spec"]["template"]["spec"]["containers"]

@@ -283,10 +283,14 @@ def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
         replicas_external=external, restart=restart_cost)
     round_cap = None if cudagraph.eager(pools[role].engine_container) else (
         lambda cap: cudagraph.round_cap(cap, spec.batching.min_max_num_seqs, spec.batching.max_max_num_seqs))
-    d = policy.guard(base, policy.Proposal(r.settings, r.throughput_gain, r.memory_gain), spec.control,
-                     spec.batching, manifests.pool_bounds(spec, role), state,
-                     memory_for_cap=lambda cap: decide.memory_for_cap(spec, latest, cap)[:2], round_cap=round_cap,
-                     gains_for=lambda target: decide.gains(spec, cal_out.calibration, latest, base, target))
+    guard = lambda proposal: policy.guard(  # noqa: E731
+        base, proposal, spec.control, spec.batching, manifests.pool_bounds(spec, role), state,
+        memory_for_cap=lambda cap: decide.memory_for_cap(spec, latest, cap)[:2], round_cap=round_cap,
+        gains_for=lambda target: decide.gains(spec, cal_out.calibration, latest, base, target))
+    d = guard(policy.Proposal(r.settings, r.throughput_gain, r.memory_gain))
+    if not spec.disaggregated and _flags(r.settings) != _flags(base) and _flags(d.target) == _flags(base):
+        d = _replicas_at_held_flags(t, d, guard, base, cal_out.calibration, latest, restart_cost.restart_s,
+                                    observations)
     if d.action == policy.APPLY and not advise:
         _apply_primary(t, pools[role], d, cur, external)
     elif d.action == policy.APPLY:
@@ -305,6 +309,32 @@ def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
     if spec.disaggregated and r.allocation.get("prefillReplicas") and "prefill" in pools:
         _prefill_replicas(t, pools["prefill"], int(r.allocation["prefillReplicas"]), state)
     return t.finish()
+
+
+def _flags(s: manifests.EngineSettings) -> tuple:
+    return s.max_num_seqs, round(s.gpu_memory_utilization, 3), s.kv_cache_memory_bytes
+
+
+def _replicas_at_held_flags(t: _Tick, d: policy.Decision, guard, base: manifests.EngineSettings, cal, obs: Observation,
+                            restart_s: float, ring) -> policy.Decision:
+    """The guard held the recommended flags (cooldown, a restart that does not pay, …): the pool
+    keeps running at ``base``'s cap and memory, so its replicas are sized by GAUSS at those, not
+    at the recommendation's (a smaller cap sustains less per pod and would ask for pods the
+    live engines do not need). The replica change is guarded again on its own."""
+    replicas, binding, alloc = _replicas(t, cal, obs, base.replicas, restart_s, ring, settings=base)
+    if alloc:
+        t.out["allocation"] = dict(alloc)
+    alone = guard(policy.Proposal(dataclasses.replace(base, replicas=int(replicas)), 0.0, 0.0))
+    held = f"flags held ({d.reason}): {d.message}"
+    if alone.action == policy.APPLY:
+        return dataclasses.replace(alone, message=f"replicas {base.replicas}->{alone.target.replicas} at the live "
+                                                  f"cap {base.max_num_seqs} ({binding}); {held}",
+                                   restart=d.restart)
+    if d.action == policy.APPLY:  # the replicas it sized at the recommended flags are not needed at the live ones
+        return policy.Decision(policy.HOLD, "NoChange", f"replicas stay {base.replicas} at the live cap "
+                                                        f"{base.max_num_seqs} ({binding}); {held}", base,
+                               restart=d.restart)
+    return d
 
 
 def _api_errors(t: _Tick) -> None:
