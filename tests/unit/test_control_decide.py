@@ -191,6 +191,33 @@ def test_a_rate_served_within_the_slo_is_a_floor_under_gauss(profiles_csv):
     assert (low, low_bind) == (n_model, bind_model)
 
 
+def test_a_rate_that_missed_the_slo_is_a_ceiling_over_gauss(profiles_csv):
+    """A ring window that missed the SLO at a per-pod rate below GAUSS's λ* sets λ* (binding
+    "missed") and so adds pods; the highest such rate counts, one with longer requests, one
+    that met the SLO, or one below a rate served leaves GAUSS's."""
+    import math
+
+    cal, obs = _opt_fit(profiles_csv)
+    spec = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb", "costPerHour": 4},
+                       "engine": {"image": "vllm", "maxNumSeqs": 64}, "slo": {"ttftSeconds": 1.0, "tpotSeconds": 0.05}})
+    n0, bind0, a0 = decide.colocated_replicas(spec, cal, obs)
+    lam = a0["sustainableRequestsPerSecondPerReplica"]
+    slow = replace(obs, pods=2, request_rate_rps=2 * 0.5 * lam, ttft_p95_s=3.0, itl_p95_s=0.02, e2e_p95_s=5.0)
+    backlog = replace(slow, request_rate_rps=2 * 0.3 * lam)  # the next window, draining the queue
+    assert decide.missed_rate_per_replica(spec, [backlog, slow], obs) == pytest.approx(0.5 * lam)
+    for other in (replace(slow, ttft_p95_s=0.4), replace(slow, input_len_mean=1.5 * obs.input_len_mean),
+                  replace(slow, output_len_mean=1.5 * obs.output_len_mean)):
+        assert decide.missed_rate_per_replica(spec, [other], obs) is None
+    missed = decide.missed_rate_per_replica(spec, [slow], obs)
+    n, bind, a = decide.colocated_replicas(spec, cal, obs, missed_rps=missed)
+    assert bind == "missed" and a["sustainableRequestsPerSecondPerReplica"] == pytest.approx(0.5 * lam, rel=1e-5)
+    assert a["missedRequestsPerSecondPerReplica"] == pytest.approx(0.5 * lam, rel=1e-5)
+    assert n == max(1, math.ceil(decide.RATE_HEADROOM * obs.request_rate_rps / (0.5 * lam) - 1e-12)) > n0
+    # a higher rate served within the SLO: the evidence conflicts, GAUSS's λ* (raised to it) stands
+    n_s, bind_s, _ = decide.colocated_replicas(spec, cal, obs, served_rps=0.6 * lam, missed_rps=missed)
+    assert (n_s, bind_s) == (n0, bind0)
+
+
 def test_replicas_are_sized_at_the_cap_and_memory_they_apply(profiles_csv):
     """GAUSS's λ* per replica is found with the engine's own limits at the settings the pool
     would run: a tight cap queues requests for a seat (TTFT) and a small reservation fills the

@@ -403,8 +403,26 @@ def served_rate_per_replica(spec: LLMDeploymentSpec, ring, latest: Observation) 
     return best
 
 
+def missed_rate_per_replica(spec: LLMDeploymentSpec, ring, latest: Observation) -> float | None:
+    """The highest per-pod request rate of a ring window that missed a declared SLO at its p95s
+    with requests at most 1.25× as long as ``latest``'s (input and output): a rate the pool was
+    measured not to serve, so λ* is below it (None: no such window, or no SLO declared). The
+    highest, not the lowest: a window that drains the backlog of an overload misses at a lower
+    rate than the pool can serve."""
+    worst = None
+    for o in ring:
+        checks = slo_checks(spec, o)
+        if (not checks or all(v <= slo for slo, v, _ in checks) or o.pods < 1
+                or o.input_len_mean > 1.25 * latest.input_len_mean or o.output_len_mean > 1.25 * latest.output_len_mean):
+            continue
+        r = o.request_rate_rps / o.pods
+        if math.isfinite(r) and r > 0 and (worst is None or r > worst):
+            worst = r
+    return worst
+
+
 def colocated_replicas(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs: Observation,
-                       seed: int = 0, served_rps: float | None = None,
+                       seed: int = 0, served_rps: float | None = None, missed_rps: float | None = None,
                        settings: EngineSettings | None = None,
                        gauss_runs: gauss_reuse.GaussRuns | None = None) -> tuple[int, str, dict]:
     """GAUSS: per-replica SLO-sustainable rate λ*, replicas = ⌈headroom·λ/λ*⌉ (clamped later).
@@ -413,8 +431,10 @@ def colocated_replicas(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs:
     recommendation's: :func:`gauss_limits`). ``served_rps``: a per-pod rate measured within the
     SLO (:func:`served_rate_per_replica`); λ* is never below it: where the fitted model says a
     pod cannot do what it has just been seen doing, the measurement wins (a fit on a narrow
-    batch range can be far off). ``gauss_runs``: past GAUSS runs to reuse and add to (the
-    loop's, :class:`kneecap.control.loop.LoopContext`)."""
+    batch range can be far off). ``missed_rps``: a per-pod rate measured to miss the SLO
+    (:func:`missed_rate_per_replica`) above the rate served; λ* is below it, the measurement
+    winning over a model that is optimistic there. ``gauss_runs``: past GAUSS runs to reuse and
+    add to (the loop's, :class:`kneecap.control.loop.LoopContext`)."""
     from kneecap.model.sara import plan_colocated
 
     rate = max(obs.request_rate_rps, 1e-6)
@@ -425,11 +445,14 @@ def colocated_replicas(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs:
                                             model_tp(spec), gauss_runs)
     if served_rps is not None and served_rps > lam_star:
         lam_star, binding = served_rps, "served"
+    if missed_rps is not None and missed_rps < lam_star and (served_rps is None or missed_rps > served_rps):
+        lam_star, binding = missed_rps, "missed"
     cp = plan_colocated(lam_star, spec.gpus_per_replica, max(spec.accelerator.cost_per_hour, 1e-9),
                         rate_rps=RATE_HEADROOM * rate, budget_per_hour=spec.max_cost_per_hour)
     alloc = {"replicas": cp.replicas, "gpusPerReplica": spec.gpus_per_replica,
              "sustainableRequestsPerSecondPerReplica": round(lam_star, 6),
              "servedRequestsPerSecondPerReplica": None if served_rps is None else round(served_rps, 6),
+             "missedRequestsPerSecondPerReplica": None if missed_rps is None else round(missed_rps, 6),
              "observedRequestsPerSecond": round(rate, 6), "goodputRequestsPerSecond": round(cp.goodput_rps, 6),
              "costPerHour": round(cp.cost_per_hour, 4), "binding": binding if cp.binding == "rate" else cp.binding,
              "feasible": cp.feasible, "message": cp.message, "gaussRunReused": reused,

@@ -534,13 +534,13 @@ def _replicas(t: _Tick, cal, obs: Observation, current: int, restart_s: float, r
     if spec.disaggregated:
         alloc = decide.disaggregated_allocation(spec, cal, obs)
         return alloc["decodeReplicas"], "sara:" + str(alloc["binding"].get("decode", "")), alloc
-    served = decide.served_rate_per_replica(spec, ring, obs)
-    n, binding, alloc = decide.colocated_replicas(spec, cal, obs, served_rps=served, settings=settings,
-                                                  gauss_runs=t.gauss_runs)
+    served, missed = decide.served_rate_per_replica(spec, ring, obs), decide.missed_rate_per_replica(spec, ring, obs)
+    n, binding, alloc = decide.colocated_replicas(spec, cal, obs, served_rps=served, missed_rps=missed,
+                                                  settings=settings, gauss_runs=t.gauss_runs)
     if alloc:  # GAUSS found λ*: outside the hysteresis band only, a scale-down stabilised (stabilised_replicas)
         band = lambda f: decide.colocated_replicas(  # noqa: E731
             spec, cal, dataclasses.replace(obs, request_rate_rps=obs.request_rate_rps * f), served_rps=served,
-            settings=settings, gauss_runs=t.gauss_runs)[0]
+            missed_rps=missed, settings=settings, gauss_runs=t.gauss_runs)[0]
         n_down = band(1.0 + spec.control.hysteresis)
         if n > current:
             n = max(current, band(1.0 / (1.0 + spec.control.hysteresis)))
