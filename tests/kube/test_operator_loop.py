@@ -159,7 +159,7 @@ def test_scrape_failure_keeps_last_good_state_and_sets_degraded(control_plane, t
             for twin in twins.values():
                 twin.stop()  # the pod stops answering /metrics (no sync from here: nothing restarts it)
             st = wait_for(lambda: (lambda s: s if condition(s, "Degraded").get("reason") == "ScrapeFailed" else None)(
-                status(admin, NS, "deg")), timeout_s=60, what="Degraded")
+                status(admin, NS, "deg")), timeout_s=180, what="Degraded")  # a tick and a scrape timeout, under load
             sim.wait(10.0)
             st = status(admin, NS, "deg")
     finally:
