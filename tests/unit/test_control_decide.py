@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import replace
 from datetime import datetime
 
@@ -153,12 +154,16 @@ def _opt_fit(profiles_csv):
     return decide.recalibrate("opt-1.3b", "h100-64gb", obs, None, 0.3).calibration, obs[-1]
 
 
-def test_colocated_replicas_follow_the_rate_through_gauss(profiles_csv):
-    import math
+def _opt_spec(max_num_seqs: int = 64):
+    """OPT-1.3B on an H100 at $4/h with TTFT ≤ 1 s and TPOT ≤ 50 ms: the spec _opt_fit's windows are decided for."""
+    return parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb", "costPerHour": 4},
+                       "engine": {"image": "vllm", "maxNumSeqs": max_num_seqs},
+                       "slo": {"ttftSeconds": 1.0, "tpotSeconds": 0.05}})
 
+
+def test_colocated_replicas_follow_the_rate_through_gauss(profiles_csv):
     cal, obs = _opt_fit(profiles_csv)
-    spec = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb", "costPerHour": 4},
-                       "engine": {"image": "vllm", "maxNumSeqs": 64}, "slo": {"ttftSeconds": 1.0, "tpotSeconds": 0.05}})
+    spec = _opt_spec()
     n1, bind1, a1 = decide.colocated_replicas(spec, cal, obs)
     lam = a1["sustainableRequestsPerSecondPerReplica"]
     assert lam > 0 and n1 == max(1, math.ceil(decide.RATE_HEADROOM * obs.request_rate_rps / lam - 1e-12))
@@ -170,8 +175,7 @@ def test_a_rate_served_within_the_slo_is_a_floor_under_gauss(profiles_csv):
     """A ring window that met the SLO at a per-pod rate above GAUSS's λ* sets λ* (binding
     "served"); one that missed, one with shorter requests, or one below λ* leaves GAUSS's."""
     cal, obs = _opt_fit(profiles_csv)
-    spec = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb", "costPerHour": 4},
-                       "engine": {"image": "vllm", "maxNumSeqs": 64}, "slo": {"ttftSeconds": 1.0, "tpotSeconds": 0.05}})
+    spec = _opt_spec()
     n0, _, a0 = decide.colocated_replicas(spec, cal, obs)
     lam = a0["sustainableRequestsPerSecondPerReplica"]
     fast = replace(obs, pods=2, request_rate_rps=2 * 3 * lam, ttft_p95_s=0.4, itl_p95_s=0.02, e2e_p95_s=5.0)
@@ -195,11 +199,8 @@ def test_a_rate_that_missed_the_slo_is_a_ceiling_over_gauss(profiles_csv):
     """A ring window that missed the SLO at a per-pod rate below GAUSS's λ* sets λ* (binding
     "missed") and so adds pods; the highest such rate counts, one with longer requests, one
     that met the SLO, or one below a rate served leaves GAUSS's."""
-    import math
-
     cal, obs = _opt_fit(profiles_csv)
-    spec = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb", "costPerHour": 4},
-                       "engine": {"image": "vllm", "maxNumSeqs": 64}, "slo": {"ttftSeconds": 1.0, "tpotSeconds": 0.05}})
+    spec = _opt_spec()
     n0, bind0, a0 = decide.colocated_replicas(spec, cal, obs)
     lam = a0["sustainableRequestsPerSecondPerReplica"]
     slow = replace(obs, pods=2, request_rate_rps=2 * 0.5 * lam, ttft_p95_s=3.0, itl_p95_s=0.02, e2e_p95_s=5.0)
@@ -227,8 +228,7 @@ def test_replicas_are_sized_at_the_cap_and_memory_they_apply(profiles_csv):
     from kneecap.model.memory import memory_split
 
     cal, obs = _opt_fit(profiles_csv)
-    spec = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb", "costPerHour": 4},
-                       "engine": {"image": "vllm", "maxNumSeqs": 64}, "slo": {"ttftSeconds": 1.0, "tpotSeconds": 0.05}})
+    spec = _opt_spec()
     runs = {s: decide.colocated_replicas(spec, cal, obs, settings=s) for s in (
         EngineSettings(256, 0.9, None, 1), EngineSettings(16, 0.9, None, 1), EngineSettings(256, 0.06, None, 1),
         EngineSettings(256, 0.9, 2 * 2**30, 1))}
@@ -356,8 +356,7 @@ def test_a_fit_without_range_notes_is_refitted_once(curve):
 
 def test_gauss_runs_are_reused_while_their_inputs_stay_within_tolerance(profiles_csv):
     cal, obs = _opt_fit(profiles_csv)
-    spec = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb", "costPerHour": 4},
-                       "engine": {"image": "vllm", "maxNumSeqs": 64}, "slo": {"ttftSeconds": 1.0, "tpotSeconds": 0.05}})
+    spec = _opt_spec()
     runs = GaussRuns()
     _, _, first = decide.colocated_replicas(spec, cal, obs, gauss_runs=runs)
     assert first["gaussRunReused"] is False
@@ -412,8 +411,7 @@ def test_a_gauss_run_is_reused_across_a_cap_that_moved_by_a_slot_or_two(profiles
     from kneecap.control.manifests import EngineSettings
 
     cal, obs = _opt_fit(profiles_csv)
-    spec = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb", "costPerHour": 4},
-                       "engine": {"image": "vllm", "maxNumSeqs": 24}, "slo": {"ttftSeconds": 1.0, "tpotSeconds": 0.05}})
+    spec = _opt_spec(max_num_seqs=24)
     at = lambda cap: EngineSettings(max_num_seqs=cap, gpu_memory_utilization=0.9)  # noqa: E731
     runs = GaussRuns()
     _, _, first = decide.colocated_replicas(spec, cal, obs, settings=at(40), gauss_runs=runs)
@@ -452,8 +450,6 @@ def test_ring_entries_parse_each_entry_once_and_forget_dropped_ones(curve):
 def test_tensor_parallel_replicas_are_costed_and_sized_per_gpu(profiles_csv):
     """TP 2: a colocated replica costs two GPUs; SARA's prefill replicas hold two GPUs each and
     its decode GPUs are whole 2-GPU pods, costed as such."""
-    import math
-
     cal, obs = _opt_fit(profiles_csv)
     base = {"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb", "costPerHour": 4},
             "engine": {"image": "vllm", "maxNumSeqs": 64}, "slo": {"ttftSeconds": 1.0, "tpotSeconds": 0.05}}
