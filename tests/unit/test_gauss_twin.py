@@ -8,6 +8,8 @@ load, GAUSS with ``prefill_packing`` (the default) lets waiting prompts share a 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -124,11 +126,11 @@ def test_gauss_matches_the_twin_when_the_batch_cap_binds():
 @pytest.mark.parametrize("gpu_key", ["l40s", "h100-80gb"])
 def test_a_lone_chunk_step_costs_what_the_verify_twin_steps(arch_key, gpu_key):
     """One prompt alone in a step, SLIM's default θ on both sides (kneecap pack --verify's twin,
-    shared_gpu.step_cost_for): GAUSS's p + S_c against the twin's roofline step, from a
-    weight-bound chunk (64 tokens: the weight read hides the GEMMs) to compute-bound ones (the
-    GEMMs hide the weight read), causal attention. Within 2%: the twin also charges the prefilling
-    sequence's own overhead and its LM head, which GAUSS leaves out (µs). Before the overlap GAUSS
-    added the whole weight read to every chunk: +10% to +49% on the L40S."""
+    shared_gpu.step_cost_for): GAUSS's p + S_c against the twin's step, from a 64-token chunk to
+    compute-bound ones, causal attention. Both add the chunk's GEMMs to the weight read, as SLIM
+    θ was fitted (eq. 9); within 2%: the twin also charges the prefilling sequence's own overhead
+    and its LM head, which GAUSS leaves out (µs). The twin's own roofline composition (max of the
+    two) costs less by the smaller of them."""
     from kneecap.model.slim import SlimParams
     from kneecap.sim.roofline import attention_flops, step_time_s
     from kneecap.sim.shared_gpu import step_cost_for
@@ -141,3 +143,7 @@ def test_a_lone_chunk_step_costs_what_the_verify_twin_steps(arch_key, gpu_key):
                            attn_flops=attention_flops(arch, m, 0), has_prefill=True, cost=cost)
         compute, n = gauss.prefill_compute_s(coef, m, 0)
         assert n == 1 and float(compute) + coef.decode_step_s == pytest.approx(twin, rel=0.02), m
+        roofline = step_time_s(arch, gpu, num_seqs=1, num_tokens=m, kv_read_tokens=0,
+                               attn_flops=attention_flops(arch, m, 0), has_prefill=True,
+                               cost=dataclasses.replace(cost, prefill_adds_weight_read=False))
+        assert roofline < twin, m

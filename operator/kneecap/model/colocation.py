@@ -9,8 +9,6 @@ Engine i alone steps in SLIM's terms, as GAUSS's d(B, C) (``gauss.coefficients_f
          r_i = α + γ·L_i·(D_i/1024)²   (eq. 10 per token)
          s_i = 2·L_i·D_kv,i·b_kv/(η_m·BW)   (eq. 11 per context token, C by eq. 12)
          a step carrying a prefill chunk adds its compute ℓ = F_pre/(η_c·F_max)   (eqs 7–8)
-         less the weight read its GEMMs hide, min(W_i/(η_w·BW), its GEMM time) (roofline:
-         ``gauss.weight_overlap_s``)
 
 Assumptions:
 

@@ -15,7 +15,10 @@ runs on each sequence's last scheduled position only (``logits_indices`` in its 
 2·V·D per sequence, not per token, KV_read = (earlier context tokens) · 2·L·D_kv·b_kv,
 F_attn = 4·L·D·Σ_chunks (n·p + n(n+1)/2) for a chunk of n new tokens after p earlier ones
 (QKᵀ and AV, 2 FLOPs per multiply-add, causal). A step is "eager" when it carries prefill
-tokens or more decode sequences than vLLM captures CUDA graphs for (256). An MoE step reads
+tokens or more decode sequences than vLLM captures CUDA graphs for (256). With
+``prefill_adds_weight_read`` (the twin of a SLIM θ, :func:`kneecap.sim.shared_gpu.step_cost_for`)
+a step carrying prefill tokens costs W/(η_w·BW) + F_lin/(η_c·F), SLIM eq. 9's composition,
+under which that θ was fitted. An MoE step reads
 the always-used weights plus the distinct routed experts its T tokens touch (E·(1−(1−k/E)^T)
 per layer, :func:`kneecap.model.slim.distinct_experts`) and computes with the active parameters.
 
@@ -61,12 +64,15 @@ class StepCostParams:
     per_seq_overhead_s: float = 28e-6  # per scheduled sequence (metadata, sampling, detokenise)
     eager_layer_overhead_s: float = 0.24e-3  # kernel launches per layer without CUDA graphs
     cuda_graph_max_batch: int = 256  # vLLM captures decode graphs up to this batch
+    prefill_adds_weight_read: bool = False  # a prefill step's weight read and GEMMs add (SLIM eq. 9), not max
 
     def __post_init__(self):
         for name in ("bw_efficiency", "attn_bw_efficiency", "compute_efficiency"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and 0.0 < v <= 1.0):
                 raise InputError(f"step_cost.{name}", f"expected a fraction in (0, 1], got {v!r}")
+        if not isinstance(self.prefill_adds_weight_read, bool):
+            raise InputError("step_cost.prefill_adds_weight_read", f"expected true or false, got {self.prefill_adds_weight_read!r}")
         for name in ("step_overhead_s", "per_seq_overhead_s", "eager_layer_overhead_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v >= 0.0):
@@ -107,8 +113,9 @@ def step_time_s(arch: ModelArch, gpu: GPU, *, num_seqs: int, num_tokens: int, kv
     weight_bytes = weight_bytes / tp + replicated_kv_weight_bytes(arch, tp)
     linear_flops = (2.0 * max(params - embedding_params(arch), 0.0) * num_tokens  # F_lin (module docstring)
                     + 2.0 * arch.vocab * arch.hidden * num_seqs)
-    linear_s = max(weight_bytes / (cost.bw_efficiency * gpu.mem_bw_bytes_s),
-                   linear_flops / tp / (cost.compute_efficiency * gpu.peak_flops))
+    weight_s = weight_bytes / (cost.bw_efficiency * gpu.mem_bw_bytes_s)
+    gemm_s = linear_flops / tp / (cost.compute_efficiency * gpu.peak_flops)
+    linear_s = weight_s + gemm_s if has_prefill and cost.prefill_adds_weight_read else max(weight_s, gemm_s)
     attn_s = max(kv_read_tokens * kv_bytes_per_token_per_gpu(arch, tp) / (cost.attn_bw_efficiency * gpu.mem_bw_bytes_s),
                  attn_flops / tp / (cost.compute_efficiency * gpu.peak_flops))
     eager = has_prefill or num_seqs > cost.cuda_graph_max_batch

@@ -144,8 +144,10 @@ def step_cost_for(arch: ModelArch | str, params: SlimParams) -> StepCostParams:
       bw = η_w·W_twin/W_slim (the twin streams ``arch.weight_bytes``, SLIM
       ``weight_read_bytes``); if that exceeds 1, bw = 1 and the overhead takes the rest (≥ 0);
     * per sequence: α + γ·L·(D/1024)²; per context token: η_m is the attention bandwidth share;
-    * prefill: η_c; no eager launch term (SLIM's t_layer is in every step). A prefill step
-      costs max(weights, compute) in the twin, as in GAUSS (``gauss.weight_overlap_s``).
+    * prefill: η_c; no eager launch term (SLIM's t_layer is in every step). A prefill step's
+      weight read and GEMMs add, as SLIM's θ was fitted (eq. 9 adds T_pre to the step) and GAUSS
+      composes them (``gauss.coefficients_from_slim``), not the roofline's max of the twin's own
+      fit (``prefill_adds_weight_read``).
 
     A bw over 1 (η_w·W_twin/W_slim > 1) is refused: no share of the bandwidth gives that step.
     """
@@ -159,7 +161,8 @@ def step_cost_for(arch: ModelArch | str, params: SlimParams) -> StepCostParams:
                                          f"bandwidth share {bw_eff:.3f} > 1")
     per_seq_s = params.alpha_s + params.gamma_s * arch.layers * (arch.hidden / 1024.0) ** 2
     return StepCostParams(bw_efficiency=bw_eff, attn_bw_efficiency=params.eta_m, compute_efficiency=params.eta_c,
-                          step_overhead_s=per_step_s, per_seq_overhead_s=per_seq_s, eager_layer_overhead_s=0.0)
+                          step_overhead_s=per_step_s, per_seq_overhead_s=per_seq_s, eager_layer_overhead_s=0.0,
+                          prefill_adds_weight_read=True)
 
 
 def slim_params_for(arch: ModelArch | str, cost: StepCostParams = DEFAULT_STEP_COST) -> SlimParams:

@@ -17,13 +17,8 @@ Model (paper §3, our reading where the summary is loose):
   eqs 9–11 map exactly (see :func:`coefficients_from_slim`).
 * Service (§3.4): S = prefill compute + n·d̄, each chunk step also carrying the concurrent
   decode batch; the prefill slot is the server of an M/G/k FCFS queue (§3.6). A chunk step
-  reads the weights once, under its GEMMs: by the roofline (Williams, Waterman & Patterson,
-  CACM 2009, time = max(bytes/bandwidth, FLOPs/compute)) its linear part costs max(W_s, g·m_j),
-  not W_s + g·m_j, so chunk j's compute beyond the decode step it carries is
-  ℓ_j − min(W_s, g·m_j), W_s the weight read in d's p, g the GEMM time per prompt token
-  (:func:`~kneecap.model.gauss.service.weight_overlap_s`; SLIM's kneecap form has both, the
-  paper forms neither and keep the sum). A prompt packed into another's step (below) hides
-  only what that step's earlier prompts left, o(x + m) − o(x) for x tokens before it.
+  costs the decode step plus the chunk's compute, the sum (not the roofline's max of weight
+  read and GEMMs: :func:`~kneecap.model.gauss.service.coefficients_from_slim` says why).
 * Operating batch (§3.8): by Little's law the mean decode batch B̄ = λ·E[OL]·τ with τ the mean
   step a decoding request sees, d at 1 + B̄ sequences stretched by 1/(1 − ρ_c),
   ρ_c = λ·E[prefill compute] (chunk steps inflate decode steps); linear in B̄, closed form. Stability: decode needs 1 − ρ_c − λ·E[OL]·(r + s·c̄) > 0,
@@ -113,7 +108,7 @@ from kneecap.model.gauss.results import QUANTILES, GaussResult, LatencyStats, Sw
 from kneecap.model.gauss.search import HINT_BRACKET
 from kneecap.model.gauss.service import (
     DecodeFit, ServiceCoefficients, coefficients_for, coefficients_from_slim, decode_step_s, fit_decode_coefficients,
-    prefill_compute_s, weight_overlap_s,
+    prefill_compute_s,
 )
 from kneecap.model.gauss.workload import (
     BucketWorkload, ExponentialLength, FixedLength, HistogramLength, LengthDist, LogNormalLength, Workload,
@@ -129,5 +124,5 @@ __all__ = [
     "fit_decode_coefficients", "kiefer_wolfowitz_waits", "latency_stats", "lindley_waits", "lognormal_params",
     "operating_point", "prefill_compute_s", "quantile_name", "queue_waits", "raw_service_draws", "replay",
     "sample_lengths", "sample_workload", "simulate", "simulate_queue", "stability_limit_rps", "sustainable_rate",
-    "sweep_rates", "unit_interarrivals", "weight_overlap_s", "workload_moments",
+    "sweep_rates", "unit_interarrivals", "workload_moments",
 ]

@@ -14,7 +14,7 @@ from kneecap.model.gauss.errors import _positive
 from kneecap.model.gauss.limits import EngineLimits
 from kneecap.model.gauss.mean_field import WorkloadMoments, operating_point
 from kneecap.model.gauss.queues import _packed_service, queue_waits
-from kneecap.model.gauss.service import ServiceCoefficients, prefill_compute_s, weight_overlap_s
+from kneecap.model.gauss.service import ServiceCoefficients, prefill_compute_s
 from kneecap.model.gauss.tbt import _tbt_mean_field, _tbt_sample_path
 from kneecap.model.gauss.workload import lognormal_params, sample_workload, unit_interarrivals
 
@@ -90,8 +90,7 @@ def _evaluate(draws: _Draws, coef: ServiceCoefficients | None, moments: Workload
     S, shared, lag = full_s, None, np.zeros_like(full_s)
     if coef.prefill_packing and servers == 1:
         S, shared, lag = _packed_service(full_s, compute, n, op.decode_step_s, inter, draws.inp - draws.cached,
-                                         op.chunk_tokens, overlap=(lambda m: weight_overlap_s(coef, m))
-                                         if coef.weight_stream_s > 0.0 else None)
+                                         op.chunk_tokens)
     slot_steps = n if shared is None else n - shared
     W_all = queue_waits(S, inter, servers)
 

@@ -86,18 +86,13 @@ def _layout(samples: int, replications: int, servers: int) -> tuple[int, int, in
     return chains, kept, max(500, kept // 5)
 
 
-def _packed_service(full_s, compute_s, chunks, step_s, inter, uncached, budget_tokens, passes: int = 2,
-                    overlap=None):
+def _packed_service(full_s, compute_s, chunks, step_s, inter, uncached, budget_tokens, passes: int = 2):
     """Prefill-slot service with vLLM's prompt packing (GAUSS §3.4 amended): a step admits every
     waiting prompt that fits its token budget, so a request that arrived before its predecessor
     started (A_i < W_{i−1}) and fits beside it (s_{i−1} + s_i ≤ Δ) shares that step and
     pays its compute and later chunk steps only, S_i = S_c,i + (n_i − 1)·d̄, instead of
     S_c,i + n_i·d̄. Who waited depends on S: fixed-point passes of the Lindley recurrence (§3.6)
-    starting from the unpacked service. ``overlap`` (tokens ↦ seconds, service.weight_overlap_s):
-    S_c,i credits the step's weight read hidden under its own GEMMs, o(s_i); a joiner's GEMMs
-    hide only what the step's earlier prompts (x_i tokens) left, so it pays back
-    o(s_i) − [o(x_i + s_i) − o(x_i)] (the roofline's max(W_s, g·Σm) for the shared step).
-    Returns (S, whether each request shares its predecessor's step, and the lag from the end of
+    starting from the unpacked service. Returns (S, whether each request shares its predecessor's step, and the lag from the end of
     each service to the end of the step it shares, when its first token comes)."""
     fits = np.zeros(full_s.shape, dtype=bool)
     fits[:, 1:] = uncached[:, 1:] + uncached[:, :-1] <= budget_tokens
@@ -106,23 +101,9 @@ def _packed_service(full_s, compute_s, chunks, step_s, inter, uncached, budget_t
     for _ in range(passes):
         W = lindley_waits(S, inter)
         shared[:, 1:] = fits[:, 1:] & (inter[:, 1:] < W[:, :-1])
-        S = np.where(shared, _joined(packed_s, uncached, shared, overlap), full_s)
+        S = np.where(shared, packed_s, full_s)
     end = np.cumsum(inter, axis=1) + lindley_waits(S, inter) + S
     return S, shared, _shared_step_lag(end, shared)
-
-
-def _joined(packed_s, uncached, shared, overlap):
-    """A joiner's service: ``packed_s`` plus the weight-read credit the step's earlier prompts
-    already took, o(s_i) − o(x_i + s_i) + o(x_i), x_i their tokens (:func:`_packed_service`)."""
-    if overlap is None:
-        return packed_s
-    n = shared.shape[1]
-    idx = np.arange(n)
-    first = np.maximum.accumulate(np.where(shared, 0, idx), axis=1)  # the step's first prompt
-    before = np.zeros((shared.shape[0], n + 1))
-    np.cumsum(uncached, axis=1, out=before[:, 1:])
-    x = before[:, :-1] - np.take_along_axis(before, first, axis=1)
-    return packed_s + overlap(uncached) - overlap(x + uncached) + overlap(x)
 
 
 def _shared_step_lag(end, shared):

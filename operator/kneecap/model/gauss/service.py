@@ -18,14 +18,10 @@ class ServiceCoefficients:
 
     Chunk step cost: prefill_s_per_chunk + prefill_s_per_token·m + prefill_s_per_attended_token·a
     (m chunk tokens, a = m·A₀ + m(m+1)/2 causal query–key pairs after A₀ earlier tokens, as
-    :func:`prefill_compute_s`) less the weight read its GEMMs hide,
-    min(weight_stream_s, prefill_gemm_s_per_token·m) (roofline overlap: :func:`weight_overlap_s`),
-    on top of the decode step it carries. Decode step: d(B, C) = decode_step_s
-    + decode_s_per_context_token·C/B + decode_s_per_seq·B + decode_s_per_resident_token·C.
-    ``request_overhead_s`` (SLIM t_fixed) adds to TTFT but does not occupy the prefill slot.
-    ``weight_stream_s`` (the weight read W/(η_w·BW) inside decode_step_s) and
-    ``prefill_gemm_s_per_token`` (the linear layers' compute inside prefill_s_per_token) are 0
-    unless the form separates them (SLIM's kneecap form does): no overlap, chunk costs add.
+    :func:`prefill_compute_s`), on top of the decode step it carries. Decode step: d(B, C) =
+    decode_step_s + decode_s_per_context_token·C/B + decode_s_per_seq·B
+    + decode_s_per_resident_token·C. ``request_overhead_s`` (SLIM t_fixed) adds to TTFT but does
+    not occupy the prefill slot.
     """
 
     prefill_s_per_token: float
@@ -38,8 +34,6 @@ class ServiceCoefficients:
     chunk_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS  # vLLM max_num_batched_tokens: chunks of budget − decodes
     request_overhead_s: float = 0.0
     prefill_packing: bool = True  # prompts waiting together share one step (vLLM); False: GAUSS's one per step
-    weight_stream_s: float = 0.0  # W/(η_w·BW): the weight read in decode_step_s (p), hidden under a chunk's GEMMs
-    prefill_gemm_s_per_token: float = 0.0  # the linear layers' compute in prefill_s_per_token (all-reduce excluded)
 
     def __post_init__(self):
         for f in fields(self):
@@ -56,13 +50,6 @@ class ServiceCoefficients:
             raise InputError("prefill_s_per_token", "prefill costs are all zero; expected a positive prefill cost")
         if self.decode_step_s + self.decode_s_per_context_token + self.decode_s_per_seq + self.decode_s_per_resident_token <= 0:
             raise InputError("decode_step_s", "decode costs are all zero; expected a positive decode cost")
-        if self.weight_stream_s > self.decode_step_s:
-            raise InputError("weight_stream_s", f"the weight read {self.weight_stream_s!r} s is part of decode_step_s "
-                                                f"{self.decode_step_s!r} s; expected at most that")
-        if self.prefill_gemm_s_per_token > self.prefill_s_per_token:
-            raise InputError("prefill_gemm_s_per_token",
-                             f"the GEMM compute {self.prefill_gemm_s_per_token!r} s is part of prefill_s_per_token "
-                             f"{self.prefill_s_per_token!r} s; expected at most that")
 
 
 def coefficients_from_slim(
@@ -83,8 +70,11 @@ def coefficients_from_slim(
       all IL² pairs; a causal mask computes IL·(IL+1)/2 of them, at any chunking
       (:func:`prefill_compute_s`), so GAUSS's attention is eq. 8's (IL+1)/(2·IL).
       prefill_s_per_chunk = 0 (SLIM has no per-step prefill overhead).
-    * Kneecap form: weight_stream_s = W/(η_w·BW) (p's weight read) and prefill_gemm_s_per_token =
-      the eq. 8 linear part above, so a chunk step overlaps them (:func:`weight_overlap_s`).
+    * A chunk step costs the decode step it carries (weight read in p included) plus the chunk's
+      compute: the sum, as SLIM's eq. 9 adds T_pre to the steps. A roofline max(weight read,
+      GEMMs) for the step (Williams, Waterman & Patterson, CACM 2009) matches the twin's step but
+      not real vLLM: against data/gpu-latency's H100/A100 runs (Llama-3.1-70B, TP 2) it put
+      low-load TTFT 14–29% low where the sum is within 0–10% (benchmarks/tails_real_gpu.md).
     * Decode per step (T_dec/OL), with α' = α + γ·L·(D/1024)² (eq. 10 per token),
       κ = 2·L·Dkv·b_kv/(η_m·BW) (eq. 11 per context token) and c̄ = C(IL, OL)/OL = C/B the mean
       context per sequence (eq. 12), so d(B, C) = p + q·C/B + r·B + s·C with r = α', s = κ and
@@ -119,17 +109,15 @@ def coefficients_from_slim(
     per_attended = 4.0 * L * D * compute_s_per_flop  # eq. 8, 4·IL²·D
     alpha_step = alpha + gamma * L * (D / 1024.0) ** 2 / tp  # eq. 10 per output token
     kappa = 2.0 * L * Dkv_gpu * kv_bytes / (eta_m * bandwidth_bytes_s)  # eq. 11 per context token, per rank
-    weight_s = weight_bytes / (eta_w * bandwidth_bytes_s)
     if form == "kneecap":
-        p, q = t_step_s + t_layer_s * L + weight_s + allreduce_step_s, 0.0
-    else:  # the paper forms' p = B0·α' holds no separate weight read: no overlap
-        p, q, weight_s = b0 * alpha_step, (b0 * kappa if form == "paper-a" else 0.0), 0.0
+        p, q = t_step_s + t_layer_s * L + weight_bytes / (eta_w * bandwidth_bytes_s) + allreduce_step_s, 0.0
+    else:
+        p, q = b0 * alpha_step, (b0 * kappa if form == "paper-a" else 0.0)
     return ServiceCoefficients(
         prefill_s_per_token=per_token + allreduce_token_s, prefill_s_per_attended_token=per_attended,
         prefill_s_per_chunk=allreduce_step_s,
         decode_step_s=p, decode_s_per_context_token=q, decode_s_per_seq=alpha_step + allreduce_token_s,
         decode_s_per_resident_token=kappa, chunk_tokens=int(chunk_tokens), request_overhead_s=float(t_fixed_s),
-        weight_stream_s=weight_s, prefill_gemm_s_per_token=per_token if weight_s > 0 else 0.0,
     )
 
 
@@ -157,18 +145,6 @@ def coefficients_for(arch, gpu, params, form: str = "kneecap",
         peak_flops=gpu.peak_flops, bandwidth_bytes_s=gpu.mem_bw_bytes_s, form=form, chunk_tokens=chunk_tokens)
 
 
-def weight_overlap_s(coef: ServiceCoefficients, gemm_tokens):
-    """The weight read a step's GEMMs over ``gemm_tokens`` prompt tokens hide: min(W_s, g·m).
-
-    A step streams the weights once while its linear layers run, so by the roofline (Williams,
-    Waterman & Patterson, "Roofline", CACM 2009: time = max(bytes/bandwidth, FLOPs/compute) per
-    kernel) its linear part costs max(W_s, g·m), not W_s + g·m: the decode step d (which holds
-    W_s in p) plus a chunk's compute over-counts min(W_s, g·m). W_s = ``weight_stream_s``,
-    g = ``prefill_gemm_s_per_token``; 0 when the coefficients do not separate them."""
-    m = np.asarray(gemm_tokens, dtype=np.float64)
-    return np.minimum(coef.weight_stream_s, coef.prefill_gemm_s_per_token * m)
-
-
 def prefill_compute_s(coef: ServiceCoefficients, input_tokens, cached_tokens, chunk_tokens: float | None = None):
     """(compute seconds, chunk count) of chunked prefill, closed form per request (GAUSS §3.2).
 
@@ -179,9 +155,7 @@ def prefill_compute_s(coef: ServiceCoefficients, input_tokens, cached_tokens, ch
     §3.1.1, skips the masked blocks; the twin's roofline.attention_flops counts the same). Not
     GAUSS §3.2's m_j·A_j (A_j through the end of chunk j), which counts a chunk's full m_j² square.
     Δ = ``chunk_tokens`` (default: the whole budget, ``coef.chunk_tokens``). The compute is what
-    the n chunk steps cost beyond the decode steps they carry: each chunk's cost less the weight
-    read its GEMMs hide (roofline, :func:`weight_overlap_s`),
-    S_c = Σ_j ℓ_j − (n−1)·min(W_s, g·Δ) − min(W_s, g·m).
+    the n chunk steps cost beyond the decode steps they carry, S_c = Σ_j ℓ_j.
     """
     inp = np.asarray(input_tokens, dtype=np.float64)
     c = np.asarray(cached_tokens, dtype=np.float64)
@@ -191,8 +165,6 @@ def prefill_compute_s(coef: ServiceCoefficients, input_tokens, cached_tokens, ch
     last = s - (n - 1.0) * delta
     attended = s * c + s * (s + 1.0) / 2.0
     compute = coef.prefill_s_per_chunk * n + coef.prefill_s_per_token * s + coef.prefill_s_per_attended_token * attended
-    if coef.weight_stream_s > 0.0:
-        compute = compute - (n - 1.0) * weight_overlap_s(coef, delta) - weight_overlap_s(coef, last)
     return compute, n
 
 
