@@ -14,6 +14,7 @@ from kneecap.control import decide
 from kneecap.control.gauss_reuse import GaussRuns
 from kneecap.control.manifests import EngineSettings
 from kneecap.control.spec import parse_spec
+from kneecap.errors import InputError
 from kneecap.control.status_codec import calibration_from_status, calibration_to_status
 from kneecap.errors import InputError
 from tests.support.profile_observations import observation
@@ -154,11 +155,11 @@ def _opt_fit(profiles_csv):
     return decide.recalibrate("opt-1.3b", "h100-64gb", obs, None, 0.3).calibration, obs[-1]
 
 
-def _opt_spec(max_num_seqs: int = 64):
+def _opt_spec(max_num_seqs: int = 64, **control):
     """OPT-1.3B on an H100 at $4/h with TTFT ≤ 1 s and TPOT ≤ 50 ms: the spec _opt_fit's windows are decided for."""
     return parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb", "costPerHour": 4},
                        "engine": {"image": "vllm", "maxNumSeqs": max_num_seqs},
-                       "slo": {"ttftSeconds": 1.0, "tpotSeconds": 0.05}})
+                       "slo": {"ttftSeconds": 1.0, "tpotSeconds": 0.05}, **({"control": control} if control else {})})
 
 
 def test_colocated_replicas_follow_the_rate_through_gauss(profiles_csv):
@@ -166,9 +167,17 @@ def test_colocated_replicas_follow_the_rate_through_gauss(profiles_csv):
     spec = _opt_spec()
     n1, bind1, a1 = decide.colocated_replicas(spec, cal, obs)
     lam = a1["sustainableRequestsPerSecondPerReplica"]
-    assert lam > 0 and n1 == max(1, math.ceil(decide.RATE_HEADROOM * obs.request_rate_rps / lam - 1e-12))
+    assert lam > 0 and n1 == max(1, math.ceil(spec.control.rate_headroom * obs.request_rate_rps / lam - 1e-12))
     n10, _, a10 = decide.colocated_replicas(spec, cal, replace(obs, request_rate_rps=10 * obs.request_rate_rps))
     assert n10 > n1 and a10["costPerHour"] == pytest.approx(4.0 * n10)
+    # spec.control.rateHeadroom: the multiple of the rate the pool is sized for (default 1.2)
+    busy = replace(obs, request_rate_rps=10 * obs.request_rate_rps)
+    tight, _, _ = decide.colocated_replicas(_opt_spec(rateHeadroom=1.0), cal, busy)
+    roomy, _, _ = decide.colocated_replicas(_opt_spec(rateHeadroom=2.0), cal, busy)
+    assert spec.control.rate_headroom == 1.2
+    assert tight == max(1, math.ceil(busy.request_rate_rps / lam - 1e-12)) < n10 < roomy
+    with pytest.raises(InputError, match="rateHeadroom"):
+        _opt_spec(rateHeadroom=0.8)
 
 
 def test_a_rate_served_within_the_slo_is_a_floor_under_gauss(profiles_csv):
@@ -213,7 +222,7 @@ def test_a_rate_that_missed_the_slo_is_a_ceiling_over_gauss(profiles_csv):
     n, bind, a = decide.colocated_replicas(spec, cal, obs, missed_rps=missed)
     assert bind == "missed" and a["sustainableRequestsPerSecondPerReplica"] == pytest.approx(0.5 * lam, rel=1e-5)
     assert a["missedRequestsPerSecondPerReplica"] == pytest.approx(0.5 * lam, rel=1e-5)
-    assert n == max(1, math.ceil(decide.RATE_HEADROOM * obs.request_rate_rps / (0.5 * lam) - 1e-12)) > n0
+    assert n == max(1, math.ceil(spec.control.rate_headroom * obs.request_rate_rps / (0.5 * lam) - 1e-12)) > n0
     # a higher rate served within the SLO: the evidence conflicts, GAUSS's λ* (raised to it) stands
     n_s, bind_s, _ = decide.colocated_replicas(spec, cal, obs, served_rps=0.6 * lam, missed_rps=missed)
     assert (n_s, bind_s) == (n0, bind0)

@@ -73,6 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--released-memory-value", type=float, default=d.released_memory_value,
                         help="kneecap's spec.control.releasedMemoryValue (default 0: the score gives released "
                              "memory no value; --fleet measures it instead, as GPUs returned and $/h)")
+    parser.add_argument("--rate-headroom", type=float, default=d.rate_headroom,
+                        help="kneecap's spec.control.rateHeadroom: pools are sized for this multiple of the observed "
+                             f"rate (default {d.rate_headroom:g})")
+    parser.add_argument("--hysteresis", type=float, default=d.hysteresis,
+                        help=f"kneecap's spec.control.hysteresis (default {d.hysteresis:g})")
     parser.add_argument("--allow-downtime", action="store_true",
                         help="kneecap may restart a one-replica pool (spec.control.allowDowntime)")
     parser.add_argument("--hpa-metric", choices=("kv", "waiting"), default=h.metric,
@@ -129,6 +134,7 @@ def config_from_args(args):
         start_replicas=args.start_replicas,
         cost_per_gpu_hour=args.cost_per_gpu_hour, seed=args.seed, interval_s=args.interval, cooldown_s=args.cooldown,
         released_memory_value=args.released_memory_value, allow_downtime=args.allow_downtime,
+        rate_headroom=args.rate_headroom, hysteresis=args.hysteresis,
         hpa=HPASpec(metric=args.hpa_metric, target=args.hpa_target),
         kubelet=KubeletConfig(load_gib_s=args.load_gib_s, startup_s=args.startup_s,
                               termination_grace_s=args.grace_s, interrupted=args.interrupted))

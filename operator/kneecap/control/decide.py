@@ -26,9 +26,8 @@ from kneecap.naming import status_key
 
 GIB = 1024**3
 MIN_BATCH_LEVELS = 2  # distinct operating batches before SLIM is (re)fitted (DESIGN §4.3)
-RATE_HEADROOM = 1.2  # size pools for 20% more than the observed request rate
 GAUSS_SAMPLES = 20_000  # enough for p95 at the operator cadence; benchmarks use 10^6
-GAUSS_REL_TOL = 0.01  # λ* to 1%: replicas are sized with 20% rate headroom
+GAUSS_REL_TOL = 0.01  # λ* to 1%: replicas are sized with spec.control.rateHeadroom (20% by default)
 
 
 # ---------------------------------------------------------------- calibration
@@ -448,7 +447,7 @@ def colocated_replicas(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs:
     if missed_rps is not None and missed_rps < lam_star and (served_rps is None or missed_rps > served_rps):
         lam_star, binding = missed_rps, "missed"
     cp = plan_colocated(lam_star, spec.gpus_per_replica, max(spec.accelerator.cost_per_hour, 1e-9),
-                        rate_rps=RATE_HEADROOM * rate, budget_per_hour=spec.max_cost_per_hour)
+                        rate_rps=spec.control.rate_headroom * rate, budget_per_hour=spec.max_cost_per_hour)
     alloc = {"replicas": cp.replicas, "gpusPerReplica": spec.gpus_per_replica,
              "sustainableRequestsPerSecondPerReplica": round(lam_star, 6),
              "servedRequestsPerSecondPerReplica": None if served_rps is None else round(served_rps, 6),
@@ -487,7 +486,7 @@ def disaggregated_allocation(spec: LLMDeploymentSpec, cal: calibrate.Calibration
     # a prefill replica is one TP engine; the decode pool comes in whole TP engines
     pb = sara.build_problem(spec.model.architecture, gpu, wl, slo, costs, prefill_service_s=service,
                             tensor_parallel_size=tp)
-    rate = RATE_HEADROOM * max(obs.request_rate_rps, 1e-6)
+    rate = spec.control.rate_headroom * max(obs.request_rate_rps, 1e-6)
     alloc, binding = sara.min_resources(pb, rate)
     # SARA's decode pool is k_d GPUs in engines of `tp`; each of kneecap's pods is one engine
     # holding `gpus` GPUs (the TP size, or the GPU limit a pod had before spec.engine.tensorParallelSize)

@@ -219,6 +219,7 @@ class ControlSpec:
     max_observation_age_s: float  # spec.control.maxObservationAge, else 3 x window_s
     allow_downtime: bool = False  # apply a restart that leaves the pool without a Ready pod
     released_memory_value: float = 1.0  # a released memory fraction's worth against a restart (restart.py)
+    rate_headroom: float = 1.2  # colocated pools are sized for this multiple of the observed rate (decide.py)
 
 
 @dataclass(frozen=True)
@@ -528,7 +529,8 @@ def parse_spec(raw: Mapping | None, config_map: Mapping | None = None) -> LLMDep
             observation_history=c["observationHistory"], max_fit_error=float(c["maxFitError"]),
             max_observation_age_s=(parse_duration_s(c["maxObservationAge"], "spec.control.maxObservationAge")
                                    if "maxObservationAge" in c else 3 * window_s),
-            allow_downtime=bool(c["allowDowntime"]), released_memory_value=float(c["releasedMemoryValue"])),
+            allow_downtime=bool(c["allowDowntime"]), released_memory_value=float(c["releasedMemoryValue"]),
+            rate_headroom=float(c["rateHeadroom"])),
         rollout=RolloutSpec(s["rollout"]["maxSurge"], s["rollout"]["maxUnavailable"]),
         placement=_placement(s["placement"]),
     )

@@ -83,6 +83,8 @@ class ReplayConfig:
     # the replay scores good requests per GPU-hour, where memory a pod does not use earns nothing
     released_memory_value: float = 0.0
     allow_downtime: bool = False  # spec.control.allowDowntime: restart a one-replica pool
+    rate_headroom: float = 1.2  # spec.control.rateHeadroom: the multiple of the observed rate pools are sized for
+    hysteresis: float = 0.1  # spec.control.hysteresis: the band a replica or flag change must leave
     hpa: HPASpec = field(default_factory=HPASpec)
     hpa_waiting: HPASpec = field(default_factory=lambda: HPASpec(metric="waiting", target=5.0))
     keda: KedaSLOSpec = field(default_factory=KedaSLOSpec)
@@ -150,7 +152,8 @@ def _llmd_spec(cfg: ReplayConfig) -> dict:
         "slo": {"ttftSeconds": cfg.slo_ttft_s, "tpotSeconds": cfg.slo_tpot_s, "quantile": cfg.quantile},
         "control": {"mode": "enforce", "interval": f"{cfg.interval_s:g}s", "window": f"{cfg.interval_s:g}s",
                     "cooldown": f"{cfg.cooldown_s:g}s", "minObservations": cfg.min_observations,
-                    "releasedMemoryValue": cfg.released_memory_value, "allowDowntime": cfg.allow_downtime},
+                    "releasedMemoryValue": cfg.released_memory_value, "allowDowntime": cfg.allow_downtime,
+                    "rateHeadroom": cfg.rate_headroom, "hysteresis": cfg.hysteresis},
     }
 
 
