@@ -94,28 +94,59 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(out) + "\n"
 
 
+def code_version() -> str | None:
+    """The checkout's short commit, with ``+dirty`` when it has uncommitted changes (None outside git)."""
+    import subprocess
+
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
+def cases(raw: Trace) -> list[tuple[str, str, Trace, int]]:
+    """(name, what it stresses, trace, compression) of every trace of the suite: ``raw`` at ×1 to
+    the least factor whose peak needs MOST_REPLICAS of the defaults, and each variant at the least
+    factor for a PEAK_REPLICAS peak."""
+    out = [(f"azure-conv ×{factor}", "the trace itself at this compression", raw, factor)
+           for factor in range(1, compression_for_peak(raw, CONFIG, MOST_REPLICAS) + 1)]
+    for name, (stresses, variant) in SUITE.items():
+        trace = variant(raw)
+        out.append((name, stresses, trace, compression_for_peak(trace, CONFIG, PEAK_REPLICAS)))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--only", nargs="*", default=None, help="trace names to run (default all)")
+    ap.add_argument("--part", type=Path, default=None, help="write this partial JSON instead of the results")
+    ap.add_argument("--merge", nargs="*", type=Path, default=None, help="partial JSONs to merge into the results")
     args = ap.parse_args(argv)
     raw = read_trace(TRACE)
-    cases: list[tuple[str, str, Trace, int | None]] = []
-    most = compression_for_peak(raw, CONFIG, MOST_REPLICAS)
-    for factor in range(1, most + 1):
-        cases.append((f"azure-conv ×{factor}", "the trace itself at this compression", raw, factor))
-    for name, (stresses, variant) in SUITE.items():
-        cases.append((name, stresses, variant(raw), None))
+    suite = cases(raw)
+    most = max(factor for name, _, _, factor in suite if name.startswith("azure-conv"))
     rows = []
-    for name, stresses, trace, factor in cases:
+    if args.merge is not None:  # the rows of parts run side by side (--only ... --part FILE), in suite order
+        by_name = {r["trace"]: r for part in args.merge for r in json.loads(part.read_text())["rows"]}
+        rows = [by_name[name] for name, *_ in suite if name in by_name]
+    for name, stresses, trace, factor in suite if args.merge is None else ():
         if args.only is not None and name not in args.only:
             continue
-        factor = factor if factor is not None else compression_for_peak(trace, CONFIG, PEAK_REPLICAS)
         rows.append(row(name, stresses, trace, factor))
         print(json.dumps({k: rows[-1][k] for k in ("trace", "compress", "vs_oracle", "vs_best_baseline",
                                                     "kneecap_cap_changes", "cpu_s")}), flush=True)
+    if args.part is not None:
+        args.part.write_text(json.dumps({"rows": rows}, indent=1, sort_keys=True, default=str))
+        return 0
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "trace_suite.json").write_text(json.dumps({"rows": rows, "most_replicas_compress": most,
+                                                           "code": code_version(),
                                                            "config": dataclasses.asdict(CONFIG)},
                                                           indent=1, sort_keys=True, default=str))
     (args.out / "trace_suite.md").write_text(markdown(rows))

@@ -1,0 +1,139 @@
+"""Sensitivity of kneecap's replica policy to its constants, over the whole trace suite.
+
+Issue 23 asks that the policy's constants come from a sweep over the suite, never from one
+trace. The two that size a colocated pool are swept here: ``spec.control.rateHeadroom`` (the
+multiple of the observed rate the pool is sized for) and ``spec.control.hysteresis`` (the band a
+replica count must leave before it moves). Every trace of `trace_suite.py` (same compressions,
+same config) is replayed with the kneecap policy alone at each setting; the oracle and the
+baselines do not depend on them and are read from trace_suite.json (run that first, on the same
+code). Per setting: good requests per GPU-hour against the oracle, SLO attainment, and how many
+traces meet the suite's goals (attainment ≥ q wherever the oracle's is, ≥ 0.97× the oracle's
+good requests per GPU-hour). Virtual time: deterministic.
+
+    PYTHONPATH=operator .venv/bin/python benchmarks/trace_sweep.py [--only TRACE ...] [--part FILE]
+    PYTHONPATH=operator .venv/bin/python benchmarks/trace_sweep.py --merge FILE ...
+
+Writes trace_sweep.{json,md} to results/ (``--part``: one partial JSON for ``--merge``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _paths import RESULTS  # noqa: E402
+from trace_replay import CONFIG, TRACE  # noqa: E402
+from trace_suite import cases, code_version  # noqa: E402
+
+from kneecap.sim.replay import Sweep, peak_sized_replicas, replay  # noqa: E402
+from kneecap.sim.trace import compress, read_trace  # noqa: E402
+
+# (rateHeadroom, hysteresis); the shipped default is the first
+SETTINGS = ((1.2, 0.1), (1.0, 0.1), (1.1, 0.1), (1.35, 0.1), (1.2, 0.0), (1.2, 0.2))
+VS_ORACLE_GOAL = 0.97
+
+
+def run_trace(trace, factor: int) -> list[dict]:
+    """kneecap at every setting on one trace, all from the same start (the defaults' peak-sized pool)."""
+    squeezed = compress(trace, factor)
+    start = peak_sized_replicas(squeezed, CONFIG, Sweep())
+    out = []
+    for headroom, band in SETTINGS:
+        cpu0 = time.process_time()
+        cfg = dataclasses.replace(CONFIG, start_replicas=start, rate_headroom=headroom, hysteresis=band)
+        k = replay(squeezed, cfg, ["kneecap"])["report"]["policies"]["kneecap"]
+        out.append({"rate_headroom": headroom, "hysteresis": band, "good_per_gpu_hour": k["good_per_gpu_hour"] or 0.0,
+                    "attainment": k["slo_attainment_requests"], "mean_replicas": k["mean_replicas"],
+                    "pods_started": k["pods_started"], "flaps": k["flaps"], "restarts": k["restarts"],
+                    "cpu_s": round(time.process_time() - cpu0, 1)})
+    return out
+
+
+def summarise(rows: list[dict], suite: dict, quantile: float) -> list[dict]:
+    """Per setting: traces meeting the goals against the oracle of trace_suite.json."""
+    ref = {r["trace"]: r for r in suite["rows"]}
+    out = []
+    for i, (headroom, band) in enumerate(SETTINGS):
+        ratios, met, att_met = [], 0, 0
+        for r in rows:
+            s, o = r["settings"][i], ref[r["trace"]]
+            oracle_good, oracle_att = o["good_per_gpu_hour"]["oracle"], o["attainment"]["oracle"]
+            ratio = s["good_per_gpu_hour"] / oracle_good if oracle_good else None
+            s["vs_oracle"] = None if ratio is None else round(ratio, 4)
+            attains = s["attainment"] >= quantile or oracle_att < quantile
+            att_met += attains
+            met += bool(attains and ratio is not None and ratio >= VS_ORACLE_GOAL)
+            if ratio is not None:
+                ratios.append(ratio)
+        out.append({"rate_headroom": headroom, "hysteresis": band, "traces": len(rows), "goals_met": met,
+                    "attainment_met": att_met, "min_vs_oracle": round(min(ratios), 4) if ratios else None,
+                    "geomean_vs_oracle": round(float(_geomean(ratios)), 4) if ratios else None,
+                    "flaps": sum(r["settings"][i]["flaps"] for r in rows)})
+    return out
+
+
+def _geomean(xs):
+    import math
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def markdown(rows: list[dict], summary: list[dict], suite: dict) -> str:
+    head = [f"{h:g} / {b:g}" for h, b in SETTINGS]
+    out = ["# Trace suite: sensitivity of the replica policy", "", __doc__.split("\n\n")[1].replace("\n", " "), "",
+           f"Suite results: trace_suite.json on {suite.get('code', '?')}. Columns: rateHeadroom / hysteresis.", "",
+           "| setting | traces meeting the goals | attainment ≥ q where the oracle's is | vs oracle, worst | "
+           "vs oracle, geometric mean | flaps |", "|---|---|---|---|---|---|"]
+    for s in summary:
+        shipped = " (shipped)" if (s["rate_headroom"], s["hysteresis"]) == SETTINGS[0] else ""
+        out.append(f"| {s['rate_headroom']:g} / {s['hysteresis']:g}{shipped} | {s['goals_met']} of {s['traces']} "
+                   f"| {s['attainment_met']} of {s['traces']} | {s['min_vs_oracle']} | {s['geomean_vs_oracle']} "
+                   f"| {s['flaps']} |")
+    out += ["", "Per trace, kneecap's good requests per GPU-hour against the oracle (attainment of requests):", "",
+            "| trace | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
+    for r in rows:
+        out.append(f"| {r['trace']} | " + " | ".join(f"{s['vs_oracle']} ({s['attainment']:.4f})"
+                                                   for s in r["settings"]) + " |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", nargs="*", default=None, help="trace names to run (default all)")
+    ap.add_argument("--part", type=Path, default=None, help="write this partial JSON instead of the results")
+    ap.add_argument("--merge", nargs="*", type=Path, default=None, help="partial JSONs to merge into the results")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    suite = json.loads((args.out / "trace_suite.json").read_text())
+    if args.merge is not None:
+        by_name = {r["trace"]: r for part in args.merge for r in json.loads(part.read_text())["rows"]}
+        order = [name for name, *_ in cases(read_trace(TRACE))]
+        rows = [by_name[name] for name in order if name in by_name]
+    else:
+        rows = []
+        for name, _, trace, factor in cases(read_trace(TRACE)):
+            if args.only is not None and name not in args.only:
+                continue
+            rows.append({"trace": name, "compress": factor, "settings": run_trace(trace, factor)})
+            print(json.dumps({"trace": name, "good": [s["good_per_gpu_hour"] for s in rows[-1]["settings"]]}),
+                  flush=True)
+        if args.part is not None:
+            args.part.write_text(json.dumps({"rows": rows}, indent=1))
+            return 0
+    summary = summarise(rows, suite, CONFIG.quantile)
+    result = {"settings": [list(s) for s in SETTINGS], "summary": summary, "rows": rows, "suite_code": suite.get("code"),
+              "code": code_version()}
+    (args.out / "trace_sweep.json").write_text(json.dumps(result, indent=1, sort_keys=True))
+    (args.out / "trace_sweep.md").write_text(markdown(rows, summary, suite))
+    print(markdown(rows, summary, suite))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
