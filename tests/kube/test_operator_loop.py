@@ -67,7 +67,8 @@ def test_advise_records_but_never_patches(control_plane, token, sim):
             pods.wait()
             wait_for(lambda: calibrated(admin, "adv", seen_batch=4.0), timeout_s=180,
                      what="a calibration on the high load's batches")
-            st = wait_for(lambda: _advised(admin, "adv"), timeout_s=60, what="the Advised event of the status's cap")
+            st = wait_for(lambda: _advised(admin, "adv"), timeout_s=180,
+                         what="the Advised event of the status's cap")
     finally:
         pods.stop()
     assert runner.exit_code == 0, runner.output
