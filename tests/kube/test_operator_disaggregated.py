@@ -74,7 +74,8 @@ def test_disaggregated_enforce_sets_decode_cap_and_sara_prefill_pool(control_pla
     assert vllm_args.container_flag(pre, "--max-num-seqs") == "8"
     # every prefill scale is SARA's size within the ×2 step limit, from the over-provisioned 3
     steps = [tuple(int(x) for x in re.search(r"replicas (\d+)->(\d+) \(SARA wants (\d+)\)", e["message"]).groups())
-             for e in sorted(events(admin, NS, "Applied", "dis"), key=lambda e: e["metadata"]["creationTimestamp"])
+             # in write order: etcd's revision (creationTimestamp has whole seconds, and two steps may share one)
+             for e in sorted(events(admin, NS, "Applied", "dis"), key=lambda e: int(e["metadata"]["resourceVersion"]))
              if "prefill pool dis-prefill" in e["message"]]
     assert steps, "no prefill decision applied"
     assert steps[0][0] == OVERPROVISIONED
