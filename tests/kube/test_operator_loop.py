@@ -45,16 +45,20 @@ def calibrated(admin, name, seen_batch: float = 0.0):
     return st if ok else None
 
 
-def _advised_step(st: dict) -> str:
-    """The cap move an Advised event names for the status's recommendation (one step of at most 16)."""
-    return f"cap 8->{min(16, st['recommendation']['maxNumSeqs'])}"
+def _advised_step(st: dict) -> str | None:
+    """The cap move an Advised event names for the advice in force (``status.advised``: the
+    guarded step toward a recommendation, kept through the cooldown while the recommendation
+    moves with each window)."""
+    target = ((st.get("advised") or {}).get("target") or {}).get("maxNumSeqs")
+    return None if target is None else f"cap 8->{target}"
 
 
 def _advised(admin, name):
-    """The calibrated status once an Advised event names its recommendation's cap (the event
-    follows the status write of its tick)."""
+    """The calibrated status once an Advised event names its advice's cap (the event follows
+    the status write of its tick)."""
     st = calibrated(admin, name, seen_batch=4.0)
-    return st if st and any(_advised_step(st) in e["message"] for e in events(admin, NS, "Advised", name)) else None
+    step = st and _advised_step(st)
+    return st if step and any(step in e["message"] for e in events(admin, NS, "Advised", name)) else None
 
 
 def test_advise_records_but_never_patches(control_plane, token, sim):
@@ -82,6 +86,7 @@ def test_advise_records_but_never_patches(control_plane, token, sim):
     # a cap of 8 is far below OPT-1.3B's knee: the cap rises and SLIM predicts a gain (its size
     # depends on the windows measured; beside two CPU burners, 8 -> 16 was predicted at +4 %)
     assert rec["maxNumSeqs"] > 8 and rec["throughputGain"] > 0
+    assert 8 < st["advised"]["target"]["maxNumSeqs"] <= 16  # one step of at most ×2 (maxStepFactor)
     assert 0.05 <= rec["gpuMemoryUtilization"] <= 0.95 and rec["kvBytes"] > 0
     assert cal["points"] >= 2 and cal["parameters"]["etaM"] > 0 and cal["fitErrorPercent"] < 50
     assert 3 <= len(st["observations"]) <= 50 and all(o["pool"] == "server" for o in st["observations"])
