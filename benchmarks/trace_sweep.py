@@ -113,8 +113,7 @@ def main(argv=None) -> int:
     suite = json.loads((args.out / "trace_suite.json").read_text())
     if args.merge is not None:
         by_name = {r["trace"]: r for part in args.merge for r in json.loads(part.read_text())["rows"]}
-        order = [name for name, *_ in cases(read_trace(TRACE))]
-        rows = [by_name[name] for name in order if name in by_name]
+        rows = [by_name[r["trace"]] for r in suite["rows"] if r["trace"] in by_name]  # the suite's order
     else:
         rows = []
         for name, _, trace, factor in cases(read_trace(TRACE)):
