@@ -109,6 +109,12 @@ def code_version() -> str | None:
     return head + ("+dirty" if dirty else "")
 
 
+def merged_rows(parts: list[Path], order: list[str]) -> list[dict]:
+    """The rows of partial JSONs (``--part``) written by runs side by side, in ``order`` of trace name."""
+    by_name = {r["trace"]: r for part in parts for r in json.loads(part.read_text())["rows"]}
+    return [by_name[name] for name in order if name in by_name]
+
+
 def cases(raw: Trace) -> list[tuple[str, str, Trace, int]]:
     """(name, what it stresses, trace, compression) of every trace of the suite: ``raw`` at ×1 to
     the least factor whose peak needs MOST_REPLICAS of the defaults, and each variant at the least
@@ -133,8 +139,7 @@ def main(argv=None) -> int:
     most = max(factor for name, _, _, factor in suite if name.startswith("azure-conv"))
     rows = []
     if args.merge is not None:  # the rows of parts run side by side (--only ... --part FILE), in suite order
-        by_name = {r["trace"]: r for part in args.merge for r in json.loads(part.read_text())["rows"]}
-        rows = [by_name[name] for name, *_ in suite if name in by_name]
+        rows = merged_rows(args.merge, [name for name, *_ in suite])
     for name, stresses, trace, factor in suite if args.merge is None else ():
         if args.only is not None and name not in args.only:
             continue

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _paths import RESULTS  # noqa: E402
 from trace_replay import CONFIG, TRACE  # noqa: E402
-from trace_suite import cases, code_version  # noqa: E402
+from trace_suite import cases, code_version, merged_rows  # noqa: E402
 
 from kneecap.sim.replay import Sweep, peak_sized_replicas, replay  # noqa: E402
 from kneecap.sim.trace import compress, read_trace  # noqa: E402
@@ -74,14 +75,9 @@ def summarise(rows: list[dict], suite: dict, quantile: float) -> list[dict]:
                 ratios.append(ratio)
         out.append({"rate_headroom": headroom, "hysteresis": band, "traces": len(rows), "goals_met": met,
                     "attainment_met": att_met, "min_vs_oracle": round(min(ratios), 4) if ratios else None,
-                    "geomean_vs_oracle": round(float(_geomean(ratios)), 4) if ratios else None,
+                    "geomean_vs_oracle": round(statistics.geometric_mean(ratios), 4) if ratios else None,
                     "flaps": sum(r["settings"][i]["flaps"] for r in rows)})
     return out
-
-
-def _geomean(xs):
-    import math
-    return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
 def markdown(rows: list[dict], summary: list[dict], suite: dict) -> str:
@@ -112,8 +108,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     suite = json.loads((args.out / "trace_suite.json").read_text())
     if args.merge is not None:
-        by_name = {r["trace"]: r for part in args.merge for r in json.loads(part.read_text())["rows"]}
-        rows = [by_name[r["trace"]] for r in suite["rows"] if r["trace"] in by_name]  # the suite's order
+        rows = merged_rows(args.merge, [r["trace"] for r in suite["rows"]])  # the suite's order
     else:
         rows = []
         for name, _, trace, factor in cases(read_trace(TRACE)):
