@@ -72,7 +72,8 @@ class StepCostParams:
             if not (isinstance(v, (int, float)) and 0.0 < v <= 1.0):
                 raise InputError(f"step_cost.{name}", f"expected a fraction in (0, 1], got {v!r}")
         if not isinstance(self.prefill_adds_weight_read, bool):
-            raise InputError("step_cost.prefill_adds_weight_read", f"expected true or false, got {self.prefill_adds_weight_read!r}")
+            raise InputError("step_cost.prefill_adds_weight_read",
+                             f"expected true or false, got {self.prefill_adds_weight_read!r}")
         for name in ("step_overhead_s", "per_seq_overhead_s", "eager_layer_overhead_s"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and v >= 0.0):

@@ -92,8 +92,9 @@ def _packed_service(full_s, compute_s, chunks, step_s, inter, uncached, budget_t
     started (A_i < W_{i−1}) and fits beside it (s_{i−1} + s_i ≤ Δ) shares that step and
     pays its compute and later chunk steps only, S_i = S_c,i + (n_i − 1)·d̄, instead of
     S_c,i + n_i·d̄. Who waited depends on S: fixed-point passes of the Lindley recurrence (§3.6)
-    starting from the unpacked service. Returns (S, whether each request shares its predecessor's step, and the lag from the end of
-    each service to the end of the step it shares, when its first token comes)."""
+    starting from the unpacked service. Returns (S, whether each request shares its
+    predecessor's step, and the lag from the end of each service to the end of the step it
+    shares, when its first token comes)."""
     fits = np.zeros(full_s.shape, dtype=bool)
     fits[:, 1:] = uncached[:, 1:] + uncached[:, :-1] <= budget_tokens
     packed_s = compute_s + (chunks - 1.0) * step_s
