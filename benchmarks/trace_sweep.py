@@ -10,8 +10,8 @@ code). Per setting: good requests per GPU-hour against the oracle, SLO attainmen
 traces meet the suite's goals (attainment ≥ q wherever the oracle's is, ≥ 0.97× the oracle's
 good requests per GPU-hour). Virtual time: deterministic.
 
-    PYTHONPATH=operator .venv/bin/python benchmarks/trace_sweep.py [--only TRACE ...] [--part FILE]
-    PYTHONPATH=operator .venv/bin/python benchmarks/trace_sweep.py --merge FILE ...
+    PYTHONPATH=operator .venv/bin/python benchmarks/trace_sweep.py [--settings H/B,...] [--only TRACE ...] [--part FILE]
+    PYTHONPATH=operator .venv/bin/python benchmarks/trace_sweep.py [--settings H/B,...] --merge FILE ...
 
 Writes trace_sweep.{json,md} to results/ (``--part``: one partial JSON for ``--merge``).
 """
@@ -41,12 +41,21 @@ SETTINGS = ((1.2, 0.1), (1.0, 0.1), (1.1, 0.1), (1.35, 0.1), (1.2, 0.0), (1.2, 0
 VS_ORACLE_GOAL = 0.97
 
 
-def run_trace(trace, factor: int) -> list[dict]:
+def parse_settings(text: str) -> tuple[tuple[float, float], ...]:
+    """``1.2/0.1,1.1/0.1`` -> ((1.2, 0.1), (1.1, 0.1)): rateHeadroom/hysteresis pairs, the shipped one first."""
+    try:
+        pairs = tuple((float(h), float(b)) for h, b in (item.split("/") for item in text.split(",")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected HEADROOM/HYSTERESIS pairs separated by commas, got {text!r}")
+    return pairs
+
+
+def run_trace(trace, factor: int, settings=SETTINGS) -> list[dict]:
     """kneecap at every setting on one trace, all from the same start (the defaults' peak-sized pool)."""
     squeezed = compress(trace, factor)
     start = peak_sized_replicas(squeezed, CONFIG, Sweep())
     out = []
-    for headroom, band in SETTINGS:
+    for headroom, band in settings:
         cpu0 = time.process_time()
         cfg = dataclasses.replace(CONFIG, start_replicas=start, rate_headroom=headroom, hysteresis=band)
         k = replay(squeezed, cfg, ["kneecap"])["report"]["policies"]["kneecap"]
@@ -57,11 +66,11 @@ def run_trace(trace, factor: int) -> list[dict]:
     return out
 
 
-def summarise(rows: list[dict], suite: dict, quantile: float) -> list[dict]:
+def summarise(rows: list[dict], suite: dict, quantile: float, settings=SETTINGS) -> list[dict]:
     """Per setting: traces meeting the goals against the oracle of trace_suite.json."""
     ref = {r["trace"]: r for r in suite["rows"]}
     out = []
-    for i, (headroom, band) in enumerate(SETTINGS):
+    for i, (headroom, band) in enumerate(settings):
         ratios, met, att_met = [], 0, 0
         for r in rows:
             s, o = r["settings"][i], ref[r["trace"]]
@@ -80,14 +89,14 @@ def summarise(rows: list[dict], suite: dict, quantile: float) -> list[dict]:
     return out
 
 
-def markdown(rows: list[dict], summary: list[dict], suite: dict) -> str:
-    head = [f"{h:g} / {b:g}" for h, b in SETTINGS]
+def markdown(rows: list[dict], summary: list[dict], suite: dict, settings=SETTINGS) -> str:
+    head = [f"{h:g} / {b:g}" for h, b in settings]
     out = ["# Trace suite: sensitivity of the replica policy", "", __doc__.split("\n\n")[1].replace("\n", " "), "",
            f"Suite results: trace_suite.json on {suite.get('code', '?')}. Columns: rateHeadroom / hysteresis.", "",
            "| setting | traces meeting the goals | attainment ≥ q where the oracle's is | vs oracle, worst | "
            "vs oracle, geometric mean | flaps |", "|---|---|---|---|---|---|"]
     for s in summary:
-        shipped = " (shipped)" if (s["rate_headroom"], s["hysteresis"]) == SETTINGS[0] else ""
+        shipped = " (shipped)" if (s["rate_headroom"], s["hysteresis"]) == settings[0] else ""
         out.append(f"| {s['rate_headroom']:g} / {s['hysteresis']:g}{shipped} | {s['goals_met']} of {s['traces']} "
                    f"| {s['attainment_met']} of {s['traces']} | {s['min_vs_oracle']} | {s['geomean_vs_oracle']} "
                    f"| {s['flaps']} |")
@@ -101,11 +110,14 @@ def markdown(rows: list[dict], summary: list[dict], suite: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--settings", type=parse_settings, default=None,
+                    help="rateHeadroom/hysteresis pairs to run, the shipped one first (default: SETTINGS)")
     ap.add_argument("--only", nargs="*", default=None, help="trace names to run (default all)")
     ap.add_argument("--part", type=Path, default=None, help="write this partial JSON instead of the results")
     ap.add_argument("--merge", nargs="*", type=Path, default=None, help="partial JSONs to merge into the results")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
+    settings = args.settings or SETTINGS
     suite = json.loads((args.out / "trace_suite.json").read_text())
     if args.merge is not None:
         rows = merged_rows(args.merge, [r["trace"] for r in suite["rows"]])  # the suite's order
@@ -114,18 +126,19 @@ def main(argv=None) -> int:
         for name, _, trace, factor in cases(read_trace(TRACE)):
             if args.only is not None and name not in args.only:
                 continue
-            rows.append({"trace": name, "compress": factor, "settings": run_trace(trace, factor)})
+            rows.append({"trace": name, "compress": factor, "settings": run_trace(trace, factor, settings)})
             print(json.dumps({"trace": name, "good": [s["good_per_gpu_hour"] for s in rows[-1]["settings"]]}),
                   flush=True)
         if args.part is not None:
             args.part.write_text(json.dumps({"rows": rows}, indent=1))
             return 0
-    summary = summarise(rows, suite, CONFIG.quantile)
-    result = {"settings": [list(s) for s in SETTINGS], "summary": summary, "rows": rows, "suite_code": suite.get("code"),
+    summary = summarise(rows, suite, CONFIG.quantile, settings)
+    result = {"settings": [list(s) for s in settings], "summary": summary, "rows": rows,
+              "suite_code": suite.get("code"),
               "code": code_version()}
     (args.out / "trace_sweep.json").write_text(json.dumps(result, indent=1, sort_keys=True))
-    (args.out / "trace_sweep.md").write_text(markdown(rows, summary, suite))
-    print(markdown(rows, summary, suite))
+    (args.out / "trace_sweep.md").write_text(markdown(rows, summary, suite, settings))
+    print(markdown(rows, summary, suite, settings))
     return 0
 
 

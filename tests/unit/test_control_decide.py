@@ -506,3 +506,39 @@ def test_on_a_shared_gpu_the_memory_recommended_keeps_to_the_share(curve):
     shared = decide.recommend(replace(SPEC, shared_gpu_share=share), "server", out.calibration, obs[-1],
                               EngineSettings(32, 0.9, None, 1))
     assert whole.gpu_memory_utilization > share and shared.gpu_memory_utilization == share
+
+
+def test_tails_measured_below_the_gauss_curve_raise_lambda_star(profiles_csv):
+    """A window whose p95 TTFT and TPOT lie below GAUSS's p95 curves at the per-pod rate it ran
+    raises λ* (the model is pessimistic there: the pod carried rate r with the tails the model
+    gives at a lower rate), by at most MEASURED_FACTOR_MAX; a tail the model predicts or worse
+    on either metric, no SLO measured or no traffic leave λ* as GAUSS gives it."""
+    cal, obs = _opt_fit(profiles_csv)
+    spec = _opt_spec()
+    n0, bind0, a0 = decide.colocated_replicas(spec, cal, obs)
+    lam = a0["sustainableRequestsPerSecondPerReplica"]
+    ran = replace(obs, pods=2, request_rate_rps=2 * 0.7 * lam)
+    worse = replace(ran, ttft_p95_s=0.99, itl_p95_s=0.049, tpot_p95_s=0.049)  # at the SLO: above the curve at 0.7 λ*
+    assert decide.measured_rate_factor(spec, cal, worse, None) == (1.0, {"TTFT": 1.0, "TPOT": 1.0})
+    assert decide.measured_rate_factor(spec, cal, replace(ran, request_rate_rps=0.0), None) == (1.0, {})
+    unmeasured = replace(ran, ttft_p95_s=None, itl_p95_s=None, tpot_p95_s=None)
+    assert decide.measured_rate_factor(spec, cal, unmeasured, None) == (1.0, {})
+    floor = replace(ran, ttft_p95_s=1e-4, itl_p95_s=1e-4, tpot_p95_s=1e-4)  # below any load's tails
+    top, detail = decide.measured_rate_factor(spec, cal, floor, None)
+    assert top == decide.MEASURED_FACTOR_MAX and set(detail.values()) == {decide.MEASURED_FACTOR_MAX}
+    # TTFT below its curve, TPOT at its SLO: loosening TTFT would let TPOT, which the fit does not
+    # overestimate, bind at a rate it may not hold
+    mixed, per_metric = decide.measured_rate_factor(spec, cal, replace(floor, itl_p95_s=0.049, tpot_p95_s=0.049), None)
+    assert mixed == 1.0 and per_metric == {"TTFT": decide.MEASURED_FACTOR_MAX, "TPOT": 1.0}
+    factors = [decide.measured_rate_factor(spec, cal, replace(ran, ttft_p95_s=y, itl_p95_s=y / 20,
+                                                              tpot_p95_s=y / 20), None)[0]
+               for y in (1e-3, 0.05, 0.1, 0.2, 0.4, 0.99)]
+    assert all(a >= b for a, b in zip(factors, factors[1:])) and factors[0] > factors[-1] == 1.0
+    big = replace(obs, request_rate_rps=12 * lam)
+    n_model, _, _ = decide.colocated_replicas(spec, cal, big)
+    n, bind, a = decide.colocated_replicas(spec, cal, big, measured_factor=top)
+    assert a["sustainableRequestsPerSecondPerReplica"] == pytest.approx(top * lam, rel=1e-5)
+    assert a["measuredRateFactor"] == top and n < n_model
+    # a window that missed at a rate below the raised λ* still bounds it by measurement
+    _, bind_m, a_m = decide.colocated_replicas(spec, cal, big, measured_factor=top, missed_rps=1.5 * lam)
+    assert bind_m == "missed" and a_m["sustainableRequestsPerSecondPerReplica"] == pytest.approx(1.5 * lam, rel=1e-5)

@@ -375,6 +375,68 @@ def _gauss_rate(arch_key: str, gpu_key: str, cal: calibrate.Calibration, obs: Ob
     return (*out, False)
 
 
+MEASURED_FACTOR_MAX = 2.0  # the most the measured tails raise GAUSS's λ* in one window
+MEASURED_SWEEP_POINTS = 12  # GAUSS's p95 curves over λ (5%-98% of its stability limit)
+MEASURED_SWEEP_SAMPLES = 5_000  # a position on the curve, not a tail to 1%: a quarter of GAUSS_SAMPLES' CPU
+
+
+def measured_rate_factor(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs: Observation,
+                         settings: EngineSettings | None, seed: int = 0) -> tuple[float, dict]:
+    """(factor ≥ 1 on GAUSS's λ*, the factor per metric): where the window's measured p95 TTFT
+    and TPOT lie below GAUSS's p95 curves at the per-pod rate the window ran, each curve is read
+    at the measured p95 instead: the pod ran at rate r with the tails the model gives at
+    r_m < r, so the model's λ along that metric is scaled by r / r_m (capped at
+    MEASURED_FACTOR_MAX). Only where every measured metric lies below its curve: one the model
+    does not overestimate (a fit optimistic about decode, a TPOT read off vLLM's coarse
+    buckets) may bind once the other is loosened, and an optimistic model is left to the
+    missed-rate bound, which corrects it by measurement. A pessimistic model would otherwise
+    keep the pool too large for it ever to be measured near its limit. The curves are GAUSS
+    §3.7's λ sweep at the live ``settings``' engine limits (the settings the window ran with)."""
+    from kneecap.model import gauss
+
+    pods = max(obs.pods, 0)
+    rate = obs.request_rate_rps / pods if pods else 0.0
+    measured = {"TTFT": (spec.slo.ttft_s, obs.ttft_p95_s),
+                "TPOT": (spec.slo.tpot_s, obs.itl_p95_s if getattr(obs, "tpot_p95_s", None) is None
+                         else obs.tpot_p95_s)}
+    measured = {m: (slo, y) for m, (slo, y) in measured.items()
+                if slo is not None and y is not None and math.isfinite(y) and y > 0}
+    if not (math.isfinite(rate) and rate > 0) or not measured:
+        return 1.0, {}
+    limits = gauss_limits(spec, obs, settings)
+    coef = gauss.coefficients_for(get_arch(spec.model.architecture), get_gpu(spec.accelerator.gpu), cal.params,
+                                  form=cal.form, chunk_tokens=max(gauss.DEFAULT_MAX_NUM_BATCHED_TOKENS, limits.slots),
+                                  tensor_parallel_size=model_tp(spec))
+    wl = gauss.Workload(input_tokens=gauss.LogNormalLength(max(obs.input_len_mean, 1.0), max(obs.input_len_cv, 0.05)),
+                        output_tokens=gauss.LogNormalLength(max(obs.output_len_mean, 1.0),
+                                                            max(obs.output_len_cv, 0.05)))
+    sweep = gauss.sweep_rates(wl, coef, rng=np.random.default_rng(seed), points=MEASURED_SWEEP_POINTS,
+                              samples=MEASURED_SWEEP_SAMPLES, replications=4, limits=limits)
+    lam = np.array([p.rate_rps for p in sweep])
+    curves = {"TTFT": np.array([p.ttft_s[1] for p in sweep]),
+              "TPOT": np.array([(p.tbt_s or (math.nan,) * 3)[1] for p in sweep])}
+    model_lam, corrected_lam, detail, optimistic = [], [], {}, False
+    for m, (slo, y) in measured.items():
+        p95 = np.maximum.accumulate(np.nan_to_num(curves[m], nan=0.0))  # CRN curves are monotone up to noise
+        over = np.nonzero(p95 > slo)[0]
+        lam_m = float(lam[-1]) if over.size == 0 else (  # where the p95 curve crosses the SLO
+            float(lam[0]) if over[0] == 0 else float(np.interp(slo, p95[over[0] - 1:over[0] + 1],
+                                                               lam[over[0] - 1:over[0] + 1])))
+        factor = 1.0
+        if rate >= lam[-1] or y < float(np.interp(rate, lam, p95)):  # measured below the model at this rate
+            at_model_rps = float(np.interp(y, p95, lam)) if y >= p95[0] else float(lam[0])
+            factor = min(max(rate / max(at_model_rps, 1e-12), 1.0), MEASURED_FACTOR_MAX)
+        else:
+            optimistic = True
+        model_lam.append(lam_m)
+        corrected_lam.append(factor * lam_m)
+        detail[m] = round(factor, 4)
+    if optimistic:  # a metric the model does not overestimate: its λ may be too high already
+        return 1.0, detail
+    ratio = min(corrected_lam) / max(min(model_lam), 1e-12)
+    return max(1.0, ratio), detail
+
+
 def slo_checks(spec: LLMDeploymentSpec, o) -> list[tuple[float, float, str]]:
     """(target, the window's p95, name) of each declared SLO the window (an Observation or a ring
     entry) measured. TPOT is per request (vLLM's ``request_time_per_output_token``), the SLO's
@@ -423,7 +485,8 @@ def missed_rate_per_replica(spec: LLMDeploymentSpec, ring, latest: Observation) 
 def colocated_replicas(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs: Observation,
                        seed: int = 0, served_rps: float | None = None, missed_rps: float | None = None,
                        settings: EngineSettings | None = None,
-                       gauss_runs: gauss_reuse.GaussRuns | None = None) -> tuple[int, str, dict]:
+                       gauss_runs: gauss_reuse.GaussRuns | None = None,
+                       measured_factor: float = 1.0) -> tuple[int, str, dict]:
     """GAUSS: per-replica SLO-sustainable rate λ*, replicas = ⌈headroom·λ/λ*⌉ (clamped later).
 
     λ* is GAUSS's at the cap and memory ``settings`` the pool would run with (the
@@ -432,8 +495,10 @@ def colocated_replicas(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs:
     pod cannot do what it has just been seen doing, the measurement wins (a fit on a narrow
     batch range can be far off). ``missed_rps``: a per-pod rate measured to miss the SLO
     (:func:`missed_rate_per_replica`) above the rate served; λ* is below it, the measurement
-    winning over a model that is optimistic there. ``gauss_runs``: past GAUSS runs to reuse and
-    add to (the loop's, :class:`kneecap.control.loop.LoopContext`)."""
+    winning over a model that is optimistic there. ``measured_factor``: GAUSS's λ* scaled where the
+    window's tails put the model's curve too high (:func:`measured_rate_factor`), before both
+    measured bounds. ``gauss_runs``: past GAUSS runs to reuse and add to (the loop's,
+    :class:`kneecap.control.loop.LoopContext`)."""
     from kneecap.model.sara import plan_colocated
 
     rate = max(obs.request_rate_rps, 1e-6)
@@ -442,6 +507,8 @@ def colocated_replicas(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs:
     lam_star, binding, reused = _gauss_rate(spec.model.architecture, spec.accelerator.gpu, cal, obs,
                                             spec.slo.ttft_s, spec.slo.tpot_s, spec.slo.quantile, seed, limits,
                                             model_tp(spec), gauss_runs)
+    if measured_factor > 1.0:
+        lam_star = lam_star * measured_factor
     if served_rps is not None and served_rps > lam_star:
         lam_star, binding = served_rps, "served"
     if missed_rps is not None and missed_rps < lam_star and (served_rps is None or missed_rps > served_rps):
@@ -454,7 +521,8 @@ def colocated_replicas(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs:
              "missedRequestsPerSecondPerReplica": None if missed_rps is None else round(missed_rps, 6),
              "observedRequestsPerSecond": round(rate, 6), "goodputRequestsPerSecond": round(cp.goodput_rps, 6),
              "costPerHour": round(cp.cost_per_hour, 4), "binding": binding if cp.binding == "rate" else cp.binding,
-             "feasible": cp.feasible, "message": cp.message, "gaussRunReused": reused,
+             "measuredRateFactor": round(measured_factor, 4), "feasible": cp.feasible, "message": cp.message,
+             "gaussRunReused": reused,
              "gaussMaxNumSeqs": limits.slots, "gaussKvCacheTokens": limits.kv_capacity_tokens}
     return (cp.replicas if cp.feasible else pods), alloc["binding"], alloc
 

@@ -244,7 +244,7 @@ def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
         r = decide.recommend(spec, role, cal_out.calibration, latest, cur)
         # replicas sized at the cap and memory the recommendation applies (GAUSS's engine limits)
         replicas, rbind, alloc = _replicas(t, cal_out.calibration, latest, cur.replicas, restart_cost.restart_s,
-                                           observations, settings=r.settings)
+                                           observations, settings=r.settings, live=cur)
         r = dataclasses.replace(r, replicas=int(replicas), replicas_binding=rbind, allocation=dict(alloc or {}))
     except Exception as exc:  # noqa: BLE001 - a model failure must not take the operator down
         log.exception("decision failed for %s/%s", *labels)
@@ -529,18 +529,21 @@ def _restart_cost(t: _Tick, pool: reconcile.PoolState, obs: Observation,
                                horizon_source=horizon.source, horizon_note=horizon.note)
 
 
-def _replicas(t: _Tick, cal, obs: Observation, current: int, restart_s: float, ring=(), settings=None):
+def _replicas(t: _Tick, cal, obs: Observation, current: int, restart_s: float, ring=(), settings=None, live=None):
+    """Replicas for ``settings`` (the flags the pool will run); ``live``: the flags the window ran
+    with (default ``settings``), at which its tails are read against GAUSS's curves."""
     spec = t.spec
     if spec.disaggregated:
         alloc = decide.disaggregated_allocation(spec, cal, obs)
         return alloc["decodeReplicas"], "sara:" + str(alloc["binding"].get("decode", "")), alloc
     served, missed = decide.served_rate_per_replica(spec, ring, obs), decide.missed_rate_per_replica(spec, ring, obs)
+    factor, _ = decide.measured_rate_factor(spec, cal, obs, live if live is not None else settings)
     n, binding, alloc = decide.colocated_replicas(spec, cal, obs, served_rps=served, missed_rps=missed,
-                                                  settings=settings, gauss_runs=t.gauss_runs)
+                                                  settings=settings, gauss_runs=t.gauss_runs, measured_factor=factor)
     if alloc:  # GAUSS found λ*: outside the hysteresis band only, a scale-down stabilised (stabilised_replicas)
         band = lambda f: decide.colocated_replicas(  # noqa: E731
             spec, cal, dataclasses.replace(obs, request_rate_rps=obs.request_rate_rps * f), served_rps=served,
-            missed_rps=missed, settings=settings, gauss_runs=t.gauss_runs)[0]
+            missed_rps=missed, settings=settings, gauss_runs=t.gauss_runs, measured_factor=factor)[0]
         n_down = band(1.0 + spec.control.hysteresis)
         if n > current:
             n = max(current, band(1.0 / (1.0 + spec.control.hysteresis)))
