@@ -34,6 +34,13 @@ def applied_snapshot(admin: KubeClient, name: str):
     return first if (first[0].get("applied") or {}).get("time") and read() == first else None
 
 
+def prefill_steps(admin: KubeClient) -> list[dict]:
+    """The Applied Events of prefill scale steps, in write order: etcd's revision (creationTimestamp
+    has whole seconds, and two steps may share one)."""
+    return [e for e in sorted(events(admin, NS, "Applied", "dis"), key=lambda e: int(e["metadata"]["resourceVersion"]))
+            if "prefill pool dis-prefill" in e["message"]]
+
+
 def test_disaggregated_enforce_sets_decode_cap_and_sara_prefill_pool(control_plane, chart_installed, ns, sim):
     admin = control_plane.admin
     token = control_plane.token(RELEASE_NS, SERVICE_ACCOUNT)
@@ -59,8 +66,10 @@ def test_disaggregated_enforce_sets_decode_cap_and_sara_prefill_pool(control_pla
             wait_for(lambda: decode.sync() and prefill.sync()
                      and (status(admin, NS, "dis").get("allocation") or {}).get("prefillDecision"),
                      timeout_s=240, what="a SARA allocation")
-            st, dec, pre_deploy = wait_for(lambda: decode.sync() is not None and applied_snapshot(admin, "dis"),
-                                           timeout_s=120, what="the apply")
+            # the decode pool's apply and a prefill step are separate writes (the step's Event after its
+            # patch): the snapshot is taken once both are there
+            st, dec, pre_deploy = wait_for(lambda: decode.sync() is not None and prefill_steps(admin)
+                                           and applied_snapshot(admin, "dis"), timeout_s=120, what="the apply")
     finally:
         decode.stop()
         prefill.stop()
@@ -74,9 +83,7 @@ def test_disaggregated_enforce_sets_decode_cap_and_sara_prefill_pool(control_pla
     assert vllm_args.container_flag(pre, "--max-num-seqs") == "8"
     # every prefill scale is SARA's size within the ×2 step limit, from the over-provisioned 3
     steps = [tuple(int(x) for x in re.search(r"replicas (\d+)->(\d+) \(SARA wants (\d+)\)", e["message"]).groups())
-             # in write order: etcd's revision (creationTimestamp has whole seconds, and two steps may share one)
-             for e in sorted(events(admin, NS, "Applied", "dis"), key=lambda e: int(e["metadata"]["resourceVersion"]))
-             if "prefill pool dis-prefill" in e["message"]]
+             for e in prefill_steps(admin)]
     assert steps, "no prefill decision applied"
     assert steps[0][0] == OVERPROVISIONED
     assert all(b == step_limit(a, want, 2) and b != a for a, b, want in steps), steps
