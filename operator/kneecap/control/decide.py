@@ -337,6 +337,22 @@ def gauss_limits(spec: LLMDeploymentSpec, obs: Observation, settings: EngineSett
     return gauss.EngineLimits(max_num_seqs=int(settings.max_num_seqs), kv_capacity_tokens=max(int(kv), 1))
 
 
+def _gauss_model(arch_key: str, gpu_key: str, cal: calibrate.Calibration, obs: Observation, limits, tp: int):
+    """(d(B, C), the window's clamped lengths, GAUSS's workload): the calibrated SLIM mapped to
+    GAUSS's step costs (GAUSS §3.3) at the engine's ``limits`` (vLLM refuses a token budget
+    below the cap), and lognormal lengths at the window's means and CVs."""
+    from kneecap.model import gauss
+
+    coef = gauss.coefficients_for(get_arch(arch_key), get_gpu(gpu_key), cal.params, form=cal.form,
+                                  chunk_tokens=max(gauss.DEFAULT_MAX_NUM_BATCHED_TOKENS, limits.slots),
+                                  tensor_parallel_size=tp)
+    lengths = (max(obs.input_len_mean, 1.0), max(obs.input_len_cv, 0.05),
+               max(obs.output_len_mean, 1.0), max(obs.output_len_cv, 0.05))
+    wl = gauss.Workload(input_tokens=gauss.LogNormalLength(lengths[0], lengths[1]),
+                        output_tokens=gauss.LogNormalLength(lengths[2], lengths[3]))
+    return coef, lengths, wl
+
+
 def _gauss_rate(arch_key: str, gpu_key: str, cal: calibrate.Calibration, obs: Observation,
                 slo_ttft_s: float | None, slo_tbt_s: float | None, quantile: float,
                 seed: int, limits=None, tp: int = 1,
@@ -350,22 +366,14 @@ def _gauss_rate(arch_key: str, gpu_key: str, cal: calibrate.Calibration, obs: Ob
     samples (~0.1 s of CPU), a warm one ~5."""
     from kneecap.model import gauss
 
-    arch, gpu = get_arch(arch_key), get_gpu(gpu_key)
     limits = gauss.DEFAULT_LIMITS if limits is None else limits
-    # SLIM -> d(B, C) (GAUSS §3.3); vLLM refuses a token budget below the cap
-    coef = gauss.coefficients_for(arch, gpu, cal.params, form=cal.form,
-                                  chunk_tokens=max(gauss.DEFAULT_MAX_NUM_BATCHED_TOKENS, limits.slots),
-                                  tensor_parallel_size=tp)
-    lengths = (max(obs.input_len_mean, 1.0), max(obs.input_len_cv, 0.05),
-               max(obs.output_len_mean, 1.0), max(obs.output_len_cv, 0.05))
+    coef, lengths, wl = _gauss_model(arch_key, gpu_key, cal, obs, limits, tp)
     inputs = gauss_reuse.inputs_for(coef, *lengths, kv_tokens=limits.kv_capacity_tokens, slots=limits.slots)
     key = (arch_key, gpu_key, cal.form, slo_ttft_s, slo_tbt_s, quantile, seed, tp)
     hit = runs.find(key, inputs) if runs is not None else None
     if hit is not None:
         return (*hit, True)
     near = runs.nearest(key, inputs) if runs is not None else None
-    wl = gauss.Workload(input_tokens=gauss.LogNormalLength(lengths[0], lengths[1]),
-                        output_tokens=gauss.LogNormalLength(lengths[2], lengths[3]))
     res = gauss.sustainable_rate(wl, coef, rng=np.random.default_rng(seed), samples=GAUSS_SAMPLES, replications=4,
                                  slo_ttft_s=slo_ttft_s, slo_tbt_s=slo_tbt_s, quantile=quantile,
                                  rel_tol=GAUSS_REL_TOL, hint_rps=(near[0] or None) if near else None, limits=limits)
@@ -396,20 +404,12 @@ def measured_rate_factor(spec: LLMDeploymentSpec, cal: calibrate.Calibration, ob
 
     pods = max(obs.pods, 0)
     rate = obs.request_rate_rps / pods if pods else 0.0
-    measured = {"TTFT": (spec.slo.ttft_s, obs.ttft_p95_s),
-                "TPOT": (spec.slo.tpot_s, obs.itl_p95_s if getattr(obs, "tpot_p95_s", None) is None
-                         else obs.tpot_p95_s)}
-    measured = {m: (slo, y) for m, (slo, y) in measured.items()
-                if slo is not None and y is not None and math.isfinite(y) and y > 0}
+    measured = {m: (slo, y) for slo, y, m in slo_checks(spec, obs)
+                if m in ("TTFT", "TPOT") and math.isfinite(y) and y > 0}
     if not (math.isfinite(rate) and rate > 0) or not measured:
         return 1.0, {}
     limits = gauss_limits(spec, obs, settings)
-    coef = gauss.coefficients_for(get_arch(spec.model.architecture), get_gpu(spec.accelerator.gpu), cal.params,
-                                  form=cal.form, chunk_tokens=max(gauss.DEFAULT_MAX_NUM_BATCHED_TOKENS, limits.slots),
-                                  tensor_parallel_size=model_tp(spec))
-    wl = gauss.Workload(input_tokens=gauss.LogNormalLength(max(obs.input_len_mean, 1.0), max(obs.input_len_cv, 0.05)),
-                        output_tokens=gauss.LogNormalLength(max(obs.output_len_mean, 1.0),
-                                                            max(obs.output_len_cv, 0.05)))
+    coef, _, wl = _gauss_model(spec.model.architecture, spec.accelerator.gpu, cal, obs, limits, model_tp(spec))
     sweep = gauss.sweep_rates(wl, coef, rng=np.random.default_rng(seed), points=MEASURED_SWEEP_POINTS,
                               samples=MEASURED_SWEEP_SAMPLES, replications=4, limits=limits)
     lam = np.array([p.rate_rps for p in sweep])
@@ -418,13 +418,10 @@ def measured_rate_factor(spec: LLMDeploymentSpec, cal: calibrate.Calibration, ob
     model_lam, corrected_lam, detail, optimistic = [], [], {}, False
     for m, (slo, y) in measured.items():
         p95 = np.maximum.accumulate(np.nan_to_num(curves[m], nan=0.0))  # CRN curves are monotone up to noise
-        over = np.nonzero(p95 > slo)[0]
-        lam_m = float(lam[-1]) if over.size == 0 else (  # where the p95 curve crosses the SLO
-            float(lam[0]) if over[0] == 0 else float(np.interp(slo, p95[over[0] - 1:over[0] + 1],
-                                                               lam[over[0] - 1:over[0] + 1])))
+        lam_m = float(np.interp(slo, p95, lam))  # where the p95 curve crosses the SLO (its ends outside)
         factor = 1.0
         if rate >= lam[-1] or y < float(np.interp(rate, lam, p95)):  # measured below the model at this rate
-            at_model_rps = float(np.interp(y, p95, lam)) if y >= p95[0] else float(lam[0])
+            at_model_rps = float(np.interp(y, p95, lam))  # the curve's first rate below its first p95
             factor = min(max(rate / max(at_model_rps, 1e-12), 1.0), MEASURED_FACTOR_MAX)
         else:
             optimistic = True
