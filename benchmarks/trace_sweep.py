@@ -37,7 +37,7 @@ from kneecap.sim.replay import Sweep, peak_sized_replicas, replay  # noqa: E402
 from kneecap.sim.trace import compress, read_trace  # noqa: E402
 
 # (rateHeadroom, hysteresis); the shipped default is the first
-SETTINGS = ((1.2, 0.1), (1.0, 0.1), (1.1, 0.1), (1.35, 0.1), (1.2, 0.0), (1.2, 0.2))
+SETTINGS = ((1.1, 0.1), (1.0, 0.1), (1.2, 0.1), (1.35, 0.1), (1.1, 0.0), (1.1, 0.2))
 VS_ORACLE_GOAL = 0.97
 
 

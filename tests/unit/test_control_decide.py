@@ -170,11 +170,11 @@ def test_colocated_replicas_follow_the_rate_through_gauss(profiles_csv):
     assert lam > 0 and n1 == max(1, math.ceil(spec.control.rate_headroom * obs.request_rate_rps / lam - 1e-12))
     n10, _, a10 = decide.colocated_replicas(spec, cal, replace(obs, request_rate_rps=10 * obs.request_rate_rps))
     assert n10 > n1 and a10["costPerHour"] == pytest.approx(4.0 * n10)
-    # spec.control.rateHeadroom: the multiple of the rate the pool is sized for (default 1.2)
+    # spec.control.rateHeadroom: the multiple of the rate the pool is sized for (default 1.1)
     busy = replace(obs, request_rate_rps=10 * obs.request_rate_rps)
     tight, _, _ = decide.colocated_replicas(_opt_spec(rateHeadroom=1.0), cal, busy)
     roomy, _, _ = decide.colocated_replicas(_opt_spec(rateHeadroom=2.0), cal, busy)
-    assert spec.control.rate_headroom == 1.2
+    assert spec.control.rate_headroom == 1.1
     assert tight == max(1, math.ceil(busy.request_rate_rps / lam - 1e-12)) < n10 < roomy
     with pytest.raises(InputError, match="rateHeadroom"):
         _opt_spec(rateHeadroom=0.8)

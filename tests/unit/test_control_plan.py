@@ -292,8 +292,10 @@ def test_a_scale_down_waits_for_a_window_of_recommendations():
     assert replica_stabilisation.stabilised_replicas(2, 2, three, 4, *args, min_recommendations=3)[0] == 3
     assert replica_stabilisation.stabilised_replicas(6, 6, [], 4, *args, min_recommendations=3)[0] == 6
     spec = parse_spec({**RAW, "control": {**RAW["control"], "interval": "15s", "cooldown": "300s"}})
-    assert replica_stabilisation.min_scale_down_recommendations(spec, 37.5) == 3
-    assert replica_stabilisation.min_scale_down_recommendations(spec, 90.0) == 6
+    assert replica_stabilisation.min_scale_down_recommendations(spec, 37.5) == 20  # one per 15 s of the 300 s
+    fast = parse_spec({**RAW, "control": {**RAW["control"], "interval": "15s", "cooldown": "0s"}})
+    assert replica_stabilisation.min_scale_down_recommendations(fast, 37.5) == 3
+    assert replica_stabilisation.min_scale_down_recommendations(fast, 90.0) == 6
 
 
 def test_a_pool_is_not_shrunk_before_it_was_watched_for_a_cooldown():
@@ -311,11 +313,13 @@ def test_a_pool_is_not_shrunk_before_it_was_watched_for_a_cooldown():
     assert replica_stabilisation.watched_long_enough(short, ring[:5], NOW)  # a full ring is as far back as it can see
 
 
-def test_the_scale_down_window_is_the_restart_time_within_three_windows_and_the_cooldown():
+def test_the_scale_down_window_is_the_cooldown_at_least_a_restart_and_three_windows():
     spec = parse_spec({**RAW, "control": {**RAW["control"], "interval": "15s", "cooldown": "300s"}})
-    assert replica_stabilisation.scale_down_window_s(spec, 37.5) == 45.0  # three 15 s windows
-    assert replica_stabilisation.scale_down_window_s(spec, 90.0) == 90.0  # a pod takes 90 s to come back
-    assert replica_stabilisation.scale_down_window_s(spec, 900.0) == 300.0  # never beyond the cooldown
+    assert replica_stabilisation.scale_down_window_s(spec, 37.5) == 300.0  # a burst back within 5 min finds its pods
+    assert replica_stabilisation.scale_down_window_s(spec, 900.0) == 900.0  # a pod that takes 15 min to come back
+    fast = parse_spec({**RAW, "control": {**RAW["control"], "interval": "15s", "cooldown": "0s"}})
+    assert replica_stabilisation.scale_down_window_s(fast, 37.5) == 45.0  # three 15 s windows
+    assert replica_stabilisation.scale_down_window_s(fast, 90.0) == 90.0  # as long as a pod takes to come back
 
 
 def test_a_replica_change_does_not_wait_for_the_cooldown_but_a_flag_change_does(curve):

@@ -27,7 +27,7 @@ from kneecap.naming import status_key
 GIB = 1024**3
 MIN_BATCH_LEVELS = 2  # distinct operating batches before SLIM is (re)fitted (DESIGN §4.3)
 GAUSS_SAMPLES = 20_000  # enough for p95 at the operator cadence; benchmarks use 10^6
-GAUSS_REL_TOL = 0.01  # λ* to 1%: replicas are sized with spec.control.rateHeadroom (20% by default)
+GAUSS_REL_TOL = 0.01  # λ* to 1%: replicas are sized with spec.control.rateHeadroom (10% by default)
 
 
 # ---------------------------------------------------------------- calibration

@@ -8,7 +8,7 @@ C = B·context is a + b·B), the length distributions, the batch cap and the KV 
 previous run's λ* is reused when every one of those inputs is within ``REL_TOL`` of the run's
 (CVs within ``CV_TOL``): the change in λ* is then of the same order (λ* moves no faster than
 the cap where the cap binds, not at all where it does not), well inside the rate headroom
-(spec.control.rateHeadroom, 20% by default) the replica count is sized with. A refit that barely
+(spec.control.rateHeadroom, 10% by default) the replica count is sized with. A refit that barely
 moves the curve, a window whose mean lengths wobble by 1%, a cap BCA moves from 120 to 122 with
 them, or another deployment of the same model and GPU with the same SLO all reuse the run. A run
 outside tolerance still starts its bisection from the nearest past run's λ*

@@ -1,9 +1,9 @@
 """Replica stabilisation: when a colocated pool grows at once and when it may shrink. Pure.
 
 GAUSS's replica count moves with every window's rate; a pool follows it up at once and down only
-to the highest scale-down recommendation of a window as long as a restart takes (the ski-rental
-break-even), once that window holds enough recommendations and the pool has been watched a
-cooldown long. The history lives in ``status.scaleDownRecommendations``.
+to the highest scale-down recommendation of the last cooldown (as the HPA's scale-down
+stabilisation window does), once that window holds enough recommendations and the pool has been
+watched a cooldown long. The history lives in ``status.scaleDownRecommendations``.
 """
 
 from __future__ import annotations
@@ -47,10 +47,12 @@ def stabilised_replicas(want: int, want_down: int, history, current: int, now_s:
 
 
 def scale_down_window_s(spec: LLMDeploymentSpec, restart_s: float) -> float:
-    """How long a pod no longer needed is kept: as long as starting it again takes (an idle pod
-    costs its GPU-seconds; one started again costs ``restart_s`` of them loading before it serves:
-    the ski-rental break-even), at least three control windows, at most the cooldown."""
-    return min(spec.control.cooldown_s, max(restart_s, 3.0 * spec.control.interval_s))
+    """How long a pod no longer needed is kept: the cooldown, so that a count left is not taken
+    again within it, and at least as long as starting the pod again takes and three control
+    windows. Keeping it only as long as a restart takes (the ski-rental break-even) prices the
+    GPU-seconds alone: a burst that comes back within the reaction time (window, interval, pod
+    start) is served by too few pods, a cost in SLO misses the rate history cannot price."""
+    return max(spec.control.cooldown_s, restart_s, 3.0 * spec.control.interval_s)
 
 
 def watched_long_enough(spec: LLMDeploymentSpec, ring, now_s: float) -> bool:

@@ -219,7 +219,7 @@ class ControlSpec:
     max_observation_age_s: float  # spec.control.maxObservationAge, else 3 x window_s
     allow_downtime: bool = False  # apply a restart that leaves the pool without a Ready pod
     released_memory_value: float = 1.0  # a released memory fraction's worth against a restart (restart.py)
-    rate_headroom: float = 1.2  # colocated pools are sized for this multiple of the observed rate (decide.py)
+    rate_headroom: float = 1.1  # colocated pools are sized for this multiple of the observed rate (decide.py)
 
 
 @dataclass(frozen=True)

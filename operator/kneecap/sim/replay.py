@@ -83,7 +83,7 @@ class ReplayConfig:
     # the replay scores good requests per GPU-hour, where memory a pod does not use earns nothing
     released_memory_value: float = 0.0
     allow_downtime: bool = False  # spec.control.allowDowntime: restart a one-replica pool
-    rate_headroom: float = 1.2  # spec.control.rateHeadroom: the multiple of the observed rate pools are sized for
+    rate_headroom: float = 1.1  # spec.control.rateHeadroom: the multiple of the observed rate pools are sized for
     hysteresis: float = 0.1  # spec.control.hysteresis: the band a replica or flag change must leave
     hpa: HPASpec = field(default_factory=HPASpec)
     hpa_waiting: HPASpec = field(default_factory=lambda: HPASpec(metric="waiting", target=5.0))
