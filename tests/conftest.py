@@ -19,6 +19,8 @@ from tests.support.data import PROFILES_CSV
 from tests.support.profile_observations import curve_rows
 from tests.support.vllm_server import VllmServer, VllmUnavailable, build_tiny_llama, check_vllm_python, start_server
 
+pytest_plugins = ["tests.support.memory_guard"]  # a ballooning test stops the session with its stacks
+
 
 @pytest.fixture(scope="session")
 def profiles_csv() -> Path:
