@@ -66,3 +66,9 @@ def handler(registry: kopf.OperatorRegistry, handler_id: str):
     found = [h.fn for r in (registry._changing, registry._spawning) for h in r.get_all_handlers()
              if h.id == handler_id]
     return found[0]
+
+
+def running() -> asyncio.Event:
+    """The ``stopped`` flag kopf passes a timer, not set: the operator runs on (a timer's
+    handler reads only its ``is_set()``)."""
+    return asyncio.Event()

@@ -18,7 +18,7 @@ import kopf
 
 from kneecap.control import handlers
 from kneecap.control.metrics import OperatorMetrics
-from tests.support.handler_harness import RoundTripClient, handler
+from tests.support.handler_harness import RoundTripClient, handler, running
 from tests.support.specs import llmd
 
 
@@ -36,7 +36,8 @@ def create_and_tick_at_once() -> tuple[RoundTripClient, kopf.Memo]:
         await asyncio.gather(
             reconcile(body=kopf.Body(copy.deepcopy(body)), patch=kopf.Patch(), memo=memo, logger=logger,
                       reason="create"),
-            control(body=kopf.Body(copy.deepcopy(body)), patch=kopf.Patch(), memo=memo, logger=logger))
+            control(body=kopf.Body(copy.deepcopy(body)), patch=kopf.Patch(), memo=memo, logger=logger,
+                    stopped=running()))
 
     asyncio.run(both())
     return kube, memo

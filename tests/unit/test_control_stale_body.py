@@ -19,7 +19,7 @@ import kopf
 
 from kneecap.control import handlers, loop, plan
 from kneecap.control.metrics import OperatorMetrics
-from tests.support.handler_harness import RoundTripClient, handler
+from tests.support.handler_harness import RoundTripClient, handler, running
 from tests.support.profile_observations import observation
 from tests.support.specs import llmd
 
@@ -44,7 +44,7 @@ def test_ticks_on_a_body_that_stands_still_keep_every_window_they_wrote(curve, n
 
     def tick(on: dict) -> dict:
         asyncio.run(control(body=kopf.Body(copy.deepcopy(on)), patch=kopf.Patch(), memo=memo,
-                            logger=logging.getLogger("test")))
+                            logger=logging.getLogger("test"), stopped=running()))
         clock[0] += 2.0
         (path, status), = [w for w in kube.statuses[-1:]]
         assert path == STATUS

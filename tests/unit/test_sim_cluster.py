@@ -9,7 +9,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from kneecap.control import manifests
+from kneecap.control import lifecycle, manifests
 from kneecap.control.kube import ApiError, deployments_path, pods_path
 from kneecap.model.arch import get_arch
 from kneecap.model.hardware import get_gpu
@@ -247,5 +247,33 @@ def test_an_invalid_spec_is_reported_once_and_never_ticks():
         assert [e["reason"] for e in op.events] == ["InvalidSpec"]
         op.tick(0.0)
         assert not op.decisions and [e["reason"] for e in op.events] == ["InvalidSpec"]
+    finally:
+        op.close()
+
+
+def test_a_tick_the_operator_stops_during_writes_nothing():
+    """kopf stops the control timer when the operator exits or pauses for a peer; the replica's
+    goodbye (or the peer's keep-alive) may already be out, so a tick under way then applies
+    nothing and writes no status: another replica may lead already."""
+    cl, op = _operator(llmd_spec(ReplayConfig(interval_s=15.0)))
+    try:
+        op.created()
+        path = llmd_path(cl.namespace, "llm")
+        asked: list[int] = []
+        stopping = lambda: bool(asked.append(1)) or True  # noqa: E731 (stopped from the tick's first check)
+        before = cl.api.get_now(path)
+        deploy = cl.api.get_now(deployments_path(cl.namespace) + "/llm")
+        n_events = len(op.events)
+        status = op._run(lifecycle.on_timer(op.operator, before, op.mem, op.lock,
+                                            lifecycle.Sink({}, op._event, op.logger), stopping=stopping))
+        assert status is None and asked
+        assert cl.api.get_now(path)["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+        assert cl.api.get_now(deployments_path(cl.namespace) + "/llm") == deploy
+        assert len(op.events) == n_events
+        # the same tick, not stopped, writes its status
+        cl.t_s = 15.0
+        op.tick(15.0)
+        assert cl.api.get_now(path)["metadata"]["resourceVersion"] != before["metadata"]["resourceVersion"]
+        assert op.decisions
     finally:
         op.close()

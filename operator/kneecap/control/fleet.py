@@ -403,19 +403,22 @@ class FleetAdvisor:
 
 
 async def advise_resource(operator, body: Mapping, entries, advisor: FleetAdvisor, written: MutableMapping,
-                          sink) -> dict | None:
+                          sink, stopping=lambda: False) -> dict | None:
     """One LLMDeployment's fleet timer: the fleet advice over ``entries`` (the index's
     :func:`index_entry` of every LLMDeployment the operator watches), the fleet metrics, and this
     deployment's ``status.placement`` written when it differs from the stored one (a
     ``FleetRecommendation`` Event when the placement changed). ``written`` (the resource's memo)
     keeps the last block written, so a timer that runs before the watch brings the write back
     does not write or post it again. A failed write is counted in kneecap_api_errors and posted as
-    a Warning Event; it is retried on the next run. Returns the block written, None when none."""
+    a Warning Event; it is retried on the next run. Returns the block written, None when none
+    (also when ``stopping()`` turned True while the advice was computed: kopf stopped the timer)."""
     from kneecap.control import loop
     from kneecap.control.kube import ApiFailure
     from kneecap.control.lifecycle import status_path
 
     advice = await advisor.advise(entries, operator.now())
+    if stopping():
+        return None
     operator.metrics.set_fleet(advice.gpus_current, advice.gpus_recommended, advice.cost_current_per_hour,
                                advice.cost_recommended_per_hour, len(advice.packed))
     meta = body["metadata"]

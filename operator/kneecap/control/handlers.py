@@ -222,9 +222,9 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
 
     @kopf.timer(*RESOURCE, interval=config.tick_s, initial_delay=config.tick_s, id="control", registry=registry,
                 **shard)
-    async def control(body, patch, memo, logger, **_):
+    async def control(body, patch, memo, logger, stopped: kopf.DaemonStopped, **_):
         await lifecycle.on_timer(_operator(config, memo), body, memo.setdefault("loop", loop.LoopMemory()),
-                                 reconcile_lock(memo), _sink(body, patch, logger))
+                                 reconcile_lock(memo), _sink(body, patch, logger), stopping=stopped.is_set)
 
     # every LLMDeployment of this shard: its spec and the status the fleet advice reads, kept by the
     # watch (a shard packs its own fleet)
@@ -234,10 +234,11 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
 
     @kopf.timer(*RESOURCE, interval=config.fleet_s, initial_delay=config.fleet_s, id="fleet", registry=registry,
                 **shard)
-    async def fleet_advice(body, memo, logger, llmdeployments: kopf.Index, **_):
+    async def fleet_advice(body, memo, logger, llmdeployments: kopf.Index, stopped: kopf.DaemonStopped, **_):
         await fleet.advise_resource(_operator(config, memo), body, (e for store in llmdeployments.values()
                                                                     for e in store),
-                                    memo.fleet_advisor, memo.setdefault("fleet", {}), _sink(body, {}, logger))
+                                    memo.fleet_advisor, memo.setdefault("fleet", {}), _sink(body, {}, logger),
+                                    stopping=stopped.is_set)
 
     @kopf.on.delete(*RESOURCE, id="delete", registry=registry, **shard)
     async def delete(body, memo, logger, **_):

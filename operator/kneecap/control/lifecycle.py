@@ -126,12 +126,13 @@ async def on_spec(operator: Operator, body: dict, lock: asyncio.Lock, reason: st
 
 
 async def on_timer(operator: Operator, body: dict, mem: loop.LoopMemory, lock: asyncio.Lock,
-                   sink: Sink) -> dict | None:
+                   sink: Sink, stopping: Callable[[], bool] = lambda: False) -> dict | None:
     """The control timer's wake-up: one control tick (``loop.tick``) when spec.control.interval
     has passed since the last, to within half a timer period (wake-ups jitter), its status
     written straight to the status subresource. The spec is parsed once per generation; an
     invalid one goes to ``sink.status`` once and no tick runs until the spec changes. Returns
-    the status the tick wrote, None when none ran."""
+    the status the tick wrote, None when none ran. ``stopping``: True once kopf has stopped the
+    timer (the operator exits, or pauses for a peer): a tick under way then writes nothing."""
     now = operator.now()
     gen = body["metadata"].get("generation")
     gen = gen if gen is not None else repr(body.get("spec"))  # an API server without generations
@@ -157,9 +158,11 @@ async def on_timer(operator: Operator, body: dict, mem: loop.LoopMemory, lock: a
                            reconcile_lock=lock, gauss_runs=operator.gauss_runs,
                            parse_cache=operator.parse_cache, histogram_cache=operator.histogram_cache,
                            sync_cache=operator.sync_cache,
-                           event=sink.event)
+                           event=sink.event, stopping=stopping)
     seen = dict(body)  # (a caller's body may be live: kopf's watch may replace it during the tick)
     status = await loop.tick(ctx, seen, fleet.effective_spec(seen, mem.spec), mem)
+    if status is None or stopping():
+        return None
     # written directly (one merge patch on the status subresource, the object not read back):
     # kopf's patch would re-check the whole returned object on every tick
     await loop.write_status(ctx, status_path(seen), status, mem, base_version=seen["metadata"].get("resourceVersion"))

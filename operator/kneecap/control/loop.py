@@ -96,6 +96,9 @@ class LoopContext:
     histogram_cache: HistogramCache | None = None
     # the Deployments found in sync with the spec (one per operator process; None: compared every tick)
     sync_cache: reconcile.InSyncCache | None = None
+    # True once this process must write no more: kopf stopped its timers (the operator exits or
+    # pauses for a peer of higher priority, whose goodbye or keep-alive may already be out)
+    stopping: Callable[[], bool] = lambda: False
 
     @property
     def known_in_sync(self) -> Container[tuple]:
@@ -287,14 +290,17 @@ async def apply(ctx: LoopContext, g: TickInput, plan: Plan) -> tuple[dict, bool]
     return status, failed is not None and isinstance(failed[0], ReconcileWrite)
 
 
-async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopMemory) -> dict:
+async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopMemory) -> dict | None:
     """One iteration: gather (reads only), plan (pure), apply (writes only). Returns the status
-    patch (the caller writes it, see :func:`write_status`). Reads the clock once (``ctx.now``).
-    Holds the resource's reconcile lock throughout: the spec handlers' reconcile passes do not
-    interleave with a tick's reads and writes."""
+    patch (the caller writes it, see :func:`write_status`); None when the operator began to stop
+    while the tick gathered (``ctx.stopping``): nothing is applied, another replica may lead
+    already. Reads the clock once (``ctx.now``). Holds the resource's reconcile lock throughout:
+    the spec handlers' reconcile passes do not interleave with a tick's reads and writes."""
     now_s = ctx.now()
     async with ctx.reconcile_lock or contextlib.nullcontext():
         g, status = await gather(ctx, body, spec, mem)
+        if ctx.stopping():
+            return None
         status, mem.reconcile_failed = await apply(ctx, g, planner.plan(g, status, spec, now_s, ctx.gauss_runs))
     mem.reconcile_failed = mem.reconcile_failed or g.reconcile_failed
     return status
