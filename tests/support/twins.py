@@ -34,11 +34,12 @@ ROOT = Path(__file__).resolve().parents[2]
 KNEECAP = [sys.executable, "-m", "kneecap"]
 
 
-def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen) -> None:
+def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen, stderr_tail=None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
+            said = stderr_tail() if stderr_tail else proc.stderr.read().decode()[-2000:]
+            raise RuntimeError(f"server exited with {proc.returncode}: {said}")
         try:
             with urllib.request.urlopen(url, timeout=1) as r:
                 if r.status == 200:
@@ -59,6 +60,8 @@ class Twin:
                      "--host", host, "--port", str(self.port), "--time-scale", str(time_scale),
                      *(extra or [])]
         self.proc: subprocess.Popen | None = None
+        # a file, not a pipe: a pipe nobody reads blocks the process once it fills
+        self.stderr = tempfile.TemporaryFile()
 
     @property
     def url(self) -> str:
@@ -71,9 +74,22 @@ class Twin:
         env = dict(os.environ, PYTHONPATH=str(ROOT / "operator"))
         anchored = ["--sim-clock-anchor", anchor] if anchor else []
         self.proc = subprocess.Popen([*KNEECAP, "twin", *self.args, *anchored], cwd=ROOT, env=env,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        _wait_http(self.url + "/health", self.start_timeout_s, self.proc)
+                                     stdout=subprocess.DEVNULL, stderr=self.stderr)
+        _wait_http(self.url + "/health", self.start_timeout_s, self.proc, self.stderr_tail)
         return self
+
+    def stderr_tail(self, n_bytes: int = 2000) -> str:
+        """The end of what the process wrote to stderr."""
+        self.stderr.seek(0, os.SEEK_END)
+        self.stderr.seek(max(self.stderr.tell() - n_bytes, 0))
+        return self.stderr.read().decode(errors="replace")
+
+    def state(self) -> str:
+        """Whether the process runs, or how it ended and what it said (a test's account)."""
+        if self.proc is None:
+            return "not started"
+        code = self.proc.poll()
+        return "running" if code is None else f"exited {code}: {self.stderr_tail()}"
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
