@@ -314,7 +314,10 @@ def test_worse_fit_keeps_last_good_calibration_and_sets_degraded(control_plane, 
     watch = StatusWatch(admin, "fit")
     try:
         with sim_operator(control_plane.url, control_plane, token, NS, config(sim)) as runner:
-            res = resource(NS, "fit", "enforce", cooldown="600s")
+            # one pod throughout: the slow engine's first windows, fitted within maxFitError on a ring
+            # of fast ones, size replicas on its smaller KV cache (seen beside two CPU burners:
+            # replicas 1 -> 2 before the refit was rejected); this test is about the fit alone
+            res = resource(NS, "fit", "enforce", cooldown="600s", topology={"replicas": {"min": 1, "max": 1}})
             res["spec"]["control"].update(maxFitError=0.3, observationHistory=12)
             admin.create(LLMD, res)
             pods.wait()
