@@ -228,6 +228,35 @@ def test_a_rate_that_missed_the_slo_is_a_ceiling_over_gauss(profiles_csv):
     assert (n_s, bind_s) == (n0, bind0)
 
 
+def test_a_length_mix_never_served_scales_up_past_the_pods_that_missed(profiles_csv):
+    """The missed-rate bound makes λ* the very per-pod rate that missed, so the scale-up band
+    (the rate 1/(1+hysteresis) lower, sized with headroom 1+hysteresis) rounds back to the pods
+    that missed. Where no window of this length mix met the SLO, the pool goes strictly below
+    that rate; where one did at a lower rate, a miss is the quantile's spread and the band holds."""
+    from kneecap.control import plan
+
+    cal, base = _opt_fit(profiles_csv)
+    spec = _opt_spec()
+    longer = replace(base, input_len_mean=1.5 * base.input_len_mean)
+    lam = decide.colocated_replicas(spec, cal, longer)[2]["sustainableRequestsPerSecondPerReplica"]
+    # two pods missing the TTFT SLO at half GAUSS's λ* each, after a mix shift to longer prompts
+    missing = replace(longer, pods=2, request_rate_rps=2 * 0.5 * lam, ttft_p95_s=3.0, itl_p95_s=0.02)
+    before = replace(base, pods=2, request_rate_rps=2 * 0.5 * lam, ttft_p95_s=0.3, itl_p95_s=0.02)
+
+    def replicas(ring):
+        t = plan._Tick(g=None, spec=spec, status={}, now_s=1000.0, out={}, conds=[])
+        n, binding, alloc = plan._replicas(t, cal, missing, 2, 60.0, ring)
+        return n, binding, alloc["missedRequestsPerSecondPerReplica"], alloc["servedRequestsPerSecondPerReplica"]
+
+    # the shorter windows before the shift served, but not this mix: three pods, at 1/3·λ* each
+    assert replicas([before, missing]) == (3, "gauss:missed", pytest.approx(0.5 * lam, rel=1e-5), None)
+    assert plan.unserved_scale_up(2 * 0.5 * lam, 0.5 * lam) == 3 and plan.unserved_scale_up(9.0, 4.0) == 3
+    # this mix met the SLO at 0.4·λ* per pod: the band keeps the two pods that missed at 0.5·λ*
+    served = replace(missing, request_rate_rps=2 * 0.4 * lam, ttft_p95_s=0.5)
+    assert replicas([served, missing]) == (2, "gauss:missed", pytest.approx(0.5 * lam, rel=1e-5),
+                                           pytest.approx(0.4 * lam, rel=1e-5))
+
+
 def test_replicas_are_sized_at_the_cap_and_memory_they_apply(profiles_csv):
     """GAUSS's λ* per replica is found with the engine's own limits at the settings the pool
     would run: a tight cap queues requests for a seat (TTFT) and a small reservation fills the

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -529,6 +530,15 @@ def _restart_cost(t: _Tick, pool: reconcile.PoolState, obs: Observation,
                                horizon_source=horizon.source, horizon_note=horizon.note)
 
 
+def unserved_scale_up(rate_rps: float, missed_rps: float) -> int:
+    """The pods that put the per-pod rate strictly below ``missed_rps``, a rate the pool was
+    measured to miss its SLO at with requests of this length mix and has never been measured to
+    serve (:func:`decide.served_rate_per_replica` found none): no hysteresis band, which would
+    round back to the pods that missed (λ* is that very rate), while a pool that has served this
+    mix keeps the band (a window that misses among windows that met is the quantile's own spread)."""
+    return math.floor(rate_rps / missed_rps) + 1
+
+
 def _replicas(t: _Tick, cal, obs: Observation, current: int, restart_s: float, ring=(), settings=None, live=None):
     """Replicas for ``settings`` (the flags the pool will run); ``live``: the flags the window ran
     with (default ``settings``), at which its tails are read against GAUSS's curves."""
@@ -545,7 +555,9 @@ def _replicas(t: _Tick, cal, obs: Observation, current: int, restart_s: float, r
             spec, cal, dataclasses.replace(obs, request_rate_rps=obs.request_rate_rps * f), served_rps=served,
             missed_rps=missed, settings=settings, gauss_runs=t.gauss_runs, measured_factor=factor)[0]
         n_down = band(1.0 + spec.control.hysteresis)
-        if n > current:
+        if binding == "missed" and served is None and missed:
+            n = max(n, unserved_scale_up(obs.request_rate_rps, missed))
+        elif n > current:
             n = max(current, band(1.0 / (1.0 + spec.control.hysteresis)))
         n, t.out["scaleDownRecommendations"] = stabilised_replicas(
             n, n_down, t.status.get("scaleDownRecommendations"), current, t.now_s,
