@@ -34,12 +34,12 @@ ROOT = Path(__file__).resolve().parents[2]
 KNEECAP = [sys.executable, "-m", "kneecap"]
 
 
-def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen, stderr_tail=None) -> None:
+def _wait_http(url: str, timeout_s: float, proc: subprocess.Popen, said) -> None:
+    """Until `url` answers 200; `said()`: what the process printed, for the error if it exits."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            said = stderr_tail() if stderr_tail else proc.stderr.read().decode()[-2000:]
-            raise RuntimeError(f"server exited with {proc.returncode}: {said}")
+            raise RuntimeError(f"server exited with {proc.returncode}: {said()}")
         try:
             with urllib.request.urlopen(url, timeout=1) as r:
                 if r.status == 200:
