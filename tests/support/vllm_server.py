@@ -87,8 +87,12 @@ class VllmServer:
             self.proc.wait(timeout=10)
 
 
-def start_server(model_dir: Path, log_path: Path, extra_args: list[str], startup_timeout_s: float = 240.0) -> VllmServer:
-    """Start ``python -m vllm.entrypoints.openai.api_server`` and wait for /health."""
+def start_server(model_dir: Path, log_path: Path, extra_args: list[str], startup_timeout_s: float = 240.0,
+                 cpus: frozenset[int] | None = None) -> VllmServer:
+    """Start ``python -m vllm.entrypoints.openai.api_server`` and wait for /health.
+
+    ``cpus``: the cores the server and its engine-core child may run on (their affinity, and
+    vLLM's OpenMP threads bound to them); None: wherever the scheduler puts them."""
     python = check_vllm_python()
     port = free_port()
     args = (
@@ -102,9 +106,16 @@ def start_server(model_dir: Path, log_path: Path, extra_args: list[str], startup
     )
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1",
                VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+    pin = None
+    if cpus is not None:
+        if not cpus or not cpus <= os.sched_getaffinity(0):
+            raise ValueError(f"cpus: expected a non-empty subset of this process's cores "
+                             f"{sorted(os.sched_getaffinity(0))}, got {sorted(cpus)}")
+        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(cpus)))
+        pin = lambda: os.sched_setaffinity(0, cpus)  # noqa: E731  (inherited by the engine-core child)
     log = open(log_path, "wb")
     proc = subprocess.Popen([str(python), *args], stdout=log, stderr=subprocess.STDOUT, env=env,
-                            cwd=str(model_dir.parent), start_new_session=True)
+                            cwd=str(model_dir.parent), start_new_session=True, preexec_fn=pin)
     log.close()
     server = VllmServer(f"http://127.0.0.1:{port}", log_path, args, proc)
     try:
