@@ -64,6 +64,7 @@ SERVER_ARGS = ["--max-num-seqs", str(MAX_NUM_SEQS), "--max-model-len", str(MAX_M
 # (input mean, input CV, output mean, output CV): log-normal, as kneecap load samples them
 WORKLOADS = {"light": (128.0, 0.5, 64.0, 0.5), "heavy": (128.0, 1.5, 64.0, 1.5)}
 FRACTIONS = (0.3, 0.6, 0.85)
+PIN_MIN_CORES = 3  # the engine's, vLLM's host processes', the client's
 QS = (0.5, 0.95, 0.99)
 MODELS = ("gauss", "gauss_paper", "twin", "gauss_anchored", "twin_anchored")
 QNAMES = ("p50", "p95", "p99")
@@ -374,7 +375,9 @@ def check_goals(rows: list[dict]) -> dict:
                 misses.append(f"{cell} {e:+.0%}")
             else:
                 met += 1
-        out[model] = (("met" if not misses else f"missed {len(misses)}: " + "; ".join(misses))
+        verdict = ("no cell with a verdict" if not misses and not met else
+                   "met" if not misses else f"missed {len(misses)}: " + "; ".join(misses))
+        out[model] = (verdict
                       + f" ({met} met; worst |err| with a verdict {worst:.0%})"
                       + (f"; no verdict, the repetitions' spread above the bound: {len(no_verdict)}: "
                          + "; ".join(no_verdict) if no_verdict else ""))
@@ -392,8 +395,8 @@ async def run(args) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="kneecap-tails-"))
     model_dir = build_model(tmp / "model")
     arch = load_hf_config(model_dir)
-    server_cpus, client_cpus = pinning(args.pin)
-    server = start_server(model_dir, tmp / "vllm.log", SERVER_ARGS, cpus=server_cpus)
+    engine_cpus, client_cpus = pinning(args.pin)
+    server = start_server(model_dir, tmp / "vllm.log", SERVER_ARGS, cpus=client_cpus, engine_cpus=engine_cpus)
     if client_cpus:
         os.sched_setaffinity(0, client_cpus)
     points = []
@@ -413,27 +416,29 @@ async def run(args) -> dict:
         server.stop()
     vllm_version = next((ln.split("(v")[1].split(")")[0] for ln in server.log_tail(10**6).splitlines()
                          if "V1 LLM engine (v" in ln), "?")
-    meta = {"machine": machine(server_cpus, client_cpus), "vllm": vllm_version,
+    meta = {"machine": machine(engine_cpus, client_cpus), "vllm": vllm_version,
             "reps": args.reps, "requests_target": args.requests, "wall_s": time.monotonic() - t_start,
-            "quick": args.quick, "cores": {"vllm": sorted(server_cpus or ()), "client": sorted(client_cpus or ())}}
+            "quick": args.quick, "cores": {"engine": sorted(engine_cpus or ()), "client": sorted(client_cpus or ())}}
     return {"meta": meta, "points": points}
 
 
 def pinning(pin: bool) -> tuple[frozenset[int] | None, frozenset[int] | None]:
-    """(vLLM's cores, the client's): the last core of this process's affinity for the server and
-    its engine core, the others for the load generator and the predictions, so neither takes
-    the other's CPU during a point; (None, None) unpinned or on one core."""
+    """(the engine's cores, everything else's): the last core of this process's affinity for
+    the engine's compute (vLLM's OpenMP threads: what GAUSS and the twin model, the GPU of a GPU
+    deployment), the others for vLLM's API server, the load generator and the predictions, so
+    that nothing takes the engine's CPU during a point; (None, None) unpinned or on one core."""
     cores = sorted(os.sched_getaffinity(0))
     if not pin or len(cores) < 2:
         return None, None
     return frozenset(cores[-1:]), frozenset(cores[:-1])
 
 
-def machine(server_cpus, client_cpus) -> str:
+def machine(engine_cpus, client_cpus) -> str:
     import platform
 
-    where = (f"vLLM pinned to core {','.join(map(str, sorted(server_cpus)))}, client to "
-             f"{','.join(map(str, sorted(client_cpus)))}" if server_cpus else "unpinned, shared with other jobs")
+    where = (f"vLLM's engine (OpenMP threads) pinned to core {','.join(map(str, sorted(engine_cpus)))}, its API "
+             f"server and the client to {','.join(map(str, sorted(client_cpus)))}" if engine_cpus
+             else "unpinned, shared with other jobs")
     return f"{platform.machine()}, {os.cpu_count()} CPUs; {where}"
 
 
@@ -579,11 +584,15 @@ def main(argv=None) -> int:
                                   "or tails_real_vllm_quick with --quick)")
     ap.add_argument("--from-partial", metavar="VLLM_VERSION",
                     help="write the tables from the points an interrupted run saved (.partial.json)")
-    ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
-                    help="vLLM on the last core, the client on the others (default; off on one core)")
+    ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=None,
+                    help="vLLM's engine on the last core, its API server and the client on the others "
+                         f"(default: on with at least {PIN_MIN_CORES} cores; on 2 the one host core saturates, "
+                         "benchmarks/results/tails_real_vllm_pinned.md)")
     ap.add_argument("--twin-check-only", action="store_true",
                     help="recompute the noise-free GAUSS-vs-twin section of existing results")
     args = ap.parse_args(argv)
+    if args.pin is None:
+        args.pin = len(os.sched_getaffinity(0)) >= PIN_MIN_CORES
     if args.quick:
         args.reps, args.requests = 1, min(args.requests, 200)
     args.out = args.out or str(RESULTS / ("tails_real_vllm_quick" if args.quick else "tails_real_vllm"))

@@ -88,11 +88,12 @@ class VllmServer:
 
 
 def start_server(model_dir: Path, log_path: Path, extra_args: list[str], startup_timeout_s: float = 240.0,
-                 cpus: frozenset[int] | None = None) -> VllmServer:
+                 cpus: frozenset[int] | None = None, engine_cpus: frozenset[int] | None = None) -> VllmServer:
     """Start ``python -m vllm.entrypoints.openai.api_server`` and wait for /health.
 
-    ``cpus``: the cores the server and its engine-core child may run on (their affinity, and
-    vLLM's OpenMP threads bound to them); None: wherever the scheduler puts them."""
+    ``cpus``: the cores the API server and its engine-core child may run on (their affinity);
+    ``engine_cpus``: the cores vLLM binds the engine's OpenMP threads to, the model's compute
+    (VLLM_CPU_OMP_THREADS_BIND; default ``cpus``). None: wherever the scheduler puts them."""
     python = check_vllm_python()
     port = free_port()
     args = (
@@ -107,12 +108,14 @@ def start_server(model_dir: Path, log_path: Path, extra_args: list[str], startup
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1",
                VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
     pin = None
+    for name, given in (("cpus", cpus), ("engine_cpus", engine_cpus)):
+        if given is not None and (not given or not given <= os.sched_getaffinity(0)):
+            raise ValueError(f"{name}: expected a non-empty subset of this process's cores "
+                             f"{sorted(os.sched_getaffinity(0))}, got {sorted(given)}")
     if cpus is not None:
-        if not cpus or not cpus <= os.sched_getaffinity(0):
-            raise ValueError(f"cpus: expected a non-empty subset of this process's cores "
-                             f"{sorted(os.sched_getaffinity(0))}, got {sorted(cpus)}")
-        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(cpus)))
         pin = lambda: os.sched_setaffinity(0, cpus)  # noqa: E731  (inherited by the engine-core child)
+    if engine_cpus or cpus:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(engine_cpus or cpus)))
     log = open(log_path, "wb")
     proc = subprocess.Popen([str(python), *args], stdout=log, stderr=subprocess.STDOUT, env=env,
                             cwd=str(model_dir.parent), start_new_session=True, preexec_fn=pin)
