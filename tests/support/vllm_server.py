@@ -6,6 +6,7 @@ stops the API server and its engine-core child together.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import socket
@@ -113,7 +114,7 @@ def start_server(model_dir: Path, log_path: Path, extra_args: list[str], startup
             raise ValueError(f"{name}: expected a non-empty subset of this process's cores "
                              f"{sorted(os.sched_getaffinity(0))}, got {sorted(given)}")
     if cpus is not None:
-        pin = lambda: os.sched_setaffinity(0, cpus)  # noqa: E731  (inherited by the engine-core child)
+        pin = functools.partial(os.sched_setaffinity, 0, cpus)  # inherited by vLLM's child processes
     if engine_cpus or cpus:
         env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(engine_cpus or cpus)))
     log = open(log_path, "wb")
