@@ -1,6 +1,6 @@
 """Operator scale: one `kneecap run` process handling ≥ 200 LLMDeployments of 4 pods each.
 
-The API is the embedded emulator (kneecap.demo.kubeapi, in this process); the pods are canned
+The API is the embedded emulator (kneecap.emulation.kubeapi, in this process); the pods are canned
 metrics servers: a separate process runs a few twin engines (kneecap.sim.engine + the twin's
 /metrics, fed seeded Poisson requests whose rate swings slowly with simulated time, so the
 operator sees several batch levels and runs its whole loop: fit, BCA, GAUSS) on distinct ports.
@@ -57,8 +57,7 @@ from _paths import RESULTS, ROOT  # noqa: E402
 from kneecap.demo.clock import free_port  # noqa: E402
 from kneecap.control import manifests  # noqa: E402
 from kneecap.control.spec import parse_spec  # noqa: E402
-from kneecap.demo.kubeapi import LLMD, KubeAPIThread  # noqa: E402
-from kneecap.demo.kubelet import DEPLOY, add_owned_pod  # noqa: E402
+from kneecap.emulation.kubeapi import DEPLOY, LLMD, KubeAPIThread, add_owned_pod  # noqa: E402
 
 NS = "scale"
 CANNED = r"""

@@ -1,5 +1,5 @@
 """spec.model.configMapRef read the way the operator reads it: from an API (the emulated one of
-kneecap.demo.kubeapi, served on a loopback port by KubeAPIThread), then parsed. Spec parsing
+kneecap.emulation.kubeapi, served on a loopback port by KubeAPIThread), then parsed. Spec parsing
 itself: tests/unit/test_control_spec.py."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def test_config_map_reference_read_through_the_operator_parsing_path():
     from kneecap.control import lifecycle
     from kneecap.control.kube import KubeClient
     from kneecap.control.metrics import OperatorMetrics
-    from kneecap.demo.kubeapi import KubeAPIThread
+    from kneecap.emulation.kubeapi import KubeAPIThread
     from kneecap.model.arch import get_arch
 
     def body(ref):

@@ -1,7 +1,7 @@
 """`kneecap demo`'s harness end to end: a short run, its summary checked against the API's objects.
 
 The run is real: the emulated API, the operator (kopf, enforce mode), `kneecap twin` pods run
-by the kubelet shim, `kneecap load` through the router. Simulated time runs 5× the wall clock
+by the demo's node, `kneecap load` through the router. Simulated time runs 5× the wall clock
 when the CPU keeps up; on a busy machine the twins' clocks fall behind and the whole demo
 follows them, so what is asserted here does not depend on how busy the machine is (only the
 wall time does).
@@ -16,7 +16,7 @@ import pytest
 from kneecap.control import vllm_args
 from kneecap.control.manifests import vllm_container
 from kneecap.demo.harness import DemoConfig, run_demo
-from kneecap.demo.kubelet import twin_argv
+from kneecap.demo.twin_node import twin_argv
 from kneecap.emulation.workloads import template_hash
 from kneecap.demo.report import plot, row_line, summary_text, template_changes
 from kneecap.errors import InputError

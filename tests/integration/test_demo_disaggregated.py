@@ -1,5 +1,5 @@
 """The demo's disaggregated pools end to end: the Deployments kneecap renders for a
-disaggregated LLMDeployment (their --kv-transfer-config), the kubelet shim's twin processes, and
+disaggregated LLMDeployment (their --kv-transfer-config), the twin node's processes, and
 the P/D router: each request is prefilled on a prefill twin, its KV read by a decode twin, and
 decoded there; no decode starts before its prefill finished."""
 
@@ -11,8 +11,8 @@ import asyncio
 from kneecap.control import reconcile
 from kneecap.control.kube import KubeClient
 from kneecap.control.spec import parse_spec
-from kneecap.demo.kubeapi import LLMD, KubeAPIThread
-from kneecap.demo.kubelet import Kubelet
+from kneecap.emulation.kubeapi import LLMD, KubeAPIThread
+from kneecap.demo.twin_node import TwinNode
 from kneecap.demo.pd_router import PDRouter
 from tests.support.specs import NS, llmd
 from tests.support.twins import post_completions
@@ -33,9 +33,9 @@ async def test_prefill_kv_decode_through_the_kubelets_twins():
             await client.close()
         assert sorted(p.pool.name for p in res.pools) == ["pd-decode", "pd-prefill"]
         router = await PDRouter().start()
-        kubelet = Kubelet(kube, NS, time_scale=1.0, on_endpoints=router.on_endpoints)
+        node = TwinNode(kube, NS, time_scale=1.0, on_endpoints=router.on_endpoints)
         stop = asyncio.Event()
-        task = asyncio.create_task(kubelet.run(stop))
+        task = asyncio.create_task(node.run(stop))
         try:
             for _ in range(600):
                 if router.prefill.endpoints and router.decode.endpoints:

@@ -1,4 +1,4 @@
-"""Two things the demo's emulated API (kneecap.demo.kubeapi) does as kube-apiserver does, which
+"""Two things the demo's emulated API (kneecap.emulation.kubeapi) does as kube-apiserver does, which
 the operator meets there: the Warning header of a default (Warn) field validation, and validation
 ratcheting under a stricter schema.
 """
@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 
 from kneecap.control import spec as spec_module
-from kneecap.demo.kubeapi import LLMD, KubeAPIThread
+from kneecap.emulation.kubeapi import LLMD, KubeAPIThread
 from tests.support.specs import MINIMAL_SPEC as SPEC
 
 NS = "faithful"

@@ -92,7 +92,7 @@ def test_a_command_that_needs_an_extra_names_it(kneecap_plain, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-EMULATIONS = ("kneecap.emulation", "kneecap.demo", "kneecap.sim.kubelet_virtual",
+EMULATIONS = ("kneecap.emulation", "kneecap.demo", "kneecap.sim.engine_node",
               "kneecap.sim.cluster", "kmock")
 GRAPH = """
 import contextlib, io, sys

@@ -16,7 +16,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "operator" / "kneecap"
 COMMANDS = ("run", "fit", "advise", "simulate", "plan", "memory")
 OPERATOR_PACKAGES = ("control", "model", "observe")
-EMULATIONS = ("kneecap.emulation", "kneecap.demo", "kneecap.sim.kubelet_virtual",
+EMULATIONS = ("kneecap.emulation", "kneecap.demo", "kneecap.sim.engine_node",
               "kneecap.sim.cluster", "kneecap.sim.hpa", "kneecap.sim.replay", "kneecap.sim.demo_virtual", "kmock")
 
 

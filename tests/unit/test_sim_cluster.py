@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 
 from kneecap.control import lifecycle, manifests
-from kneecap.control.kube import ApiError, deployments_path, pods_path
+from kneecap.control.kube import ApiError, deployments_path, pods_path, replicasets_path
 from kneecap.model.arch import get_arch
 from kneecap.model.hardware import get_gpu
 from kneecap.sim.cluster import DONE, LOST, OperatorDriver, VirtualCluster, llmd_path
 from kneecap.emulation.store import Store
 from kneecap.emulation.merge_patch import merge_patch
-from kneecap.sim.kubelet_virtual import HASH_LABEL, KubeletConfig, replicasets_path
+from kneecap.emulation.workloads import HASH_LABEL
+from kneecap.sim.engine_node import KubeletConfig
 from kneecap.sim.replay import ReplayConfig, llmd_spec, static_deployment
 
 ARCH, GPU = get_arch("llama-3.1-8b"), get_gpu("h100-80gb")
@@ -118,7 +119,7 @@ def test_recreate_like_rollout_pod_not_ready_while_loading(interrupted):
     down = [t for t, caps in ready.items() if not caps]
     assert min(down) == 10 and max(down) == int(np.ceil(10 + delay)) - 1  # not Ready while loading
     assert ready[int(np.ceil(10 + delay))] == [64]
-    st = cl.kubelet.stats
+    st = cl.node.stats
     assert st.restarts == 1 and st.interrupted_restart > 0
     cut = rq.attempts > 0  # every request reached a pod
     assert cut.all()
@@ -140,7 +141,7 @@ def test_default_rolling_update_keeps_serving_and_drains():
     _rollout(cl, 10.0, 64, watch)
     rq = cl.run(*_requests(200, 0.25, 50))
     assert all(caps for _, caps in watch if _ < 50)  # a Ready pod at every second
-    assert cl.kubelet.stats.restarts == 1 and cl.kubelet.stats.interrupted_restart == 0
+    assert cl.node.stats.restarts == 1 and cl.node.stats.interrupted_restart == 0
     assert (rq.state == DONE).all()
     assert [caps for t, caps in watch if t == 49.0] == [[64]]
     assert cl.gpu_s > 50.0 + 0.9 * k.load_delay_s(ARCH)  # the surge pod held a GPU while loading
@@ -149,7 +150,7 @@ def test_default_rolling_update_keeps_serving_and_drains():
 def test_buffered_itl_histogram_renders_the_same_buckets_as_observing_each_token():
     from kneecap.observe.scrape import parse_metrics
     from kneecap.sim.engine import Engine, engine_config
-    from kneecap.sim.kubelet_virtual import buffered_metrics, render_metrics
+    from kneecap.sim.metrics import buffered_metrics, render_metrics
     from kneecap.sim.metrics import TwinMetrics
 
     cfg = engine_config(ARCH, GPU, max_num_seqs=32)
@@ -202,7 +203,7 @@ def test_a_tensor_parallel_pod_holds_tp_gpus_and_runs_a_tp_engine():
     cl.prewarm()
     rq = cl.run(*_requests(20, 0.5, 16))
     assert (rq.state == DONE).all()
-    pods = list(cl.kubelet.pods.values())
+    pods = list(cl.node.pods.values())
     assert len(pods) == 2 and all(p.gpus == 2 and p.config.tensor_parallel_size == 2 for p in pods)
     assert pods[0].config.num_gpu_blocks == memory_split(arch70, GPU, 0.9, 64, pods[0].config.max_num_batched_tokens,
                                                          tensor_parallel_size=2).num_gpu_blocks

@@ -4,6 +4,7 @@ the in-memory API's objects, and identical on a second run."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 
 import pytest
@@ -58,3 +59,31 @@ def test_the_start_up_throughput_counts_only_windows_of_the_steady_load(run):
     before = [r.throughput_tok_s for r in steady if r.max_num_seqs == 256 and r.throughput_tok_s]
     light = [r.throughput_tok_s for r in run.rows if r.phase == "warmup" and r.throughput_tok_s]
     assert before and light and min(before) > 2 * max(light)
+
+
+def test_kneecap_demo_virtual_prints_the_runs_summary_and_writes_its_files(tmp_path, capsys):
+    """`kneecap demo --virtual` is this run behind the CLI: the same summary, its PNG and JSON."""
+    from kneecap.cli import main
+
+    argv = ["demo", "--virtual", "--duration", "160", "--interval", "10", "--cooldown", "120", "--json",
+            "--out", str(tmp_path / "out")]
+    assert main(argv) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    expected = run_demo_virtual(DemoConfig(duration_s=160.0, interval_s=10.0, cooldown_s=120.0)).summary
+    summary = {k: v for k, v in printed.items() if k not in ("png", "run_json")}
+    timing = ("wall_s",)  # the CPU seconds the run took
+    assert ({k: v for k, v in summary.items() if k not in timing}
+            == {k: v for k, v in json.loads(json.dumps(expected, default=str)).items() if k not in timing})
+    assert summary["restarts"] == 1 and summary["converged_max_num_seqs"] < 256
+    assert (tmp_path / "out" / "trajectory.png").stat().st_size > 0
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["summary"] == summary
+
+
+@pytest.mark.parametrize("flag", ["--adopt", "--disaggregated"])
+def test_kneecap_demo_virtual_refuses_what_it_does_not_run(tmp_path, capsys, flag):
+    from kneecap.cli import main
+
+    assert main(["demo", "--virtual", flag, "--json", "--out", str(tmp_path / "out")]) == 2
+    err = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert err["field"] == "virtual" and flag in err["error"]
+    assert not (tmp_path / "out").exists()

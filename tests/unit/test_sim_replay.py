@@ -33,7 +33,7 @@ def test_operator_moves_the_cap_down_from_256_with_one_restart(tmp_path):
     deploy = api.peek(deployments_path(ns, NAME))
     live = int(vllm_args.container_flag(manifests.vllm_container(deploy), manifests.MAX_NUM_SEQS))
     assert live == applied[-1]["target"]["maxNumSeqs"] < 256
-    assert run.cluster.kubelet.stats.restarts <= 1
+    assert run.cluster.node.stats.restarts <= 1
     (pod,) = run.cluster.ready_pods()
     assert pod.config.max_num_seqs == live  # the pod serving at the end runs the applied cap
     status = api.peek(llmd_path(ns, NAME))["status"]

@@ -1,9 +1,11 @@
 """`kneecap demo`: the whole loop on this machine, no cluster and no GPU.
 
-Starts an in-process Kubernetes API, a kubelet shim that runs each pod as a `kneecap twin`
-(a GPU-scale vLLM twin), a Service-like router, Poisson load and the real operator in enforce
+Starts an in-process Kubernetes API, a node (the emulations' kubelet) that runs each pod as a
+`kneecap twin` (a GPU-scale vLLM twin), a Service-like router, Poisson load and the real operator in enforce
 mode; prints one line per control interval and a summary read back from the run, and writes
-the trajectory PNG and the run's JSON under --out. See kneecap.demo.harness.
+the trajectory PNG and the run's JSON under --out. See kneecap.demo.harness. With --virtual the
+same LLMDeployment and load run on the virtual-time cluster instead (kneecap.sim.demo_virtual):
+in-process engines on one simulated clock, the same result on any machine, in seconds.
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--disaggregated", action="store_true",
                         help="a prefill and a decode pool (KV transfer) behind a P/D router; the cap followed is "
                              "the decode pool's")
+    parser.add_argument("--virtual", action="store_true",
+                        help="run on the virtual-time cluster (in-process engines, one simulated clock, "
+                             "deterministic) instead of twin processes paced by the wall clock; --time-scale "
+                             "does not apply")
     common.add_json(parser, "print the summary as one JSON object")
 
 
@@ -74,27 +80,42 @@ def config_from_args(args):
 
 
 def run(args) -> int:
-    try:
-        import kmock  # noqa: F401  (the embedded Kubernetes API)
-    except ModuleNotFoundError:
-        raise InputError("demo", f"needs kmock (the embedded Kubernetes API): {EXTRA}") from None
+    if args.virtual and (args.adopt or args.disaggregated):
+        flag = "--adopt" if args.adopt else "--disaggregated"
+        raise InputError("virtual", f"the virtual-time demo runs kneecap's own single pool; drop {flag} or --virtual")
+    if not args.virtual:
+        try:
+            import kmock  # noqa: F401  (the embedded Kubernetes API)
+        except ModuleNotFoundError:
+            raise InputError("demo", f"needs kmock (the embedded Kubernetes API): {EXTRA}, or use --virtual") from None
     from kneecap.plotting import pyplot
 
     pyplot("demo")  # the trajectory PNG: fail before the run, not after it
-    from kneecap.demo.harness import run_demo
     from kneecap.demo.report import plot, row_line, summary_text
 
     cfg = config_from_args(args)
     cfg.check()
     out = Path(args.out)
-    (out / "logs").mkdir(parents=True, exist_ok=True)
     live = sys.stderr if args.json else sys.stdout
-    print(f"kneecap demo: {cfg.model} on {cfg.gpu}, {cfg.rate_rps:g} req/s for {cfg.duration_s:g}s simulated "
-          f"at {cfg.time_scale:g}x (about {cfg.duration_s / cfg.time_scale:.0f}s wall); pods start at "
-          f"max_num_seqs={cfg.max_num_seqs}, gpu_memory_utilization={cfg.gpu_memory_utilization:g}",
-          file=live, flush=True)
-    res = run_demo(cfg, on_row=lambda r: print(row_line(r), file=live, flush=True), log_dir=out / "logs",
-                   on_warning=lambda line: print(line, file=live, flush=True))
+    on_row = lambda r: print(row_line(r), file=live, flush=True)  # noqa: E731
+    if args.virtual:
+        from kneecap.sim.demo_virtual import run_demo_virtual
+
+        out.mkdir(parents=True, exist_ok=True)
+        print(f"kneecap demo (virtual time): {cfg.model} on {cfg.gpu}, {cfg.rate_rps:g} req/s for "
+              f"{cfg.duration_s:g}s; pods start at max_num_seqs={cfg.max_num_seqs}, "
+              f"gpu_memory_utilization={cfg.gpu_memory_utilization:g}", file=live, flush=True)
+        res = run_demo_virtual(cfg, on_row=on_row)
+    else:
+        from kneecap.demo.harness import run_demo
+
+        (out / "logs").mkdir(parents=True, exist_ok=True)
+        print(f"kneecap demo: {cfg.model} on {cfg.gpu}, {cfg.rate_rps:g} req/s for {cfg.duration_s:g}s simulated "
+              f"at {cfg.time_scale:g}x (about {cfg.duration_s / cfg.time_scale:.0f}s wall); pods start at "
+              f"max_num_seqs={cfg.max_num_seqs}, gpu_memory_utilization={cfg.gpu_memory_utilization:g}",
+              file=live, flush=True)
+        res = run_demo(cfg, on_row=on_row, log_dir=out / "logs",
+                       on_warning=lambda line: print(line, file=live, flush=True))
     png = plot(res, out / "trajectory.png")
     (out / "run.json").write_text(json.dumps(res.to_json(), indent=1, default=str))
     if args.json:

@@ -30,7 +30,7 @@ HELP = "replay a request trace (Azure LLM format or arrival_s,input_tokens,outpu
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from kneecap.sim.hpa import HPASpec
-    from kneecap.sim.kubelet_virtual import KubeletConfig
+    from kneecap.sim.engine_node import KubeletConfig
     from kneecap.sim.fleet_replay import DEFAULT_DURATION_S, FLEET_POLICIES
     from kneecap.sim.replay import DEFAULT_POLICIES, POLICIES, ReplayConfig
     from kneecap.sim.trace_variants import SUITE
@@ -115,7 +115,7 @@ def config_from_args(args):
     from kneecap.control.spec import guess_architecture
     from kneecap.model.arch import CATALOG
     from kneecap.sim.hpa import HPASpec
-    from kneecap.sim.kubelet_virtual import KubeletConfig
+    from kneecap.sim.engine_node import KubeletConfig
     from kneecap.sim.replay import ReplayConfig
 
     arch = args.arch or (args.model if args.model in CATALOG else guess_architecture(args.model))

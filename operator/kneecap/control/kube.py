@@ -114,16 +114,16 @@ def services_path(ns: str, name: str | None = None) -> str:
     return resource_path("v1", "services", ns, name)
 
 
-def replicasets_path(ns: str) -> str:
-    return resource_path("apps/v1", "replicasets", ns)
+def replicasets_path(ns: str, name: str | None = None) -> str:
+    return resource_path("apps/v1", "replicasets", ns, name)
 
 
 def configmaps_path(ns: str, name: str | None = None) -> str:
     return resource_path("v1", "configmaps", ns, name)
 
 
-def pods_path(ns: str) -> str:
-    return resource_path("v1", "pods", ns)
+def pods_path(ns: str, name: str | None = None) -> str:
+    return resource_path("v1", "pods", ns, name)
 
 
 def hpas_path(ns: str) -> str:

@@ -1,8 +1,8 @@
-"""The embedded cluster, end to end: API + kubelet shim + router + load + the real operator.
+"""The embedded cluster, end to end: API + a node (kubelet and twin processes) + router + load + the real operator.
 
-`run_demo(DemoConfig(...))` starts the emulated Kubernetes API (kneecap.demo.kubeapi), the
+`run_demo(DemoConfig(...))` starts the emulated Kubernetes API (kneecap.emulation.kubeapi), the
 operator (kneecap.control's kopf registry, `kopf.operator` in a thread, enforce mode), creates
-one LLMDeployment, lets the kubelet shim run its pods as `kneecap twin` processes behind a
+one LLMDeployment, lets the emulated node run its pods as `kneecap twin` processes behind a
 Service-like router, drives the router with Poisson load (kneecap.sim.loadgen.run_load) and
 records one `IntervalRow` per control decision, read back from the LLMDeployment's status and
 the Deployment's args. Time is simulated: the twins and the operator's clock run
@@ -256,7 +256,7 @@ class IntervalRow:
     message: str
     recommended_max_num_seqs: int | None
     recommended_gpu_memory_utilization: float | None
-    restarts: int  # pods the kubelet shim had replaced by then
+    restarts: int  # pods the node had replaced by then
     phase: str  # "warmup" | "steady"
 
 
@@ -426,8 +426,8 @@ class _LagWatch:
 async def _main(cfg: DemoConfig, kube: "KubeAPIThread", clock: TwinClock,
                 on_row: Callable[[IntervalRow], None], on_warning: Callable[[str], None], log_dir: Path | None,
                 on_endpoints: Callable[[list[str]], None] = lambda urls: None):
-    from kneecap.demo.kubeapi import LLMD
-    from kneecap.demo.kubelet import DEPLOY, Kubelet
+    from kneecap.emulation.kubeapi import DEPLOY, LLMD
+    from kneecap.demo.twin_node import TwinNode
 
     from kneecap.control.spec import parse_spec
 
@@ -443,11 +443,11 @@ async def _main(cfg: DemoConfig, kube: "KubeAPIThread", clock: TwinClock,
         on_endpoints(urls)
 
     spec = parse_spec(llmdeployment(cfg)["spec"])
-    kubelet = Kubelet(kube, NS, cfg.time_scale, on_endpoints=endpoints,
-                      drain=router.drain, log_dir=log_dir, clock=clock,
-                      unowned=(spec.model.architecture.key, spec.accelerator.type) if cfg.adopt else None)
+    node = TwinNode(kube, NS, cfg.time_scale, on_endpoints=endpoints,
+                    drain=router.drain, log_dir=log_dir, clock=clock,
+                    unowned=(spec.model.architecture.key, spec.accelerator.type) if cfg.adopt else None)
     stop = asyncio.Event()
-    kubelet_task = asyncio.create_task(kubelet.run(stop))
+    node_task = asyncio.create_task(node.run(stop))
     follow_task = asyncio.create_task(_follow_twins(clock, router, stop))
     rows: list[IntervalRow] = []
     user = None
@@ -459,10 +459,10 @@ async def _main(cfg: DemoConfig, kube: "KubeAPIThread", clock: TwinClock,
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 120
         while not router.endpoints:  # the first pod (of each pool) is up
-            if kubelet_task.done():
-                kubelet_task.result()
+            if node_task.done():
+                node_task.result()
             if loop.time() > deadline:
-                raise RuntimeError(f"no pod became ready: {kubelet.events}")
+                raise RuntimeError(f"no pod became ready: {node.events}")
             await asyncio.sleep(0.1)
         if cfg.adopt:
             await asyncio.to_thread(kube.create, LLMD, llmdeployment(cfg))
@@ -484,7 +484,7 @@ async def _main(cfg: DemoConfig, kube: "KubeAPIThread", clock: TwinClock,
                 last = stamp
                 decided = parse_iso(stamp[0])  # the operator's clock when it decided (this loop may notice late)
                 t = max((decided if decided is not None else clock()) - t0, 0.0)
-                row = _row(t, st, dep, sum(kubelet.restarts.values()), cfg.phase_of(t))
+                row = _row(t, st, dep, sum(node.restarts.values()), cfg.phase_of(t))
                 rows.append(row)
                 on_row(row)
             await asyncio.sleep(min(0.25, cfg.interval_s / cfg.time_scale / 4))
@@ -492,10 +492,10 @@ async def _main(cfg: DemoConfig, kube: "KubeAPIThread", clock: TwinClock,
         ratio, behind = lag.ratio_behind() if lag is not None else (1.0, 0.0)
     finally:
         stop.set()
-        await kubelet_task
+        await node_task
         await follow_task
         await router.stop()
-    return rows, report, kubelet, ratio, behind, user, len(getattr(router, "routed", ()))
+    return rows, report, node, ratio, behind, user, len(getattr(router, "routed", ()))
 
 
 def run_demo(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = lambda row: None,
@@ -511,8 +511,7 @@ def run_demo(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = lambda row
         logging.getLogger("kopf").setLevel(logging.ERROR)  # e.g. "OS signals are ignored" (it runs in a thread)
         for name in ("aiohttp", "kneecap"):
             logging.getLogger(name).setLevel(logging.WARNING)
-    from kneecap.demo.kubeapi import LLMD, KubeAPIThread
-    from kneecap.demo.kubelet import DEPLOY
+    from kneecap.emulation.kubeapi import DEPLOY, LLMD, KubeAPIThread
 
     wall0 = time.monotonic()
     clock = TwinClock(cfg.time_scale, lead_wall_s=2 * TWIN_POLL_S)
@@ -521,7 +520,7 @@ def run_demo(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = lambda row
         op = OperatorThread(kube.url, NS, clock=clock, tick_s=cfg.tick_s, metrics=metrics,
                             scrape=twin_time_scrape(clock)).start()
         try:
-            rows, report, kubelet, ratio, behind, user, routed = asyncio.run(
+            rows, report, node, ratio, behind, user, routed = asyncio.run(
                 _main(cfg, kube, clock, on_row, on_warning, log_dir, on_endpoints))
         finally:
             op.stop()
@@ -530,8 +529,8 @@ def run_demo(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = lambda row
         history = [v for v in kube.history(DEPLOY, NS, served_deployment(cfg)) if v is not None]
         objects = {r: sorted(o["metadata"]["name"] for o in kube.list(r, NS)) for r in (DEPLOY, "v1/services")}
     load = {k: v for k, v in report.items() if k != "records"}
-    res = DemoResult(cfg, rows, llmd_obj, deploy, history, sum(kubelet.restarts.values()),
-                     sum(kubelet.started.values()), copy.deepcopy(kubelet.events), load,
+    res = DemoResult(cfg, rows, llmd_obj, deploy, history, sum(node.restarts.values()),
+                     sum(node.started.values()), copy.deepcopy(node.events), load,
                      time.monotonic() - wall0, op.metrics.exposition().decode(), ratio, behind, routed,
                      user_deployment=user, objects=objects)
     from kneecap.demo.report import summarize

@@ -2,7 +2,7 @@
 
 Every number comes from the run: caps and memory fractions from the Deployment's versions in
 the emulated API, throughput, batch and p95s from the operator's observations in the
-LLMDeployment's status, restarts from the kubelet shim, request latencies from the load.
+LLMDeployment's status, restarts from the node, request latencies from the load.
 """
 
 from __future__ import annotations

@@ -11,19 +11,18 @@ its ``list_now``/``peek``/``create_now``/``patch_now``/``delete_now``):
   the template's labels, deterministic names) to match ``spec.replicas``, deleting not-ready
   pods first.
 
-A kubelet (virtual time's :mod:`kneecap.sim.kubelet_virtual`, the demo's
-:mod:`kneecap.demo.kubelet`) then runs the pods they make.
+The kubelet (:mod:`kneecap.emulation.kubelet`) then runs the pods they make, on virtual time's
+node (:mod:`kneecap.sim.engine_node`) or the demo's (:mod:`kneecap.demo.twin_node`).
 """
 
 from __future__ import annotations
 
 import json
 
-from kneecap.control.kube import deployments_path, pods_path
+from kneecap.control.kube import deployments_path, pods_path, replicasets_path
 from kneecap.control.restart import rolling_update
 from kneecap.emulation.store import Store
-from kneecap.emulation.workloads import (HASH_LABEL, controller_ref, is_ready, owned_by, pod_path,
-                                         replicaset_for, replicasets_path, template_hash)
+from kneecap.emulation.workloads import HASH_LABEL, controller_ref, is_ready, owned_by, replicaset_for, template_hash
 
 
 class DeploymentController:
@@ -112,4 +111,4 @@ class ReplicaSetController:
                 order = [p for p in order if not is_ready(p)] + sorted(
                     [p for p in order if is_ready(p)], key=lambda p: p["metadata"]["name"], reverse=True)
                 for p in order[:len(mine) - want]:
-                    self.api.delete_now(pod_path(self.ns, p["metadata"]["name"]))
+                    self.api.delete_now(pods_path(self.ns, p["metadata"]["name"]))

@@ -1,7 +1,7 @@
 """JSON merge patch (RFC 7386), as kube-apiserver applies `application/merge-patch+json`.
 
 Shared by the in-memory API of virtual time (:mod:`kneecap.emulation.store`) and the demo's
-HTTP API (:mod:`kneecap.demo.kubeapi`); nothing of the demo's extras (kmock) is needed for it."""
+HTTP API (:mod:`kneecap.emulation.kubeapi`); nothing of the demo's extras (kmock) is needed for it."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ What it keeps of the real API server's behaviour:
   cascade).
 
 Reads return deep copies, so a caller's mutation never reaches the store. Every change is told to
-``observers`` (the demo's HTTP front end, :mod:`kneecap.demo.kubeapi`, feeds its watches from
+``observers`` (the demo's HTTP front end, :mod:`kneecap.emulation.kubeapi`, feeds its watches from
 them) and, given ``keep_history``, kept per object. A write's ``admit`` hook (the front end's
 admission: :mod:`kneecap.emulation.admission`) sees the object before it is stored.
 """

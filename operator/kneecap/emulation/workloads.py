@@ -1,6 +1,6 @@
 """What a cluster's Deployment and ReplicaSet controllers write
 (:mod:`kneecap.emulation.controllers`, and the benchmark's canned pods,
-:func:`kneecap.demo.kubelet.add_owned_pod`): ReplicaSets named and labelled by the pod template's hash, controller
+:func:`kneecap.emulation.kubeapi.add_owned_pod`): ReplicaSets named and labelled by the pod template's hash, controller
 ownerReferences from pod to ReplicaSet to Deployment, the Ready condition."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import copy
 import hashlib
 import json
 
-from kneecap.control.kube import resource_path
 
 HASH_LABEL = "pod-template-hash"
 
@@ -51,10 +50,3 @@ def is_ready(pod: dict) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True"
                for c in (pod.get("status") or {}).get("conditions") or [])
 
-
-def replicasets_path(ns: str, name: str | None = None) -> str:
-    return resource_path("apps/v1", "replicasets", ns, name)
-
-
-def pod_path(ns: str, name: str) -> str:
-    return resource_path("v1", "pods", ns, name)

@@ -7,9 +7,9 @@
 * :mod:`kneecap.sim.metrics` — vLLM 0.32's Prometheus metrics
 * :mod:`kneecap.sim.server` — the OpenAI-compatible HTTP server (``kneecap twin``)
 * :mod:`kneecap.sim.loadgen` — open-loop load (``kneecap load``, ``run_load``)
-* :mod:`kneecap.sim.cluster` — a whole cluster in virtual time: the emulation's store and
-  controllers (:mod:`kneecap.emulation`), a kubelet (:mod:`~kneecap.sim.kubelet_virtual`),
-  router, the real operator (the API's rules shared with the demo's: :mod:`kneecap.emulation`);
+* :mod:`kneecap.sim.cluster` — a whole cluster in virtual time: the emulation's store,
+  controllers and kubelet (:mod:`kneecap.emulation`), a node whose pods run engines
+  (:mod:`~kneecap.sim.engine_node`), a router, the real operator (the API's rules shared with the demo's: :mod:`kneecap.emulation`);
   :mod:`~kneecap.sim.hpa` an HPA on it
 * :mod:`kneecap.sim.trace` — request traces; :mod:`kneecap.sim.replay` — policies replayed on a trace
   (``kneecap replay``, :mod:`~kneecap.sim.replay_report`); :mod:`kneecap.sim.demo_virtual` — the demo's

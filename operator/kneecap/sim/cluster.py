@@ -5,8 +5,8 @@ thread or sleeps, so the same inputs give byte-identical results on any machine,
 busy. The parts:
 
 * the in-memory Kubernetes API (:mod:`kneecap.emulation.store`) with Deployment and
-  ReplicaSet controllers and a kubelet (:mod:`kneecap.sim.kubelet_virtual`) whose pods run the
-  twin engine (:mod:`kneecap.sim.engine`) in process;
+  ReplicaSet controllers and a node (:mod:`kneecap.sim.engine_node`: the emulations' kubelet)
+  whose pods run the twin engine (:mod:`kneecap.sim.engine`) in process;
 * a router (a Service with a least-outstanding-requests balancer) over the Ready pods; a
   request that finds no Ready pod waits at the router;
 * the real operator: the functions its kopf handlers call (:mod:`kneecap.control.lifecycle`),
@@ -45,7 +45,8 @@ from kneecap.model.arch import ModelArch
 from kneecap.model.hardware import GPU
 from kneecap.observe.histogram import HistogramCache
 from kneecap.observe.scrape import ParseCache, ScrapeConnectionError, parse_metrics
-from kneecap.sim.kubelet_virtual import Kubelet, KubeletConfig, PodRuntime, render_metrics
+from kneecap.sim.engine_node import EngineNode, KubeletConfig, PodRuntime
+from kneecap.sim.metrics import render_metrics
 
 EPOCH_S = 1_700_000_000.0  # what the virtual clock's 0 reads as (epoch seconds, 2023-11-14T22:13:20Z)
 PENDING, DONE, LOST, REJECTED = 0, 1, 2, 3
@@ -115,7 +116,7 @@ class OperatorDriver:
 
     async def scrape(self, url: str):
         host = url.split("://", 1)[-1].split("/", 1)[0].split(":", 1)[0]
-        rt = self.cluster.kubelet.by_ip.get(host)
+        rt = self.cluster.node.by_ip.get(host)
         if rt is None or not rt.ready or rt.metrics is None:
             raise ScrapeConnectionError(url, "connection refused (pod not serving)")
         text = render_metrics(rt.metrics, rt.engine)
@@ -161,7 +162,7 @@ class VirtualCluster:
         self.api = Store(self.now)
         self.deployments = DeploymentController(self.api, namespace)
         self.replicasets = ReplicaSetController(self.api, namespace)
-        self.kubelet = Kubelet(self.api, namespace, arch, gpu, kubelet, with_metrics=with_metrics,
+        self.node = EngineNode(self.api, namespace, arch, gpu, kubelet, with_metrics=with_metrics,
                                served_name=served_name)
         self.kubelet_config = kubelet
         self.rng = np.random.default_rng(seed)
@@ -209,9 +210,9 @@ class VirtualCluster:
     def prewarm(self) -> None:
         """Pods that exist before the run starts are already Ready at 0 (a running service)."""
         self.settle()
-        for rt in list(self.kubelet.pods.values()):
+        for rt in list(self.node.pods.values()):
             if rt.engine is None:
-                self.kubelet.make_ready(rt, self.t_s, prewarmed=True)
+                self.node.make_ready(rt, self.t_s, prewarmed=True)
         self.settle()
 
     def settle(self) -> None:
@@ -220,9 +221,9 @@ class VirtualCluster:
             before = self.api.writes
             self.deployments.sync()
             self.replicasets.sync()
-            for rt in self.kubelet.sync(self.now(), self.t_s):
+            for rt in self.node.sync(self.t_s):
                 self._terminate(rt)
-            for rt in self.kubelet.pods.values():
+            for rt in self.node.pods.values():
                 if rt.engine is None and not rt.failed and not rt.scheduled:
                     rt.scheduled = True
                     self.at(rt.ready_at_s, lambda t, rt=rt: self._ready(rt, t))
@@ -231,10 +232,10 @@ class VirtualCluster:
 
     # ------------------------------------------------------------ pods
     def ready_pods(self) -> list[PodRuntime]:
-        return [rt for rt in self.kubelet.pods.values() if rt.ready]
+        return [rt for rt in self.node.pods.values() if rt.ready]
 
     def _ready(self, rt: PodRuntime, t: float) -> None:
-        if self.kubelet.make_ready(rt, t):
+        if self.node.make_ready(rt, t):
             self.settle()
             while self.backlog:
                 self._route(self.backlog.popleft(), t)
@@ -242,7 +243,7 @@ class VirtualCluster:
     def _terminate(self, rt: PodRuntime) -> None:
         """Out of the Service now; runs what it holds for the grace period, then stops."""
         if rt.engine is None:
-            self.kubelet.remove(rt)
+            self.node.remove(rt)
             return
         self.draining.append(rt)
         self.at(rt.terminating_since_s + self.kubelet_config.termination_grace_s, lambda t, rt=rt: self._stop(rt, t))
@@ -251,15 +252,15 @@ class VirtualCluster:
         if rt not in self.draining:
             return
         self.draining.remove(rt)
-        self.kubelet.remove(rt)
+        self.node.remove(rt)
         eng = rt.engine
         cut = list(eng.running) + list(eng.waiting) + [e[2] for e in eng._future]
         for req in cut:
             eng.abort(req)
         if rt.restart:
-            self.kubelet.stats.interrupted_restart += len(cut)
+            self.node.stats.interrupted_restart += len(cut)
         else:
-            self.kubelet.stats.interrupted_scale_down += len(cut)
+            self.node.stats.interrupted_scale_down += len(cut)
         for req in cut:
             i = int(req.request_id)
             if self.kubelet_config.interrupted == "retried":
@@ -319,11 +320,11 @@ class VirtualCluster:
         """Every engine (serving or draining) steps to ``t``; GPU time and memory integrate to ``t``."""
         dt = t - self.t_s
         if dt > 0:
-            self.gpu_s += sum(rt.gpus for rt in self.kubelet.pods.values()) * dt
-            self.replica_s += len(self.kubelet.pods) * dt
-            self.memory_s += sum(rt.memory_fraction * rt.gpus for rt in self.kubelet.pods.values()) * dt
+            self.gpu_s += sum(rt.gpus for rt in self.node.pods.values()) * dt
+            self.replica_s += len(self.node.pods) * dt
+            self.memory_s += sum(rt.memory_fraction * rt.gpus for rt in self.node.pods.values()) * dt
         rq = self.requests
-        for rt in self.kubelet.pods.values():
+        for rt in self.node.pods.values():
             eng = rt.engine
             if eng is None:
                 continue

@@ -22,7 +22,7 @@ from kneecap.demo.harness import NAME, DemoConfig, DemoResult, IntervalRow, _row
 from kneecap.model.arch import get_arch
 from kneecap.model.hardware import get_gpu
 from kneecap.sim.cluster import DONE, LOST, OperatorDriver, VirtualCluster, llmd_path
-from kneecap.sim.kubelet_virtual import KubeletConfig
+from kneecap.sim.engine_node import KubeletConfig
 from kneecap.sim.loadgen import arrival_times, sample_lengths
 
 
@@ -63,7 +63,7 @@ def run_demo_virtual(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = la
             history.append(copy.deepcopy(dep))
         st = (api.peek(llmd_path(ns, NAME)) or {}).get("status") or {}
         if st.get("lastDecision"):
-            row = _row(t, st, dep, cluster.kubelet.stats.restarts, cfg.phase_of(t))
+            row = _row(t, st, dep, cluster.node.stats.restarts, cfg.phase_of(t))
             rows.append(row)
             on_row(row)
 
@@ -80,7 +80,7 @@ def run_demo_virtual(cfg: DemoConfig, on_row: Callable[[IntervalRow], None] = la
     load = {"completed": int(np.sum(steady & (rq.state == DONE))), "failed": int(np.sum(steady & cut)),
             "in_flight_at_end": int(np.sum(sent & (rq.state == LOST) & ~cut)), "never_sent": int(np.sum(~sent)),
             "stopped": bool(np.any(sent & (rq.state == LOST) & ~cut) or np.any(~sent))}
-    st = cluster.kubelet.stats
+    st = cluster.node.stats
     res = DemoResult(cfg, rows, api.get_now(llmd_path(ns, NAME)), api.get_now(deployments_path(ns, NAME)),
                      [v for v in history if v is not None], st.restarts, st.pods_started, copy.deepcopy(st.events),
                      load, time.process_time() - cpu0, op.metrics.exposition().decode(),

@@ -10,6 +10,9 @@ decode / (generated − 1), prompt tokens counted once per request at its first 
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from kneecap.sim.engine import Engine, EngineConfig, SimRequest, StepResult
@@ -200,3 +203,36 @@ class TwinMetrics:
     def render(self, engine: Engine) -> bytes:
         self.set_gauges(engine)
         return generate_latest(self.registry)
+
+
+class BufferedHistogram:
+    """Stands in for a prometheus_client histogram child that sees one observation per token:
+    ``observe`` appends, ``flush`` adds them in bulk (same buckets: the first bound ≥ the value,
+    as ``Histogram.observe`` does) before the page is rendered."""
+
+    def __init__(self, child):
+        self.child = child
+        self.values: list[float] = []
+        self.observe = self.values.append
+
+    def flush(self) -> None:
+        if not self.values:
+            return
+        v = np.asarray(self.values)
+        idx = np.searchsorted(np.asarray(self.child._upper_bounds), v, side="left")
+        for i, c in zip(*np.unique(idx, return_counts=True)):
+            self.child._buckets[int(i)].inc(int(c))
+        self.child._sum.inc(math.fsum(self.values))
+        self.values.clear()
+
+
+def buffered_metrics(metrics: TwinMetrics) -> TwinMetrics:
+    """The twin's metrics with the inter-token-latency histogram buffered (see BufferedHistogram)."""
+    metrics.h_itl = BufferedHistogram(metrics.h_itl)
+    return metrics
+
+
+def render_metrics(metrics: TwinMetrics, engine) -> str:
+    if isinstance(metrics.h_itl, BufferedHistogram):
+        metrics.h_itl.flush()
+    return metrics.render(engine).decode()

@@ -47,7 +47,7 @@ from kneecap.sim.cluster import (DONE, LOST, REJECTED, MissBudget, OperatorDrive
                                  llmd_path)
 from kneecap.sim.hpa import HorizontalPodAutoscaler, HPASpec
 from kneecap.sim.keda_slo import KedaSLOAutoscaler, KedaSLOSpec
-from kneecap.sim.kubelet_virtual import KubeletConfig
+from kneecap.sim.engine_node import KubeletConfig
 from kneecap.sim.trace import Trace, compress
 
 DEFAULT_POLICIES = ("kneecap", "defaults", "defaults+hpa", "defaults+hpa-waiting", "keda-slo", "oracle")
@@ -199,7 +199,7 @@ class Run:
 
 def _sampler(cluster: VirtualCluster, out: list[Sample]):
     def sample(t: float) -> None:
-        pods = list(cluster.kubelet.pods.values())
+        pods = list(cluster.node.pods.values())
         ready = [p for p in pods if p.ready]
         out.append(Sample(round(t, 3), len(pods), len(ready),
                           float(np.mean([p.config.max_num_seqs for p in ready])) if ready else None,
@@ -247,7 +247,7 @@ def run_policy(trace: Trace, cfg: ReplayConfig, policy: str, *, static: tuple[in
                                           cluster.api, cluster.namespace, NAME, steady_at=(0.0, replicas))
 
             def autoscale(t: float) -> None:
-                if hpa.sync(t, list(cluster.kubelet.pods.values())) is not None:
+                if hpa.sync(t, list(cluster.node.pods.values())) is not None:
                     cluster.settle()
             cluster.every(spec.sync_s, autoscale)
         elif policy == "keda-slo":
@@ -257,7 +257,7 @@ def run_policy(trace: Trace, cfg: ReplayConfig, policy: str, *, static: tuple[in
                                     slo_ttft_s=cfg.slo_ttft_s, slo_tpot_s=cfg.slo_tpot_s, steady_at=(0.0, replicas))
 
             def autoscale(t: float) -> None:
-                if hpa.sync(t, cluster.requests, list(cluster.kubelet.pods.values())) is not None:
+                if hpa.sync(t, cluster.requests, list(cluster.node.pods.values())) is not None:
                     cluster.settle()
             cluster.every(cfg.keda.rule_interval_s, autoscale)
     cluster.every(cfg.sample_s, _sampler(cluster, samples), start_s=0.0)
@@ -352,7 +352,7 @@ def score(cfg: ReplayConfig, run: Run, span_s: float) -> dict:
     wt = window_table(cfg, rq, cfg.window_s)
     gpu_hours = cl.gpu_s / 3600.0
     mem_frac = cl.memory_s / cl.gpu_s if cl.gpu_s > 0 else None
-    st = cl.kubelet.stats
+    st = cl.node.stats
     pct = lambda x, q: _r(np.percentile(x[done], q)) if done.any() else None  # noqa: E731
     out = {
         "policy": run.policy,

@@ -45,6 +45,7 @@ import json
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import zlib
 from typing import Any
@@ -56,14 +57,16 @@ import multidict
 from kmock._internal import enums, rendering
 from kmock._internal.k8s import KubernetesError, KubernetesObjectNotFoundError
 
+from kneecap.control import manifests
 from kneecap.control import spec as crd
 from kneecap.control import validation
 from kneecap.control.kube import ApiError, resource_path
 from kneecap.emulation import admission
 from kneecap.emulation.merge_patch import merge_patch
 from kneecap.emulation.store import Key, Store
+from kneecap.emulation.workloads import controller_ref, replicaset_for
 
-assert kmock.__version__.startswith("0.8"), f"kneecap.demo.kubeapi is pinned to kmock 0.8, found {kmock.__version__}"
+assert kmock.__version__.startswith("0.8"), f"kneecap.emulation.kubeapi is pinned to kmock 0.8, found {kmock.__version__}"
 
 # group/version/plural -> (kind, namespaced, subresources)
 CORE_RESOURCES: dict[str, tuple[str, bool, set[str]]] = {
@@ -80,6 +83,9 @@ CORE_RESOURCES: dict[str, tuple[str, bool, set[str]]] = {
     "autoscaling/v2/horizontalpodautoscalers": ("HorizontalPodAutoscaler", True, {"status"}),
 }
 LLMD = "kneecap.io/v1alpha1/llmdeployments"
+DEPLOY = "apps/v1/deployments"
+REPLICASETS = "apps/v1/replicasets"
+PODS = "v1/pods"
 VERBS = {"get", "list", "watch", "create", "update", "patch", "delete"}
 
 
@@ -569,3 +575,71 @@ class KubeAPIThread:
                                                                   "metadata": {"name": name}})
         assert code in (201, 409), (code, body)
         return body
+
+
+class HttpStore:
+    """The synchronous verbs of :class:`kneecap.emulation.store.Store` over the emulated HTTP API,
+    so the emulation's controllers run on the demo's API as they run on virtual time's store."""
+
+    def __init__(self, kube: KubeAPIThread):
+        self.kube = kube
+
+    def _call(self, method: str, path: str, body=None, content_type: str = "application/merge-patch+json"):
+        code, answer = self.kube.request(method, path, body, content_type)
+        if code >= 300:
+            raise ApiError(code, answer, f"{method} {path}")
+        return answer
+
+    def list_now(self, path: str, label_selector: str | None = None, *, copy_items: bool = True) -> list[dict]:
+        query = f"?labelSelector={urllib.parse.quote(label_selector)}" if label_selector else ""
+        return self._call("GET", path + query)["items"]
+
+    def peek(self, path: str) -> dict | None:
+        code, answer = self.kube.request("GET", path)
+        return answer if code == 200 else None
+
+    get_now = peek
+
+    def create_now(self, path: str, obj: dict) -> dict:
+        return self._call("POST", path, obj)
+
+    def patch_now(self, path: str, patch: dict) -> dict:
+        return self._call("PATCH", path, patch)
+
+    def delete_now(self, path: str) -> bool:
+        code, answer = self.kube.request("DELETE", path)
+        if code not in (200, 404):
+            raise ApiError(code, answer, f"DELETE {path}")
+        return code == 200
+
+
+def replicaset_of(kube: KubeAPIThread, deploy: dict) -> dict:
+    """The Deployment's ReplicaSet for its current pod template, created as the Deployment
+    controller does (``<deployment>-<pod-template-hash>``, controlled by the Deployment)."""
+    body = replicaset_for(deploy, int(deploy["spec"].get("replicas", 1)))
+    ns = deploy["metadata"]["namespace"]
+    body["metadata"]["namespace"] = ns
+    return kube.get(REPLICASETS, ns, body["metadata"]["name"]) or kube.create(REPLICASETS, body)
+
+
+def add_owned_pod(kube: KubeAPIThread, deploy: dict | str, name: str, ip: str = "127.0.0.1", port: int = 8000,
+                  annotations: dict | None = None, ready: bool = True, namespace: str | None = None,
+                  timeout_s: float = 15.0) -> dict:
+    """A running pod of a Deployment's current ReplicaSet, as a kubelet reports it. `deploy`: the
+    Deployment, or its name in `namespace` (waited for up to `timeout_s`: the operator makes it)."""
+    if isinstance(deploy, str):
+        deadline = time.monotonic() + timeout_s
+        while (found := kube.get(DEPLOY, namespace, deploy)) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no Deployment {namespace}/{deploy} after {timeout_s} s")
+            time.sleep(0.05)
+        deploy = found
+    rs = replicaset_of(kube, deploy)
+    return kube.create(PODS, {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": rs["metadata"]["namespace"], "labels": rs["metadata"]["labels"],
+                     "annotations": annotations or {}, "ownerReferences": [controller_ref(rs)]},
+        "spec": {"containers": [{"name": manifests.CONTAINER, "image": "x", "ports": [{"containerPort": port}]}]},
+        "status": {"phase": "Running", "podIP": ip,
+                   "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    })

@@ -1,14 +1,13 @@
-"""The kubelet of a virtual-time run, over the emulation's store (:mod:`kneecap.emulation.store`),
-whose pods the Deployment and ReplicaSet controllers (:mod:`kneecap.emulation.controllers`) make.
+"""A node of a virtual-time run: the emulations' kubelet (:mod:`kneecap.emulation.kubelet`) with
+in-process engines as its container runtime, over the emulation's store, whose pods the
+Deployment and ReplicaSet controllers (:mod:`kneecap.emulation.controllers`) make.
 
-It runs as a level-triggered ``sync(now_s, t_s)``, the way the real kubelet reconciles:
-
-* kubelet: gives each new pod a unique ``status.podIP`` and loads the model: the pod is Running
-  but not Ready for ``weights / load bandwidth + start-up`` seconds, then its engine
-  (:class:`kneecap.sim.engine.Engine`, configured from the container's vLLM flags) serves and
-  the pod turns Ready. A deleted pod leaves the Service at once, finishes what it runs for at
-  most ``termination_grace_s`` and then its remaining requests are lost or retried
-  (``interrupted``), as configured.
+It runs as a level-triggered ``sync(t_s)``: each new pod gets a unique ``status.podIP`` and
+loads the model: it is Running but not Ready for ``weights / load bandwidth + start-up``
+seconds, then its engine (:class:`kneecap.sim.engine.Engine`, configured from the container's
+vLLM flags) serves and the pod turns Ready. A deleted pod leaves the Service at once, finishes
+what it runs for at most ``termination_grace_s`` and then its remaining requests are lost or
+retried (``interrupted``), as configured.
 """
 
 from __future__ import annotations
@@ -16,54 +15,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from kneecap.control import manifests
 from kneecap.control import vllm_args
-from kneecap.control.kube import deployments_path, pods_path
 from kneecap.control.status import iso
+from kneecap.emulation.kubelet import Kubelet, PodAdded
 from kneecap.emulation.store import Store
-from kneecap.emulation.workloads import HASH_LABEL, pod_path, replicasets_path, template_hash
 from kneecap.errors import InputError
 from kneecap.model.arch import GIB, ModelArch
 from kneecap.model.hardware import GPU
 from kneecap.model.memory import memory_split
 from kneecap.sim.engine import Engine, EngineConfig, engine_config
-from kneecap.sim.metrics import TwinMetrics
-
-
-class BufferedHistogram:
-    """Stands in for a prometheus_client histogram child that sees one observation per token:
-    ``observe`` appends, ``flush`` adds them in bulk (same buckets: the first bound ≥ the value,
-    as ``Histogram.observe`` does) before the page is rendered."""
-
-    def __init__(self, child):
-        self.child = child
-        self.values: list[float] = []
-        self.observe = self.values.append
-
-    def flush(self) -> None:
-        if not self.values:
-            return
-        v = np.asarray(self.values)
-        idx = np.searchsorted(np.asarray(self.child._upper_bounds), v, side="left")
-        for i, c in zip(*np.unique(idx, return_counts=True)):
-            self.child._buckets[int(i)].inc(int(c))
-        self.child._sum.inc(math.fsum(self.values))
-        self.values.clear()
-
-
-def buffered_metrics(metrics: TwinMetrics) -> TwinMetrics:
-    """The twin's metrics with the inter-token-latency histogram buffered (see BufferedHistogram)."""
-    metrics.h_itl = BufferedHistogram(metrics.h_itl)
-    return metrics
-
-
-def render_metrics(metrics: TwinMetrics, engine) -> str:
-    if isinstance(metrics.h_itl, BufferedHistogram):
-        metrics.h_itl.flush()
-    return metrics.render(engine).decode()
-
+from kneecap.sim.metrics import TwinMetrics, buffered_metrics
 
 
 @dataclass(frozen=True)
@@ -88,7 +50,6 @@ class PodRuntime:
 
     name: str
     ip: str
-    owner_rs: str
     ready_at_s: float
     engine: Engine | None = None
     metrics: TwinMetrics | None = None
@@ -98,7 +59,6 @@ class PodRuntime:
     failed: str | None = None  # why vLLM would not start with these flags
     terminating_since_s: float | None = None
     restart: bool = False  # deleted because its Deployment rolled out a new template
-    deleted_in_api: bool = False
     scheduled: bool = False  # its Ready event is on the clock
 
     @property
@@ -107,7 +67,7 @@ class PodRuntime:
 
 
 @dataclass
-class KubeletStats:
+class NodeStats:
     pods_started: int = 0
     restarts: int = 0  # pods replaced by a rollout of a new template
     interrupted_restart: int = 0  # requests cut by a restart
@@ -115,47 +75,37 @@ class KubeletStats:
     events: list = field(default_factory=list)
 
 
-class Kubelet:
+class EngineNode:
     """Runs the pods of one namespace (module docstring). ``served_name``: the model name of the metrics."""
 
     def __init__(self, api: Store, namespace: str, arch: ModelArch, gpu: GPU, config: KubeletConfig,
                  *, with_metrics: bool, served_name: str):
-        self.api, self.ns, self.arch, self.gpu, self.config = api, namespace, arch, gpu, config
+        self.api, self.arch, self.gpu, self.config = api, arch, gpu, config
+        self.kubelet = Kubelet(api, namespace)
         self.with_metrics, self.served_name = with_metrics, served_name
         self.pods: dict[str, PodRuntime] = {}
         self.by_ip: dict[str, PodRuntime] = {}
-        self.stats = KubeletStats()
+        self.stats = NodeStats()
         self._ips = 0
         self._configs: dict[tuple, EngineConfig] = {}
 
-    def sync(self, now_s: float, t_s: float) -> list[PodRuntime]:
-        """Start new pods, retire deleted ones. ``now_s``: epoch (API), ``t_s``: run time. Returns the
-        pods that started terminating (the caller drains them)."""
-        live = {p["metadata"]["name"]: p for p in self.api.list_now(pods_path(self.ns), copy_items=False)}
-        for name, pod in live.items():
-            if name not in self.pods:
-                self._start(pod, t_s)
+    def sync(self, t_s: float) -> list[PodRuntime]:
+        """Start new pods, retire deleted ones (``t_s``: run time). Returns the pods that started
+        terminating (the caller drains them)."""
+        added, deleted = self.kubelet.sync()
+        for pod in added:
+            self._start(pod, t_s)
         gone = []
-        for name, rt in list(self.pods.items()):
-            if name not in live and not rt.deleted_in_api:
-                rt.deleted_in_api = True
-                rt.terminating_since_s = t_s
-                rt.restart = self._rolled_out(rt.owner_rs)
-                if rt.restart:
-                    self.stats.restarts += 1
-                self.stats.events.append({"t_s": round(t_s, 3), "event": "restart" if rt.restart else "stop",
-                                          "pod": name})
-                gone.append(rt)
+        for pod in deleted:
+            rt = self.pods[pod.name]
+            rt.terminating_since_s = t_s
+            rt.restart = pod.restart
+            if rt.restart:
+                self.stats.restarts += 1
+            self.stats.events.append({"t_s": round(t_s, 3), "event": "restart" if rt.restart else "stop",
+                                      "pod": pod.name})
+            gone.append(rt)
         return gone
-
-    def _rolled_out(self, rs_name: str) -> bool:
-        """True when the ReplicaSet's template is no longer its Deployment's (a rollout replaces its pods)."""
-        rs = self.api.peek(replicasets_path(self.ns, rs_name))
-        if rs is None:
-            return False
-        owner = next((r["name"] for r in rs["metadata"].get("ownerReferences") or [] if r.get("controller")), None)
-        d = self.api.peek(deployments_path(self.ns, owner)) if owner else None
-        return d is not None and template_hash(d["spec"]["template"]) != rs["metadata"]["labels"].get(HASH_LABEL)
 
     def _engine_config(self, pod: dict):
         """The engine a pod's vLLM flags describe (cached per distinct flags)."""
@@ -181,14 +131,13 @@ class Kubelet:
             fraction = cfg.gpu_memory_utilization
         return cfg, fraction
 
-    def _start(self, pod: dict, t_s: float) -> None:
+    def _start(self, added: PodAdded, t_s: float) -> None:
         self._ips += 1
         n = self._ips
         ip = f"10.{(n >> 16) & 255}.{(n >> 8) & 255}.{n & 255}"
-        owner = next((r["name"] for r in pod["metadata"].get("ownerReferences") or [] if r.get("controller")), "")
-        rt = PodRuntime(pod["metadata"]["name"], ip, owner, t_s + self.config.load_delay_s(self.arch))
+        rt = PodRuntime(added.name, ip, t_s + self.config.load_delay_s(self.arch))
         try:
-            rt.config, rt.memory_fraction = self._engine_config(pod)
+            rt.config, rt.memory_fraction = self._engine_config(added.pod)
             rt.gpus = rt.config.tensor_parallel_size
         except InputError as exc:  # vLLM would exit at start-up: the pod never turns Ready
             rt.failed = str(exc)
@@ -196,26 +145,21 @@ class Kubelet:
         self.pods[rt.name] = rt
         self.by_ip[ip] = rt
         self.stats.pods_started += 1
-        self.api.patch_now(pod_path(self.ns, rt.name) + "/status", {"status": {
-            "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
-            "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}]}})
+        self.kubelet.report_started(rt.name, ip)
         self.stats.events.append({"t_s": round(t_s, 3), "event": "failed" if rt.failed else "start", "pod": rt.name,
                                   **({"error": rt.failed} if rt.failed else {})})
 
     def make_ready(self, rt: PodRuntime, t_s: float, prewarmed: bool = False) -> bool:
-        """The model is loaded: the engine serves and the pod turns Ready."""
-        if (rt.engine is not None or rt.failed or rt.terminating_since_s is not None
-                or self.api.peek(pod_path(self.ns, rt.name)) is None):
+        """The model is loaded: the engine serves and the pod turns Ready (a pod that ran before
+        the run, ``prewarmed``, has no start to measure: no lastTransitionTime)."""
+        if rt.engine is not None or rt.failed or rt.terminating_since_s is not None:
+            return False
+        if not self.kubelet.report_ready(rt.name, since=None if prewarmed else iso(self.api.now_s())):
             return False
         rt.engine = Engine(rt.config)
         rt.engine.now_s = t_s
         if self.with_metrics:
             rt.metrics = buffered_metrics(TwinMetrics(self.served_name, rt.config))
-        ready = {"type": "Ready", "status": "True"}
-        if not prewarmed:  # (a pod that ran before the run has no start to measure)
-            ready["lastTransitionTime"] = iso(self.api.now_s())
-        self.api.patch_now(pod_path(self.ns, rt.name) + "/status", {"status": {"conditions": [
-            {"type": "PodScheduled", "status": "True"}, ready]}})
         self.stats.events.append({"t_s": round(t_s, 3), "event": "ready", "pod": rt.name,
                                   "max_num_seqs": rt.config.max_num_seqs,
                                   "gpu_memory_utilization": round(rt.memory_fraction, 4),
