@@ -9,13 +9,14 @@ from __future__ import annotations
 import functools
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support.control_plane import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
@@ -49,12 +50,6 @@ def build_tiny_llama(out_dir: Path) -> Path:
     if res.returncode != 0:
         raise RuntimeError(f"building the tiny Llama failed:\n{res.stderr[-4000:]}")
     return out_dir
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
