@@ -97,6 +97,7 @@ def test_a_pod_deleted_before_it_turned_ready_is_reported_and_cannot_turn_ready(
     cl.api.create_now(deployments_path(NS), deployment("llama", 1, 256))
     (pod,), _ = cl.sync()
     cl.api.delete_now(pods_path(NS, pod.name))
+    assert not cl.kubelet.report_started(pod.name, "10.0.0.1")
     assert not cl.kubelet.report_ready(pod.name)
     assert cl.pod(pod.name) is None
     _, deleted = cl.sync()

@@ -124,9 +124,7 @@ class TwinNode:
         self._deployments.sync()
         self._replicasets.sync()
         added, deleted = self._kubelet.sync()
-        for pod in added:
-            self._kubelet.report_started(pod.name, POD_IP)
-        return added, deleted
+        return [pod for pod in added if self._kubelet.report_started(pod.name, POD_IP)], deleted
 
     async def sync(self) -> None:
         added, deleted = await asyncio.to_thread(self._reconcile)

@@ -91,11 +91,18 @@ class Kubelet:
         """The pod did not start: the next ``sync`` offers it again."""
         self.running.pop(name, None)
 
-    def report_started(self, name: str, ip: str) -> None:
-        """Scheduled and Running at ``ip``, not Ready yet (its containers start)."""
-        self.api.patch_now(pods_path(self.ns, name) + "/status", {"status": {
-            "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
-            "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}]}})
+    def report_started(self, name: str, ip: str) -> bool:
+        """Scheduled and Running at ``ip``, not Ready yet (its containers start); False when the pod
+        is no longer in the API (deleted since the pass that found it)."""
+        try:
+            self.api.patch_now(pods_path(self.ns, name) + "/status", {"status": {
+                "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+                "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "False"}]}})
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
 
     def report_ready(self, name: str, *, since: str | None = None, annotations: dict | None = None) -> bool:
         """The Ready condition (``since``: its lastTransitionTime) and ``annotations``; False when the
