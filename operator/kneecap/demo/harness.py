@@ -1,4 +1,4 @@
-"""The embedded cluster, end to end: API + a node (kubelet and twin processes) + router + load + the real operator.
+"""The embedded cluster, end to end: API + node (kubelet, twin processes) + router + load + operator.
 
 `run_demo(DemoConfig(...))` starts the emulated Kubernetes API (kneecap.emulation.kubeapi), the
 operator (kneecap.control's kopf registry, `kopf.operator` in a thread, enforce mode), creates

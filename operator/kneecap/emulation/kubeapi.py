@@ -534,10 +534,9 @@ class KubeAPIThread:
 
     @staticmethod
     def path(resource: str, namespace: str | None = None, name: str | None = None, sub: str | None = None) -> str:
+        """``group/version/plural`` (``v1/pods``, ``apps/v1/deployments``) to its REST path."""
         gv, plural = resource.rsplit("/", 1)
-        base = f"/api/{gv}" if gv == "v1" else f"/apis/{gv}"
-        p = base + (f"/namespaces/{namespace}" if namespace else "") + f"/{plural}"
-        return p + (f"/{name}" if name else "") + (f"/{sub}" if sub else "")
+        return resource_path(gv, plural, namespace, name, sub)
 
     def create(self, resource: str, obj: dict) -> dict:
         code, body = self.request("POST", self.path(resource, obj["metadata"].get("namespace")), obj)
