@@ -20,7 +20,7 @@ from kneecap.control.metrics import OperatorMetrics
 from tests.kube.conftest import OPERATOR_USER
 from tests.support.sim_operator import (DEPLOY, LLMD, PHASES, SERVICE, SimPods, condition, container, events,
                                         resource, sim_operator, status, templates, wait_for, writes_to)
-from tests.support.twins import TwinTime
+from tests.support.twins import TwinTime, load_state
 
 NS = "operator-loop"
 # replicas held at one: the tests that count the operator's writes to a Deployment are about
@@ -338,11 +338,15 @@ def test_worse_fit_keeps_last_good_calibration_and_sets_degraded(control_plane, 
                      what="the fast engine idle")
             # the pod's engine is now a much slower GPU's: the same batches give a fraction of the tokens/s
             switched_s = sim()  # ring windows carry the operator's clock
-            pods.replace_engines("l4", [(0.3, 80.0)])
+            # its load lasts as long as the wait (180 s wall on a clock 10x as fast): the refit is
+            # rejected once the slow windows move the ring's error past the fit's tolerance, which
+            # may take several (CI of a577cab: 7 slow windows, no traffic in any, after 80 s of load)
+            pods.replace_engines("l4", [(0.3, 1800.0)])
             st = wait_for(lambda: _slow_data_rejected(admin, "fit", switched_s), timeout_s=180,
                           what="Degraded BadFit on the slow engine's windows",
                           explain=lambda: _fit_history(watch.versions, switched_s) + "; twins: " + "; ".join(
-                              f"{name} {twin.state()}" for name, twin in pods.twins.items()))
+                              f"{name} {twin.state()}" for name, twin in pods.twins.items())
+                          + "; " + "; ".join(load_state(p) for p in pods.loads))
     finally:
         pods.stop()
     assert runner.exit_code == 0, runner.output

@@ -10,6 +10,7 @@ cooldown is in the twin's seconds however far it lags, and waits are counted in 
 
 from __future__ import annotations
 
+import collections
 import os
 import re
 import signal
@@ -114,6 +115,18 @@ def _load_process(url: str, args: list[str], stderr=subprocess.DEVNULL) -> subpr
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
 
 
+def _drain(stream, tail: collections.deque) -> None:
+    for raw in stream:
+        tail.append(raw.decode(errors="replace").strip())
+
+
+def load_state(proc: subprocess.Popen) -> str:
+    """A load process in a line: running or its exit status, and its last stderr lines."""
+    rc = proc.poll()
+    tail = " / ".join(list(getattr(proc, "stderr_tail", ()))[-3:])
+    return f"load {proc.pid} " + ("running" if rc is None else f"exited {rc}") + (f" ({tail})" if tail else "")
+
+
 class TwinTime:
     """One simulated clock for an operator test and the twins it starts (module docstring).
 
@@ -194,6 +207,10 @@ class TwinTime:
         if not line.startswith(b"kneecap load:"):
             proc.wait(10)
             raise RuntimeError(f"kneecap load did not start: {(line + proc.stderr.read()).decode()[-2000:]}")
+        # the rest of its stderr read as it comes (a pipe nobody reads blocks the writer once full),
+        # its last lines kept for a timeout's account (`load_state`)
+        proc.stderr_tail = collections.deque([line.decode(errors="replace").strip()], maxlen=20)
+        threading.Thread(target=_drain, args=(proc.stderr, proc.stderr_tail), daemon=True).start()
         return proc
 
     def wait(self, sim_s: float, timeout_s: float = 60.0) -> None:
