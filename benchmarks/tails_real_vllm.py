@@ -514,18 +514,18 @@ def packing_off(coef: gauss.ServiceCoefficients) -> gauss.ServiceCoefficients:
 
 def gauss_vs_twin_h100() -> list[dict]:
     """No measurement noise: GAUSS (packing on and off) against the twin engine on H100 costs
-    (Llama-3.1-8B, the twin's roofline read as GAUSS coefficients, as tests/unit/test_gauss_twin.py
-    does), 4000 Poisson requests in virtual time, short prompts where step costs dominate."""
+    (Llama-3.1-8B, the twin's roofline read as GAUSS coefficients: roofline.gauss_coefficients),
+    4000 Poisson requests in virtual time, short prompts where step costs dominate."""
     from dataclasses import replace
 
     from kneecap.model.arch import get_arch
     from kneecap.model.hardware import get_gpu
     from kneecap.sim.engine import Engine, engine_config
-    from tests.unit.test_gauss_twin import twin_coefficients
+    from kneecap.sim.roofline import gauss_coefficients
 
     cfg = engine_config(get_arch("llama-3.1-8b"), get_gpu("h100-80gb"), max_num_batched_tokens=CHUNK_TOKENS,
                         max_model_len=8192)
-    coef = twin_coefficients(cfg)
+    coef = gauss_coefficients(cfg.arch, cfg.gpu, cfg.max_num_batched_tokens, cfg.step_cost)
     rows = []
     for name, cv in (("light", 0.5), ("heavy", 1.5)):
         wl = gauss.Workload(gauss.LogNormalLength(200, cv), gauss.LogNormalLength(64, cv))

@@ -17,28 +17,14 @@ from kneecap.model import gauss
 from kneecap.model.arch import get_arch
 from kneecap.model.hardware import get_gpu
 from kneecap.sim.engine import Engine, engine_config
+from kneecap.sim.roofline import gauss_coefficients
 
 BUDGET = 2048
 
 
 def twin_coefficients(cfg) -> gauss.ServiceCoefficients:
-    """GAUSS terms of kneecap.sim.roofline.step_time_s. Decode steps are bandwidth-bound:
-    overhead + W/(η_w·BW) = p, per-sequence overhead = r, KV read per context token = s.
-    A prefill chunk step adds, compute-bound, 2·(N − N_e) per token (roofline's F_lin; its LM head
-    per sequence, µs, left out) and 4·L·D_attn per attended token over η_c·F, plus the eager
-    launches L·t_layer that replace the weight read (per chunk)."""
-    from kneecap.sim.roofline import embedding_params
-
-    arch, gpu, c = cfg.arch, cfg.gpu, cfg.step_cost
-    weights_s = arch.weight_bytes / (c.bw_efficiency * gpu.mem_bw_bytes_s)
-    flops_s = c.compute_efficiency * gpu.peak_flops
-    return gauss.ServiceCoefficients(
-        prefill_s_per_token=2 * (arch.params - embedding_params(arch)) / flops_s,
-        prefill_s_per_attended_token=4 * arch.layers * arch.q_heads * arch.head_dim / flops_s,
-        prefill_s_per_chunk=max(arch.layers * c.eager_layer_overhead_s - weights_s, 0.0),
-        decode_step_s=c.step_overhead_s + weights_s, decode_s_per_seq=c.per_seq_overhead_s,
-        decode_s_per_resident_token=arch.kv_bytes_per_token / (c.attn_bw_efficiency * gpu.mem_bw_bytes_s),
-        chunk_tokens=BUDGET)
+    """GAUSS terms of the twin engine ``cfg``'s roofline (kneecap.sim.roofline.gauss_coefficients)."""
+    return gauss_coefficients(cfg.arch, cfg.gpu, cfg.max_num_batched_tokens, cfg.step_cost)
 
 
 def run_twin(cfg, workload, rate_rps, n, seed):

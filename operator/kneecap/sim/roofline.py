@@ -123,3 +123,23 @@ def step_time_s(arch: ModelArch, gpu: GPU, *, num_seqs: int, num_tokens: int, kv
     return (cost.step_overhead_s + cost.per_seq_overhead_s * num_seqs + linear_s + attn_s
             + (arch.layers * cost.eager_layer_overhead_s if eager else 0.0)
             + float(allreduce_s_per_step(arch, gpu, tp, num_tokens)))
+
+
+def gauss_coefficients(arch: ModelArch, gpu: GPU, chunk_tokens: int, cost: StepCostParams = DEFAULT_STEP_COST):
+    """GAUSS's service terms (``kneecap.model.gauss.ServiceCoefficients``) of :func:`step_time_s`
+    on one GPU (TP 1), so GAUSS and the twin price the same steps. A decode step is bandwidth-bound:
+    t_step + W/(η_w·BW) per step, c_seq per sequence, the KV read per resident token. A prefill
+    chunk step adds, compute-bound, 2·(N − N_e) FLOPs per token (F_lin; its LM head per sequence, µs,
+    left out) and 4·L·D_attn per attended token (F_attn) over η_c·F, plus the eager launches
+    L·t_layer beyond the weight read they replace (per chunk)."""
+    from kneecap.model import gauss
+
+    weights_s = arch.weight_bytes / (cost.bw_efficiency * gpu.mem_bw_bytes_s)
+    flops_s = cost.compute_efficiency * gpu.peak_flops
+    return gauss.ServiceCoefficients(
+        prefill_s_per_token=2 * (arch.params - embedding_params(arch)) / flops_s,
+        prefill_s_per_attended_token=4 * arch.layers * arch.q_heads * arch.head_dim / flops_s,
+        prefill_s_per_chunk=max(arch.layers * cost.eager_layer_overhead_s - weights_s, 0.0),
+        decode_step_s=cost.step_overhead_s + weights_s, decode_s_per_seq=cost.per_seq_overhead_s,
+        decode_s_per_resident_token=arch.kv_bytes_per_token / (cost.attn_bw_efficiency * gpu.mem_bw_bytes_s),
+        chunk_tokens=int(chunk_tokens))
