@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from kneecap.control import applied as applied_record, cudagraph, decide, gauss_reuse, manifests, policy, reconcile
-from kneecap.control import restart, status as status_helpers
+from kneecap.control import restart, status as status_helpers, workload_estimate
 from kneecap.control.kube import MERGE
 from kneecap.control.metric_series import Series
 from kneecap.control.plan_metrics import MetricCollector, export_curve, export_recommendation, export_spec, slim_curve
@@ -241,10 +241,13 @@ def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
     pools = {p.role: p.state for p in g.pools}
     cur, external = pools[role].settings, pools[role].ownership.external
     restart_cost = _restart_cost(t, pools[role], latest, observations)
+    # the length mix the models are asked about: the latest window's, pooled with the windows of the
+    # same mix before it (kneecap.control.workload_estimate); rates and tails stay the latest window's
+    workload, _ = workload_estimate.pooled(latest, observations)
     try:
-        r = decide.recommend(spec, role, cal_out.calibration, latest, cur)
+        r = decide.recommend(spec, role, cal_out.calibration, workload, cur)
         # replicas sized at the cap and memory the recommendation applies (GAUSS's engine limits)
-        replicas, rbind, alloc = _replicas(t, cal_out.calibration, latest, cur.replicas, restart_cost.restart_s,
+        replicas, rbind, alloc = _replicas(t, cal_out.calibration, workload, cur.replicas, restart_cost.restart_s,
                                            observations, settings=r.settings, live=cur)
         r = dataclasses.replace(r, replicas=int(replicas), replicas_binding=rbind, allocation=dict(alloc or {}))
     except Exception as exc:  # noqa: BLE001 - a model failure must not take the operator down
@@ -286,11 +289,11 @@ def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
         lambda cap: cudagraph.round_cap(cap, spec.batching.min_max_num_seqs, spec.batching.max_max_num_seqs))
     guard = lambda proposal: policy.guard(  # noqa: E731
         base, proposal, spec.control, spec.batching, manifests.pool_bounds(spec, role), state,
-        memory_for_cap=lambda cap: decide.memory_for_cap(spec, latest, cap)[:2], round_cap=round_cap,
-        gains_for=lambda target: decide.gains(spec, cal_out.calibration, latest, base, target))
+        memory_for_cap=lambda cap: decide.memory_for_cap(spec, workload, cap)[:2], round_cap=round_cap,
+        gains_for=lambda target: decide.gains(spec, cal_out.calibration, workload, base, target))
     d = guard(policy.Proposal(r.settings, r.throughput_gain, r.memory_gain))
     if not spec.disaggregated and _flags(r.settings) != _flags(base) and _flags(d.target) == _flags(base):
-        d = _replicas_at_held_flags(t, d, guard, base, cal_out.calibration, latest, restart_cost.restart_s,
+        d = _replicas_at_held_flags(t, d, guard, base, cal_out.calibration, workload, restart_cost.restart_s,
                                     observations)
     if d.action == policy.APPLY and not advise:
         _apply_primary(t, pools[role], d, cur, external)
