@@ -45,8 +45,8 @@ def pooled(latest: Observation, ring: Sequence, z: float = POOL_Z,
     """(``latest`` with its length means and CVs pooled over the windows of ``ring`` (oldest
     first; Observations or the ring's entries) before it that agree with it, the number of
     windows pooled, ``latest`` included). Its ``finished_requests`` are then the requests the
-    lengths are estimated from (their sampling error, kneecap.control.gauss_reuse). ``latest`` is
-    returned unchanged when it has no finished request to weigh, or nothing agrees.
+    lengths are estimated from. ``latest`` is returned unchanged when it has no finished request
+    to weigh, or nothing agrees.
 
     The ring keeps no prompt-length CV: a ring window's is taken to be the latest's (the test
     asks whether the windows are one mix, and under that hypothesis they share it)."""
