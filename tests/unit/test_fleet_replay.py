@@ -172,3 +172,11 @@ def test_replay_arrivals_alone_refuses_what_cannot_run():
     tr = Trace(np.array([0.0]), np.array([1]), np.array([1]), "x")
     with pytest.raises(InputError, match="trace"):
         fr.derive_trace(tr, packing.parse_fleet(FLEET)[0], 0)
+
+
+@pytest.mark.parametrize("flag, value", [("--duration", "600"), ("--observe", "300")])
+def test_a_fleet_option_without_fleet_exits_2_naming_it(capsys, flag, value):
+    # a plain replay runs the whole trace: a cut it cannot make is refused, not ignored
+    rc, out, err = _run(capsys, str(AZURE_CONVERSATION_CSV), flag, value, "--json")
+    report = json.loads(err.splitlines()[-1])
+    assert rc == 2 and out == "" and report["field"] == flag[2:] and "only with --fleet" in report["error"]

@@ -97,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     fleet.add_argument("--deployment-trace", dest="fleet_traces", action="append", default=None,
                        metavar="NAME=PATH",
                        help="deployment NAME's trace (repeatable); a deployment without one gets a cut of TRACE")
-    fleet.add_argument("--duration", type=float, default=DEFAULT_DURATION_S, metavar="S",
+    fleet.add_argument("--duration", type=float, default=None, metavar="S",
                        help=f"virtual seconds of each trace cut from TRACE (default {DEFAULT_DURATION_S:g}): its "
                             "requests at the deployment's declared rate, lengths scaled to its declared means")
     fleet.add_argument("--observe", type=float, default=None, metavar="S",
@@ -155,7 +155,8 @@ def run(args) -> int:
         raise InputError("trace", "--deployment-trace NAME=PATH names a fleet deployment's trace: only with --fleet")
     if any(p in FLEET_POLICIES for p in args.policy or ()):
         raise InputError("policy", f"{' and '.join(FLEET_POLICIES)} are fleet policies: only with --fleet")
-    for flag, value in (("gpus", args.gpus), ("inventory", args.inventory), ("observe", args.observe)):
+    for flag, value in (("gpus", args.gpus), ("inventory", args.inventory), ("observe", args.observe),
+                        ("duration", args.duration)):
         if value is not None:
             raise InputError(flag, f"--{flag} is a fleet replay option: only with --fleet")
     cfg = config_from_args(args)
@@ -223,7 +224,8 @@ def fleet_traces(args, deployments) -> dict:
             except InputError as exc:
                 raise InputError(f"trace {d.name}", str(exc).split(": ", 1)[-1]) from None
         else:
-            traces[d.name] = derive_trace(base, d, i, duration_s=args.duration, seed=args.seed)
+            traces[d.name] = derive_trace(base, d, i, seed=args.seed,
+                                          **({} if args.duration is None else {"duration_s": args.duration}))
     return traces
 
 
