@@ -40,6 +40,12 @@ def _usable(obs) -> bool:
             and _requests(obs) >= 1.0 and obs.input_len_mean > 0 and obs.output_len_mean > 0)
 
 
+def _weighted_moments(obs, requests: float, input_cv: float) -> list[float]:
+    """``requests`` × (prompt mean, its E[x²], output mean, its E[x²]) of one window, E[x²] = m²(1 + c²)."""
+    return [requests * obs.input_len_mean, requests * obs.input_len_mean ** 2 * (1.0 + input_cv ** 2),
+            requests * obs.output_len_mean, requests * obs.output_len_mean ** 2 * (1.0 + obs.output_len_cv ** 2)]
+
+
 def pooled(latest: Observation, ring: Sequence, z: float = POOL_Z,
            max_windows: int = POOL_MAX_WINDOWS) -> tuple[Observation, int]:
     """(``latest`` with its length means and CVs pooled over the windows of ``ring`` (oldest
@@ -54,9 +60,7 @@ def pooled(latest: Observation, ring: Sequence, z: float = POOL_Z,
         return latest, 1
     cv_in = latest.input_len_cv
     n = _requests(latest)
-    # request-weighted sums of each length and of its square (E[x²] = m²(1 + c²) per window)
-    sums = [n * latest.input_len_mean, n * latest.input_len_mean ** 2 * (1.0 + cv_in ** 2),
-            n * latest.output_len_mean, n * latest.output_len_mean ** 2 * (1.0 + latest.output_len_cv ** 2)]
+    sums = _weighted_moments(latest, n, cv_in)  # request-weighted sums over the windows pooled
     count = 1
     for obs in reversed([o for o in ring if o is not latest and o.t_end_s < latest.t_end_s]):
         if count >= max_windows:
@@ -64,15 +68,10 @@ def pooled(latest: Observation, ring: Sequence, z: float = POOL_Z,
         if not _usable(obs):
             continue  # an idle window says nothing about the mix
         k = _requests(obs)
-        window = [k * obs.input_len_mean, k * obs.input_len_mean ** 2 * (1.0 + cv_in ** 2),
-                  k * obs.output_len_mean, k * obs.output_len_mean ** 2 * (1.0 + obs.output_len_cv ** 2)]
-        agree = True
-        for first, second in ((0, 1), (2, 3)):
-            mean = sums[first] / n
-            sd = math.sqrt(max(sums[second] / n - mean * mean, 0.0))  # the pooled spread, as under one mix
-            if abs(window[first] / k - mean) > z * sd * math.sqrt(1.0 / n + 1.0 / k):
-                agree = False
-        if not agree:
+        window = _weighted_moments(obs, k, cv_in)
+        # each mean against the pooled one, with the pooled spread (as under one mix)
+        if any(abs(window[m] / k - sums[m] / n) > z * math.sqrt(max(sums[m + 1] / n - (sums[m] / n) ** 2, 0.0))
+               * math.sqrt(1.0 / n + 1.0 / k) for m in (0, 2)):
             break  # a shift: this window and the ones before it are another mix
         sums = [a + b for a, b in zip(sums, window)]
         n += k
