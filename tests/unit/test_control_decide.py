@@ -571,3 +571,30 @@ def test_tails_measured_below_the_gauss_curve_raise_lambda_star(profiles_csv):
     # a window that missed at a rate below the raised λ* still bounds it by measurement
     _, bind_m, a_m = decide.colocated_replicas(spec, cal, big, measured_factor=top, missed_rps=1.5 * lam)
     assert bind_m == "missed" and a_m["sustainableRequestsPerSecondPerReplica"] == pytest.approx(1.5 * lam, rel=1e-5)
+
+
+def test_the_p95_sweep_is_reused_while_its_inputs_stay_within_tolerance(profiles_csv):
+    """The sweep the measured tails are read against is GAUSS's at the window's lengths; a window
+    whose lengths wobble by 1% reads the kept sweep with its own rate and tails (the same factor a
+    fresh sweep gives, to a few percent), outputs 20% longer sweep again, and the λ searches'
+    entries are neither read nor displaced by it."""
+    cal, obs = _opt_fit(profiles_csv)
+    spec = _opt_spec()
+    lam = decide.colocated_replicas(spec, cal, obs)[2]["sustainableRequestsPerSecondPerReplica"]
+    # at 0.7 λ* per pod GAUSS's p95s are ~26 ms TTFT and ~8 ms TPOT: both measured below them
+    ran = replace(obs, pods=2, request_rate_rps=2 * 0.7 * lam, ttft_p95_s=0.022, itl_p95_s=0.004, tpot_p95_s=0.004)
+    runs = GaussRuns()
+    first = decide.measured_rate_factor(spec, cal, ran, None, gauss_runs=runs)
+    assert first == decide.measured_rate_factor(spec, cal, ran, None)  # keeping it changes nothing
+    assert 1.0 < first[0] < decide.MEASURED_FACTOR_MAX and (runs.hits, runs.misses) == (0, 1)
+    near = replace(ran, input_len_mean=ran.input_len_mean * 1.01, output_len_mean=ran.output_len_mean * 0.99,
+                   ttft_p95_s=0.025)
+    again = decide.measured_rate_factor(spec, cal, near, None, gauss_runs=runs)
+    assert (runs.hits, runs.misses) == (1, 1)
+    assert again[0] < first[0]  # read afresh: a higher p95 at the same rate is a smaller factor
+    assert again[0] == pytest.approx(decide.measured_rate_factor(spec, cal, near, None)[0], rel=0.03)
+    decide.measured_rate_factor(spec, cal, replace(ran, output_len_mean=ran.output_len_mean * 1.2), None,
+                                gauss_runs=runs)
+    assert (runs.hits, runs.misses) == (1, 2)
+    _, _, alloc = decide.colocated_replicas(spec, cal, ran, gauss_runs=runs)
+    assert alloc["gaussRunReused"] is False  # a sweep is no λ search

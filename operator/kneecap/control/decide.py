@@ -388,8 +388,34 @@ MEASURED_SWEEP_POINTS = 12  # GAUSS's p95 curves over λ (5%-98% of its stabilit
 MEASURED_SWEEP_SAMPLES = 5_000  # a position on the curve, not a tail to 1%: a quarter of GAUSS_SAMPLES' CPU
 
 
+def _p95_curves(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs: Observation, limits, seed: int,
+                runs: gauss_reuse.GaussRuns | None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """(λ grid, GAUSS's p95 TTFT and TPOT over it): §3.7's sweep at ``limits``, or a past sweep
+    of ``runs`` whose inputs are within tolerance (GaussRuns, keyed apart from the λ searches)."""
+    from kneecap.model import gauss
+
+    arch_key, gpu_key, tp = spec.model.architecture, spec.accelerator.gpu, model_tp(spec)
+    coef, lengths, wl = _gauss_model(arch_key, gpu_key, cal, obs, limits, tp)
+    inputs = gauss_reuse.inputs_for(coef, *lengths, kv_tokens=limits.kv_capacity_tokens, slots=limits.slots)
+    key = ("p95-sweep", arch_key, gpu_key, cal.form, seed, tp)
+    hit = runs.find(key, inputs) if runs is not None else None
+    if hit is not None:
+        return hit
+    sweep = gauss.sweep_rates(wl, coef, rng=np.random.default_rng(seed), points=MEASURED_SWEEP_POINTS,
+                              samples=MEASURED_SWEEP_SAMPLES, replications=4, limits=limits)
+    out = (np.array([p.rate_rps for p in sweep]),
+           {"TTFT": np.array([p.ttft_s[1] for p in sweep]),
+            "TPOT": np.array([(p.tbt_s or (math.nan,) * 3)[1] for p in sweep])})
+    for a in (out[0], *out[1].values()):
+        a.setflags(write=False)  # shared by every tick that reuses it
+    if runs is not None:
+        runs.add(key, inputs, out)
+    return out
+
+
 def measured_rate_factor(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs: Observation,
-                         settings: EngineSettings | None, seed: int = 0) -> tuple[float, dict]:
+                         settings: EngineSettings | None, seed: int = 0,
+                         gauss_runs: gauss_reuse.GaussRuns | None = None) -> tuple[float, dict]:
     """(factor ≥ 1 on GAUSS's λ*, the factor per metric): where the window's measured p95 TTFT
     and TPOT lie below GAUSS's p95 curves at the per-pod rate the window ran, each curve is read
     at the measured p95 instead: the pod ran at rate r with the tails the model gives at
@@ -399,22 +425,16 @@ def measured_rate_factor(spec: LLMDeploymentSpec, cal: calibrate.Calibration, ob
     buckets) may bind once the other is loosened, and an optimistic model is left to the
     missed-rate bound, which corrects it by measurement. A pessimistic model would otherwise
     keep the pool too large for it ever to be measured near its limit. The curves are GAUSS
-    §3.7's λ sweep at the live ``settings``' engine limits (the settings the window ran with)."""
-    from kneecap.model import gauss
-
+    §3.7's λ sweep at the live ``settings``' engine limits (the settings the window ran with),
+    reused from ``gauss_runs`` while its inputs stay within tolerance, as λ* is
+    (:mod:`kneecap.control.gauss_reuse`): only the window's rate and tails are read afresh."""
     pods = max(obs.pods, 0)
     rate = obs.request_rate_rps / pods if pods else 0.0
     measured = {m: (slo, y) for slo, y, m in slo_checks(spec, obs)
                 if m in ("TTFT", "TPOT") and math.isfinite(y) and y > 0}
     if not (math.isfinite(rate) and rate > 0) or not measured:
         return 1.0, {}
-    limits = gauss_limits(spec, obs, settings)
-    coef, _, wl = _gauss_model(spec.model.architecture, spec.accelerator.gpu, cal, obs, limits, model_tp(spec))
-    sweep = gauss.sweep_rates(wl, coef, rng=np.random.default_rng(seed), points=MEASURED_SWEEP_POINTS,
-                              samples=MEASURED_SWEEP_SAMPLES, replications=4, limits=limits)
-    lam = np.array([p.rate_rps for p in sweep])
-    curves = {"TTFT": np.array([p.ttft_s[1] for p in sweep]),
-              "TPOT": np.array([(p.tbt_s or (math.nan,) * 3)[1] for p in sweep])}
+    lam, curves = _p95_curves(spec, cal, obs, gauss_limits(spec, obs, settings), seed, gauss_runs)
     model_lam, corrected_lam, detail, optimistic = [], [], {}, False
     for m, (slo, y) in measured.items():
         p95 = np.maximum.accumulate(np.nan_to_num(curves[m], nan=0.0))  # CRN curves are monotone up to noise

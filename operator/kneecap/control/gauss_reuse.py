@@ -12,7 +12,9 @@ the cap where the cap binds, not at all where it does not), well inside the rate
 moves the curve, a window whose mean lengths wobble by 1%, a cap BCA moves from 120 to 122 with
 them, or another deployment of the same model and GPU with the same SLO all reuse the run. A run
 outside tolerance still starts its bisection from the nearest past run's λ*
-(:meth:`GaussRuns.nearest`). The store is process memory (lost on restart: the first window after
+(:meth:`GaussRuns.nearest`). The p95 sweeps over λ that a window's measured tails are read
+against (``decide.measured_rate_factor``, GAUSS §3.7) depend on the same inputs and are kept
+and reused the same way, under keys of their own. The store is process memory (lost on restart: the first window after
 it runs GAUSS again), bounded per key and in keys.
 """
 
@@ -64,7 +66,9 @@ def inputs_for(coef, input_len: float, input_cv: float, output_len: float, outpu
 
 
 class GaussRuns:
-    """Past GAUSS results by key (model, GPU, form, SLO, quantile, seed, TP), found by input tolerance."""
+    """Past GAUSS results by key, found by input tolerance: λ searches by (model, GPU, form, SLO,
+    quantile, seed, TP), the p95 sweeps the measured tails are read against by ("p95-sweep",
+    model, GPU, form, seed, TP)."""
 
     def __init__(self, rel_tol: float = REL_TOL, cv_tol: float = CV_TOL, max_keys: int = MAX_KEYS,
                  max_runs_per_key: int = MAX_RUNS_PER_KEY):

@@ -550,7 +550,8 @@ def _replicas(t: _Tick, cal, obs: Observation, current: int, restart_s: float, r
         alloc = decide.disaggregated_allocation(spec, cal, obs)
         return alloc["decodeReplicas"], "sara:" + str(alloc["binding"].get("decode", "")), alloc
     served, missed = decide.served_rate_per_replica(spec, ring, obs), decide.missed_rate_per_replica(spec, ring, obs)
-    factor, _ = decide.measured_rate_factor(spec, cal, obs, live if live is not None else settings)
+    factor, _ = decide.measured_rate_factor(spec, cal, obs, live if live is not None else settings,
+                                         gauss_runs=t.gauss_runs)
     n, binding, alloc = decide.colocated_replicas(spec, cal, obs, served_rps=served, missed_rps=missed,
                                                   settings=settings, gauss_runs=t.gauss_runs, measured_factor=factor)
     if alloc:  # GAUSS found λ*: outside the hysteresis band only, a scale-down stabilised (stabilised_replicas)
