@@ -1,6 +1,7 @@
-"""The interpreted KV-cache admission loop GAUSS ran before it was compiled
-(kneecap.model.gauss.kv_events): the oracle the compiled chain is checked against, operation
-for operation (tests/unit/test_gauss_kv_events.py)."""
+"""The interpreted admission loops GAUSS ran before they were compiled
+(kneecap.model.gauss.kv_events): under the KV cache and under the batch cap alone, the oracles
+the compiled chains are checked against, operation for operation
+(tests/unit/test_gauss_kv_events.py)."""
 
 from __future__ import annotations
 
@@ -123,3 +124,41 @@ def admit_kv(arrival, service, unshared_service, shared, lag, decode, servers, s
         for arr, vals in zip(outs, (p, p0, used, switched, preempted, delay_first, delay_decode)):
             arr[row] = vals
     return tuple(outs)
+
+
+def admit(arrival, service, unshared_service, shared, lag, decode, servers, slots):
+    """kneecap.model.gauss.admission._admit, interpreted with heapq. Prefill starts p_i under FCFS with ``servers`` prefill slots and ``slots`` running-set
+    seats, per chain (the recurrence of the package docstring):
+
+        p_i = max(a_i, e_i, h_i),  e_i the earliest free prefill slot, h_i the earliest free
+        seat (Kiefer–Wolfowitz over seats: a heap of their free times).
+
+    A seat is held from p_i to the departure p_i + S_i + lag_i + decode_i. Also returns the
+    starts p0 of the prefill slots alone (no cap), the service used (a request the cap holds
+    back pays its own first chunk step: it no longer shares a predecessor's) and which
+    requests that happened to. A Python loop with O(log k) heap steps per request."""
+    from heapq import heapreplace
+
+    chains, n = arrival.shape
+    p_out, p0_out = np.empty_like(arrival), np.empty_like(arrival)
+    s_out, sw_out = service.copy(), np.zeros(arrival.shape, dtype=bool)
+    for row in range(chains):
+        a, s_l, u_l = arrival[row].tolist(), service[row].tolist(), unshared_service[row].tolist()
+        sh, lg, dc = shared[row].tolist(), lag[row].tolist(), decode[row].tolist()
+        pre, pre0, seats = [0.0] * servers, [0.0] * servers, [0.0] * slots
+        p, p0, used, switched = [0.0] * n, [0.0] * n, list(s_l), [False] * n
+        for i in range(n):
+            ai = a[i]
+            t0 = pre0[0] if pre0[0] > ai else ai
+            heapreplace(pre0, t0 + s_l[i])
+            free = pre[0] if pre[0] > ai else ai
+            t = seats[0] if seats[0] > free else free
+            si, lag_i = s_l[i], lg[i]
+            if t > free and sh[i]:
+                si, lag_i = u_l[i], 0.0
+                used[i], switched[i] = si, True
+            heapreplace(pre, t + si)
+            heapreplace(seats, t + si + lag_i + dc[i])
+            p[i], p0[i] = t, t0
+        p_out[row], p0_out[row], s_out[row], sw_out[row] = p, p0, used, switched
+    return p_out, p0_out, s_out, sw_out

@@ -1,13 +1,15 @@
-"""The compiled KV-cache admission (kneecap.model.gauss.kv_events) computes the interpreted
-loop's recurrence bit for bit: same starts, preemptions and delays on paths where the cache
-binds hard (many preemptions and re-admissions), with one and two prefill slots."""
+"""The compiled admissions (kneecap.model.gauss.kv_events) compute the interpreted loops'
+recurrences bit for bit: under the KV cache, same starts, preemptions and delays on paths where
+the cache binds hard (many preemptions and re-admissions); under the batch cap alone, same
+starts on paths where the cap binds; with one and two prefill slots."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from kneecap.model.gauss.admission import _admit_kv
+from kneecap.model.gauss.admission import _admit, _admit_kv
+from tests.support.gauss_kv_reference import admit as reference_admit
 from tests.support.gauss_kv_reference import admit_kv as reference_admit_kv
 
 
@@ -46,3 +48,18 @@ def test_compiled_admission_equals_the_interpreted_loop(servers, kv_tokens):
     else:
         assert not preemptions.any()
     assert got[3].any()  # some requests the limits held back lost their shared step
+
+
+@pytest.mark.parametrize("servers", [1, 2])
+@pytest.mark.parametrize("slots", [4, 24, 100_000])
+def test_compiled_cap_admission_equals_the_interpreted_loop(servers, slots):
+    path, _, _ = _path(3 + servers, chains=3, n=800, kv_tokens=0.0)
+    got = _admit(*path, servers, slots)
+    want = reference_admit(*path, servers, slots)
+    for name, g, w in zip(("start", "start without cap", "service", "switched"), got, want):
+        assert g.dtype == w.dtype and np.array_equal(g, w), name
+    held = got[0] > got[1]  # requests the cap made wait beyond the prefill slots
+    if slots < 100_000:
+        assert held.sum() > 100 and got[3].any()
+    else:
+        assert not held.any() and not got[3].any()

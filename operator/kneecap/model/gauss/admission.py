@@ -3,7 +3,6 @@ batch cap (Kiefer–Wolfowitz over seats) and the KV cache (event by event, reco
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -92,32 +91,19 @@ def _admit(arrival, service, unshared_service, shared, lag, decode, servers, slo
     A seat is held from p_i to the departure p_i + S_i + lag_i + decode_i. Also returns the
     starts p0 of the prefill slots alone (no cap), the service used (a request the cap holds
     back pays its own first chunk step: it no longer shares a predecessor's) and which
-    requests that happened to. A Python loop with O(log k) heap steps per request."""
-    from heapq import heapreplace
+    requests that happened to. Compiled per chain (``kv_events.admit_chain``): O(log k) heap
+    steps per request."""
+    from kneecap.model.gauss.kv_events import admit_chain
 
-    chains, n = arrival.shape
-    p_out, p0_out = np.empty_like(arrival), np.empty_like(arrival)
-    s_out, sw_out = service.copy(), np.zeros(arrival.shape, dtype=bool)
-    for row in range(chains):
-        a, s_l, u_l = arrival[row].tolist(), service[row].tolist(), unshared_service[row].tolist()
-        sh, lg, dc = shared[row].tolist(), lag[row].tolist(), decode[row].tolist()
-        pre, pre0, seats = [0.0] * servers, [0.0] * servers, [0.0] * slots
-        p, p0, used, switched = [0.0] * n, [0.0] * n, list(s_l), [False] * n
-        for i in range(n):
-            ai = a[i]
-            t0 = pre0[0] if pre0[0] > ai else ai
-            heapreplace(pre0, t0 + s_l[i])
-            free = pre[0] if pre[0] > ai else ai
-            t = seats[0] if seats[0] > free else free
-            si, lag_i = s_l[i], lg[i]
-            if t > free and sh[i]:
-                si, lag_i = u_l[i], 0.0
-                used[i], switched[i] = si, True
-            heapreplace(pre, t + si)
-            heapreplace(seats, t + si + lag_i + dc[i])
-            p[i], p0[i] = t, t0
-        p_out[row], p0_out[row], s_out[row], sw_out[row] = p, p0, used, switched
-    return p_out, p0_out, s_out, sw_out
+    outs = [np.empty_like(arrival), np.empty_like(arrival), service.copy(), np.zeros(arrival.shape, dtype=bool)]
+    for row in range(arrival.shape[0]):
+        chain = [np.ascontiguousarray(x[row], dtype=float) for x in (arrival, service, unshared_service)]
+        got = admit_chain(*chain, np.ascontiguousarray(shared[row], dtype=np.bool_),
+                          np.ascontiguousarray(lag[row], dtype=float), np.ascontiguousarray(decode[row], dtype=float),
+                          int(servers), int(slots))
+        for arr, vals in zip(outs, got):
+            arr[row] = vals
+    return tuple(outs)
 
 
 def _admit_kv(arrival, service, unshared_service, shared, lag, decode, servers, slots, kv, prompt, growth,

@@ -1,5 +1,7 @@
 """One chain of GAUSS's event-by-event KV-cache admission (package docstring, "KV cache"),
-compiled: the recurrence of :func:`kneecap.model.gauss.admission._admit_kv` per chain.
+compiled: the recurrence of :func:`kneecap.model.gauss.admission._admit_kv` per chain; and
+one chain of the admission under the batch cap alone (:func:`admit_chain`, the recurrence of
+:func:`kneecap.model.gauss.admission._admit`), compiled for the same reason.
 
 Compiled with numba because it is the operator's measured hot path: every departure,
 preemption and re-admission is one event in a sequential loop, and where the cache binds a
@@ -256,3 +258,26 @@ def admit_kv_chain(a, s_l, u_l, sh, lg, dc, r0, g, lo, hi, st, servers, slots, k
             delay_first[j] = token[j] - own_first
             delay_decode[j] = gone[j] - token[j] - dc[j]
     return p, p0, used, switched, preempted, delay_first, delay_decode
+
+
+@_compiled
+def admit_chain(a, s_l, u_l, sh, lg, dc, servers, slots):
+    """One chain of ``_admit``: (p, p0, service used, switched). Its heaps hold the same values
+    as heapq's after every replacement, so every minimum read, and every result, is the same."""
+    n = a.shape[0]
+    pre, pre0, seats = np.zeros(servers), np.zeros(servers), np.zeros(slots)
+    p, p0, used, switched = np.zeros(n), np.zeros(n), s_l.copy(), np.zeros(n, dtype=np.bool_)
+    for i in range(n):
+        ai = a[i]
+        t0 = pre0[0] if pre0[0] > ai else ai
+        _replace_min(pre0, t0 + s_l[i])
+        free = pre[0] if pre[0] > ai else ai
+        t = seats[0] if seats[0] > free else free
+        si, lag_i = s_l[i], lg[i]
+        if t > free and sh[i]:
+            si, lag_i = u_l[i], 0.0
+            used[i], switched[i] = si, True
+        _replace_min(pre, t + si)
+        _replace_min(seats, t + si + lag_i + dc[i])
+        p[i], p0[i] = t, t0
+    return p, p0, used, switched
