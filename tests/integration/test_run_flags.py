@@ -23,6 +23,9 @@ from tests.support.twins import ROOT
     (["--fleet-inventory", "l4=2", "--fleet-inventory", "l4=1"], "--fleet-inventory"),  # duplicate type
     (["--fleet-interval", "0"], "--fleet-interval"),
     (["--fleet-interval", "nan"], "--fleet-interval"),
+    (["--fleet-cpu-share", "0"], "--fleet-cpu-share"),
+    (["--fleet-cpu-share", "1.5"], "--fleet-cpu-share"),
+    (["--fleet-max-evaluations", "0"], "--fleet-max-evaluations"),
 ])
 def test_kneecap_run_rejects_bad_flags(argv, needle):
     res = subprocess.run([sys.executable, "-m", "kneecap", "run", *argv], cwd=ROOT, capture_output=True, text=True,

@@ -355,3 +355,44 @@ def test_a_bad_inventory_names_the_flag(spec, needle):
     with pytest.raises(InputError) as e:
         _inventory(spec)
     assert e.value.field == "--fleet-inventory" and needle in str(e.value)
+
+
+def _light_at(name: str, rate: float) -> dict:
+    return fleet.index_entry(body(name, {"workload": {**LIGHT, "requestsPerSecond": rate}}))
+
+
+def test_drift_alone_repacks_within_the_cpu_budget_and_a_changed_fleet_at_once():
+    """Workload drift (a rate moves) repacks only once the last packing's CPU is cpu_share of the
+    time since it began; a change of the fleet (a member added) repacks at once. The GAUSS tails
+    are kept across packings: a repack simulates only the engine sets whose inputs moved, and
+    gives what a fresh packing gives."""
+    advisor = fleet.FleetAdvisor(cpu_share=0.01)
+    first = asyncio.run(advisor.advise([_light_at("a", 0.5), _light_at("b", 0.5)], 1000.0))
+    assert advisor.computations == 1 and advisor.cpu_s > 0
+    wait_s = advisor.cpu_s / 0.01  # the budget: 1% of a core
+    drifted = [_light_at("a", 0.6), _light_at("b", 0.5)]
+    assert asyncio.run(advisor.advise(drifted, 1000.0 + 0.5 * wait_s)) is first  # put off
+    assert advisor.computations == 1 and advisor.deferred == 1
+    grown = [*drifted, _light_at("c", 0.5)]
+    third = asyncio.run(advisor.advise(grown, 1000.0 + 0.6 * wait_s))  # a new member: at once
+    assert advisor.computations == 2 and third.totals()["deployments"] == 3
+    hits = advisor.tails_cache.hits
+    later = 1000.0 + 0.6 * wait_s + 1.01 * (advisor.cpu_s / 0.01)
+    fourth = asyncio.run(advisor.advise([_light_at("a", 0.6), _light_at("b", 0.7), _light_at("c", 0.5)], later))
+    assert advisor.computations == 3 and advisor.tails_cache.hits > hits  # a and c's engines alone: kept
+    fresh = fleet.compute(fourth.members)
+    ran, ran_fresh = fourth.result.pop("evaluations"), fresh.result.pop("evaluations")
+    assert fourth.result == fresh.result and fourth.gpus_recommended == fresh.gpus_recommended
+    assert ran < ran_fresh  # GAUSS tails simulated, the kept ones not counted
+
+
+def test_a_packing_past_its_evaluation_bound_is_no_recommendation_said_why():
+    members = [fleet.member(_light_at(n, 0.5)) for n in ("a", "b", "c")]
+    advice = fleet.compute(members, max_evaluations=2)
+    assert advice.result is None and advice.gpus_recommended == advice.gpus_current == 3
+    assert "needed more than 2 GAUSS evaluations" in advice.message and "--fleet-max-evaluations" in advice.message
+    block = fleet.status_block(advice, "serving/a")
+    assert block["included"] is True and "--fleet-max-evaluations" in block["message"]
+    with pytest.raises(InputError) as exc:
+        fleet.FleetAdvisor(cpu_share=0.0)
+    assert exc.value.field == "cpu_share"

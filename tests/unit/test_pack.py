@@ -84,6 +84,18 @@ def test_the_packing_is_deterministic():
     a = packing.pack(deps, inv, samples=8000)
     b = packing.pack(deps, inv, samples=8000)
     assert a == b
+    # tails kept from a previous call: the same packing, no GAUSS run again
+    kept = packing.TailsCache()
+    packing.pack(deps, inv, samples=8000, tails_cache=kept)
+    again = packing.pack(deps, inv, samples=8000, tails_cache=kept)
+    assert again.evaluations == 0 and dataclasses.replace(again, evaluations=a.evaluations) == a
+    with pytest.raises(packing.EvaluationBudgetExceeded) as exc:
+        packing.pack(deps, inv, samples=8000, max_evaluations=1)
+    assert exc.value.evaluations == 1 and exc.value.deployments == 2
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(InputError) as err:
+            packing.pack(deps, inv, samples=8000, max_evaluations=bad)
+        assert err.value.field == "max_evaluations"
 
 
 def _write(tmp_path, entries):

@@ -43,6 +43,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fleet-interval", type=float, default=60.0, metavar="SECONDS",
                         help="how often each LLMDeployment's fleet timer reads the fleet advice (the packing "
                              "reruns only when the fleet's inputs change)")
+    parser.add_argument("--fleet-cpu-share", type=float, default=None, metavar="FRACTION",
+                        help="the most CPU, as a share of one core on average, that the fleet advice spends "
+                             "repacking for workload drift alone (a change of the fleet's deployments, specs or "
+                             "replicas repacks at once; default 0.05)")
+    parser.add_argument("--fleet-max-evaluations", type=int, default=None, metavar="N",
+                        help="the most GAUSS tail evaluations (about a CPU-second each) one packing of the fleet "
+                             "advice may spend; a fleet that needs more gets no recommendation, said why in "
+                             "status.placement (kneecap pack has no bound; default 200)")
     parser.add_argument("--verbose", action="store_true")
     common.add_json(parser, "log as JSON lines on stdout (kopf's JSON format, with the object each line is about)")
 
@@ -62,7 +70,21 @@ def _check(args) -> None:
         parse_selector(args.selector, "--selector")
     if not args.fleet_interval > 0 or args.fleet_interval == float("inf"):
         raise InputError("--fleet-interval", f"expected seconds > 0, got {args.fleet_interval}")
+    if args.fleet_cpu_share is not None and not 0.0 < args.fleet_cpu_share <= 1.0:
+        raise InputError("--fleet-cpu-share", f"expected a fraction of a core in (0, 1], got {args.fleet_cpu_share}")
+    if args.fleet_max_evaluations is not None and args.fleet_max_evaluations < 1:
+        raise InputError("--fleet-max-evaluations", f"expected a count ≥ 1, got {args.fleet_max_evaluations}")
     fleet_inventory(args)
+
+
+def fleet_bounds(args) -> dict:
+    """The OperatorConfig fields of ``--fleet-cpu-share`` and ``--fleet-max-evaluations`` given."""
+    out = {}
+    if args.fleet_cpu_share is not None:
+        out["fleet_cpu_share"] = float(args.fleet_cpu_share)
+    if args.fleet_max_evaluations is not None:
+        out["fleet_max_evaluations"] = int(args.fleet_max_evaluations)
+    return out
 
 
 def fleet_inventory(args):
@@ -110,7 +132,7 @@ def run(args) -> int:
             ", ".join(f"{o.gpu.key}={o.count}@{o.cost_per_hour:g}" for o in inventory))
     registry = build_registry(OperatorConfig(metrics=metrics, tick_s=args.tick, peering_priority=args.priority,
                                              selector=selector, fleet_s=args.fleet_interval,
-                                             fleet_inventory=inventory))
+                                             fleet_inventory=inventory, **fleet_bounds(args)))
     kwargs: dict = {
         "registry": registry,
         "standalone": args.standalone or args.peering is None,

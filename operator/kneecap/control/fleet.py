@@ -39,6 +39,7 @@ import copy
 import dataclasses
 import json
 import math
+import time
 from dataclasses import dataclass
 from typing import Mapping, MutableMapping
 
@@ -50,6 +51,10 @@ from kneecap.model import colocation, gauss, packing
 EVENT_REASON = "FleetRecommendation"
 WRITE_FAILED_REASON = "FleetAdviceNotWritten"
 SAMPLES = 20_000  # GAUSS requests per engine and check (kneecap pack's default is 50 000)
+# a packing reruns for workload drift alone only once the CPU its last run took is this share of
+# the time since it started (a change of the fleet's members, specs or replicas reruns it at once)
+CPU_SHARE = 0.05
+MAX_EVALUATIONS = 200  # GAUSS tails one packing may spend (~1 CPU-s each); beyond: no recommendation
 SIGNIFICANT_DIGITS = 2  # rates and lengths are rounded to this many digits before packing
 # the status keys a deployment's advice reads (the index keeps only these of the status)
 STATUS_KEYS = ("workload", "applied", "calibration", "placement")
@@ -202,11 +207,22 @@ class Advice:
                 "costPerHourRecommended": round(self.cost_recommended_per_hour, 4)}
 
 
+def structure(members) -> str:
+    """:func:`fingerprint` less what drifts with the traffic (rates, lengths, calibration): which
+    deployments, their specs, flags and replicas."""
+    rows = json.loads(fingerprint(members))
+    return json.dumps([{k: v for k, v in row.items() if k not in ("rate", "workload", "cal")} for row in rows],
+                      sort_keys=True)
+
+
 def compute(members, *, margin: float = packing.DEFAULT_MARGIN, samples: int = SAMPLES, seed: int = 0,
-            inventory=None) -> Advice:
+            inventory=None, tails_cache: packing.TailsCache | None = None,
+            max_evaluations: int | None = None) -> Advice:
     """Pack the members that have an entry (two or more; else no recommendation) onto
     ``inventory`` (``packing.GpuOffer`` tuples; None: the GPU types they hold today). With an
-    inventory one member is packed too: it may move to a cheaper type."""
+    inventory one member is packed too: it may move to a cheaper type. ``tails_cache`` and
+    ``max_evaluations``: as :func:`kneecap.model.packing.pack` takes them; a packing past the
+    bound is no recommendation, said why."""
     members = tuple(sorted(members, key=lambda m: m.key))
     fp = fingerprint(members)
     deps = tuple(m.deployment for m in members if m.deployment is not None)
@@ -216,9 +232,13 @@ def compute(members, *, margin: float = packing.DEFAULT_MARGIN, samples: int = S
         return Advice(fp, members, None, gpus, gpus, cost, cost,
                       f"{len(deps)} deployment{'' if len(deps) == 1 else 's'} with a workload: nothing to pack")
     try:
-        res = packing.result_dict(packing.pack(deps, inventory, margin=margin, seed=seed, samples=samples))
+        res = packing.result_dict(packing.pack(deps, inventory, margin=margin, seed=seed, samples=samples,
+                                               tails_cache=tails_cache, max_evaluations=max_evaluations))
     except InputError as exc:  # a model or GPU the packing cannot evaluate: no recommendation, said why
         return Advice(fp, members, None, gpus, gpus, cost, cost, f"the packing failed: {exc}")
+    except packing.EvaluationBudgetExceeded as exc:
+        return Advice(fp, members, None, gpus, gpus, cost, cost,
+                      f"{exc} (kneecap run --fleet-max-evaluations): no recommendation; kneecap pack has no bound")
     if not res["feasible"]:
         return Advice(fp, members, res, gpus, gpus, cost, cost, res["message"])
     return Advice(fp, members, res, res["before"]["gpus"], res["after"]["gpus"], res["before"]["cost_per_hour"],
@@ -352,16 +372,33 @@ class FleetAdvisor:
     ``recheck_s``: how long an advice is served without looking at the fleet again (every
     resource's timer asks within one fleet period: without it each of N timers would rebuild all
     N members, N² spec parses a period). A member is rebuilt only when what it reads changed
-    (uid, spec, the status keys it reads)."""
+    (uid, spec, the status keys it reads).
+
+    A packing costs O(N²) GAUSS runs for N deployments, and every window moves the observed rates,
+    so its CPU is bounded twice: a change of :func:`structure` (members, specs, flags, replicas)
+    reruns it at once, but workload drift alone only once the worker thread's CPU for the last
+    run is ``cpu_share`` of the time since it began (on average at most that share of a core);
+    and one run spends at most ``max_evaluations`` GAUSS tails (beyond: no recommendation, said
+    why). GAUSS tails are kept across runs (:class:`kneecap.model.packing.TailsCache`), so a rerun
+    simulates only the engine sets whose inputs changed."""
 
     def __init__(self, *, margin: float = packing.DEFAULT_MARGIN, samples: int = SAMPLES, seed: int = 0,
-                 inventory=None, recheck_s: float = 0.0):
+                 inventory=None, recheck_s: float = 0.0, cpu_share: float = CPU_SHARE,
+                 max_evaluations: int | None = MAX_EVALUATIONS):
+        if isinstance(cpu_share, bool) or not isinstance(cpu_share, (int, float)) or not 0.0 < cpu_share <= 1.0:
+            raise InputError("cpu_share", f"expected a fraction in (0, 1], got {cpu_share!r}")
         self.margin, self.samples, self.seed = margin, samples, seed
         self.inventory = None if inventory is None else tuple(inventory)
         self.recheck_s = recheck_s
+        self.cpu_share, self.max_evaluations = float(cpu_share), max_evaluations
+        self.tails_cache = packing.TailsCache()
         self.advice: Advice | None = None
         self.computations = 0
+        self.cpu_s = 0.0  # the worker thread's CPU over every run
+        self.deferred = 0  # reruns for drift put off by the CPU budget
         self.checked_s: float | None = None
+        self._structure: str | None = None
+        self._next_s: float | None = None  # no rerun for drift alone before this time
         self._members: dict[str, tuple[str, Member]] = {}
         self._lock: asyncio.Lock | None = None
 
@@ -395,11 +432,25 @@ class FleetAdvisor:
             members = tuple(members)
             fp = fingerprint(members)
             if self.advice is None or self.advice.fingerprint != fp:
-                self.advice = await asyncio.to_thread(compute, members, margin=self.margin, samples=self.samples,
-                                                      seed=self.seed, inventory=self.inventory)
-                self.computations += 1
+                shape = structure(members)
+                if (shape == self._structure and now_s is not None and self._next_s is not None
+                        and now_s < self._next_s):
+                    self.deferred += 1  # drift alone, within the CPU budget's wait: the advice stands
+                else:
+                    self.advice, cpu_s = await asyncio.to_thread(self._compute, members)
+                    self._structure = shape
+                    self.computations += 1
+                    self.cpu_s += cpu_s
+                    self._next_s = None if now_s is None else now_s + cpu_s / self.cpu_share
             self.checked_s = now_s
         return self.advice
+
+    def _compute(self, members) -> tuple[Advice, float]:
+        """(the advice, this thread's CPU seconds for it): run in the worker thread."""
+        start = time.thread_time()
+        advice = compute(members, margin=self.margin, samples=self.samples, seed=self.seed, inventory=self.inventory,
+                         tails_cache=self.tails_cache, max_evaluations=self.max_evaluations)
+        return advice, time.thread_time() - start
 
 
 async def advise_resource(operator, body: Mapping, entries, advisor: FleetAdvisor, written: MutableMapping,

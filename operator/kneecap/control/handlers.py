@@ -57,6 +57,11 @@ class OperatorConfig:
     # the GPUs the fleet advice may pack onto (`kneecap run --fleet-inventory`: packing.GpuOffer
     # tuples, as `kneecap pack --gpus`); None: the GPU types the fleet holds today
     fleet_inventory: tuple | None = None
+    # the fleet advice's CPU bounds (`kneecap run --fleet-cpu-share/--fleet-max-evaluations`,
+    # kneecap.control.fleet.FleetAdvisor): reruns for workload drift at most this share of a
+    # core on average, and at most this many GAUSS tails per packing
+    fleet_cpu_share: float = fleet.CPU_SHARE
+    fleet_max_evaluations: int | None = fleet.MAX_EVALUATIONS
     # a label-selector shard (`kneecap run --selector`): the handlers see only the LLMDeployments
     # it matches (kneecap.control.shard); None: all of them
     selector: LabelSelector | None = None
@@ -193,7 +198,9 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         memo.histogram_cache = HistogramCache()  # shared by every window (LoopContext.histogram_cache)
         memo.sync_cache = InSyncCache()  # shared by every resource (LoopContext.sync_cache)
         # the one fleet advice, shared by every resource's fleet timer
-        memo.fleet_advisor = fleet.FleetAdvisor(inventory=config.fleet_inventory, recheck_s=config.fleet_s / 2)
+        memo.fleet_advisor = fleet.FleetAdvisor(inventory=config.fleet_inventory, recheck_s=config.fleet_s / 2,
+                                                cpu_share=config.fleet_cpu_share,
+                                                max_evaluations=config.fleet_max_evaluations)
         # one client session for every scrape; a connection per scrape (force_close): vLLM's
         # server drops idle keep-alive connections after 5 s, an interval is longer
         memo.scrape_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))

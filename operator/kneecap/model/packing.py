@@ -51,7 +51,12 @@ an exact bin-packing over types (NP-hard already with one type) would need far m
 first-fit-decreasing is within 11/9·OPT + 6/9 bins for one type and additive sizes (here
 feasibility is not additive: no bound is claimed), the ratio rule is the standard greedy for
 weighted covers, and both are deterministic. Evaluations are cached per
-(type, set of deployments) within one call. The answer is a good packing, not a proven optimum.
+(type, set of deployments) within one call, and step 4's tails by their inputs (the engines'
+loads less their names, the GPU, the seed and sample sizes: :class:`TailsCache`), so deployments
+that look alike to GAUSS (same model, lengths, per-replica rate, SLOs, flags and calibration) are
+simulated once, and a caller that keeps the cache across calls (the operator's fleet advice)
+reruns GAUSS only for the engine sets whose inputs changed. The answer is a good packing, not a
+proven optimum.
 
 Verification (``kneecap.sim.pack_verify``, ``kneecap pack --verify``): each packed GPU replayed on the engine
 twins in virtual time (``sim.shared_gpu.verify_placement``), one GPU after another, each with a
@@ -66,7 +71,8 @@ interference only adds waits, so no shared placement would do better.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 import numpy as np
@@ -344,9 +350,51 @@ def _ceil_step(x: float) -> int:
     return max(CAP_MIN, int(math.ceil(x / CAP_STEP)) * CAP_STEP)
 
 
+class EvaluationBudgetExceeded(Exception):
+    """``pack`` needed more GAUSS tails than its ``max_evaluations``: no packing was found."""
+
+    def __init__(self, evaluations: int, deployments: int):
+        self.evaluations, self.deployments = evaluations, deployments
+        super().__init__(f"packing {deployments} deployments needed more than {evaluations} GAUSS evaluations")
+
+
+class TailsCache:
+    """``colocation.colocated_tails`` results by everything they depend on: the GPU, the engines'
+    loads in order less their names, the seed and the sample sizes (GAUSS's draws come from the
+    seed alone, so equal keys give equal tails). Bounded: the least recently used are dropped
+    beyond ``max_entries``. ``hits`` and ``misses`` count lookups."""
+
+    def __init__(self, max_entries: int = 4096):
+        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
+            raise InputError("max_entries", f"expected a positive integer, got {max_entries!r}")
+        self.max_entries = max_entries
+        self._entries: OrderedDict = OrderedDict()
+        self.hits = self.misses = 0
+
+    def tails(self, loads, gpu: GPU, seed: int, samples: int, replications: int) -> tuple[tuple, bool]:
+        """(the engines' tails, named as ``loads``; whether GAUSS ran for them)."""
+        key = (gpu, tuple(replace(load, name="") for load in loads), seed, samples, replications)
+        try:
+            hit = self._entries.get(key)
+        except TypeError:  # an unhashable load (e.g. a workload holding arrays): not kept
+            key, hit = None, None
+        if hit is not None:
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return tuple(replace(t, name=load.name) for t, load in zip(hit, loads)), False
+        self.misses += 1
+        out = tuple(colocation.colocated_tails(list(loads), gpu, seed=seed, samples=samples,
+                                               replications=replications))
+        if key is not None:
+            self._entries[key] = out
+            while len(self._entries) > self.max_entries:
+                self._entries.popitem(last=False)
+        return out, True
+
+
 @dataclass
 class _Packer:
-    """State of one ``pack`` call (its caches), never shared between calls."""
+    """State of one ``pack`` call (its caches), never shared between calls but ``tails_cache``."""
 
     deployments: tuple[Deployment, ...]
     margin: float
@@ -354,7 +402,9 @@ class _Packer:
     samples: int
     replications: int
     cache: dict = field(default_factory=dict)
-    evaluations: int = 0
+    evaluations: int = 0  # GAUSS tails computed (not read from tails_cache)
+    tails_cache: TailsCache = field(default_factory=TailsCache)
+    max_evaluations: int | None = None
 
     def params(self, d: Deployment, gpu: GPU) -> tuple[SlimParams, str]:
         return engine_params(d, gpu)
@@ -398,9 +448,11 @@ class _Packer:
         return worst
 
     def tails(self, loads, gpu: GPU):
-        self.evaluations += 1
-        return tuple(colocation.colocated_tails(list(loads), gpu, seed=self.seed, samples=self.samples,
-                                                replications=self.replications))
+        if self.max_evaluations is not None and self.evaluations >= self.max_evaluations:
+            raise EvaluationBudgetExceeded(self.max_evaluations, len(self.deployments))
+        out, ran = self.tails_cache.tails(loads, gpu, self.seed, self.samples, self.replications)
+        self.evaluations += ran
+        return out
 
     def evaluate(self, members: tuple[int, ...], gpu: GPU) -> _Eval:
         """Steps 1–4 of the module docstring for the deployments ``members`` (indices) on ``gpu``."""
@@ -471,9 +523,14 @@ def _tails_dict(t) -> dict | None:
 
 
 def pack(deployments, inventory=None, *, margin: float = DEFAULT_MARGIN, seed: int = 0, samples: int = SAMPLES,
-         replications: int = REPLICATIONS) -> PackResult:
+         replications: int = REPLICATIONS, tails_cache: TailsCache | None = None,
+         max_evaluations: int | None = None) -> PackResult:
     """Today's placement and the packing the module docstring describes (``inventory``: the GPUs
-    the packing may use, default :func:`today_inventory`)."""
+    the packing may use, default :func:`today_inventory`). ``tails_cache``: GAUSS tails to reuse
+    and add to (None: a fresh one for this call). ``max_evaluations``: the most GAUSS tails
+    (``colocation.colocated_tails`` runs, reuses not counted) to spend; one more raises
+    :class:`EvaluationBudgetExceeded` (None: no bound). The search evaluates O(N²) engine sets
+    for N deployments in the worst case, so a bound is how a caller with a CPU budget stops it."""
     deployments = tuple(deployments)
     if not deployments or not all(isinstance(d, Deployment) for d in deployments):
         raise InputError("deployments", "expected a non-empty list of Deployment")
@@ -485,7 +542,13 @@ def pack(deployments, inventory=None, *, margin: float = DEFAULT_MARGIN, seed: i
     if not inventory or not all(isinstance(o, GpuOffer) for o in inventory):
         raise InputError("inventory", "expected a non-empty list of GpuOffer")
     price = {o.gpu.key: o.cost_per_hour for o in inventory}
-    pk = _Packer(deployments, float(margin), int(seed), int(samples), int(replications))
+    if tails_cache is not None and not isinstance(tails_cache, TailsCache):
+        raise InputError("tails_cache", f"expected a TailsCache, got {type(tails_cache).__name__}")
+    if max_evaluations is not None and (isinstance(max_evaluations, bool) or not isinstance(max_evaluations, int)
+                                        or max_evaluations < 1):
+        raise InputError("max_evaluations", f"expected a positive integer or None, got {max_evaluations!r}")
+    pk = _Packer(deployments, float(margin), int(seed), int(samples), int(replications),
+                 tails_cache=TailsCache() if tails_cache is None else tails_cache, max_evaluations=max_evaluations)
 
     # today: one GPU per replica, at today's flags
     before, size = [], []
