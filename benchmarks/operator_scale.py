@@ -805,7 +805,8 @@ def write_md(out: Path, doc: dict) -> None:
           "warm-up the operator made almost no API requests and no scrapes while using ~92% of a core, its RSS "
           "growing. At 50 × 4 (one run, 2 warm-up intervals, not in the table) it kept up: 50-55 status writes per "
           "interval, but 22.95 and 10.82 CPU-s in its two measured intervals (77% and 36% of a core; the profile above suggests mostly the fleet timer: 2,500 spec validations a minute).", ""]
-    for key in sorted(real, key=lambda k: [int(x) for x in k.split("x")]):
+    # keys: "<resources>x<pods>x<shards>", a suffix for a rerun of the same size ("..._steady_26_warmup")
+    for key in sorted(real, key=lambda k: ([int(x) for x in k.split("_", 1)[0].split("x")], k)):
         md += _real_md(real[key])
     path.write_text(emulated + "\n".join(md))
 
