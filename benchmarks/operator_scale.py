@@ -829,7 +829,7 @@ def main(argv=None) -> int:
                          "(default 26; 4 with --real-api)")
     ap.add_argument("--repeat", type=int, default=3, help="runs (fresh API and operator each); the median is stated")
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder for operator_scale.{md,json}")
-    ap.add_argument("--profile", type=Path, help="profile the operator's measured intervals (main-thread CPU time), stats to this file")
+    ap.add_argument("--profile", type=Path, help="profile the operator's measured intervals (main-thread CPU time: worker threads, such as the fleet advice's packing, are not in it; /proc/PID/task/*/stat gives CPU per thread), stats to this file")
     ap.add_argument("--tick", type=float, help="the operator's --tick (default: its own default)")
     ap.add_argument("--dump", type=Path,
                     help="write the LLMDeployments as each run ends (JSON) to this file, .runN before the suffix")
