@@ -165,8 +165,12 @@ def member(entry: Mapping) -> Member:
         workload_source=source, **out)
 
 
-def fingerprint(members) -> str:
-    """What the packing of ``members`` depends on, as one string (equal: the same advice)."""
+DRIFT_KEYS = ("rate", "workload", "cal")  # the fingerprint's fields that move with the traffic
+
+
+def fingerprint(members, drift: bool = True) -> str:
+    """What the packing of ``members`` depends on, as one string (equal: the same advice);
+    ``drift`` False leaves out what moves with the traffic (:data:`DRIFT_KEYS`)."""
     rows = []
     for m in sorted(members, key=lambda m: m.key):
         d = m.deployment
@@ -178,7 +182,7 @@ def fingerprint(members) -> str:
                        workload=repr(d.workload), q=d.quantile, ttft=d.ttft_s, tpot=d.tpot_s, cap=d.max_num_seqs,
                        util=d.gpu_memory_utilization, cost=d.cost_per_hour,
                        cal=None if cal is None else [cal.created, sorted(cal.params.items())])
-        rows.append(row)
+        rows.append(row if drift else {k: v for k, v in row.items() if k not in DRIFT_KEYS})
     return json.dumps(rows, sort_keys=True, default=str)
 
 
@@ -205,14 +209,6 @@ class Advice:
                 "gpusRecommended": self.gpus_recommended,
                 "costPerHourCurrent": round(self.cost_current_per_hour, 4),
                 "costPerHourRecommended": round(self.cost_recommended_per_hour, 4)}
-
-
-def structure(members) -> str:
-    """:func:`fingerprint` less what drifts with the traffic (rates, lengths, calibration): which
-    deployments, their specs, flags and replicas."""
-    rows = json.loads(fingerprint(members))
-    return json.dumps([{k: v for k, v in row.items() if k not in ("rate", "workload", "cal")} for row in rows],
-                      sort_keys=True)
 
 
 def compute(members, *, margin: float = packing.DEFAULT_MARGIN, samples: int = SAMPLES, seed: int = 0,
@@ -375,7 +371,7 @@ class FleetAdvisor:
     (uid, spec, the status keys it reads).
 
     A packing costs O(N²) GAUSS runs for N deployments, and every window moves the observed rates,
-    so its CPU is bounded twice: a change of :func:`structure` (members, specs, flags, replicas)
+    so its CPU is bounded twice: a change of the fingerprint less its drift (members, specs, flags, replicas)
     reruns it at once, but workload drift alone only once the worker thread's CPU for the last
     run is ``cpu_share`` of the time since it began (on average at most that share of a core);
     and one run spends at most ``max_evaluations`` GAUSS tails (beyond: no recommendation, said
@@ -432,7 +428,7 @@ class FleetAdvisor:
             members = tuple(members)
             fp = fingerprint(members)
             if self.advice is None or self.advice.fingerprint != fp:
-                shape = structure(members)
+                shape = fingerprint(members, drift=False)
                 if (shape == self._structure and now_s is not None and self._next_s is not None
                         and now_s < self._next_s):
                     self.deferred += 1  # drift alone, within the CPU budget's wait: the advice stands
