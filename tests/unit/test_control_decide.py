@@ -573,6 +573,53 @@ def test_tails_measured_below_the_gauss_curve_raise_lambda_star(profiles_csv):
     assert bind_m == "missed" and a_m["sustainableRequestsPerSecondPerReplica"] == pytest.approx(1.5 * lam, rel=1e-5)
 
 
+def test_a_tpot_p95_the_buckets_cannot_place_against_the_curve_gives_no_verdict(profiles_csv):
+    """TTFT measured below GAUSS's curve, TPOT interpolated above it: where the TPOT bucket's
+    floor is below the model's p95 at that rate the measurement cannot say the model is
+    optimistic (the bucket's requests may all lie under the curve), so TTFT's factor raises λ*
+    up to where the model's own TPOT crosses its SLO; where the floor is at or above the curve
+    the model is surely optimistic about TPOT and λ* stays as GAUSS gives it."""
+    cal, obs = _opt_fit(profiles_csv)
+    spec = _opt_spec()
+    lam = decide.colocated_replicas(spec, cal, obs)[2]["sustainableRequestsPerSecondPerReplica"]
+    ran = replace(obs, pods=2, request_rate_rps=2 * 0.7 * lam, ttft_p95_s=1e-4, ttft_p95_floor_s=0.0)
+    grid, curves = decide._p95_curves(spec, cal, ran, decide.gauss_limits(spec, ran, None), 0, None)
+    model_tpot_s = float(np.interp(0.7 * lam, grid, np.maximum.accumulate(curves["TPOT"])))
+    straddling = replace(ran, itl_p95_s=1.5 * model_tpot_s, tpot_p95_s=1.5 * model_tpot_s,
+                         itl_p95_floor_s=0.5 * model_tpot_s, tpot_p95_floor_s=0.5 * model_tpot_s)
+    raised, detail = decide.measured_rate_factor(spec, cal, straddling, None)
+    assert detail == {"TTFT": decide.MEASURED_FACTOR_MAX, "TPOT": 1.0} and raised > 1.0
+    surely = replace(straddling, itl_p95_floor_s=model_tpot_s, tpot_p95_floor_s=model_tpot_s)
+    assert decide.measured_rate_factor(spec, cal, surely, None) == (1.0, detail)
+    # without floors (an engine or ring entry without them) the interpolated p95 is taken as is
+    unplaced = replace(straddling, itl_p95_floor_s=None, tpot_p95_floor_s=None)
+    assert decide.measured_rate_factor(spec, cal, unplaced, None) == (1.0, detail)
+
+
+def test_a_window_missed_the_slo_only_where_its_buckets_say_so_surely(profiles_csv):
+    """A 20 ms TPOT SLO lies inside vLLM's (10, 25] ms bucket: a window whose p95 is
+    interpolated to 24 ms there (floor 10 ms) may have met it, so it is no missed rate; one whose
+    p95 lies in (25, 50] (floor 25 ms) surely missed; a ring entry without floors (written by an
+    earlier version) is read by its p95 as before. The floors travel through the status ring."""
+    from kneecap.control import status
+    from kneecap.control.spec import parse_spec
+
+    cal, obs = _opt_fit(profiles_csv)
+    spec = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb", "costPerHour": 4},
+                       "engine": {"image": "vllm", "maxNumSeqs": 64}, "slo": {"ttftSeconds": 1.0, "tpotSeconds": 0.02}})
+    window = replace(obs, pods=2, request_rate_rps=8.0, ttft_p95_s=0.2, ttft_p95_floor_s=0.1,
+                     itl_p95_s=0.024, itl_p95_floor_s=0.01, tpot_p95_s=0.024, tpot_p95_floor_s=0.01)
+    assert decide.surely_missed(spec, window) == [] and decide.missed_rate_per_replica(spec, [window], obs) is None
+    surely = replace(window, tpot_p95_s=0.03, tpot_p95_floor_s=0.025)
+    assert decide.surely_missed(spec, surely) == ["TPOT"]
+    assert decide.missed_rate_per_replica(spec, [window, surely], obs) == pytest.approx(4.0)
+    older = replace(window, ttft_p95_floor_s=None, itl_p95_floor_s=None, tpot_p95_floor_s=None)
+    assert decide.surely_missed(spec, older) == ["TPOT"]
+    entry = status.ring_entry_from_status(status.ring_entry(window))
+    assert (entry.tpot_p95_floor_s, entry.ttft_p95_floor_s) == (0.01, 0.1) and decide.surely_missed(spec, entry) == []
+    assert decide.surely_missed(spec, status.ring_entry_from_status(status.ring_entry(surely))) == ["TPOT"]
+
+
 def test_the_p95_sweep_is_reused_while_its_inputs_stay_within_tolerance(profiles_csv):
     """The sweep the measured tails are read against is GAUSS's at the window's lengths; a window
     whose lengths wobble by 1% reads the kept sweep with its own rate and tails (the same factor a

@@ -167,8 +167,9 @@ def test_ring_entries_keep_what_the_fit_and_slo_attainment_read():
 
     obs = Observation(**{f: 1.2345678 + i for i, f in enumerate(OBSERVATION_FIELDS)} | {"pods": 4, "batch_samples": 3})
     entry = status.ring_entry(obs)
-    assert len(entry) == 17 and entry["pods"] == 4 and entry["inputLengthMean"] == 14.2346  # 6 significant digits
+    assert len(entry) == 21 and entry["pods"] == 4 and entry["inputLengthMean"] == 14.2346  # 6 significant digits
     assert entry["tpotP95Seconds"] == pytest.approx(obs.tpot_p95_s, rel=5e-6)  # the TPOT SLO reads it
+    assert entry["tpotP95FloorSeconds"] == pytest.approx(obs.tpot_p95_floor_s, rel=5e-6)  # ... and a sure miss
     assert "ttftMeanSeconds" not in entry and "queueLength" not in entry  # the rest is in status.workload
     back = status.ring_entry_from_status(entry)
     for name in status.RING_FIELDS:

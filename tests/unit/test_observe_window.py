@@ -11,9 +11,11 @@ from __future__ import annotations
 import math
 import re
 
+import numpy as np
 import pytest
 
 from kneecap.observe import NoObservation, Observation, Reason, observe, parse_metrics
+from kneecap.observe.histogram import Histogram
 from tests.support.capture_windows import CAPTURES, T0, T1, cut_inside, zeroed
 from tests.support.data import read_capture
 
@@ -60,6 +62,8 @@ def test_capture_20req():
     # E2E: sum 7.600830316543579; <=0.3: 7, <=0.5: 15, <=0.8: 20 -> 0.5 + 0.3*4/5
     assert o.e2e_mean_s == pytest.approx(7.600830316543579 / 20)
     assert o.e2e_p95_s == pytest.approx(0.74)
+    # each p95's floor: the lower edge of the bucket its rank falls in (the least it can be)
+    assert (o.ttft_p95_floor_s, o.itl_p95_floor_s, o.tpot_p95_floor_s, o.e2e_p95_floor_s) == (0.25, 0.0, 0.0, 0.5)
     assert o.queue_time_mean_s == pytest.approx(2.2316796289998706 / 20)
     assert o.queue_time_p95_s == pytest.approx(0.3)  # <=0.3: 19 of 20
     assert o.prefill_time_mean_s == pytest.approx(0.24866555200014773 / 20)
@@ -540,3 +544,19 @@ def test_histogram_one_by_one_reads_reordered_series(monkeypatch):
         assert _same_histogram(d.histograms[k], slow.histograms[k]), k
         assert _same_histogram(window_module._histogram(names, prev, cur, req), slow.histograms[k]), k
     assert d.histograms["ttft"].cumulative.tolist() == [0.0] * 8 + [12.0] + [20.0] * 14
+
+
+def test_a_quantile_floor_is_the_lower_edge_of_the_bucket_its_rank_falls_in():
+    """vLLM's TPOT buckets (…, 0.01, 0.025, 0.05, …): 85 of 100 requests within 10 ms and 15 in
+    (10, 25] put the p95 at 20 ms by interpolation, and its floor at 10 ms (every one of the
+    15 may have taken 12 ms); 6 in (25, 50] put the floor at 25 ms: more than 5% surely took
+    longer than 25 ms. A rank in the +Inf bucket has the highest finite bound as floor."""
+    bounds = np.array([0.01, 0.025, 0.05, 0.075, math.inf])
+    straddling = Histogram(bounds, np.array([85.0, 100.0, 100.0, 100.0, 100.0]), 1.1, 100.0)
+    assert straddling.quantile(0.95) == pytest.approx(0.02) and straddling.quantile_floor(0.95) == 0.01
+    above = Histogram(bounds, np.array([85.0, 94.0, 100.0, 100.0, 100.0]), 1.3, 100.0)
+    assert above.quantile(0.95) > 0.025 and above.quantile_floor(0.95) == 0.025
+    first = Histogram(bounds, np.array([100.0, 100.0, 100.0, 100.0, 100.0]), 0.5, 100.0)
+    assert first.quantile_floor(0.95) == 0.0 and first.quantile(0.95) == pytest.approx(0.0095)
+    overflow = Histogram(bounds, np.array([10.0, 20.0, 30.0, 40.0, 100.0]), 50.0, 100.0)
+    assert overflow.quantile_floor(0.95) == overflow.quantile(0.95) == 0.075

@@ -413,6 +413,14 @@ def _p95_curves(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs: Observ
     return out
 
 
+def _p95_floors(o) -> dict[str, float | None]:
+    """The least each SLO metric's p95 can be given the window's buckets (None: not known), by
+    the names :func:`slo_checks` gives them (TPOT: per request, else every token's gap)."""
+    tpot = getattr(o, "tpot_p95_floor_s", None) if getattr(o, "tpot_p95_s", None) is not None \
+        else getattr(o, "itl_p95_floor_s", None)
+    return {"TTFT": getattr(o, "ttft_p95_floor_s", None), "E2E": getattr(o, "e2e_p95_floor_s", None), "TPOT": tpot}
+
+
 def measured_rate_factor(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs: Observation,
                          settings: EngineSettings | None, seed: int = 0,
                          gauss_runs: gauss_reuse.GaussRuns | None = None) -> tuple[float, dict]:
@@ -420,16 +428,20 @@ def measured_rate_factor(spec: LLMDeploymentSpec, cal: calibrate.Calibration, ob
     and TPOT lie below GAUSS's p95 curves at the per-pod rate the window ran, each curve is read
     at the measured p95 instead: the pod ran at rate r with the tails the model gives at
     r_m < r, so the model's λ along that metric is scaled by r / r_m (capped at
-    MEASURED_FACTOR_MAX). Only where every measured metric lies below its curve: one the model
-    does not overestimate (a fit optimistic about decode, a TPOT read off vLLM's coarse
-    buckets) may bind once the other is loosened, and an optimistic model is left to the
-    missed-rate bound, which corrects it by measurement. A pessimistic model would otherwise
+    MEASURED_FACTOR_MAX). Only where no measured metric lies surely at or above its curve: one
+    the model does not overestimate (a fit optimistic about decode) may bind once the other is
+    loosened, and an optimistic model is left to the missed-rate bound, which corrects it by
+    measurement. A metric whose p95 is interpolated above the curve inside a bucket whose floor
+    (:func:`_p95_floors`) is below it gives no verdict (vLLM's TPOT buckets are 10, 25, 50 ms):
+    its own λ, the model's, stands in the minimum where its curve crosses the SLO at all. A
+    pessimistic model would otherwise
     keep the pool too large for it ever to be measured near its limit. The curves are GAUSS
     §3.7's λ sweep at the live ``settings``' engine limits (the settings the window ran with),
     reused from ``gauss_runs`` while its inputs stay within tolerance, as λ* is
     (:mod:`kneecap.control.gauss_reuse`): only the window's rate and tails are read afresh."""
     pods = max(obs.pods, 0)
     rate = obs.request_rate_rps / pods if pods else 0.0
+    floors = _p95_floors(obs)
     measured = {m: (slo, y) for slo, y, m in slo_checks(spec, obs)
                 if m in ("TTFT", "TPOT") and math.isfinite(y) and y > 0}
     if not (math.isfinite(rate) and rate > 0) or not measured:
@@ -440,15 +452,23 @@ def measured_rate_factor(spec: LLMDeploymentSpec, cal: calibrate.Calibration, ob
         p95 = np.maximum.accumulate(np.nan_to_num(curves[m], nan=0.0))  # CRN curves are monotone up to noise
         lam_m = float(np.interp(slo, p95, lam))  # where the p95 curve crosses the SLO (its ends outside)
         factor = 1.0
-        if rate >= lam[-1] or y < float(np.interp(rate, lam, p95)):  # measured below the model at this rate
+        model_at_rate = float(np.interp(rate, lam, p95))
+        if rate >= lam[-1] or y < model_at_rate:  # measured below the model at this rate
             at_model_rps = float(np.interp(y, p95, lam))  # the curve's first rate below its first p95
             factor = min(max(rate / max(at_model_rps, 1e-12), 1.0), MEASURED_FACTOR_MAX)
-        else:
+        elif floors.get(m) is None or floors[m] >= model_at_rate:  # surely at or above the model
             optimistic = True
+        elif p95[-1] < slo:  # no verdict, and the model's curve stays under the SLO: it binds nowhere
+            model_lam.append(lam_m)
+            detail[m] = round(factor, 4)
+            continue
+        # else no verdict (the bucket holding the p95 straddles the model's): the model's λ stands
         model_lam.append(lam_m)
         corrected_lam.append(factor * lam_m)
         detail[m] = round(factor, 4)
     if optimistic:  # a metric the model does not overestimate: its λ may be too high already
+        return 1.0, detail
+    if not corrected_lam:  # no metric gave a verdict
         return 1.0, detail
     ratio = min(corrected_lam) / max(min(model_lam), 1e-12)
     return max(1.0, ratio), detail
@@ -463,6 +483,18 @@ def slo_checks(spec: LLMDeploymentSpec, o) -> list[tuple[float, float, str]]:
     checks = [(spec.slo.ttft_s, o.ttft_p95_s, "TTFT"), (spec.slo.tpot_s, o.itl_p95_s if tpot is None else tpot, "TPOT"),
               (spec.slo.e2e_s, o.e2e_p95_s, "E2E")]
     return [(slo, v, n) for slo, v, n in checks if slo is not None and v is not None]
+
+
+def surely_missed(spec: LLMDeploymentSpec, o) -> list[str]:
+    """The declared SLOs the window (an Observation or a ring entry) surely missed: its p95 is
+    above the target and so is the p95's floor, the lower edge of the bucket that holds it
+    (vLLM's latency buckets are coarse: TPOT's run 10, 25, 50, 75 ms, so a 20 ms target lies
+    inside one, and a p95 interpolated past it may be a window whose every request took 12 ms).
+    A window without floors (an older ring entry, or an engine without the histogram) is read
+    by its p95 alone."""
+    floors = _p95_floors(o)
+    return [n for slo, v, n in slo_checks(spec, o)
+            if v > slo and (floors[n] is None or floors[n] >= slo)]
 
 
 def served_rate_per_replica(spec: LLMDeploymentSpec, ring, latest: Observation) -> float | None:
@@ -482,15 +514,14 @@ def served_rate_per_replica(spec: LLMDeploymentSpec, ring, latest: Observation) 
 
 
 def missed_rate_per_replica(spec: LLMDeploymentSpec, ring, latest: Observation) -> float | None:
-    """The highest per-pod request rate of a ring window that missed a declared SLO at its p95s
-    with requests at most 1.25× as long as ``latest``'s (input and output): a rate the pool was
-    measured not to serve, so λ* is below it (None: no such window, or no SLO declared). The
-    highest, not the lowest: a window that drains the backlog of an overload misses at a lower
-    rate than the pool can serve."""
+    """The highest per-pod request rate of a ring window that surely missed a declared SLO at its
+    p95s (:func:`surely_missed`: the buckets cannot place the p95 within it) with requests at most
+    1.25× as long as ``latest``'s (input and output): a rate the pool was measured not to serve,
+    so λ* is below it (None: no such window, or no SLO declared). The highest, not the lowest: a
+    window that drains the backlog of an overload misses at a lower rate than the pool can serve."""
     worst = None
     for o in ring:
-        checks = slo_checks(spec, o)
-        if (not checks or all(v <= slo for slo, v, _ in checks) or o.pods < 1
+        if (not surely_missed(spec, o) or o.pods < 1
                 or o.input_len_mean > 1.25 * latest.input_len_mean or o.output_len_mean > 1.25 * latest.output_len_mean):
             continue
         r = o.request_rate_rps / o.pods

@@ -85,8 +85,8 @@ def rounded(values: dict[str, Any], digits: int = 6) -> dict[str, Any]:
 class RingEntry:
     """What the observation ring keeps of a window's Observation: what SLIM is fitted on (batch,
     lengths, tokens/s per pod), the p95 latencies SLO attainment counts, the rate and when. The
-    ring is re-sent with every status write and re-read with every watch event, so it keeps 17 of
-    the 40 fields; the whole latest window is ``status.workload``. Field names are
+    ring is re-sent with every status write and re-read with every watch event, so it keeps 21 of
+    the 44 fields; the whole latest window is ``status.workload``. Field names are
     Observation's, so the fit and the SLO checks read either."""
 
     t_end_s: float
@@ -106,6 +106,10 @@ class RingEntry:
     mean_batch_little: float | None = None
     kv_capacity_tokens: float | None = None
     tpot_p95_s: float | None = None  # per-request TPOT, where the engine exports it
+    ttft_p95_floor_s: float | None = None  # the least each p95 can be given the buckets (a sure miss)
+    itl_p95_floor_s: float | None = None
+    e2e_p95_floor_s: float | None = None
+    tpot_p95_floor_s: float | None = None
 
 
 RING_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RingEntry))

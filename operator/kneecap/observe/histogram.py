@@ -62,13 +62,17 @@ class Histogram:
     def mean(self) -> float:
         return self.sum / self.count
 
+    def _bucket_of(self, q: float) -> tuple[int, float]:
+        """(index of the bucket holding rank q·count, that rank)."""
+        rank = q * self.count
+        i = int(np.searchsorted(self.cumulative, rank, side="left"))
+        return min(i, len(self.bounds) - 1), rank
+
     def quantile(self, q: float) -> float:
         """Linear interpolation inside the bucket holding rank q·count (Prometheus
         ``histogram_quantile``); lower edge of the first bucket is 0. A rank in the +inf
         bucket returns the highest finite bound, a lower bound of the truth."""
-        rank = q * self.count
-        i = int(np.searchsorted(self.cumulative, rank, side="left"))
-        i = min(i, len(self.bounds) - 1)
+        i, rank = self._bucket_of(q)
         if not math.isfinite(self.bounds[i]):
             return float(self.bounds[i - 1]) if i > 0 else 0.0
         lo = float(self.bounds[i - 1]) if i > 0 else min(0.0, float(self.bounds[0]))
@@ -77,6 +81,15 @@ class Histogram:
         if in_bucket <= 0:
             return float(self.bounds[i])
         return lo + (float(self.bounds[i]) - lo) * (rank - below) / in_bucket
+
+    def quantile_floor(self, q: float) -> float:
+        """The least the q-quantile can be, given the buckets: the lower edge of the bucket
+        holding rank q·count (0 for the first). Every request of that bucket and above took
+        longer than it, so a quantile whose floor is at or above a target surely exceeds it,
+        while one interpolated above the target inside the bucket that straddles it may not:
+        the interpolation assumes the bucket's mass is spread evenly up to its upper edge."""
+        i, _ = self._bucket_of(q)
+        return float(self.bounds[i - 1]) if i > 0 else min(0.0, float(self.bounds[0]))
 
     def cv(self) -> float:
         """Coefficient of variation from the buckets, mass uniform inside each finite bucket

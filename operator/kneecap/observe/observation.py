@@ -87,6 +87,12 @@ class Observation:
     kv_capacity_tokens: float | None = None
     gpu_memory_utilization: float | None = None
     kv_cache_memory_bytes: float | None = None
+    # the least each p95 can be given the histogram's buckets (Histogram.quantile_floor): a p95
+    # whose floor reaches a target surely missed it; one interpolated past it may not have
+    ttft_p95_floor_s: float | None = None
+    itl_p95_floor_s: float | None = None
+    e2e_p95_floor_s: float | None = None
+    tpot_p95_floor_s: float | None = None
 
 
 OBSERVATION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Observation))

@@ -372,11 +372,13 @@ def combine(parts: Sequence[WindowDeltas]) -> Observation | NoObservation:
         h = hist[k]
         lens[k] = (h.mean(), h.cv(), h.quantile(QUANTILE))  # type: ignore[union-attr]
     lat = {k: mean_p95(k) for k in ("ttft", "itl", "tpot", "e2e", "queue_time", "prefill_time", "decode_time")}
+    floor = {k: hist[k].quantile_floor(QUANTILE) if hist[k] is not None and hist[k].count > 0 else None
+             for k in ("ttft", "itl", "tpot", "e2e")}
     if lat["itl"][0] is None:
         if math.fsum(total["generation_tokens"]) > finished:
             return NoObservation(Reason.INVALID_VALUE, "itl: histogram count 0")
         # one token per request (a disaggregated prefill pool, max_tokens 1): no interval between tokens
-        lat["itl"] = (0.0, 0.0)
+        lat["itl"], floor["itl"] = (0.0, 0.0), 0.0
     inference = [p.histograms["inference_time"] for p in parts]
     little = (
         _mean(h.sum / p.window_s for h, p in zip(inference, parts))  # type: ignore[union-attr]
@@ -427,6 +429,10 @@ def combine(parts: Sequence[WindowDeltas]) -> Observation | NoObservation:
         kv_capacity_tokens=_mean(caps) if caps else None,
         gpu_memory_utilization=_mean(gmus) if gmus else None,
         kv_cache_memory_bytes=_mean(kvbs) if kvbs else None,
+        ttft_p95_floor_s=floor["ttft"],
+        itl_p95_floor_s=floor["itl"],
+        e2e_p95_floor_s=floor["e2e"],
+        tpot_p95_floor_s=floor["tpot"],
     )
 
 
