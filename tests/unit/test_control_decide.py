@@ -16,7 +16,6 @@ from kneecap.control.manifests import EngineSettings
 from kneecap.control.spec import parse_spec
 from kneecap.errors import InputError
 from kneecap.control.status_codec import calibration_from_status, calibration_to_status
-from kneecap.errors import InputError
 from tests.support.profile_observations import observation
 
 SPEC = parse_spec({"model": {"name": "meta-llama/Llama-2-7b-hf"}, "accelerator": {"type": "h100-64gb"},
@@ -618,6 +617,15 @@ def test_a_window_missed_the_slo_only_where_its_buckets_say_so_surely(profiles_c
     entry = status.ring_entry_from_status(status.ring_entry(window))
     assert (entry.tpot_p95_floor_s, entry.ttft_p95_floor_s) == (0.01, 0.1) and decide.surely_missed(spec, entry) == []
     assert decide.surely_missed(spec, status.ring_entry_from_status(status.ring_entry(surely))) == ["TPOT"]
+    # with the spec's targets the ring keeps a floor only where its p95 is past the target (the
+    # one case it is read): a window within its SLOs re-sends no floors with every status write
+    targets = decide.p95_targets(spec)
+    met = status.ring_entry(replace(window, tpot_p95_s=0.015, itl_p95_s=0.015), targets)
+    assert not [k for k in met if "Floor" in k]
+    kept = status.ring_entry(window, targets)
+    assert sorted(k for k in kept if "Floor" in k) == ["itlP95FloorSeconds", "tpotP95FloorSeconds"]
+    assert decide.surely_missed(spec, status.ring_entry_from_status(kept)) == []
+    assert decide.surely_missed(spec, status.ring_entry_from_status(status.ring_entry(surely, targets))) == ["TPOT"]
 
 
 def test_the_p95_sweep_is_reused_while_its_inputs_stay_within_tolerance(profiles_csv):

@@ -485,6 +485,13 @@ def slo_checks(spec: LLMDeploymentSpec, o) -> list[tuple[float, float, str]]:
     return [(slo, v, n) for slo, v, n in checks if slo is not None and v is not None]
 
 
+def p95_targets(spec: LLMDeploymentSpec) -> dict[str, float | None]:
+    """The SLO each p95 field of an Observation is held to (:func:`slo_checks`: TPOT's target
+    holds per-request TPOT and, where the engine has none, every token's gap); None: none declared."""
+    return {"ttft_p95_s": spec.slo.ttft_s, "tpot_p95_s": spec.slo.tpot_s, "itl_p95_s": spec.slo.tpot_s,
+            "e2e_p95_s": spec.slo.e2e_s}
+
+
 def surely_missed(spec: LLMDeploymentSpec, o) -> list[str]:
     """The declared SLOs the window (an Observation or a ring entry) surely missed: its p95 is
     above the target and so is the p95's floor, the lower edge of the bucket that holds it

@@ -176,7 +176,8 @@ def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
     for p in g.pools:
         if p.observation is not None:
             engine = {k: v for k, v in settings_status(p.state.settings).items() if k != "replicas"}
-            entry = {"pool": p.role, "engine": engine, **status_helpers.ring_entry(p.observation)}
+            entry = {"pool": p.role, "engine": engine,
+                     **status_helpers.ring_entry(p.observation, decide.p95_targets(spec))}
             ring = (ring + [(entry, p.observation if p.role == role else None)])[-spec.control.observation_history:]
     if any(p.observation is not None for p in g.pools) or "observations" not in status:
         t.out["observations"] = [e for e, _ in ring]  # (unchanged, it is not re-sent: most of the status)

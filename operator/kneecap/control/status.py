@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 from dataclasses import dataclass, fields
 from types import MappingProxyType
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from kneecap.naming import status_key
 from kneecap.observe.pool import numbers_from_status, with_current_keys
@@ -116,10 +116,20 @@ RING_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(RingEntry))
 _RING_KEYS = MappingProxyType({f.name: status_key(f.name) for f in fields(RingEntry)})
 
 
-def ring_entry(observation) -> dict[str, Any]:
-    """A ring entry (camelCase status keys, rounded) of an Observation; None fields omitted."""
-    return rounded({key: getattr(observation, name) for name, key in _RING_KEYS.items()
-                    if getattr(observation, name) is not None})
+def ring_entry(observation, targets: Mapping[str, float | None] | None = None) -> dict[str, Any]:
+    """A ring entry (camelCase status keys, rounded) of an Observation; None fields omitted.
+    ``targets``: the SLO each p95 field is held to (``{"ttft_p95_s": 1.0, …}``, None where none
+    is declared); a p95's floor is then kept only where the p95 exceeds its target, the one case
+    a ring entry's floor is read for (a sure miss), so a window within its SLOs costs the status
+    no bytes for them. None: every floor kept."""
+    def keep(name: str) -> bool:
+        if getattr(observation, name) is None:
+            return False
+        if targets is None or not name.endswith("_p95_floor_s"):
+            return True
+        p95, target = getattr(observation, name.replace("_floor_s", "_s")), targets.get(name.replace("_floor_s", "_s"))
+        return target is not None and p95 is not None and p95 > target
+    return rounded({key: getattr(observation, name) for name, key in _RING_KEYS.items() if keep(name)})
 
 
 def ring_entry_from_status(data: dict[str, Any]) -> RingEntry:
