@@ -125,7 +125,13 @@ def test_advise_records_but_never_patches(control_plane, token, sim):
     # the operator has stopped: its last calibration (a later window may have refitted since `st`)
     last_cal = admin.get(LLMD, NS, "adv")["status"]["calibration"]
     assert last_cal["acceptedTime"] >= cal["acceptedTime"]
-    assert got[("kneecap_calibration_timestamp_seconds", None)] == status_helpers.parse_iso(last_cal["acceptedTime"])
+    # the metric is the fit the operator accepted last: the status shows it too, unless the last
+    # status write was cut as the operator stopped (it is retried on a next tick that never comes),
+    # and such a write is counted as failed
+    stamp, written = got[("kneecap_calibration_timestamp_seconds", None)], status_helpers.parse_iso(last_cal["acceptedTime"])
+    status_write_errors = sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+                              if s.name == "kneecap_api_errors_total" and s.labels.get("resource") == "llmdeployments/status")
+    assert stamp == written or (stamp > written and status_write_errors >= 1), (stamp, written, status_write_errors)
     assert got[("kneecap_slo_quantile_ratio", None)] == 0.95
 
 
