@@ -601,7 +601,6 @@ def test_a_window_missed_the_slo_only_where_its_buckets_say_so_surely(profiles_c
     p95 lies in (25, 50] (floor 25 ms) surely missed; a ring entry without floors (written by an
     earlier version) is read by its p95 as before. The floors travel through the status ring."""
     from kneecap.control import status
-    from kneecap.control.spec import parse_spec
 
     cal, obs = _opt_fit(profiles_csv)
     spec = parse_spec({"model": {"name": "facebook/opt-1.3b"}, "accelerator": {"type": "h100-64gb", "costPerHour": 4},

@@ -413,12 +413,22 @@ def _p95_curves(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs: Observ
     return out
 
 
+def _p95_fields(o) -> dict[str, str]:
+    """The field of the window (an Observation or a ring entry) each SLO metric's p95 is read
+    from: TPOT per request (vLLM's ``request_time_per_output_token``), the SLO's definition and
+    what GAUSS predicts; an engine that does not export it is read by its ITL p95 (every token's
+    gap: never below the per-request p95, so a stricter check)."""
+    return {"TTFT": "ttft_p95_s", "TPOT": "itl_p95_s" if getattr(o, "tpot_p95_s", None) is None else "tpot_p95_s",
+            "E2E": "e2e_p95_s"}
+
+
+def _slo_targets(spec: LLMDeploymentSpec) -> dict[str, float | None]:
+    return {"TTFT": spec.slo.ttft_s, "TPOT": spec.slo.tpot_s, "E2E": spec.slo.e2e_s}
+
+
 def _p95_floors(o) -> dict[str, float | None]:
-    """The least each SLO metric's p95 can be given the window's buckets (None: not known), by
-    the names :func:`slo_checks` gives them (TPOT: per request, else every token's gap)."""
-    tpot = getattr(o, "tpot_p95_floor_s", None) if getattr(o, "tpot_p95_s", None) is not None \
-        else getattr(o, "itl_p95_floor_s", None)
-    return {"TTFT": getattr(o, "ttft_p95_floor_s", None), "E2E": getattr(o, "e2e_p95_floor_s", None), "TPOT": tpot}
+    """The least each SLO metric's p95 can be given the window's buckets (None: not known)."""
+    return {m: getattr(o, f.replace("_p95_s", "_p95_floor_s"), None) for m, f in _p95_fields(o).items()}
 
 
 def measured_rate_factor(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs: Observation,
@@ -476,20 +486,18 @@ def measured_rate_factor(spec: LLMDeploymentSpec, cal: calibrate.Calibration, ob
 
 def slo_checks(spec: LLMDeploymentSpec, o) -> list[tuple[float, float, str]]:
     """(target, the window's p95, name) of each declared SLO the window (an Observation or a ring
-    entry) measured. TPOT is per request (vLLM's ``request_time_per_output_token``), the SLO's
-    definition and what GAUSS predicts; an engine that does not export it is read by its ITL p95
-    (every token's gap: never below the per-request p95, so a stricter check)."""
-    tpot = getattr(o, "tpot_p95_s", None)
-    checks = [(spec.slo.ttft_s, o.ttft_p95_s, "TTFT"), (spec.slo.tpot_s, o.itl_p95_s if tpot is None else tpot, "TPOT"),
-              (spec.slo.e2e_s, o.e2e_p95_s, "E2E")]
+    entry) measured, each p95 read from its field (:func:`_p95_fields`)."""
+    targets = _slo_targets(spec)
+    checks = [(targets[m], getattr(o, f), m) for m, f in _p95_fields(o).items()]
     return [(slo, v, n) for slo, v, n in checks if slo is not None and v is not None]
 
 
 def p95_targets(spec: LLMDeploymentSpec) -> dict[str, float | None]:
-    """The SLO each p95 field of an Observation is held to (:func:`slo_checks`: TPOT's target
-    holds per-request TPOT and, where the engine has none, every token's gap); None: none declared."""
-    return {"ttft_p95_s": spec.slo.ttft_s, "tpot_p95_s": spec.slo.tpot_s, "itl_p95_s": spec.slo.tpot_s,
-            "e2e_p95_s": spec.slo.e2e_s}
+    """The SLO each p95 field of an Observation is held to (TPOT's target holds per-request TPOT
+    and, where the engine has none, every token's gap: :func:`_p95_fields`); None: none declared."""
+    targets = _slo_targets(spec)
+    return {"ttft_p95_s": targets["TTFT"], "tpot_p95_s": targets["TPOT"], "itl_p95_s": targets["TPOT"],
+            "e2e_p95_s": targets["E2E"]}
 
 
 def surely_missed(spec: LLMDeploymentSpec, o) -> list[str]:
