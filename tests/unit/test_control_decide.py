@@ -291,6 +291,10 @@ def test_the_tpot_slo_reads_the_per_request_tpot_and_falls_back_to_itl(profiles_
     stalls = replace(obs, ttft_p95_s=0.2, itl_p95_s=0.11, tpot_p95_s=0.03)
     assert slo_met(spec, stalls) == (True, "TTFT p95 0.2s ≤ 1s, TPOT p95 0.03s ≤ 0.05s")
     assert slo_met(spec, replace(stalls, tpot_p95_s=None))[0] is False  # only ITL: the stricter read
+    # a miss names the share of the window's requests that surely missed, where it was measured
+    assert slo_met(spec, replace(stalls, ttft_p95_s=1.3, slo_missed_fraction=0.062)) == (
+        False, "TTFT p95 1.3s > 1s (6.2% of the window's requests surely missed)")
+    assert slo_met(spec, replace(stalls, ttft_p95_s=1.3)) == (False, "TTFT p95 1.3s > 1s")
     assert decide.served_rate_per_replica(spec, [stalls], obs) == pytest.approx(obs.request_rate_rps)
     assert decide.served_rate_per_replica(spec, [replace(stalls, tpot_p95_s=None)], obs) is None
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from kneecap.observe import NoObservation, Observation, Reason, observe, parse_metrics
+from kneecap.observe import window as window_module
 from kneecap.observe.histogram import Histogram
 from tests.support.capture_windows import CAPTURES, T0, T1, cut_inside, zeroed
 from tests.support.data import read_capture
@@ -64,6 +65,15 @@ def test_capture_20req():
     assert o.e2e_p95_s == pytest.approx(0.74)
     # each p95's floor: the lower edge of the bucket its rank falls in (the least it can be)
     assert (o.ttft_p95_floor_s, o.itl_p95_floor_s, o.tpot_p95_floor_s, o.e2e_p95_floor_s) == (0.25, 0.0, 0.0, 0.5)
+    # the share of requests surely past an SLO: none observed without targets; TTFT 0.25 s (an
+    # edge) 8 of 20; E2E 0.5 s 5 of 20; TPOT 10 ms none; together the most of any one
+    assert o.slo_missed_fraction is None
+    d = window_module.window_deltas(parse_metrics(zeroed(read_capture("vllm-0.32-cpu-20req.txt")), t_s=T0),
+                                    parse_metrics(read_capture("vllm-0.32-cpu-20req.txt"), t_s=T1))
+    share = lambda **targets: window_module.combine([d], targets).slo_missed_fraction  # noqa: E731
+    assert share(ttft=0.25) == pytest.approx(8 / 20) and share(e2e=0.5, tpot=0.01) == pytest.approx(5 / 20)
+    assert share(ttft=0.25, e2e=0.5, tpot=None) == pytest.approx(8 / 20) and share(tpot=0.01) == 0.0
+    assert share(ttft=None) is None
     assert o.queue_time_mean_s == pytest.approx(2.2316796289998706 / 20)
     assert o.queue_time_p95_s == pytest.approx(0.3)  # <=0.3: 19 of 20
     assert o.prefill_time_mean_s == pytest.approx(0.24866555200014773 / 20)
@@ -371,7 +381,6 @@ def test_body_cut_at_a_line_end_inside_a_histogram_is_no_observation():
 # --- the fast paths: bucket plans, the merge shortcut, cached bound moments ---------------------
 def _general_deltas(monkeypatch, prev, cur, between=()):
     """window_deltas with every histogram read label by label (no bucket plan)."""
-    from kneecap.observe import window as window_module
 
     with monkeypatch.context() as m:
         m.setattr(window_module, "bucket_plan", lambda keys, cache=None: None)
@@ -528,7 +537,6 @@ def test_cv_is_the_reference_cv_exactly(name):
 def test_histogram_one_by_one_reads_reordered_series(monkeypatch):
     # the earlier scrape lists the TTFT buckets in reverse: same series, other order. The
     # batched path steps aside; histogram by histogram reads the same deltas.
-    from kneecap.observe import window as window_module
     from kneecap.observe.vllm_metric_names import HISTOGRAMS
 
     text = read_capture("vllm-0.32-cpu-20req.txt")
@@ -560,3 +568,16 @@ def test_a_quantile_floor_is_the_lower_edge_of_the_bucket_its_rank_falls_in():
     assert first.quantile_floor(0.95) == 0.0 and first.quantile(0.95) == pytest.approx(0.0095)
     overflow = Histogram(bounds, np.array([10.0, 20.0, 30.0, 40.0, 100.0]), 50.0, 100.0)
     assert overflow.quantile_floor(0.95) == overflow.quantile(0.95) == 0.075
+
+
+def test_the_share_surely_above_a_target_counts_the_buckets_past_its_edge():
+    """vLLM's TPOT buckets: at a 50 ms target (an edge) the share above is exact, the 6 requests
+    past 50 ms; at 20 ms (inside (10, 25]) only the 15 past 25 ms surely exceed it, the 15 in the
+    straddling bucket may not; past the last finite edge nothing is sure; an empty window 0."""
+    bounds = np.array([0.01, 0.025, 0.05, 0.075, math.inf])
+    h = Histogram(bounds, np.array([70.0, 85.0, 94.0, 97.0, 100.0]), 2.0, 100.0)
+    assert h.fraction_surely_above(0.05) == pytest.approx(0.06)
+    assert h.fraction_surely_above(0.02) == pytest.approx(0.15)
+    assert h.fraction_surely_above(0.001) == pytest.approx(0.30)
+    assert h.fraction_surely_above(0.1) == 0.0
+    assert Histogram(bounds, np.zeros(5), 0.0, 0.0).fraction_surely_above(0.05) == 0.0

@@ -167,7 +167,7 @@ async def observe_window(ctx: LoopContext, mem: LoopMemory, spec: LLMDeploymentS
             excluded.append(f"{url}: {d.code}")
         else:
             parts.append(d)
-    obs = combine(parts) if parts else None
+    obs = combine(parts, {"ttft": spec.slo.ttft_s, "tpot": spec.slo.tpot_s, "e2e": spec.slo.e2e_s}) if parts else None
     if isinstance(obs, Observation):
         return PoolWindow(role, state, OBSERVED, "; ".join(f"left out {e}" for e in excluded), obs)
     if isinstance(obs, NoObservation) and obs.reason in (Reason.IDLE, Reason.NO_FINISHED) and not excluded:

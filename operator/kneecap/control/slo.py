@@ -16,8 +16,10 @@ def slo_met(spec: LLMDeploymentSpec, o: Observation | status_helpers.RingEntry) 
     if not checks:
         return None
     missed = [f"{n} p95 {v:.3g}s > {slo:g}s" for slo, v, n in checks if v > slo]
+    share = getattr(o, "slo_missed_fraction", None)  # the requests themselves, from the buckets
     if missed:
-        return False, "; ".join(missed)
+        return False, "; ".join(missed) + (f" ({share:.1%} of the window's requests surely missed)"
+                                           if share is not None else "")
     return True, ", ".join(f"{n} p95 {v:.3g}s ≤ {slo:g}s" for slo, v, n in checks)
 
 

@@ -91,6 +91,15 @@ class Histogram:
         i, _ = self._bucket_of(q)
         return float(self.bounds[i - 1]) if i > 0 else min(0.0, float(self.bounds[0]))
 
+    def fraction_surely_above(self, x: float) -> float:
+        """The fraction of the observations that surely exceed ``x``: those in buckets whose
+        lower edge is at or above it (above the least bound ≥ x). A lower bound of the
+        fraction above ``x``, exact where ``x`` is a bucket edge; 0 past the last finite one."""
+        i = int(np.searchsorted(self.bounds, x, side="left"))  # the least bound ≥ x
+        if i >= len(self.bounds) - 1 or self.count <= 0:
+            return 0.0
+        return max(self.count - float(self.cumulative[i]), 0.0) / self.count
+
     def cv(self) -> float:
         """Coefficient of variation from the buckets, mass uniform inside each finite bucket
         (E[x²] of U(a,b) = (a²+ab+b²)/3); the +inf bucket's mass sits where it makes the

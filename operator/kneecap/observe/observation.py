@@ -93,6 +93,9 @@ class Observation:
     itl_p95_floor_s: float | None = None
     e2e_p95_floor_s: float | None = None
     tpot_p95_floor_s: float | None = None
+    # the share of the window's finished requests that surely missed a declared latency SLO (a
+    # lower bound from the buckets; None: observed without SLO targets, or none applies)
+    slo_missed_fraction: float | None = None
 
 
 OBSERVATION_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Observation))

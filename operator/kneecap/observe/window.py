@@ -333,10 +333,13 @@ def _all_or_none(xs: Sequence[float | None]) -> list[float] | None:
     return None if any(x is None for x in xs) else list(xs)  # type: ignore[return-value]
 
 
-def combine(parts: Sequence[WindowDeltas]) -> Observation | NoObservation:
+def combine(parts: Sequence[WindowDeltas],
+            slo_targets_s: Mapping[str, float | None] | None = None) -> Observation | NoObservation:
     """Turn one or more pods' window deltas into one observation (pool semantics, see
     :class:`Observation`): counts and rates add, per-request distributions merge their
-    histograms, batch/KV quantities average over pods."""
+    histograms, batch/KV quantities average over pods. ``slo_targets_s``: the per-request
+    latency SLOs (``{"ttft": 1.0, "tpot": 0.05, "e2e": None}``) whose surely missed share of
+    the window's requests the observation carries (``slo_missed_fraction``)."""
     if not parts:
         return NoObservation(Reason.NO_PODS)
     window_s = _mean(p.window_s for p in parts)
@@ -379,6 +382,7 @@ def combine(parts: Sequence[WindowDeltas]) -> Observation | NoObservation:
             return NoObservation(Reason.INVALID_VALUE, "itl: histogram count 0")
         # one token per request (a disaggregated prefill pool, max_tokens 1): no interval between tokens
         lat["itl"], floor["itl"] = (0.0, 0.0), 0.0
+    missed = _slo_missed_fraction(hist, slo_targets_s)
     inference = [p.histograms["inference_time"] for p in parts]
     little = (
         _mean(h.sum / p.window_s for h, p in zip(inference, parts))  # type: ignore[union-attr]
@@ -433,7 +437,19 @@ def combine(parts: Sequence[WindowDeltas]) -> Observation | NoObservation:
         itl_p95_floor_s=floor["itl"],
         e2e_p95_floor_s=floor["e2e"],
         tpot_p95_floor_s=floor["tpot"],
+        slo_missed_fraction=missed,
     )
+
+
+def _slo_missed_fraction(hist: Mapping[str, Histogram | None],
+                         targets_s: Mapping[str, float | None] | None) -> float | None:
+    """The share of the window's requests that surely missed a declared per-request latency SLO:
+    the most of any one metric (each a lower bound from its buckets, so their union is at least
+    that). TPOT counts only where the engine exports it per request (ITL's histogram counts
+    tokens). None: no SLO declared, or none of its histograms exported."""
+    shares = [hist[k].fraction_surely_above(x) for k, x in (targets_s or {}).items()
+              if x is not None and k in ("ttft", "tpot", "e2e") and hist.get(k) is not None and hist[k].count > 0]
+    return max(shares) if shares else None
 
 
 def observe(prev: Snapshot, cur: Snapshot, between: Sequence[Snapshot] = ()) -> Observation | NoObservation:
