@@ -146,10 +146,15 @@ def test_the_deployment_record_keeps_the_cooldown_when_the_status_lost_it(curve)
     obs = replace(observation(curve[32]), t_end_s=NOW)
     p = plan.plan(gathered(plan.PoolWindow("server", live_pool(record), plan.OBSERVED, observation=obs), ring),
                   status, SPEC, NOW)
-    assert p.patches == () and p.status["lastDecision"]["reason"] == "Cooldown"
-    assert "500s left" in p.status["lastDecision"]["message"]
-    assert p.status["applied"]["time"] == status_helpers.iso(NOW - 100)
-    assert p.status["applied"]["reason"] == "Recommended"
+    # the flags wait out the cooldown the record dates (500 s left, not the status's long-past
+    # change); the replicas are sized at the cap the pool runs, 32, where one pod is too few
+    assert "flags held (Cooldown): cooldown: 500s left" in p.status["lastDecision"]["message"]
+    assert p.status["lastDecision"]["target"] == {"maxNumSeqs": 32, "gpuMemoryUtilization": 0.9, "replicas": 2}
+    (patch,) = p.patches
+    assert patch.body["spec"]["replicas"] == 2
+    assert patch.body["spec"]["template"]["spec"]["containers"][0]["args"][2:] == [
+        "--max-num-seqs=32", "--gpu-memory-utilization=0.9"]
+    assert p.status["applied"]["restart"] is False and p.status["applied"]["maxNumSeqs"] == 32
     # an older record than status changes nothing
     assert applied_record.newest({"time": status_helpers.iso(NOW)}, record)["time"] == status_helpers.iso(NOW)
     unreadable = {"metadata": {"annotations": {applied_record.APPLIED_ANNOTATION: "{not json"}}}

@@ -30,8 +30,8 @@ from kneecap.control import restart, status as status_helpers, workload_estimate
 from kneecap.control.kube import MERGE
 from kneecap.control.metric_series import Series
 from kneecap.control.plan_metrics import MetricCollector, export_curve, export_recommendation, export_spec, slim_curve
-from kneecap.control.replica_stabilisation import (min_scale_down_recommendations, scale_down_window_s,
-                                                   stabilised_replicas, watched_long_enough)
+from kneecap.control.replica_stabilisation import (min_scale_down_recommendations, rising_rate_rps,
+                                                   scale_down_window_s, stabilised_replicas, watched_long_enough)
 from kneecap.control.slo import slo_attainment, slo_met
 from kneecap.control.spec import LLMDeploymentSpec
 from kneecap.control.status_codec import (calibration_from_status, calibration_to_status, ownership_status,
@@ -293,7 +293,8 @@ def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
         memory_for_cap=lambda cap: decide.memory_for_cap(spec, workload, cap)[:2], round_cap=round_cap,
         gains_for=lambda target: decide.gains(spec, cal_out.calibration, workload, base, target))
     d = guard(policy.Proposal(r.settings, r.throughput_gain, r.memory_gain))
-    if not spec.disaggregated and _flags(r.settings) != _flags(base) and _flags(d.target) == _flags(base):
+    if not spec.disaggregated and _flags(r.settings) != _flags(base) and (
+            d.action == policy.HOLD or _flags(d.target) == _flags(base)):
         d = _replicas_at_held_flags(t, d, guard, base, cal_out.calibration, workload, restart_cost.restart_s,
                                     observations)
     if d.action == policy.APPLY and not advise:
@@ -559,7 +560,10 @@ def _replicas(t: _Tick, cal, obs: Observation, current: int, restart_s: float, r
         band = lambda f: decide.colocated_replicas(  # noqa: E731
             spec, cal, dataclasses.replace(obs, request_rate_rps=obs.request_rate_rps * f), served_rps=served,
             missed_rps=missed, settings=settings, gauss_runs=t.gauss_runs, measured_factor=factor)[0]
-        n_down = band(1.0 + spec.control.hysteresis)
+        # a scale-down holds for the rate a scale-up could next serve, where the rate is rising
+        rising = rising_rate_rps(ring, t.now_s, scale_down_window_s(spec, restart_s), restart_s + spec.control.window_s)
+        ahead = max(rising / max(obs.request_rate_rps, 1e-9), 1.0) if rising is not None else 1.0
+        n_down = band((1.0 + spec.control.hysteresis) * ahead)
         if binding == "missed" and served is None and missed:
             n = max(n, unserved_scale_up(obs.request_rate_rps, missed))
         elif n > current:

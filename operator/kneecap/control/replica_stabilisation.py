@@ -8,6 +8,8 @@ watched a cooldown long. The history lives in ``status.scaleDownRecommendations`
 
 from __future__ import annotations
 
+import numpy as np
+
 from kneecap.control.spec import LLMDeploymentSpec
 
 
@@ -69,3 +71,31 @@ def min_scale_down_recommendations(spec: LLMDeploymentSpec, restart_s: float) ->
     """Recommendations a scale-down window must hold before a pool shrinks: one per control
     interval it spans (at least three, as the window spans at least three)."""
     return max(3, int(scale_down_window_s(spec, restart_s) // spec.control.interval_s))
+
+
+def rising_rate_rps(ring, now_s: float, span_s: float, ahead_s: float, z: float = 2.0) -> float | None:
+    """The pool's request rate ``ahead_s`` from now on the trend of the ring's windows that
+    ended within ``span_s``, where that trend rises significantly; None where it does not.
+
+    Weighted least squares of each window's rate on its end time, each weighted by the inverse
+    of its Poisson variance (rate / window length); the slope's standard error is scaled by the
+    residuals' dispersion where traffic is burstier than Poisson (quasi-Poisson), and the trend
+    counts only where the slope exceeds ``z`` standard errors. A scale-down is sized for it: a
+    pod given back while the rate climbs is wanted again before a scale-up could bring it back."""
+    pts = [(o.t_end_s, o.request_rate_rps, o.window_s) for o in ring
+           if now_s - span_s <= o.t_end_s <= now_s and o.window_s > 0 and o.request_rate_rps >= 0]
+    if len(pts) < 4:
+        return None
+    t = np.array([p[0] for p in pts])
+    r = np.array([p[1] for p in pts])
+    w = np.array([p[2] for p in pts]) / np.maximum(r, 1.0 / np.array([p[2] for p in pts]))
+    t_bar, r_bar = float(np.average(t, weights=w)), float(np.average(r, weights=w))
+    sxx = float(np.sum(w * (t - t_bar) ** 2))
+    if sxx <= 0:
+        return None
+    slope = float(np.sum(w * (t - t_bar) * (r - r_bar))) / sxx
+    residual = r - (r_bar + slope * (t - t_bar))
+    dispersion = max(float(np.sum(w * residual**2)) / (len(pts) - 2), 1.0)
+    if slope <= z * np.sqrt(dispersion / sxx):
+        return None
+    return r_bar + slope * (now_s + ahead_s - t_bar)
