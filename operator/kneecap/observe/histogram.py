@@ -98,7 +98,7 @@ class Histogram:
         i = int(np.searchsorted(self.bounds, x, side="left"))  # the least bound ≥ x
         if i >= len(self.bounds) - 1 or self.count <= 0:
             return 0.0
-        return max(self.count - float(self.cumulative[i]), 0.0) / self.count
+        return min(max(self.count - float(self.cumulative[i]), 0.0) / self.count, 1.0)
 
     def cv(self) -> float:
         """Coefficient of variation from the buckets, mass uniform inside each finite bucket
