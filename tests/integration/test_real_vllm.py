@@ -219,7 +219,7 @@ async def test_twin_and_real_vllm_give_the_same_observation_schema(vllm_server, 
             ("twin", _Url(twin_url), "meta-llama/Llama-3.1-8B-Instruct"),
         ):
             prev, between, cur, _ = await _run_load(server, [10, 20, 30, 40], [8, 16, 24, 32], seed=5, model=model)
-            results[name] = observe(prev, cur, between)
+            results[name] = observe(prev, cur, between, {"ttft": 1.0, "tpot": 0.05, "e2e": None})
     finally:
         twin.terminate()
         twin.wait(timeout=10)
@@ -227,6 +227,7 @@ async def test_twin_and_real_vllm_give_the_same_observation_schema(vllm_server, 
     assert isinstance(real, Observation) and isinstance(sim, Observation), results
     present = {k for k, v in asdict(real).items() if v is not None}
     assert present == set(OBSERVATION_FIELDS)  # vLLM 0.32 exports everything kneecap reads
+    assert 0.0 <= real.slo_missed_fraction <= 1.0 and 0.0 <= sim.slo_missed_fraction <= 1.0
     assert {k for k, v in asdict(sim).items() if v is not None} == present
     assert set(to_status(sim)) == set(to_status(real))
     assert real.generation_tokens == sim.generation_tokens == 80

@@ -116,7 +116,7 @@ async def test_metrics_count_exactly_what_was_sent(twin):
     assert metric(text, "vllm:request_generation_tokens_count", **labels) == len(sent)
     assert metric(text, "vllm:e2e_request_latency_seconds_count", **labels) == len(sent)
 
-    obs = observe(prev, cur, between)
+    obs = observe(prev, cur, between, {"ttft": 1.0, "tpot": 0.05, "e2e": None})
     assert isinstance(obs, Observation), obs
     assert obs.finished_requests == len(sent)
     assert obs.prompt_tokens == prompt_total and obs.generation_tokens == gen_total

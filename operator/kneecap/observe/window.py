@@ -452,8 +452,10 @@ def _slo_missed_fraction(hist: Mapping[str, Histogram | None],
     return max(shares) if shares else None
 
 
-def observe(prev: Snapshot, cur: Snapshot, between: Sequence[Snapshot] = ()) -> Observation | NoObservation:
+def observe(prev: Snapshot, cur: Snapshot, between: Sequence[Snapshot] = (),
+            slo_targets_s: Mapping[str, float | None] | None = None) -> Observation | NoObservation:
     """The observation of one pod's window ``prev`` → ``cur``; ``between`` are optional
-    intermediate scrapes whose gauges (batch, queue, KV usage) join the averages."""
+    intermediate scrapes whose gauges (batch, queue, KV usage) join the averages;
+    ``slo_targets_s``: as :func:`combine`'s."""
     d = window_deltas(prev, cur, between)
-    return d if isinstance(d, NoObservation) else combine([d])
+    return d if isinstance(d, NoObservation) else combine([d], slo_targets_s)
