@@ -86,9 +86,8 @@ def rising_rate_rps(ring, now_s: float, span_s: float, ahead_s: float, z: float 
            if now_s - span_s <= o.t_end_s <= now_s and o.window_s > 0 and o.request_rate_rps >= 0]
     if len(pts) < 4:
         return None
-    t = np.array([p[0] for p in pts])
-    r = np.array([p[1] for p in pts])
-    w = np.array([p[2] for p in pts]) / np.maximum(r, 1.0 / np.array([p[2] for p in pts]))
+    t, r, window = (np.array(column) for column in zip(*pts))
+    w = window / np.maximum(r, 1.0 / window)
     t_bar, r_bar = float(np.average(t, weights=w)), float(np.average(r, weights=w))
     sxx = float(np.sum(w * (t - t_bar) ** 2))
     if sxx <= 0:
