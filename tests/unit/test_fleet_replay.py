@@ -180,3 +180,9 @@ def test_a_fleet_option_without_fleet_exits_2_naming_it(capsys, flag, value):
     rc, out, err = _run(capsys, str(AZURE_CONVERSATION_CSV), flag, value, "--json")
     report = json.loads(err.splitlines()[-1])
     assert rc == 2 and out == "" and report["field"] == flag[2:] and "only with --fleet" in report["error"]
+
+
+def test_a_single_replay_cut_with_fleet_exits_2_naming_it(fleet_file, capsys):
+    rc, out, err = _run(capsys, str(AZURE_CONVERSATION_CSV), "--fleet", fleet_file, "--trace-seconds", "600", "--json")
+    report = json.loads(err.splitlines()[-1])
+    assert rc == 2 and out == "" and report["field"] == "trace-seconds" and "--duration" in report["error"]

@@ -144,3 +144,35 @@ def test_the_ablations_hold_one_lever_each(tmp_path):
     assert deploy["spec"]["replicas"] == 1
     assert all((d.get("target") or {}).get("replicas", 1) == 1 for d in knobs_only.decisions)
     assert any((d.get("target") or {}).get("maxNumSeqs", DEFAULT_CAP) < DEFAULT_CAP for d in knobs_only.decisions)
+
+
+def test_replay_cuts_the_trace_as_recorded_before_compressing(tmp_path, capsys):
+    """--trace-start/--trace-seconds replay a slice of a long trace (a day of a week): the
+    requests of those recorded seconds, shifted to 0, then compressed."""
+    p = write_trace(tmp_path, 6.0, 60.0)
+    whole = read_trace(p)
+    inside = int(((whole.arrival_s >= 20.0) & (whole.arrival_s < 35.0)).sum())
+    report = json.loads(replay_json([str(p), "--policy", "defaults", "--trace-start", "20", "--trace-seconds", "15",
+                                     "--compress", "2"]))
+    assert report["trace"]["requests"] == inside and 0 < inside < len(whole)
+    assert report["trace"]["span_s"] < 7.5 and "[from 20 s for 15 s]" in report["trace"]["source"]
+    assert cli.main(["replay", str(p), "--trace-start", "600", "--json"]) == 2  # past its last request
+    assert json.loads(capsys.readouterr().err.splitlines()[-1])["field"] == "trace-start"
+    assert cli.main(["replay", str(p), "--trace-seconds", "0", "--json"]) == 2
+    assert json.loads(capsys.readouterr().err.splitlines()[-1])["field"] == "trace-seconds"
+
+
+def test_replay_reads_a_mooncake_trace_as_published(tmp_path):
+    """A Mooncake JSON-lines trace (milliseconds) replays as the same requests in CSV seconds do."""
+    trace = read_trace(write_trace(tmp_path, 4.0, 30.0))
+    jsonl = tmp_path / "mooncake.jsonl"
+    jsonl.write_text("".join(json.dumps({"timestamp": round(t * 1000), "input_length": int(i),
+                                         "output_length": int(o), "hash_ids": [0]}) + "\n"
+                             for t, i, o in zip(trace.arrival_s, trace.input_tokens, trace.output_tokens)))
+    csv = tmp_path / "same.csv"
+    csv.write_text("arrival_s,input_tokens,output_tokens\n" + "".join(
+        f"{round(t * 1000) / 1000},{i},{o}\n" for t, i, o in zip(trace.arrival_s, trace.input_tokens,
+                                                                 trace.output_tokens)))
+    a = json.loads(replay_json([str(jsonl), "--policy", "defaults"]))
+    b = json.loads(replay_json([str(csv), "--policy", "defaults"]))
+    assert a["policies"] == b["policies"] and a["trace"]["requests"] == len(trace)

@@ -18,8 +18,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--rate", type=float, help="requests per second (mean); not with --trace")
     parser.add_argument("--duration", type=float, help="seconds of arrivals; with --trace: replay only the "
                                                          "requests of the first DURATION (compressed) seconds")
-    parser.add_argument("--trace", help="replay this trace (Azure TIMESTAMP,ContextTokens,GeneratedTokens or "
-                                        "CSV arrival_s,input_tokens,output_tokens): each request at its "
+    parser.add_argument("--trace", help="replay this trace (any layout kneecap replay reads: Azure LLM 2023/2024, BurstGPT, "
+                                        "Mooncake, CSV arrival_s,input_tokens,output_tokens): each request at its "
                                         "arrival with its prompt and output lengths (--input-*, --output-*, "
                                         "--burst-cv do not apply)")
     parser.add_argument("--compress", type=float, default=1.0,

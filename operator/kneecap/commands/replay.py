@@ -25,7 +25,8 @@ from pathlib import Path
 from kneecap.commands import common
 from kneecap.errors import InputError
 
-HELP = "replay a request trace (Azure LLM format or arrival_s,input_tokens,output_tokens) against serving policies"
+HELP = ("replay a request trace (Azure LLM 2023/2024, BurstGPT, Mooncake or arrival_s,input_tokens,output_tokens) "
+        "against serving policies")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,8 +38,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     d, h, k = ReplayConfig(), HPASpec(), KubeletConfig()
     parser.add_argument("trace", type=Path, nargs="?", default=None,
-                        help="CSV: TIMESTAMP,ContextTokens,GeneratedTokens or arrival_s,input_tokens,output_tokens "
-                             "(with --fleet: the trace each deployment without --deployment-trace gets its own cut of)")
+                        help="CSV with TIMESTAMP,ContextTokens,GeneratedTokens (Azure LLM 2023 and 2024), Timestamp,"
+                             "Request tokens,Response tokens (BurstGPT) or arrival_s,input_tokens,output_tokens; or "
+                             "JSON lines with timestamp (ms),input_length,output_length (Mooncake) (with --fleet: the "
+                             "trace each deployment without --deployment-trace gets its own cut of)")
     parser.add_argument("--model", default=d.model, help=f"model served (default {d.model})")
     parser.add_argument("--arch", default=None, help="catalog model shape (default: guessed from --model)")
     parser.add_argument("--gpu", default=d.gpu, help=f"catalog GPU of each pod (default {d.gpu})")
@@ -50,6 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variant", choices=tuple(SUITE), default=None,
                         help="replay the trace changed in one property (before compression): "
                              + "; ".join(f"{name}: {stresses}" for name, (stresses, _) in SUITE.items()))
+    parser.add_argument("--trace-start", type=float, default=0.0, metavar="S",
+                        help="replay the requests from S seconds into the trace as recorded, before compression "
+                             "(default 0)")
+    parser.add_argument("--trace-seconds", type=float, default=None, metavar="S",
+                        help="replay only the requests of S seconds of the trace as recorded (from --trace-start, "
+                             "before compression): a day of a week-long trace (default: to its end)")
     squeeze = parser.add_mutually_exclusive_group()
     squeeze.add_argument("--compress", type=float, default=1.0,
                          help="time compression: arrivals come this many times faster (default 1)")
@@ -144,7 +153,7 @@ def run(args) -> int:
     from kneecap.sim import replay_report as rep
     from kneecap.sim.fleet_replay import FLEET_POLICIES
     from kneecap.sim.replay import DEFAULT_POLICIES, compression_for_peak, replay, series
-    from kneecap.sim.trace import compress, read_trace
+    from kneecap.sim.trace import compress, cut, read_trace
     from kneecap.sim.trace_variants import SUITE
 
     if args.fleet is not None:
@@ -162,6 +171,8 @@ def run(args) -> int:
     cfg = config_from_args(args)
     cfg.check()
     raw = read_trace(args.trace)
+    if args.trace_start or args.trace_seconds is not None:
+        raw = cut(raw, args.trace_start, args.trace_seconds)
     if args.variant is not None:
         raw = SUITE[args.variant][1](raw)
     factor = args.compress if args.peak_replicas is None else compression_for_peak(raw, cfg, args.peak_replicas)
@@ -287,6 +298,10 @@ def run_fleet(args) -> int:
     from kneecap.commands.pack import build
     from kneecap.sim.fleet_replay import FLEET_POLICIES, fleet_replay
 
+    if args.trace_start or args.trace_seconds is not None:
+        flag = "trace-start" if args.trace_start else "trace-seconds"
+        raise InputError(flag, f"--{flag} cuts the trace of a single replay; with --fleet, --duration sets each "
+                               "deployment's cut")
     policies = tuple(dict.fromkeys(args.policy or FLEET_POLICIES))
     bad = [p for p in policies if p not in FLEET_POLICIES]
     if bad:
