@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from kneecap.control import applied as applied_record, cudagraph, decide, gauss_reuse, manifests, policy, reconcile
-from kneecap.control import restart, status as status_helpers, workload_estimate
+from kneecap.control import restart, slo_budget, status as status_helpers, workload_estimate
 from kneecap.control.kube import MERGE
 from kneecap.control.metric_series import Series
 from kneecap.control.plan_metrics import MetricCollector, export_curve, export_recommendation, export_spec, slim_curve
@@ -93,6 +93,7 @@ class _Tick:
     patches: list = field(default_factory=list)
     reconcile_writes: tuple = ()  # reconcile.ObjectWrite, sent before the patches
     gauss_runs: gauss_reuse.GaussRuns | None = None  # the loop's past GAUSS runs (decide.colocated_replicas)
+    budget: slo_budget.Budget = field(default_factory=slo_budget.Budget)  # the SLO's error budget (slo_budget)
 
     @property
     def labels(self) -> tuple[str, str]:
@@ -182,6 +183,12 @@ def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
     if any(p.observation is not None for p in g.pools) or "observations" not in status:
         t.out["observations"] = [e for e, _ in ring]  # (unchanged, it is not re-sent: most of the status)
     observations = [o for _, o in ring if o is not None]
+    t.budget = slo_budget.from_status(status.get("sloBudget"))
+    main_window = next((p.observation for p in g.pools if p.role == role and p.observation is not None), None)
+    if main_window is not None and main_window.slo_missed_fraction is not None:
+        t.budget = slo_budget.updated(t.budget, main_window.request_rate_rps, main_window.slo_missed_fraction,
+                                      now_s, spec.control.interval_s, spec.control.window_s)
+        t.out["sloBudget"] = t.budget.to_status()
 
     main = next((p for p in g.pools if p.role == role), None)
     if main is None:
@@ -544,6 +551,20 @@ def unserved_scale_up(rate_rps: float, missed_rps: float) -> int:
     return math.floor(rate_rps / missed_rps) + 1
 
 
+def _budget_holds(t: _Tick, obs: Observation, restart_s: float) -> bool:
+    """Whether a scale-up waits on the SLO's error budget (:mod:`~kneecap.control.slo_budget`):
+    the window's queue is not building (its TTFT p95 within a declared TTFT SLO: the misses are
+    a tail the pool will serve through, not a backlog that grows) and the budget absorbs the
+    window's surely-missed share until a pod started now could serve. The caller asks only where
+    the pool has served this length mix within the SLO (a served rate): a mix it never served is
+    no tail to spend on."""
+    spec = t.spec
+    if not spec.slo.ttft_s or not (obs.ttft_p95_s <= spec.slo.ttft_s):
+        return False
+    return slo_budget.room_to_hold(t.budget, spec.slo.quantile, obs.request_rate_rps, obs.slo_missed_fraction,
+                                   restart_s + spec.control.window_s)
+
+
 def _replicas(t: _Tick, cal, obs: Observation, current: int, restart_s: float, ring=(), settings=None, live=None):
     """Replicas for ``settings`` (the flags the pool will run); ``live``: the flags the window ran
     with (default ``settings``), at which its tails are read against GAUSS's curves."""
@@ -568,6 +589,13 @@ def _replicas(t: _Tick, cal, obs: Observation, current: int, restart_s: float, r
             n = max(n, unserved_scale_up(obs.request_rate_rps, missed))
         elif n > current:
             n = max(current, band(1.0 / (1.0 + spec.control.hysteresis)))
+        if n > current and served is not None and _budget_holds(t, obs, restart_s):
+            alloc = {**alloc, "errorBudgetHold": (
+                f"replicas {current}->{n} held: the pool's queue is not building (TTFT p95 "
+                f"{obs.ttft_p95_s:.3g}s ≤ {spec.slo.ttft_s:g}s) and the last hour's SLO error budget absorbs this "
+                f"window's {obs.slo_missed_fraction:.1%} surely missed until a pod could serve "
+                f"({t.budget.missed:.0f} of {t.budget.requests:.0f} requests surely missed)")}
+            n, binding = current, "error_budget"
         n, t.out["scaleDownRecommendations"] = stabilised_replicas(
             n, n_down, t.status.get("scaleDownRecommendations"), current, t.now_s,
             scale_down_window_s(spec, restart_s), spec.control.cooldown_s,

@@ -145,4 +145,7 @@ SUITE: Mapping[str, tuple[str, Callable[[Trace], Trace]]] = MappingProxyType({
     "long-outputs": ("outputs 4× longer (decode-bound TPOT, KV pressure: the cap and memory knobs)",
                      lambda t: scale_lengths(t, output_factor=4.0)),
     "mix-shift": ("the length mix moves to the long half of the prompts halfway (recalibration)", mix_shift),
+    "code-lengths": ("the length mix of a code-completion service: prompts ×1.5, outputs ×0.1 (prefill-heavy "
+                     "steps, TPOT over a few tokens: tails that cross the SLO for minutes, the error budget)",
+                     lambda t: scale_lengths(t, input_factor=1.5, output_factor=0.1)),
 })
