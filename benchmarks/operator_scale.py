@@ -793,9 +793,10 @@ def write_md(out: Path, doc: dict) -> None:
           "of each process, RSS from VmRSS. The warm-up is shorter than the emulated mode's 26 intervals "
           "(observation rings not full, so statuses are smaller than at steady state); the controller-manager and "
           "scheduler run with --kube-api-qps 300 to create the pods faster.", "",
-          "The emulated section above was measured on 1 Dec (e9973b7), before the fleet advice (6309e1a, 3 Dec) "
-          "landed. What the real-API runs below found (3 Dec, this branch on ab25bb5): the operator falls behind and "
-          "stays behind at 200 resources. A py-spy profile (20 Hz, 60 s, warm-up intervals 2-4 of the 200 × 4 run) "
+          "The emulated section above was measured on 6 Dec (9c848fc), after the fleet advice's CPU bounds; each "
+          "real-API section below says its date (the first 200 × 4 one: 6 Dec on d3e5141). What the 3 Dec runs found (ab25bb5, before the fleet "
+          "fixes; the 1000 × 8 section is still from then): the operator fell behind and stayed behind at 200 "
+          "resources. A py-spy profile (20 Hz, 60 s, warm-up intervals 2-4 of the 200 × 4 run) "
           "put 73% of its samples in the fleet timer (`handlers.fleet_advice` → `fleet.advise_resource` → "
           "`fleet.member` for every entry of the index → `parse_spec`, 65% in its schema and CEL check), on the event "
           "loop: each resource's fleet timer (every 60 s) parses the spec of every LLMDeployment the shard watches "
