@@ -71,10 +71,29 @@ class ControlPlaneUnavailable(RuntimeError):
     """The binaries are missing or a component did not come up: the message says which and why."""
 
 
+def _ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for outbound connections' local ports (Linux's default where unreadable)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port free now, outside the ephemeral range: a port the kernel hands out for
+    bind(0) can be taken as an outbound connection's local port before the component that was
+    told to listen on it binds it (etcd failed so: "bind: address already in use")."""
+    low, high = _ephemeral_ports()
+    candidates = [port for port in range(10000, 65536) if not low <= port <= high]
+    for port in random.sample(candidates, 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise ControlPlaneUnavailable(f"no free loopback port among 200 tried outside {low}-{high}")
 
 
 def pod_cidr() -> str:
@@ -353,7 +372,11 @@ class ControlPlane:
         self.bin = bin_dir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.pki = Pki(self.dir / "pki")
-        self.etcd_port, self.etcd_peer_port, self.port = free_port(), free_port(), free_port()
+        ports: list[int] = []
+        while len(ports) < 3:  # three distinct ports (each was free when picked)
+            port = free_port()
+            ports += [] if port in ports else [port]
+        self.etcd_port, self.etcd_peer_port, self.port = ports
         self.url = f"https://127.0.0.1:{self.port}"
         self.pod_cidr = pod_cidr()
         self.audit_log = self.dir / "audit.log"
