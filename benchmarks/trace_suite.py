@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+from dataclasses import replace
 import sys
 import time
 from pathlib import Path
@@ -32,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _paths import RESULTS  # noqa: E402
 from trace_replay import CONFIG, TRACE  # noqa: E402
 
-from kneecap.sim.replay import ABLATIONS, DEFAULT_CAP, DEFAULT_POLICIES, compression_for_peak, replay  # noqa: E402
+from kneecap.sim.replay import (ABLATIONS, DEFAULT_CAP, DEFAULT_POLICIES, ReplayConfig,  # noqa: E402
+                                compression_for_peak, replay)
 from kneecap.sim.trace import Trace, compress, read_trace  # noqa: E402
 from kneecap.sim.trace_variants import SUITE  # noqa: E402
 
@@ -51,15 +53,16 @@ def cap_changes(decisions: list[dict]) -> int:
     return changes
 
 
-def row(name: str, stresses: str, trace: Trace, factor: int) -> dict:
+def row(name: str, stresses: str, trace: Trace, factor: int, cfg: ReplayConfig = CONFIG) -> dict:
     cpu0 = time.process_time()
-    report = replay(compress(trace, factor), CONFIG, DEFAULT_POLICIES + ABLATIONS)["report"]
+    report = replay(compress(trace, factor), cfg, DEFAULT_POLICIES + ABLATIONS)["report"]
     p = report["policies"]
     good = {k: s["good_per_gpu_hour"] or 0.0 for k, s in p.items()}
     best = max(BASELINES, key=lambda k: good[k])
     k = p["kneecap"]
     return {
         "trace": name, "stresses": stresses, "compress": factor, "requests": len(trace),
+        "model": cfg.architecture, "tensor_parallel_size": cfg.tensor_parallel_size,
         "good_per_gpu_hour": good,
         "attainment": {q: s["slo_attainment_requests"] for q, s in p.items()},
         "mean_replicas": {q: s["mean_replicas"] for q, s in p.items()},
@@ -115,15 +118,25 @@ def merged_rows(parts: list[Path], order: list[str]) -> list[dict]:
     return [by_name[name] for name in order if name in by_name]
 
 
-def cases(raw: Trace) -> list[tuple[str, str, Trace, int]]:
-    """(name, what it stresses, trace, compression) of every trace of the suite: ``raw`` at ×1 to
-    the least factor whose peak needs MOST_REPLICAS of the defaults, and each variant at the least
-    factor for a PEAK_REPLICAS peak."""
-    out = [(f"azure-conv ×{factor}", "the trace itself at this compression", raw, factor)
+# the trace served by a model whose KV cache, not its cap, bounds the batch at vLLM's memory
+LARGE_MODEL = ("azure-conv 70B TP2",
+               "Llama-3.1-70B on two H100s per replica (TP 2): vLLM's 0.9 leaves a KV cache of twenty "
+               "conversations, 0.95 twice that (the memory knob)",
+               replace(CONFIG, model="meta-llama/Llama-3.1-70B-Instruct", architecture="llama-3.1-70b",
+                       tensor_parallel_size=2))
+
+
+def cases(raw: Trace) -> list[tuple[str, str, Trace, int, ReplayConfig]]:
+    """(name, what it stresses, trace, compression, config) of every trace of the suite: ``raw`` at
+    ×1 to the least factor whose peak needs MOST_REPLICAS of the defaults, each variant at the
+    least factor for a PEAK_REPLICAS peak, and ``raw`` served by LARGE_MODEL at its own."""
+    out = [(f"azure-conv ×{factor}", "the trace itself at this compression", raw, factor, CONFIG)
            for factor in range(1, compression_for_peak(raw, CONFIG, MOST_REPLICAS) + 1)]
     for name, (stresses, variant) in SUITE.items():
         trace = variant(raw)
-        out.append((name, stresses, trace, compression_for_peak(trace, CONFIG, PEAK_REPLICAS)))
+        out.append((name, stresses, trace, compression_for_peak(trace, CONFIG, PEAK_REPLICAS), CONFIG))
+    name, stresses, cfg = LARGE_MODEL
+    out.append((name, stresses, raw, compression_for_peak(raw, cfg, PEAK_REPLICAS), cfg))
     return out
 
 
@@ -136,14 +149,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     raw = read_trace(TRACE)
     suite = cases(raw)
-    most = max(factor for name, _, _, factor in suite if name.startswith("azure-conv"))
+    most = max(factor for name, _, _, factor, cfg in suite if name.startswith("azure-conv") and cfg is CONFIG)
     rows = []
     if args.merge is not None:  # the rows of parts run side by side (--only ... --part FILE), in suite order
         rows = merged_rows(args.merge, [name for name, *_ in suite])
-    for name, stresses, trace, factor in suite if args.merge is None else ():
+    for name, stresses, trace, factor, cfg in suite if args.merge is None else ():
         if args.only is not None and name not in args.only:
             continue
-        rows.append(row(name, stresses, trace, factor))
+        rows.append(row(name, stresses, trace, factor, cfg))
         print(json.dumps({k: rows[-1][k] for k in ("trace", "compress", "vs_oracle", "vs_best_baseline",
                                                     "kneecap_cap_changes", "cpu_s")}), flush=True)
     if args.part is not None:

@@ -50,14 +50,14 @@ def parse_settings(text: str) -> tuple[tuple[float, float], ...]:
     return pairs
 
 
-def run_trace(trace, factor: int, settings=SETTINGS) -> list[dict]:
+def run_trace(trace, factor: int, settings=SETTINGS, base=CONFIG) -> list[dict]:
     """kneecap at every setting on one trace, all from the same start (the defaults' peak-sized pool)."""
     squeezed = compress(trace, factor)
-    start = peak_sized_replicas(squeezed, CONFIG, Sweep())
+    start = peak_sized_replicas(squeezed, base, Sweep())
     out = []
     for headroom, band in settings:
         cpu0 = time.process_time()
-        cfg = dataclasses.replace(CONFIG, start_replicas=start, rate_headroom=headroom, hysteresis=band)
+        cfg = dataclasses.replace(base, start_replicas=start, rate_headroom=headroom, hysteresis=band)
         k = replay(squeezed, cfg, ["kneecap"])["report"]["policies"]["kneecap"]
         out.append({"rate_headroom": headroom, "hysteresis": band, "good_per_gpu_hour": k["good_per_gpu_hour"] or 0.0,
                     "attainment": k["slo_attainment_requests"], "mean_replicas": k["mean_replicas"],
@@ -123,10 +123,10 @@ def main(argv=None) -> int:
         rows = merged_rows(args.merge, [r["trace"] for r in suite["rows"]])  # the suite's order
     else:
         rows = []
-        for name, _, trace, factor in cases(read_trace(TRACE)):
+        for name, _, trace, factor, cfg in cases(read_trace(TRACE)):
             if args.only is not None and name not in args.only:
                 continue
-            rows.append({"trace": name, "compress": factor, "settings": run_trace(trace, factor, settings)})
+            rows.append({"trace": name, "compress": factor, "settings": run_trace(trace, factor, settings, cfg)})
             print(json.dumps({"trace": name, "good": [s["good_per_gpu_hour"] for s in rows[-1]["settings"]]}),
                   flush=True)
         if args.part is not None:

@@ -530,14 +530,18 @@ def test_a_70b_replica_is_advised_at_tp2_and_refused_at_tp1(curve):
 
 def test_on_a_shared_gpu_the_memory_recommended_keeps_to_the_share(curve):
     """spec.placement enforced by the fleet advice (kneecap.control.fleet.effective_spec): the
-    recommended --gpu-memory-utilization never exceeds the shared GPU's share."""
+    recommended --gpu-memory-utilization never exceeds the shared GPU's share, and BCA's cap is
+    one whose KV cache that share holds."""
     obs = [observation(curve[c]) for c in (8, 16, 32)]
     out = decide.recalibrate("llama-2-7b", "h100-64gb", obs, None, 0.3)
     whole = decide.recommend(SPEC, "server", out.calibration, obs[-1], EngineSettings(32, 0.9, None, 1))
     share = round(whole.gpu_memory_utilization / 2, 3)
     shared = decide.recommend(replace(SPEC, shared_gpu_share=share), "server", out.calibration, obs[-1],
                               EngineSettings(32, 0.9, None, 1))
-    assert whole.gpu_memory_utilization > share and shared.gpu_memory_utilization == share
+    assert whole.gpu_memory_utilization > share and shared.gpu_memory_utilization <= share
+    assert shared.max_num_seqs < whole.max_num_seqs
+    kv_tokens = decide.gauss_limits(SPEC, obs[-1], shared.settings).kv_capacity_tokens
+    assert kv_tokens >= shared.max_num_seqs * (obs[-1].input_len_mean + obs[-1].output_len_mean)
 
 
 def test_tails_measured_below_the_gauss_curve_raise_lambda_star(profiles_csv):
@@ -656,3 +660,80 @@ def test_the_p95_sweep_is_reused_while_its_inputs_stay_within_tolerance(profiles
     assert (runs.hits, runs.misses) == (1, 2)
     _, _, alloc = decide.colocated_replicas(spec, cal, ran, gauss_runs=runs)
     assert alloc["gaussRunReused"] is False  # a sweep is no λ search
+
+
+# ---------------------------------------------------------------- where the KV cache, not the cap, bounds the batch
+
+TP2_70B = {"model": {"name": "meta-llama/Llama-3.1-70B-Instruct"}, "accelerator": {"type": "h100-80gb"},
+           "engine": {"image": "vllm", "tensorParallelSize": 2}}
+
+
+def _conversation(curve, rate_rps: float = 6.0):
+    """A window with the Azure conversation trace's mean lengths and no cache measurement (the
+    memory split is the model's)."""
+    return replace(observation(curve[32]), input_len_mean=1020.0, output_len_mean=230.0, input_len_cv=1.0,
+                   output_len_cv=1.0, request_rate_rps=rate_rps, pods=4, kv_capacity_tokens=None,
+                   gpu_memory_utilization=None)
+
+
+def test_a_tp2_70b_at_vllms_memory_is_bound_by_its_kv_cache_and_the_most_memory_doubles_it(curve):
+    """Llama-3.1-70B on two H100-80GB: vLLM's 0.9 leaves 26,032 KV tokens, twenty conversations
+    for a cap of 256; 0.95 holds 51,984. An 8B on one H100 holds far more than its cap needs."""
+    spec, obs, live = parse_spec(TP2_70B), _conversation(curve), EngineSettings(256, 0.9, None, 4)
+    assert decide.kv_bound(spec, obs, live)
+    assert not decide.kv_bound(parse_spec({**TP2_70B, "model": {"name": "meta-llama/Llama-3.1-8B-Instruct"},
+                                           "engine": {"image": "vllm"}}), obs, live)
+    more = decide.most_kv_settings(spec, obs, live)
+    assert more == EngineSettings(256, 0.95, None, 4)
+    kv = lambda s: decide.gauss_limits(spec, obs, s).kv_capacity_tokens  # noqa: E731
+    assert (kv(live), kv(more)) == (26_032, 51_984)
+    assert decide.most_kv_settings(spec, obs, more) is None  # nothing more to give
+    ceiling = parse_spec({**TP2_70B, "batching": {"maxGpuMemoryUtilization": 0.9}})
+    assert decide.most_kv_settings(ceiling, obs, live) is None
+    assert decide.memory_for_cap(ceiling, obs, 256)[0] == 0.9  # BCA's memory keeps under the ceiling too
+    assert decide.memory_for_cap(spec, obs, 256)[0] == 0.95
+    bytes_knob = parse_spec({**TP2_70B, "engine": {**TP2_70B["engine"], "memoryKnob": "kvCacheMemoryBytes"}})
+    in_bytes = decide.most_kv_settings(bytes_knob, obs, replace(live, kv_cache_memory_bytes=4 * 2**30))
+    assert in_bytes.kv_cache_memory_bytes == 51_984 * 163_840  # per GPU: 80 layers × 8 KV heads × 128 × 2 × 2 B / TP 2
+
+
+# the SLIM fit the operator accepted on twin TP-2 70B pods of the conversation-trace replay
+# (the first two windows, at t = 60 s)
+FITTED_70B = {"eta_c": 1.0, "eta_m": 1.0, "alpha_s": 2.3808e-05, "gamma_s": 1.5397e-08, "t_step_s": 3.6665e-05,
+              "t_layer_s": 1.2560e-05, "eta_w": 1.3, "t_fixed_s": 0.49124}
+
+
+def test_gauss_sizes_fewer_tp2_70b_replicas_with_the_kv_cache_the_most_memory_holds(curve):
+    """At 6 req/s of conversations a KV cache of twenty conversations queues requests that one
+    twice as large admits: GAUSS's λ* per replica is higher at 0.95, so the SLO costs fewer
+    replicas (4 against 2 here); no measured rate enters the comparison."""
+    from kneecap.model import calibrate
+
+    spec = parse_spec({**TP2_70B, "slo": {"ttftSeconds": 1.0, "tpotSeconds": 0.05}})
+    obs = replace(_conversation(curve), input_len_mean=1007.0, output_len_mean=264.0, input_len_cv=0.85,
+                  output_len_cv=0.55)
+    cal = calibrate.Calibration(form="kneecap", gpu="h100-80gb", models=("llama-3.1-70b",), params=FITTED_70B,
+                                std={}, metrics={}, created="", notes={})
+    at_live = decide.gauss_replicas(spec, cal, obs, EngineSettings(256, 0.9, None, 4))
+    at_most = decide.gauss_replicas(spec, cal, obs, EngineSettings(256, 0.95, None, 4))
+    assert (math.ceil(at_live), math.ceil(at_most)) == (4, 2), (at_live, at_most)
+    assert at_live == pytest.approx(1.1 * 6.0 / decide._gauss_rate(  # headroom × rate / λ*
+        "llama-3.1-70b", spec.accelerator.gpu, cal, obs, 1.0, 0.05, 0.95, 0,
+        decide.gauss_limits(spec, obs, EngineSettings(256, 0.9, None, 4)), 2)[0])
+
+
+def test_measured_rates_bound_only_the_caches_they_say_something_about(curve):
+    """A window served at a small KV cache is served at a larger one, not the other way round; a
+    window missed at a large cache is missed at a smaller one, not the other way round."""
+    spec = parse_spec({"model": {"name": "meta-llama/Llama-2-7b-hf"}, "accelerator": {"type": "h100-64gb"},
+                       "engine": {"image": "vllm"}, "slo": {"ttftSeconds": 1.0}})
+    base = replace(observation(curve[32]), pods=1, request_rate_rps=2.0, ttft_p95_s=0.5, ttft_p95_floor_s=0.25)
+    small, large = replace(base, kv_capacity_tokens=26_000.0), replace(base, kv_capacity_tokens=52_000.0)
+    assert decide.served_rate_per_replica(spec, [small], base, kv_tokens=52_000) == 2.0
+    assert decide.served_rate_per_replica(spec, [large], base, kv_tokens=26_000) is None
+    assert decide.served_rate_per_replica(spec, [large], base) == 2.0  # no cache named: every window
+    missed_small = replace(small, ttft_p95_s=3.0, ttft_p95_floor_s=2.5)
+    missed_large = replace(large, ttft_p95_s=3.0, ttft_p95_floor_s=2.5)
+    assert decide.missed_rate_per_replica(spec, [missed_small], base, kv_tokens=52_000) is None
+    assert decide.missed_rate_per_replica(spec, [missed_large], base, kv_tokens=26_000) == 2.0
+    assert decide.missed_rate_per_replica(spec, [missed_small], base, kv_tokens=26_500) == 2.0  # the same cache, ±2%

@@ -325,3 +325,43 @@ def test_plan_rounds_unless_the_engine_runs_eager(curve):
     cap_eager = eager.status["lastDecision"]["target"]["maxNumSeqs"]
     assert cap_graphs in cudagraph.capture_sizes()
     assert cap_graphs <= cap_eager
+
+
+# ---------------------------------------------------------------- replicas the SLO no longer needs
+
+def test_replicas_the_slo_no_longer_needs_pay_a_restart_the_cap_alone_would_not():
+    """4 pods × 40 s at 8000 tok/s lose 320,000 tokens. A change that gains 30% at the cap in a
+    pool neither the cap nor the KV cache limits adds no tokens, but where GAUSS sizes one replica
+    fewer at the new flags, that pod's 2000 tok/s over the 300 s horizon (600,000) pays; a change
+    that needs a replica more nets it against the gain."""
+    spec = _spec(allowDowntime=False)
+    idle = replace(_cost(), saturated=False)
+    target = EngineSettings(256, 0.95, None, 3)
+    bounds = replace(spec.topology.replicas, min=1, max=8)
+    asked = []
+
+    def saved(settings):
+        asked.append(settings)
+        return 1
+
+    d = policy.guard(CUR, policy.Proposal(target, 0.30, 0.0), spec.control, spec.batching, bounds,
+                     replace(OK, restart=idle), replicas_saved_for=saved)
+    assert (d.action, d.reason, d.target) == (policy.APPLY, "Recommended", target)
+    assert d.restart["gainTokens"] == 600_000 and d.restart["replicasSaved"] == 1 and d.restart["costTokens"] == 320_000
+    assert "600000 tokens gained over the 300s horizon (Default) (+1 replica(s) for the SLO at the new flags)" in d.message
+    assert asked == [target]  # asked for the settings weighed only
+    held = policy.guard(CUR, policy.Proposal(EngineSettings(192, 0.95, None, 4), 0.30, 0.0), spec.control,
+                        spec.batching, bounds, replace(OK, restart=idle), replicas_saved_for=lambda s: 0)
+    assert (held.action, held.reason) == (policy.HOLD, "RestartNotWorthIt") and held.restart["gainTokens"] == 0
+    # 0.9 -> 0.95 is inside the 10% band as a fraction, not when it saves a replica
+    same_pods = replace(target, replicas=4)
+    noise = policy.guard(CUR, policy.Proposal(same_pods, 0.30, 0.0), spec.control, spec.batching, bounds,
+                         replace(OK, restart=idle), replicas_saved_for=lambda s: 0)
+    assert (noise.action, noise.reason) == (policy.HOLD, "WithinHysteresis")
+    worth = policy.guard(CUR, policy.Proposal(same_pods, 0.30, 0.0), spec.control, spec.batching, bounds,
+                         replace(OK, restart=idle), replicas_saved_for=lambda s: 1)
+    assert (worth.action, worth.target) == (policy.APPLY, same_pods)
+    busy = _cost()  # saturated: 30% at the cap is 720,000 tokens
+    assert busy.gain_tokens(0.30, 0.0, 1) == pytest.approx(720_000)  # the larger of the two, not their sum
+    assert busy.gain_tokens(0.30, 0.0, -1) == pytest.approx(120_000)  # a replica more nets against it
+    assert busy.gain_tokens(0.10, 0.0, -1) == 0.0

@@ -176,3 +176,44 @@ def test_replay_reads_a_mooncake_trace_as_published(tmp_path):
     a = json.loads(replay_json([str(jsonl), "--policy", "defaults"]))
     b = json.loads(replay_json([str(csv), "--policy", "defaults"]))
     assert a["policies"] == b["policies"] and a["trace"]["requests"] == len(trace)
+
+
+def test_the_oracle_tries_the_most_memory_only_where_the_kv_cache_bounds_the_batch(tmp_path):
+    """The hindsight-best static pool may reserve what the operator may (0.95) where vLLM's 0.9
+    leaves fewer KV tokens than the cap's sequences at the trace's mean context: a TP-2 70B on
+    H100s at every cap above the twenty conversations its cache holds, never an 8B."""
+    from kneecap.sim.replay import DEFAULT_MEMORY, ORACLE_CAPS, oracle_memories
+
+    trace = read_trace(write_trace(tmp_path, 5.0, 60.0))
+    small = ReplayConfig()
+    assert all(oracle_memories(small, trace, cap)[0] <= DEFAULT_MEMORY for cap in ORACLE_CAPS)
+    assert all(len(oracle_memories(small, trace, cap)) == 1 for cap in ORACLE_CAPS)
+    large = ReplayConfig(model="meta-llama/Llama-3.1-70B-Instruct", architecture="llama-3.1-70b",
+                         tensor_parallel_size=2)
+    assert oracle_memories(large, trace, 256) == (DEFAULT_MEMORY, 0.95)
+    (sized,) = oracle_memories(large, trace, 16)  # 16 conversations fit under 0.9
+    assert 0.85 < sized <= DEFAULT_MEMORY
+
+
+def test_a_tp2_70b_pool_bound_by_its_kv_cache_is_given_the_memory_that_saves_replicas(tmp_path):
+    """Llama-3.1-70B at TP 2 on H100s: at vLLM's 0.9 the KV cache holds twenty conversations. The
+    operator, on windows it scraped from the twin, raises the memory to 0.95 (twice the cache)
+    because GAUSS sizes fewer replicas there; the restart is paid for by the replicas saved, the
+    pods come back with the new flag. The replicas-only ablation, its memory ceiling at 0.9,
+    never moves it."""
+    from kneecap.sim.replay import run_policy
+
+    trace = read_trace(write_trace(tmp_path, 8.0, 150.0))  # 2 req/s per pod: the cache fills
+    cfg = ReplayConfig(model="meta-llama/Llama-3.1-70B-Instruct", architecture="llama-3.1-70b",
+                       tensor_parallel_size=2, min_replicas=1, max_replicas=8, interval_s=15.0, cooldown_s=300.0)
+    run = run_policy(trace, cfg, "kneecap", start_replicas=4)
+    applied = [d for d in run.decisions if d["applied"]]
+    assert applied and applied[0]["target"]["gpuMemoryUtilization"] == 0.95, run.decisions
+    status = run.cluster.api.peek(llmd_path(run.cluster.namespace, NAME))["status"]
+    assert status["applied"]["gpuMemoryUtilization"] == 0.95
+    deploy = run.cluster.api.peek(deployments_path(run.cluster.namespace, NAME))
+    assert float(vllm_args.container_flag(manifests.vllm_container(deploy), manifests.GPU_MEMORY_UTILIZATION)) == 0.95
+    assert any("replica(s) for the SLO at the new flags" in e["message"] for e in run.operator_events
+               if e.get("reason") == "Applied"), run.operator_events
+    held = run_policy(trace, cfg, "kneecap:replicas-only", start_replicas=4)
+    assert all((d.get("target") or {}).get("gpuMemoryUtilization", 0.9) == 0.9 for d in held.decisions)

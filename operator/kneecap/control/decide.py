@@ -254,6 +254,7 @@ class Recommendation:
     throughput_gain: float
     memory_gain: float
     allocation: dict
+    replicas_saved: int = 0  # replicas GAUSS sizes at the live flags beyond those at these (0: BCA's own choice)
 
     @property
     def settings(self) -> EngineSettings:
@@ -288,8 +289,16 @@ def measured_non_kv_bytes(arch, gpu, obs: Observation, tp: int = 1) -> float | N
     return None
 
 
+def most_memory(spec: LLMDeploymentSpec) -> float:
+    """The most --gpu-memory-utilization kneecap gives a pod: spec.batching.maxGpuMemoryUtilization
+    within memory.UTILIZATION_BOUNDS, and a shared GPU's share."""
+    u = min(memory.UTILIZATION_BOUNDS[1], spec.batching.max_gpu_memory_utilization)
+    return u if spec.shared_gpu_share is None else min(u, spec.shared_gpu_share)
+
+
 def memory_for_cap(spec: LLMDeploymentSpec, obs: Observation, cap: int) -> tuple[float, int | None, float]:
-    """(gpu_memory_utilization, kv_cache_memory_bytes or None, KV bytes) sized for `cap` (§5.3)."""
+    """(gpu_memory_utilization, kv_cache_memory_bytes or None, KV bytes) sized for `cap` (§5.3),
+    at most :func:`most_memory`."""
     arch, gpu = get_arch(spec.model.architecture), spec.accelerator.gpu
     ctx_mean = obs.input_len_mean + obs.output_len_mean
     ctx_std = math.hypot(obs.input_len_mean * obs.input_len_cv, obs.output_len_mean * obs.output_len_cv)
@@ -300,8 +309,11 @@ def memory_for_cap(spec: LLMDeploymentSpec, obs: Observation, cap: int) -> tuple
         split = memory.utilization_for_kv_tokens(arch, gpu, max(kv_tokens, 1), cap, measured_non_kv_bytes=non_kv,
                                                  tensor_parallel_size=tp)
     except InputError:
-        split = memory.memory_split(arch, gpu, memory.UTILIZATION_BOUNDS[1], cap, measured_non_kv_bytes=non_kv,
+        split = None
+    if split is None or split.gpu_memory_utilization > most_memory(spec):
+        split = memory.memory_split(arch, gpu, most_memory(spec), cap, measured_non_kv_bytes=non_kv,
                                     tensor_parallel_size=tp)
+        kv_tokens = min(kv_tokens, split.kv_capacity_tokens)
     kvb = memory.kv_cache_memory_bytes_for_tokens(arch, max(kv_tokens, 1), tensor_parallel_size=tp) \
         if spec.memory_knob == "kvCacheMemoryBytes" else None
     return split.gpu_memory_utilization, kvb, split.kv_bytes
@@ -512,15 +524,22 @@ def surely_missed(spec: LLMDeploymentSpec, o) -> list[str]:
             if v > slo and (floors[n] is None or floors[n] >= slo)]
 
 
-def served_rate_per_replica(spec: LLMDeploymentSpec, ring, latest: Observation) -> float | None:
+KV_MATCH = 0.02  # a window's KV capacity within 2% of the sized flags' is the same cache
+
+
+def served_rate_per_replica(spec: LLMDeploymentSpec, ring, latest: Observation,
+                            kv_tokens: int | None = None) -> float | None:
     """The highest per-pod request rate of a ring window that met every declared SLO at its p95s
     with requests at least 80% as long as ``latest``'s (input and output): a rate the pool has
-    been measured to serve (None: no such window, or no SLO declared)."""
+    been measured to serve (None: no such window, or no SLO declared). ``kv_tokens``: the KV
+    cache of the flags being sized; a window that ran with a larger one does not count (what
+    a larger cache served, a smaller one may not)."""
     best = None
     for o in ring:
         checks = slo_checks(spec, o)
         if (not checks or any(not (v <= slo) for slo, v, _ in checks) or o.pods < 1
-                or o.input_len_mean < 0.8 * latest.input_len_mean or o.output_len_mean < 0.8 * latest.output_len_mean):
+                or o.input_len_mean < 0.8 * latest.input_len_mean or o.output_len_mean < 0.8 * latest.output_len_mean
+                or (kv_tokens is not None and o.kv_capacity_tokens and o.kv_capacity_tokens > kv_tokens * (1 + KV_MATCH))):
             continue
         r = o.request_rate_rps / o.pods
         if math.isfinite(r) and (best is None or r > best):
@@ -528,16 +547,20 @@ def served_rate_per_replica(spec: LLMDeploymentSpec, ring, latest: Observation) 
     return best
 
 
-def missed_rate_per_replica(spec: LLMDeploymentSpec, ring, latest: Observation) -> float | None:
+def missed_rate_per_replica(spec: LLMDeploymentSpec, ring, latest: Observation,
+                            kv_tokens: int | None = None) -> float | None:
     """The highest per-pod request rate of a ring window that surely missed a declared SLO at its
     p95s (:func:`surely_missed`: the buckets cannot place the p95 within it) with requests at most
     1.25× as long as ``latest``'s (input and output): a rate the pool was measured not to serve,
     so λ* is below it (None: no such window, or no SLO declared). The highest, not the lowest: a
-    window that drains the backlog of an overload misses at a lower rate than the pool can serve."""
+    window that drains the backlog of an overload misses at a lower rate than the pool can serve.
+    ``kv_tokens``: the KV cache of the flags being sized; a window that ran with a smaller one
+    does not count (what a smaller cache missed, a larger one may serve)."""
     worst = None
     for o in ring:
         if (not surely_missed(spec, o) or o.pods < 1
-                or o.input_len_mean > 1.25 * latest.input_len_mean or o.output_len_mean > 1.25 * latest.output_len_mean):
+                or o.input_len_mean > 1.25 * latest.input_len_mean or o.output_len_mean > 1.25 * latest.output_len_mean
+                or (kv_tokens is not None and o.kv_capacity_tokens and o.kv_capacity_tokens < kv_tokens * (1 - KV_MATCH))):
             continue
         r = o.request_rate_rps / o.pods
         if math.isfinite(r) and r > 0 and (worst is None or r > worst):
@@ -679,6 +702,61 @@ def _released(spec: LLMDeploymentSpec, current: EngineSettings, u: float) -> tup
     return released, max(released, 0.0) / (n * gpu.memory_bytes * current.gpu_memory_utilization)
 
 
+def kv_bound(spec: LLMDeploymentSpec, obs: Observation, settings: EngineSettings) -> bool:
+    """Whether the KV cache, not the cap, bounds the batch at ``settings``: it holds fewer tokens
+    than the cap's sequences at the window's mean context (prompt + output), so the engine
+    queues or preempts before the cap is reached."""
+    limits = gauss_limits(spec, obs, settings)
+    return limits.kv_capacity_tokens < settings.max_num_seqs * (obs.input_len_mean + obs.output_len_mean)
+
+
+def most_kv_settings(spec: LLMDeploymentSpec, obs: Observation, current: EngineSettings) -> EngineSettings | None:
+    """``current``'s cap and replicas at the most memory a pod may reserve (:func:`most_memory`),
+    in the pool's memory flag; None where that holds no more KV than ``current`` does."""
+    u = most_memory(spec)
+    kvb = None
+    if spec.memory_knob == "kvCacheMemoryBytes":
+        tokens = _kv_capacity_tokens(spec, obs, u, current.max_num_seqs)
+        if tokens <= 1:
+            return None
+        kvb = memory.kv_cache_memory_bytes_for_tokens(get_arch(spec.model.architecture), tokens,
+                                                      tensor_parallel_size=model_tp(spec))
+    more = EngineSettings(current.max_num_seqs, u, kvb, current.replicas)
+    live_kv = gauss_limits(spec, obs, current).kv_capacity_tokens
+    return more if gauss_limits(spec, obs, more).kv_capacity_tokens > live_kv else None
+
+
+def gauss_replicas(spec: LLMDeploymentSpec, cal: calibrate.Calibration, obs: Observation, settings: EngineSettings,
+                   gauss_runs: gauss_reuse.GaussRuns | None = None, seed: int = 0) -> float:
+    """Replicas GAUSS alone sizes for the window's rate at ``settings``' engine limits:
+    headroom·λ/λ* (SARA's colocated count before rounding; inf where no load meets the SLO).
+    No measured rate enters: they were measured at the live flags, and this compares flags."""
+    limits = gauss_limits(spec, obs, settings)
+    lam_star, _, _ = _gauss_rate(spec.model.architecture, spec.accelerator.gpu, cal, obs, spec.slo.ttft_s,
+                                 spec.slo.tpot_s, spec.slo.quantile, seed, limits, model_tp(spec), gauss_runs)
+    need = spec.control.rate_headroom * max(obs.request_rate_rps, 1e-6)
+    return need / lam_star if lam_star > 0 else math.inf
+
+
+def recommend_at(spec: LLMDeploymentSpec, r: Recommendation, cal: calibrate.Calibration, obs: Observation,
+                 current: EngineSettings, settings: EngineSettings, binding: str,
+                 replicas_saved: int = 0) -> Recommendation:
+    """``r`` (BCA's recommendation, for its curve) moved to ``settings``' cap and memory, with the
+    throughput, KV and memory released there against ``current``."""
+    cur_thr, new_thr = _throughputs(spec, cal, obs, current, settings.max_num_seqs, settings.gpu_memory_utilization)
+    released, memory_gain = _released(spec, current, settings.gpu_memory_utilization)
+    kv_tokens = gauss_limits(spec, obs, settings).kv_capacity_tokens
+    from kneecap.model.parallel import kv_bytes_per_token_per_gpu
+
+    kv_bytes = kv_tokens * kv_bytes_per_token_per_gpu(get_arch(spec.model.architecture), model_tp(spec))
+    return replace(r, max_num_seqs=settings.max_num_seqs, gpu_memory_utilization=float(settings.gpu_memory_utilization),
+                   kv_cache_memory_bytes=settings.kv_cache_memory_bytes, kv_bytes=int(kv_bytes),
+                   released_bytes=int(round(released)), pred_throughput_tok_s=new_thr,
+                   current_pred_throughput_tok_s=cur_thr, binding=binding,
+                   throughput_gain=new_thr / cur_thr - 1.0 if cur_thr > 0 else 0.0, memory_gain=memory_gain,
+                   replicas_saved=replicas_saved)
+
+
 def recommend(spec: LLMDeploymentSpec, role: str, cal: calibrate.Calibration, obs: Observation,
               current: EngineSettings, *, replicas: int | None = None, replicas_binding: str = "unchanged",
               allocation: dict | None = None) -> Recommendation:
@@ -686,7 +764,7 @@ def recommend(spec: LLMDeploymentSpec, role: str, cal: calibrate.Calibration, ob
     from kneecap.model import bca
 
     arch, gpu = get_arch(spec.model.architecture), spec.accelerator.gpu
-    kv_cap_max = _kv_capacity_tokens(spec, obs, memory.UTILIZATION_BOUNDS[1], spec.batching.max_max_num_seqs)
+    kv_cap_max = _kv_capacity_tokens(spec, obs, most_memory(spec), spec.batching.max_max_num_seqs)
     ctx_std = math.hypot(obs.input_len_mean * obs.input_len_cv, obs.output_len_mean * obs.output_len_cv)
     res = bca.advise(cal, arch, gpu, obs.input_len_mean, obs.output_len_mean, slo_e2e_s=e2e_bound_s(spec, obs),
                      epsilon=spec.batching.efficiency_floor, min_cap=spec.batching.min_max_num_seqs,
@@ -694,8 +772,6 @@ def recommend(spec: LLMDeploymentSpec, role: str, cal: calibrate.Calibration, ob
                      output_cv=obs.output_len_cv, length_std_tok=ctx_std, tensor_parallel_size=model_tp(spec))
     cap = int(res.cap)
     u, kvb, kv_bytes = memory_for_cap(spec, obs, cap)
-    if spec.shared_gpu_share is not None:  # a shared GPU: the engine keeps to its share
-        u = min(u, spec.shared_gpu_share)
     cur_thr, new_thr = _throughputs(spec, cal, obs, current, cap, u)
     released, memory_gain = _released(spec, current, u)
     return Recommendation(

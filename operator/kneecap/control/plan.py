@@ -254,6 +254,7 @@ def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
     workload, _ = workload_estimate.pooled(latest, observations)
     try:
         r = decide.recommend(spec, role, cal_out.calibration, workload, cur)
+        r = _memory_for_replicas(t, cal_out.calibration, workload, cur, r)
         # replicas sized at the cap and memory the recommendation applies (GAUSS's engine limits)
         replicas, rbind, alloc = _replicas(t, cal_out.calibration, workload, cur.replicas, restart_cost.restart_s,
                                            observations, settings=r.settings, live=cur)
@@ -298,7 +299,8 @@ def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
     guard = lambda proposal: policy.guard(  # noqa: E731
         base, proposal, spec.control, spec.batching, manifests.pool_bounds(spec, role), state,
         memory_for_cap=lambda cap: decide.memory_for_cap(spec, workload, cap)[:2], round_cap=round_cap,
-        gains_for=lambda target: decide.gains(spec, cal_out.calibration, workload, base, target))
+        gains_for=lambda target: decide.gains(spec, cal_out.calibration, workload, base, target),
+        replicas_saved_for=lambda target: _replicas_saved(t, cal_out.calibration, workload, base, target))
     d = guard(policy.Proposal(r.settings, r.throughput_gain, r.memory_gain))
     if not spec.disaggregated and _flags(r.settings) != _flags(base) and (
             d.action == policy.HOLD or _flags(d.target) == _flags(base)):
@@ -322,6 +324,45 @@ def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
     if spec.disaggregated and r.allocation.get("prefillReplicas") and "prefill" in pools:
         _prefill_replicas(t, pools["prefill"], int(r.allocation["prefillReplicas"]), state)
     return t.finish()
+
+
+def _gauss_replicas(t: _Tick, cal, obs: Observation, settings: manifests.EngineSettings) -> float:
+    return decide.gauss_replicas(t.spec, cal, obs, settings, gauss_runs=t.gauss_runs)
+
+
+def _replicas_saved(t: _Tick, cal, obs: Observation, live: manifests.EngineSettings,
+                    target: manifests.EngineSettings) -> int:
+    """Whole replicas GAUSS sizes for the window at the ``live`` flags beyond those at
+    ``target``'s (negative: the target needs more): what a flag change is worth in the SLO's
+    GPUs (:meth:`kneecap.control.restart.RestartCost.gain_tokens`)."""
+    at_live, at_target = _gauss_replicas(t, cal, obs, live), _gauss_replicas(t, cal, obs, target)
+    if math.isinf(at_live) and math.isinf(at_target):
+        return 0
+    if math.isinf(at_target):
+        return -max(live.replicas, 1)
+    if math.isinf(at_live):  # no load meets the SLO at the live flags: every replica beyond the target's
+        return max(live.replicas - math.ceil(at_target), 1)
+    return math.ceil(at_live) - math.ceil(at_target)
+
+
+def _memory_for_replicas(t: _Tick, cal, obs: Observation, cur: manifests.EngineSettings, r: decide.Recommendation):
+    """BCA's recommendation, or, where the KV cache bounds the live batch below the live cap
+    (:func:`decide.kv_bound`), the live cap at the most memory a pod may reserve when GAUSS sizes
+    fewer replicas for the window there than at both BCA's flags and the live ones. BCA's cap
+    keeps each request's latency at the knee; where the cache, not the cap, limits a pod, the
+    memory flag decides how many pods the SLO costs (a TP-2 70B on H100s holds twice the KV
+    at 0.95 as at vLLM's 0.9), and the fewest pods is the aim."""
+    spec = t.spec
+    if spec.disaggregated or not decide.kv_bound(spec, obs, cur):
+        return r
+    more = decide.most_kv_settings(spec, obs, cur)
+    if more is None:
+        return r
+    at = {name: _gauss_replicas(t, cal, obs, s) for name, s in (("live", cur), ("bca", r.settings), ("kv", more))}
+    if math.isinf(at["kv"]) or math.ceil(at["kv"]) >= min(math.ceil(at["live"]), math.ceil(at["bca"])):
+        return r
+    return decide.recommend_at(spec, r, cal, obs, cur, more, "kv_capacity",
+                               replicas_saved=_replicas_saved(t, cal, obs, cur, more))
 
 
 def _flags(s: manifests.EngineSettings) -> tuple:
@@ -572,7 +613,9 @@ def _replicas(t: _Tick, cal, obs: Observation, current: int, restart_s: float, r
     if spec.disaggregated:
         alloc = decide.disaggregated_allocation(spec, cal, obs)
         return alloc["decodeReplicas"], "sara:" + str(alloc["binding"].get("decode", "")), alloc
-    served, missed = decide.served_rate_per_replica(spec, ring, obs), decide.missed_rate_per_replica(spec, ring, obs)
+    kv = decide.gauss_limits(spec, obs, settings).kv_capacity_tokens if settings is not None else None
+    served = decide.served_rate_per_replica(spec, ring, obs, kv_tokens=kv)
+    missed = decide.missed_rate_per_replica(spec, ring, obs, kv_tokens=kv)
     factor, _ = decide.measured_rate_factor(spec, cal, obs, live if live is not None else settings,
                                          gauss_runs=t.gauss_runs)
     n, binding, alloc = decide.colocated_replicas(spec, cal, obs, served_rps=served, missed_rps=missed,

@@ -102,6 +102,7 @@ def guard(
     memory_for_cap: Callable[[int], tuple[float, int | None]] | None = None,
     round_cap: Callable[[int], int] | None = None,
     gains_for: Callable[[EngineSettings], tuple[float, float]] | None = None,
+    replicas_saved_for: Callable[[EngineSettings], float] | None = None,
 ) -> Decision:
     """Decide whether to move `current` toward `proposal`. Pure; see the module docstring.
 
@@ -109,7 +110,9 @@ def guard(
     memory setting when the step limit or rounding changes the cap, so KV always matches the
     cap applied. `round_cap(cap)`: the cap the engine runs well (a CUDA-graph capture size).
     `gains_for(settings) -> (throughput_gain, memory_gain)`: the predicted gains of the settings
-    applied when step limiting or rounding moves them off the proposal. A restart is then
+    applied when step limiting or rounding moves them off the proposal. `replicas_saved_for(settings)`:
+    the replicas the SLO needs at `current`'s flags beyond those at `settings`' (GAUSS), asked only
+    when a restart is weighed, of the step and of the recommendation it leads to. A restart is then
     weighed on the smaller gain of the step and of the recommendation it leads to: a step that
     brings nothing itself is not taken for its destination, nor one toward a destination that
     does not pay.
@@ -151,7 +154,9 @@ def guard(
         return d(HOLD, "NoChange", f"live settings already match the recommendation{note}")
     within_band = (_rel(target.max_num_seqs, current.max_num_seqs) < control.hysteresis
                    and _rel(target.gpu_memory_utilization, current.gpu_memory_utilization) < control.hysteresis
-                   and target.replicas == current.replicas)
+                   and target.replicas == current.replicas
+                   # a few % more memory can be twice the KV cache: a change the SLO's replicas pay for is no noise
+                   and not (replicas_saved_for is not None and replicas_saved_for(target) > 0))
     if within_band:
         return d(HOLD, "WithinHysteresis",
                  f"change cap {current.max_num_seqs}->{target.max_num_seqs}, memory "
@@ -178,13 +183,19 @@ def guard(
     rc = state.restart
     if flags_same or rc is None:
         return d(APPLY, "Recommended", summary)
-    record = rc.to_status(proposal.throughput_gain, proposal.memory_gain)
-    if full is not proposal and rc.gain_tokens(full.throughput_gain, full.memory_gain) < record["gainTokens"]:
-        record = rc.to_status(full.throughput_gain, full.memory_gain)
+    saved = (lambda s: replicas_saved_for(s) if replicas_saved_for is not None else 0)  # noqa: E731
+    step_saved = saved(target)
+    record = rc.to_status(proposal.throughput_gain, proposal.memory_gain, step_saved)
+    full_saved = saved(full.settings) if full is not proposal else step_saved
+    if full is not proposal and rc.gain_tokens(full.throughput_gain, full.memory_gain, full_saved) < record["gainTokens"]:
+        record = rc.to_status(full.throughput_gain, full.memory_gain, full_saved)
         summary += (f"; the recommendation it steps toward (cap {full.settings.max_num_seqs}) predicts throughput "
                     f"{full.throughput_gain:+.1%}, memory released {full.memory_gain:.1%}")
-    numbers = (f"{record['gainTokens']} tokens gained over the {rc.horizon_text} vs {record['costTokens']} "
-               f"lost restarting {rc.pods} pod(s) × {rc.restart_s:.0f}s ({rc.source.lower()})"
+    numbers = (f"{record['gainTokens']} tokens gained over the {rc.horizon_text}"
+               + (f" ({record['replicasSaved']:+d} replica(s) for the SLO at the new flags)"
+                  if record["replicasSaved"] else "")
+               + f" vs {record['costTokens']} lost restarting {rc.pods} pod(s) × {rc.restart_s:.0f}s "
+                 f"({rc.source.lower()})"
                + ("" if rc.saturated else "; neither the cap nor the KV cache limits the pool now, so more "
                                           "capacity at the cap adds no tokens"))
     held = None

@@ -205,17 +205,23 @@ class RestartCost:
         """Tokens not served while the pods restart: per-pod throughput × restart s × pods."""
         return self.pool_tok_s / max(self.pods, 1) * self.restart_s * self.pods
 
-    def gain_tokens(self, throughput_gain: float, memory_gain: float = 0.0) -> float:
+    def gain_tokens(self, throughput_gain: float, memory_gain: float = 0.0, replicas_saved: float = 0.0) -> float:
         """Tokens the relative throughput gain (a loss nets against it) and the released memory
         fraction (at ``memory_value``) add over the horizon; never below 0. The predicted gain is
         in capacity (SLIM at the cap): where neither the cap nor the KV cache limits the pool, a
-        gain at the cap adds no tokens (a loss still counts)."""
+        gain at the cap adds no tokens (a loss still counts). ``replicas_saved``: replicas the SLO
+        needs at the live flags beyond those at the new ones (GAUSS), each worth a pod's tokens
+        over the horizon: the same capacity as the throughput gain, in the GPUs it returns, so the
+        larger of the two counts; replicas the new flags need in addition net against it."""
         tg = throughput_gain if self.saturated else min(throughput_gain, 0.0)
-        return max(tg + self.memory_value * max(memory_gain, 0.0), 0.0) * self.pool_tok_s * self.horizon_s
+        tokens = max(tg + self.memory_value * max(memory_gain, 0.0), 0.0) * self.pool_tok_s * self.horizon_s
+        pod_tokens = replicas_saved * self.pool_tok_s / max(self.pods, 1) * self.horizon_s
+        return max(tokens, pod_tokens) if replicas_saved >= 0 else max(tokens + pod_tokens, 0.0)
 
-    def to_status(self, throughput_gain: float, memory_gain: float = 0.0) -> dict:
+    def to_status(self, throughput_gain: float, memory_gain: float = 0.0, replicas_saved: float = 0.0) -> dict:
         return {"restartSeconds": round(self.restart_s, 1), "restartSource": self.source,
-                "gainTokens": round(self.gain_tokens(throughput_gain, memory_gain)),
+                "gainTokens": round(self.gain_tokens(throughput_gain, memory_gain, replicas_saved)),
+                "replicasSaved": replicas_saved,
                 "costTokens": round(self.cost_tokens),
                 "horizonSeconds": round(self.horizon_s, 1), "horizonSource": self.horizon_source,
                 "podsRestarted": self.pods, "downtime": self.downtime,

@@ -202,6 +202,7 @@ class BatchingSpec:
     efficiency_floor: float
     min_max_num_seqs: int
     max_max_num_seqs: int
+    max_gpu_memory_utilization: float = 0.95
 
 
 @dataclass(frozen=True)
@@ -518,7 +519,7 @@ def parse_spec(raw: Mapping | None, config_map: Mapping | None = None) -> LLMDep
         slo=SLOSpec(float(s["slo"]["quantile"]), s["slo"].get("ttftSeconds"), s["slo"].get("tpotSeconds"),
                     s["slo"].get("e2eSeconds")),
         batching=BatchingSpec(float(s["batching"]["efficiencyFloor"]), s["batching"]["minMaxNumSeqs"],
-                              s["batching"]["maxMaxNumSeqs"]),
+                              s["batching"]["maxMaxNumSeqs"], float(s["batching"]["maxGpuMemoryUtilization"])),
         max_cost_per_hour=s["budget"].get("maxCostPerHour"),
         control=ControlSpec(
             mode=c["mode"], interval_s=parse_duration_s(c["interval"], "spec.control.interval"),

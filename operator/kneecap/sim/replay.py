@@ -15,8 +15,9 @@ Policies (all on the same arrivals, the same twin engines and the same kubelet):
 * ``keda-slo``: the defaults under llm-d's SLO-aware KEDA recipe (:mod:`kneecap.sim.keda_slo`),
   scaling on the pool's TTFT and TPOT quantiles against the SLOs;
 * ``kneecap:replicas-only`` and ``kneecap:knobs-only`` (ablations, run when asked for): kneecap
-  with its cap held at the start-up flag (``spec.batching`` min = max = 256; the memory follows the
-  cap, and a change of memory alone gains no throughput to pay a restart with), or with its
+  with its cap held at the start-up flag (``spec.batching`` min = max = 256) and its memory at
+  most the start-up 0.9 (``spec.batching.maxGpuMemoryUtilization``; below it, the memory follows
+  the cap, and memory released is worth nothing to pay a restart with here), or with its
   replicas held at the starting pool (``spec.topology.replicas`` min = max): the share of the
   result each lever earns;
 * ``oracle``: the best single static (max_num_seqs, memory, replicas) in hindsight, from a
@@ -134,7 +135,8 @@ def llmd_spec(cfg: ReplayConfig, policy: str = "kneecap", start_replicas: int | 
     an ablation's holds one lever (module docstring)."""
     spec = _llmd_spec(cfg)
     if policy == "kneecap:replicas-only":
-        spec["batching"] = {"minMaxNumSeqs": DEFAULT_CAP, "maxMaxNumSeqs": DEFAULT_CAP}
+        spec["batching"] = {"minMaxNumSeqs": DEFAULT_CAP, "maxMaxNumSeqs": DEFAULT_CAP,
+                            "maxGpuMemoryUtilization": DEFAULT_MEMORY}
     elif policy == "kneecap:knobs-only":
         held = start_replicas or cfg.min_replicas
         spec["topology"]["replicas"] = {"min": held, "max": held}
@@ -413,6 +415,23 @@ def memory_for_cap(cfg: ReplayConfig, trace: Trace, cap: int) -> float:
     return float(min(u, DEFAULT_MEMORY))
 
 
+def oracle_memories(cfg: ReplayConfig, trace: Trace, cap: int) -> tuple[float, ...]:
+    """The memory fractions the oracle tries at ``cap``: the one sized for it (vLLM's default at
+    vLLM's cap), and the most a pod may reserve (memory.UTILIZATION_BOUNDS, the operator's reach)
+    where the KV cache at that one holds fewer tokens than ``cap`` sequences at the trace's mean
+    context: the cache, not the cap, bounds the batch there (the operator's rule,
+    kneecap.control.decide.kv_bound)."""
+    arch, gpu = get_arch(cfg.architecture), get_gpu(cfg.gpu)
+    mem = DEFAULT_MEMORY if cap == DEFAULT_CAP else memory_for_cap(cfg, trace, cap)
+    ctx_mean = float((trace.input_tokens + trace.output_tokens).mean())
+    try:
+        kv = memory.memory_split(arch, gpu, mem, cap, tensor_parallel_size=cfg.tensor_parallel_size).kv_capacity_tokens
+    except InputError:
+        kv = 0
+    most = memory.UTILIZATION_BOUNDS[1]
+    return (mem, most) if kv < cap * ctx_mean and most > mem else (mem,)
+
+
 @dataclass
 class Sweep:
     """Static runs of one trace, each kept for reuse. A sweep run stops as soon as its SLO
@@ -495,23 +514,24 @@ def compression_for_peak(trace: Trace, cfg: ReplayConfig, replicas: int) -> int:
 
 def oracle(trace: Trace, cfg: ReplayConfig, sweep: Sweep, peak: int) -> tuple[int, float, int]:
     """The static (cap, memory, replicas) with the most good requests per GPU-hour that meets the
-    SLO over the trace (none meets it: the highest request attainment). A static pool's GPU-hours
-    grow with its replicas, so each cap is tried from ⌈peak/2⌉ replicas up to the best count found
-    so far (``peak``: the defaults' own count)."""
+    SLO over the trace (none meets it: the highest request attainment), memories from
+    :func:`oracle_memories`. A static pool's GPU-hours grow with its replicas, so each cap is
+    tried from ⌈peak/2⌉ replicas up to the best count found so far (``peak``: the defaults' own
+    count)."""
     best = None
     limit = cfg.max_replicas
     lo = max(cfg.min_replicas, math.ceil(peak / 2))
     for cap in ORACLE_CAPS:
-        mem = DEFAULT_MEMORY if cap == DEFAULT_CAP else memory_for_cap(cfg, trace, cap)
-        for r in range(lo, limit + 1):
-            run = sweep.run(trace, cfg, cap, mem, r)
-            if not slo_met(cfg, run.requests):
-                continue
-            g = score(cfg, run, max(trace.span_s, 1e-9))["good_per_gpu_hour"] or 0.0
-            if best is None or g > best[0]:
-                best = (g, (cap, mem, r))
-            limit = min(limit, r)
-            break
+        for mem in oracle_memories(cfg, trace, cap):
+            for r in range(lo, limit + 1):
+                run = sweep.run(trace, cfg, cap, mem, r)
+                if not slo_met(cfg, run.requests):
+                    continue
+                g = score(cfg, run, max(trace.span_s, 1e-9))["good_per_gpu_hour"] or 0.0
+                if best is None or g > best[0]:
+                    best = (g, (cap, mem, r))
+                limit = min(limit, r)
+                break
     if best is None:  # nothing meets the SLO: the most replicas at the defaults
         return DEFAULT_CAP, DEFAULT_MEMORY, cfg.max_replicas
     return best[1]
