@@ -300,7 +300,8 @@ def plan(g: TickInput, status: dict, spec: LLMDeploymentSpec, now_s: float,
         base, proposal, spec.control, spec.batching, manifests.pool_bounds(spec, role), state,
         memory_for_cap=lambda cap: decide.memory_for_cap(spec, workload, cap)[:2], round_cap=round_cap,
         gains_for=lambda target: decide.gains(spec, cal_out.calibration, workload, base, target),
-        replicas_saved_for=lambda target: _replicas_saved(t, cal_out.calibration, workload, base, target))
+        replicas_saved_for=None if spec.disaggregated else (  # SARA sizes disaggregated pools
+            lambda target: _replicas_saved(t, cal_out.calibration, workload, base, target)))
     d = guard(policy.Proposal(r.settings, r.throughput_gain, r.memory_gain))
     if not spec.disaggregated and _flags(r.settings) != _flags(base) and (
             d.action == policy.HOLD or _flags(d.target) == _flags(base)):
