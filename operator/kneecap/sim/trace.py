@@ -190,13 +190,13 @@ def cut(trace: Trace, start_s: float = 0.0, seconds: float | None = None) -> Tra
     """The requests that arrived in ``[start_s, start_s + seconds)`` of the trace as recorded (all
     after ``start_s`` when ``seconds`` is None), shifted so the first is at 0 s: a day of a
     week-long trace, or its busiest hour."""
-    for name, v in (("trace-start", start_s), ("trace-seconds", seconds)):
-        if v is None and name == "trace-seconds":
-            continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or (
-                name == "trace-seconds" and v == 0):
-            raise InputError(name, f"expected a {'positive' if name == 'trace-seconds' else 'non-negative'} "
-                                   f"number of seconds, got {v!r}")
+    def seconds_ok(v) -> bool:
+        return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+
+    if not (seconds_ok(start_s) and start_s >= 0):
+        raise InputError("trace-start", f"expected a non-negative number of seconds, got {start_s!r}")
+    if seconds is not None and not (seconds_ok(seconds) and seconds > 0):
+        raise InputError("trace-seconds", f"expected a positive number of seconds, got {seconds!r}")
     end = math.inf if seconds is None else start_s + seconds
     keep = (trace.arrival_s >= start_s) & (trace.arrival_s < end)
     if not keep.any():
