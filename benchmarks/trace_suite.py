@@ -5,7 +5,8 @@ hour, data/azure-llm-2023/, CC-BY 4.0) at every whole compression from ×1 to th
 needs 6 replicas of vLLM's defaults for its peak, and the variants of `kneecap.sim.trace_variants`
 derived from it, each changing one property (the table says which and what it stresses), each at
 its own least compression for a 3-replica peak (`--peak-replicas 3`). Same model, GPU, SLOs and
-policies as `trace_replay.py`.
+policies as `trace_replay.py`, but for the last row: the trace served by Llama-3.1-70B at TP 2 (two
+H100s per replica, each counted), whose KV cache at vLLM's memory bounds the batch.
 
 Per trace: good requests per GPU-hour of each policy; kneecap's against the hindsight-best static
 setting (oracle) and against the best of the baselines a user runs today (defaults on a
