@@ -336,13 +336,18 @@ def _replicas_saved(t: _Tick, cal, obs: Observation, live: manifests.EngineSetti
     """Whole replicas GAUSS sizes for the window at the ``live`` flags beyond those at
     ``target``'s (negative: the target needs more): what a flag change is worth in the SLO's
     GPUs (:meth:`kneecap.control.restart.RestartCost.gain_tokens`)."""
-    at_live, at_target = _gauss_replicas(t, cal, obs, live), _gauss_replicas(t, cal, obs, target)
+    return _whole_replicas_saved(_gauss_replicas(t, cal, obs, live), _gauss_replicas(t, cal, obs, target),
+                                 live.replicas)
+
+
+def _whole_replicas_saved(at_live: float, at_target: float, live_replicas: int) -> int:
+    """:func:`_replicas_saved` from GAUSS's counts at the live flags and at the target's."""
     if math.isinf(at_live) and math.isinf(at_target):
         return 0
     if math.isinf(at_target):
-        return -max(live.replicas, 1)
+        return -max(live_replicas, 1)
     if math.isinf(at_live):  # no load meets the SLO at the live flags: every replica beyond the target's
-        return max(live.replicas - math.ceil(at_target), 1)
+        return max(live_replicas - math.ceil(at_target), 1)
     return math.ceil(at_live) - math.ceil(at_target)
 
 
@@ -363,7 +368,7 @@ def _memory_for_replicas(t: _Tick, cal, obs: Observation, cur: manifests.EngineS
     if math.isinf(at["kv"]) or math.ceil(at["kv"]) >= min(math.ceil(at["live"]), math.ceil(at["bca"])):
         return r
     return decide.recommend_at(spec, r, cal, obs, cur, more, "kv_capacity",
-                               replicas_saved=_replicas_saved(t, cal, obs, cur, more))
+                               replicas_saved=_whole_replicas_saved(at["live"], at["kv"], cur.replicas))
 
 
 def _flags(s: manifests.EngineSettings) -> tuple:

@@ -152,11 +152,20 @@ def guard(
                   and target.kv_cache_memory_bytes == current.kv_cache_memory_bytes)
     if flags_same and target.replicas == current.replicas:
         return d(HOLD, "NoChange", f"live settings already match the recommendation{note}")
+    asked: dict[EngineSettings, float] = {}  # replicas_saved_for, once per settings
+
+    def saved(settings: EngineSettings) -> float:
+        if replicas_saved_for is None:
+            return 0
+        if settings not in asked:
+            asked[settings] = replicas_saved_for(settings)
+        return asked[settings]
+
     within_band = (_rel(target.max_num_seqs, current.max_num_seqs) < control.hysteresis
                    and _rel(target.gpu_memory_utilization, current.gpu_memory_utilization) < control.hysteresis
                    and target.replicas == current.replicas
                    # a few % more memory can be twice the KV cache: a change the SLO's replicas pay for is no noise
-                   and not (replicas_saved_for is not None and replicas_saved_for(target) > 0))
+                   and not saved(target) > 0)
     if within_band:
         return d(HOLD, "WithinHysteresis",
                  f"change cap {current.max_num_seqs}->{target.max_num_seqs}, memory "
@@ -183,7 +192,6 @@ def guard(
     rc = state.restart
     if flags_same or rc is None:
         return d(APPLY, "Recommended", summary)
-    saved = (lambda s: replicas_saved_for(s) if replicas_saved_for is not None else 0)  # noqa: E731
     step_saved = saved(target)
     record = rc.to_status(proposal.throughput_gain, proposal.memory_gain, step_saved)
     full_saved = saved(full.settings) if full is not proposal else step_saved
