@@ -1,4 +1,5 @@
-"""A scale-down sized for a rising rate (kneecap.control.replica_stabilisation.rising_rate_rps)."""
+"""A scale-down sized for a rising rate and for the spread of the pool's work
+(kneecap.control.replica_stabilisation.rising_rate_rps, load_margin)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from kneecap.control.replica_stabilisation import rising_rate_rps
+from kneecap.control.replica_stabilisation import load_margin, rising_rate_rps
 
 
-def windows(rates, window_s=30.0, t0=0.0):
-    return [SimpleNamespace(t_end_s=t0 + (i + 1) * window_s, window_s=window_s, request_rate_rps=float(r))
+def windows(rates, window_s=30.0, t0=0.0, inputs=None, outputs=None):
+    n = len(rates)
+    inputs = [1000.0] * n if inputs is None else inputs
+    outputs = [200.0] * n if outputs is None else outputs
+    return [SimpleNamespace(t_end_s=t0 + (i + 1) * window_s, window_s=window_s, request_rate_rps=float(r),
+                            input_len_mean=float(inputs[i]), output_len_mean=float(outputs[i]))
             for i, r in enumerate(rates)]
 
 
@@ -36,3 +41,31 @@ def test_a_flat_a_falling_or_a_noisy_rate_gives_no_trend():
     assert rising_rate_rps(bursty, bursty[-1].t_end_s, 300.0, 90.0) is None
     few = windows([10, 12, 14])
     assert rising_rate_rps(few, few[-1].t_end_s, 300.0, 90.0) is None
+
+
+def test_steady_work_needs_no_margin_and_a_spread_one_needs_z_of_its_spread():
+    steady = windows([10] * 8)
+    assert load_margin(steady, steady[-1].t_end_s, 300.0, 1.0) == 1.0
+    # the same prefill work per window, however the rate and the prompts trade off
+    traded = windows([10, 20, 10, 20, 10, 20], inputs=[2000, 1000, 2000, 1000, 2000, 1000], outputs=[200] * 6)
+    prefill = np.array([20_000, 20_000, 20_000, 20_000, 20_000, 20_000])
+    decode = np.array([2000, 4000, 2000, 4000, 2000, 4000])
+    cv_decode = decode.std(ddof=1) / decode.mean()
+    assert prefill.std() == 0
+    assert load_margin(traded, traded[-1].t_end_s, 300.0, 1.0) == pytest.approx(1 + cv_decode, rel=1e-12)
+    assert load_margin(traded, traded[-1].t_end_s, 300.0, 2.0) == pytest.approx(1 + 2 * cv_decode, rel=1e-12)
+    assert load_margin(traded, traded[-1].t_end_s, 300.0, 0.0) == 1.0  # scaleDownDeviations 0: no margin
+    # long prompts that come and go: the prefill work's spread counts
+    prompts = windows([5] * 6, inputs=[3000, 3000, 3000, 3000, 3000, 6000])
+    work = np.array([15_000] * 5 + [30_000])
+    assert load_margin(prompts, prompts[-1].t_end_s, 300.0, 1.0) == pytest.approx(
+        1 + work.std(ddof=1) / work.mean(), rel=1e-12)
+
+
+def test_only_the_span_counts_and_a_short_history_gives_no_margin():
+    old_swing_then_steady = windows([40, 5, 40, 5, 10, 10, 10, 10, 10])  # 30 s windows
+    now = old_swing_then_steady[-1].t_end_s
+    assert load_margin(old_swing_then_steady, now, 120.0, 1.0) == 1.0  # the last five windows
+    assert load_margin(old_swing_then_steady, now, 300.0, 1.0) > 1.5
+    few = windows([5, 40, 5])
+    assert load_margin(few, few[-1].t_end_s, 300.0, 1.0) == 1.0

@@ -87,6 +87,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"rate (default {d.rate_headroom:g})")
     parser.add_argument("--hysteresis", type=float, default=d.hysteresis,
                         help=f"kneecap's spec.control.hysteresis (default {d.hysteresis:g})")
+    parser.add_argument("--scale-down-deviations", type=float, default=d.scale_down_deviations,
+                        help="kneecap's spec.control.scaleDownDeviations: a scale-down serves the rate times 1 + this "
+                             f"many coefficients of variation of the pool's work (default {d.scale_down_deviations:g})")
     parser.add_argument("--allow-downtime", action="store_true",
                         help="kneecap may restart a one-replica pool (spec.control.allowDowntime)")
     parser.add_argument("--hpa-metric", choices=("kv", "waiting"), default=h.metric,
@@ -143,7 +146,7 @@ def config_from_args(args):
         start_replicas=args.start_replicas,
         cost_per_gpu_hour=args.cost_per_gpu_hour, seed=args.seed, interval_s=args.interval, cooldown_s=args.cooldown,
         released_memory_value=args.released_memory_value, allow_downtime=args.allow_downtime,
-        rate_headroom=args.rate_headroom, hysteresis=args.hysteresis,
+        rate_headroom=args.rate_headroom, hysteresis=args.hysteresis, scale_down_deviations=args.scale_down_deviations,
         hpa=HPASpec(metric=args.hpa_metric, target=args.hpa_target),
         kubelet=KubeletConfig(load_gib_s=args.load_gib_s, startup_s=args.startup_s,
                               termination_grace_s=args.grace_s, interrupted=args.interrupted))

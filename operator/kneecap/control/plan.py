@@ -30,7 +30,7 @@ from kneecap.control import restart, slo_budget, status as status_helpers, workl
 from kneecap.control.kube import MERGE
 from kneecap.control.metric_series import Series
 from kneecap.control.plan_metrics import MetricCollector, export_curve, export_recommendation, export_spec, slim_curve
-from kneecap.control.replica_stabilisation import (min_scale_down_recommendations, rising_rate_rps,
+from kneecap.control.replica_stabilisation import (min_scale_down_recommendations, load_margin, rising_rate_rps,
                                                    scale_down_window_s, stabilised_replicas, watched_long_enough)
 from kneecap.control.slo import slo_attainment, slo_met
 from kneecap.control.spec import LLMDeploymentSpec
@@ -633,6 +633,8 @@ def _replicas(t: _Tick, cal, obs: Observation, current: int, restart_s: float, r
         # a scale-down holds for the rate a scale-up could next serve, where the rate is rising
         rising = rising_rate_rps(ring, t.now_s, scale_down_window_s(spec, restart_s), restart_s + spec.control.window_s)
         ahead = max(rising / max(obs.request_rate_rps, 1e-9), 1.0) if rising is not None else 1.0
+        # and for the spread of its work over the scale-down window (spec.control.scaleDownDeviations)
+        ahead *= load_margin(ring, t.now_s, scale_down_window_s(spec, restart_s), spec.control.scale_down_deviations)
         n_down = band((1.0 + spec.control.hysteresis) * ahead)
         if binding == "missed" and served is None and missed:
             n = max(n, unserved_scale_up(obs.request_rate_rps, missed))

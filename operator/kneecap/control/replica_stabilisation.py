@@ -98,3 +98,20 @@ def rising_rate_rps(ring, now_s: float, span_s: float, ahead_s: float, z: float 
     if slope <= z * np.sqrt(dispersion / sxx):
         return None
     return r_bar + slope * (now_s + ahead_s - t_bar)
+
+
+def load_margin(ring, now_s: float, span_s: float, z: float) -> float:
+    """1 + ``z`` (spec.control.scaleDownDeviations) coefficients of variation of the pool's work over the ring's windows that ended
+    within ``span_s``: the larger of the prefill work (rate × mean prompt) and the decode work
+    (rate × mean output). A scale-down is sized for the rate times this margin: the smaller pool
+    must serve the windows the span's own spread says are coming, not only those it has seen
+    (a pool given back a cooldown before a heavier minute is wanted again within the cooldown).
+    1 with fewer than four windows."""
+    pts = [(o.request_rate_rps * o.input_len_mean, o.request_rate_rps * o.output_len_mean) for o in ring
+           if now_s - span_s <= o.t_end_s <= now_s and o.window_s > 0 and o.request_rate_rps >= 0]
+    if len(pts) < 4:
+        return 1.0
+    work = np.array(pts)
+    mean = work.mean(axis=0)
+    cv = np.where(mean > 0, work.std(axis=0, ddof=1) / np.maximum(mean, 1e-12), 0.0)
+    return 1.0 + z * float(cv.max())

@@ -221,6 +221,7 @@ class ControlSpec:
     allow_downtime: bool = False  # apply a restart that leaves the pool without a Ready pod
     released_memory_value: float = 1.0  # a released memory fraction's worth against a restart (restart.py)
     rate_headroom: float = 1.1  # colocated pools are sized for this multiple of the observed rate (decide.py)
+    scale_down_deviations: float = 1.0  # a scale-down keeps this many std. deviations of the work (replica_stabilisation)
 
 
 @dataclass(frozen=True)
@@ -531,7 +532,7 @@ def parse_spec(raw: Mapping | None, config_map: Mapping | None = None) -> LLMDep
             max_observation_age_s=(parse_duration_s(c["maxObservationAge"], "spec.control.maxObservationAge")
                                    if "maxObservationAge" in c else 3 * window_s),
             allow_downtime=bool(c["allowDowntime"]), released_memory_value=float(c["releasedMemoryValue"]),
-            rate_headroom=float(c["rateHeadroom"])),
+            rate_headroom=float(c["rateHeadroom"]), scale_down_deviations=float(c["scaleDownDeviations"])),
         rollout=RolloutSpec(s["rollout"]["maxSurge"], s["rollout"]["maxUnavailable"]),
         placement=_placement(s["placement"]),
     )

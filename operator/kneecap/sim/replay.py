@@ -86,6 +86,7 @@ class ReplayConfig:
     allow_downtime: bool = False  # spec.control.allowDowntime: restart a one-replica pool
     rate_headroom: float = 1.1  # spec.control.rateHeadroom: the multiple of the observed rate pools are sized for
     hysteresis: float = 0.1  # spec.control.hysteresis: the band a replica or flag change must leave
+    scale_down_deviations: float = 1.0  # spec.control.scaleDownDeviations: the work's spread a scale-down keeps
     hpa: HPASpec = field(default_factory=HPASpec)
     hpa_waiting: HPASpec = field(default_factory=lambda: HPASpec(metric="waiting", target=5.0))
     keda: KedaSLOSpec = field(default_factory=KedaSLOSpec)
@@ -155,7 +156,8 @@ def _llmd_spec(cfg: ReplayConfig) -> dict:
         "control": {"mode": "enforce", "interval": f"{cfg.interval_s:g}s", "window": f"{cfg.interval_s:g}s",
                     "cooldown": f"{cfg.cooldown_s:g}s", "minObservations": cfg.min_observations,
                     "releasedMemoryValue": cfg.released_memory_value, "allowDowntime": cfg.allow_downtime,
-                    "rateHeadroom": cfg.rate_headroom, "hysteresis": cfg.hysteresis},
+                    "rateHeadroom": cfg.rate_headroom, "hysteresis": cfg.hysteresis,
+                    "scaleDownDeviations": cfg.scale_down_deviations},
     }
 
 
