@@ -118,6 +118,9 @@ def markdown(rows: list[dict], summary: list[dict], suite: dict, settings=SETTIN
         out.append(f"| {label(s['setting'])}{shipped} | {s['goals_met']} of {s['traces']} "
                    f"| {s['attainment_met']} of {s['traces']} | {s['min_vs_oracle']} | {s['geomean_vs_oracle']} "
                    f"| {s['flaps']} |")
+    if len(rows) < len(suite["rows"]):
+        out += ["", f"Run on {len(rows)} of the suite's {len(suite['rows'])} traces (`--only`): "
+                    + ", ".join(r["trace"] for r in rows) + "."]
     out += ["", "Per trace, kneecap's good requests per GPU-hour against the oracle (attainment of requests):", "",
             "| trace | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
     for r in rows:
