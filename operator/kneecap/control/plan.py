@@ -631,10 +631,11 @@ def _replicas(t: _Tick, cal, obs: Observation, current: int, restart_s: float, r
             spec, cal, dataclasses.replace(obs, request_rate_rps=obs.request_rate_rps * f), served_rps=served,
             missed_rps=missed, settings=settings, gauss_runs=t.gauss_runs, measured_factor=factor)[0]
         # a scale-down holds for the rate a scale-up could next serve, where the rate is rising
-        rising = rising_rate_rps(ring, t.now_s, scale_down_window_s(spec, restart_s), restart_s + spec.control.window_s)
+        down_window_s = scale_down_window_s(spec, restart_s)
+        rising = rising_rate_rps(ring, t.now_s, down_window_s, restart_s + spec.control.window_s)
         ahead = max(rising / max(obs.request_rate_rps, 1e-9), 1.0) if rising is not None else 1.0
         # and for the spread of its work over the scale-down window (spec.control.scaleDownDeviations)
-        ahead *= load_margin(ring, t.now_s, scale_down_window_s(spec, restart_s), spec.control.scale_down_deviations)
+        ahead *= load_margin(ring, t.now_s, down_window_s, spec.control.scale_down_deviations)
         n_down = band((1.0 + spec.control.hysteresis) * ahead)
         if binding == "missed" and served is None and missed:
             n = max(n, unserved_scale_up(obs.request_rate_rps, missed))
@@ -649,7 +650,7 @@ def _replicas(t: _Tick, cal, obs: Observation, current: int, restart_s: float, r
             n, binding = current, "error_budget"
         n, t.out["scaleDownRecommendations"] = stabilised_replicas(
             n, n_down, t.status.get("scaleDownRecommendations"), current, t.now_s,
-            scale_down_window_s(spec, restart_s), spec.control.cooldown_s,
+            down_window_s, spec.control.cooldown_s,
             min_recommendations=min_scale_down_recommendations(spec, restart_s))
         if n < current and not watched_long_enough(spec, ring, t.now_s):
             n = current

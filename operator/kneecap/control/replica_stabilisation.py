@@ -73,6 +73,12 @@ def min_scale_down_recommendations(spec: LLMDeploymentSpec, restart_s: float) ->
     return max(3, int(scale_down_window_s(spec, restart_s) // spec.control.interval_s))
 
 
+def _span(ring, now_s: float, span_s: float) -> list:
+    """The ring's windows with a rate that ended within ``span_s`` of ``now_s``."""
+    return [o for o in ring
+            if now_s - span_s <= o.t_end_s <= now_s and o.window_s > 0 and o.request_rate_rps >= 0]
+
+
 def rising_rate_rps(ring, now_s: float, span_s: float, ahead_s: float, z: float = 2.0) -> float | None:
     """The pool's request rate ``ahead_s`` from now on the trend of the ring's windows that
     ended within ``span_s``, where that trend rises significantly; None where it does not.
@@ -82,8 +88,7 @@ def rising_rate_rps(ring, now_s: float, span_s: float, ahead_s: float, z: float 
     residuals' dispersion where traffic is burstier than Poisson (quasi-Poisson), and the trend
     counts only where the slope exceeds ``z`` standard errors. A scale-down is sized for it: a
     pod given back while the rate climbs is wanted again before a scale-up could bring it back."""
-    pts = [(o.t_end_s, o.request_rate_rps, o.window_s) for o in ring
-           if now_s - span_s <= o.t_end_s <= now_s and o.window_s > 0 and o.request_rate_rps >= 0]
+    pts = [(o.t_end_s, o.request_rate_rps, o.window_s) for o in _span(ring, now_s, span_s)]
     if len(pts) < 4:
         return None
     t, r, window = (np.array(column) for column in zip(*pts))
@@ -101,14 +106,14 @@ def rising_rate_rps(ring, now_s: float, span_s: float, ahead_s: float, z: float 
 
 
 def load_margin(ring, now_s: float, span_s: float, z: float) -> float:
-    """1 + ``z`` (spec.control.scaleDownDeviations) coefficients of variation of the pool's work over the ring's windows that ended
-    within ``span_s``: the larger of the prefill work (rate × mean prompt) and the decode work
+    """1 + ``z`` (spec.control.scaleDownDeviations) coefficients of variation of the pool's work
+    over the ring's windows that ended within ``span_s``: the larger of the prefill work (rate × mean prompt) and the decode work
     (rate × mean output). A scale-down is sized for the rate times this margin: the smaller pool
     must serve the windows the span's own spread says are coming, not only those it has seen
     (a pool given back a cooldown before a heavier minute is wanted again within the cooldown).
     1 with fewer than four windows."""
-    pts = [(o.request_rate_rps * o.input_len_mean, o.request_rate_rps * o.output_len_mean) for o in ring
-           if now_s - span_s <= o.t_end_s <= now_s and o.window_s > 0 and o.request_rate_rps >= 0]
+    pts = [(o.request_rate_rps * o.input_len_mean, o.request_rate_rps * o.output_len_mean)
+           for o in _span(ring, now_s, span_s)]
     if len(pts) < 4:
         return 1.0
     work = np.array(pts)

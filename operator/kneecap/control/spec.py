@@ -221,7 +221,7 @@ class ControlSpec:
     allow_downtime: bool = False  # apply a restart that leaves the pool without a Ready pod
     released_memory_value: float = 1.0  # a released memory fraction's worth against a restart (restart.py)
     rate_headroom: float = 1.1  # colocated pools are sized for this multiple of the observed rate (decide.py)
-    scale_down_deviations: float = 1.0  # a scale-down keeps this many std. deviations of the work (replica_stabilisation)
+    scale_down_deviations: float = 1.0  # std. deviations of the work a scale-down keeps (replica_stabilisation)
 
 
 @dataclass(frozen=True)
