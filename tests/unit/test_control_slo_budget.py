@@ -9,6 +9,7 @@ import pytest
 
 from kneecap.control import plan, slo_budget, status as status_helpers
 from kneecap.control.spec import parse_spec
+from kneecap.emulation.merge_patch import merge_patch
 from tests.support.plan_inputs import NOW, RAW, gathered, live_pool, ring_status
 from tests.support.profile_observations import observation
 
@@ -96,3 +97,19 @@ def test_a_scale_up_of_a_stable_pool_waits_while_the_error_budget_absorbs_its_ta
     else:
         assert replicas > 1 and "errorBudgetHold" not in alloc
     assert (alloc["servedRequestsPerSecondPerReplica"] is None) == (longer > 1)
+
+
+def test_a_status_patch_clears_the_hold_and_the_fields_a_tick_no_longer_sets():
+    """A merge patch (RFC 7386, as the apiserver applies it) keeps what it does not name; the
+    patch a tick writes replaces each object it writes, so a hold that ended leaves the status,
+    at any depth, while the objects it does not write (another writer's) stay."""
+    before = {"allocation": {"replicas": 4, "errorBudgetHold": "replicas 4->5 held: ...",
+                             "binding": {"decode": "tbt_slo", "prefill": "ttft"}},
+              "workload": {"pool": "server", "ttftP95Seconds": 0.7, "tpotP95Seconds": 0.04},
+              "placement": {"node": "a"}, "observations": [{"t": 1}, {"t": 2}]}
+    after = {"allocation": {"replicas": 5, "binding": {"decode": "served"}},
+             "workload": {"pool": "server", "tpotP95Seconds": 0.05}, "observations": [{"t": 2}]}
+    patch = status_helpers.replacing(before, after)
+    assert patch["allocation"]["errorBudgetHold"] is None and patch["workload"]["ttftP95Seconds"] is None
+    assert merge_patch(before, patch) == {**after, "placement": {"node": "a"}}
+    assert status_helpers.replacing({}, after) == after  # nothing to clear on a first write

@@ -217,3 +217,46 @@ def test_a_tp2_70b_pool_bound_by_its_kv_cache_is_given_the_memory_that_saves_rep
                if e.get("reason") == "Applied"), run.operator_events
     held = run_policy(trace, cfg, "kneecap:replicas-only", start_replicas=4)
     assert all((d.get("target") or {}).get("gpuMemoryUtilization", 0.9) == 0.9 for d in held.decisions)
+
+
+def _without_nulls(value):
+    """What a merge patch leaves of ``value`` in the object (RFC 7386: null deletes)."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    return value
+
+
+def test_the_status_shows_each_tick_s_objects_with_nothing_left_from_earlier_ticks(tmp_path, monkeypatch):
+    """The status is written as a merge patch, which keeps what it does not name: a field a tick
+    no longer sets (the restart cost of an applied decision, a hold that ended, a p95 a window did
+    not measure) must still leave the stored status, so every object the planner wrote is stored
+    exactly as planned after each tick of a replay with a restart."""
+    from kneecap.control import loop
+    from kneecap.sim import cluster
+
+    planned, mismatches, ticks = [], [], []
+    real_plan, real_tick = loop.planner.plan, cluster.OperatorDriver.tick
+
+    def plan(*args, **kwargs):
+        out = real_plan(*args, **kwargs)
+        planned.append(out.status)
+        return out
+
+    def tick(self, t_s):
+        n = len(planned)
+        real_tick(self, t_s)
+        if len(planned) == n:
+            return
+        stored = self.cluster.api.peek(llmd_path(self.cluster.namespace, self.name))["status"]
+        ticks.append(t_s)
+        mismatches.extend((t_s, k) for k, v in planned[-1].items()
+                          if isinstance(v, dict) and stored.get(k) != _without_nulls(v))
+
+    monkeypatch.setattr(loop.planner, "plan", plan)
+    monkeypatch.setattr(cluster.OperatorDriver, "tick", tick)
+    trace = read_trace(write_trace(tmp_path, 20.0, 150.0))
+    cfg = ReplayConfig(min_replicas=1, max_replicas=1, interval_s=15.0, cooldown_s=300.0, allow_downtime=True,
+                       released_memory_value=1.0)
+    run = run_policy(trace, cfg, "kneecap")
+    assert any(d["applied"] for d in run.decisions) and len(ticks) >= 8
+    assert mismatches == [], mismatches[:5]

@@ -31,6 +31,7 @@ from typing import Awaitable, Callable
 import aiohttp
 
 from kneecap.control import plan as planner, reconcile, restart, status_codec
+from kneecap.control import status as status_helpers
 from kneecap.control.gauss_reuse import GaussRuns
 from kneecap.control.informer import ApiReads
 from kneecap.control.kube import ApiError, ApiFailure, KubeClient, deployments_path
@@ -298,12 +299,12 @@ async def tick(ctx: LoopContext, body: dict, spec: LLMDeploymentSpec, mem: LoopM
     the spec handlers' reconcile passes do not interleave with a tick's reads and writes."""
     now_s = ctx.now()
     async with ctx.reconcile_lock or contextlib.nullcontext():
-        g, status = await gather(ctx, body, spec, mem)
+        g, before = await gather(ctx, body, spec, mem)
         if ctx.stopping():
             return None
-        status, mem.reconcile_failed = await apply(ctx, g, planner.plan(g, status, spec, now_s, ctx.gauss_runs))
+        status, mem.reconcile_failed = await apply(ctx, g, planner.plan(g, before, spec, now_s, ctx.gauss_runs))
     mem.reconcile_failed = mem.reconcile_failed or g.reconcile_failed
-    return status
+    return status_helpers.replacing(before, status)
 
 
 def pending_status(mem: LoopMemory, version: str | None) -> dict | None:

@@ -189,3 +189,18 @@ def phase_of(conditions: list[dict] | None, invalid: bool = False) -> str:
 def compact(d: dict[str, Any]) -> dict[str, Any]:
     """Drop None values (status stays readable; merge-patch would delete those keys anyway)."""
     return {k: v for k, v in d.items() if v is not None}
+
+
+def replacing(before: Mapping[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """``after`` as a merge patch over ``before`` that replaces each object ``after`` writes: a key
+    of ``before``'s object that ``after``'s lacks is sent as null, at every depth. RFC 7386 keeps
+    what a patch does not name, so a field a tick no longer sets (a hold that ended, a p95 a window
+    did not measure) would otherwise stay in the status for good. Top-level keys ``after`` does
+    not name are left to their writers."""
+    return {k: _replaced(before.get(k), v) for k, v in after.items()}
+
+
+def _replaced(old: Any, new: Any) -> Any:
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return new
+    return {**{k: None for k in old if k not in new}, **{k: _replaced(old.get(k), v) for k, v in new.items()}}
