@@ -129,10 +129,23 @@ asyncio.run(main(float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), [int(
 # the operator under cProfile on the main thread's CPU clock (wall time would count the
 # machine's other load), enabled by SIGUSR1 and written to argv[1] on SIGUSR2
 PROFILED = r"""
-import cProfile, signal, sys, time
+import cProfile, os, signal, sys, time, tracemalloc
 out, profile = sys.argv[1], cProfile.Profile(time.thread_time)
+frames = int(os.environ.get("KNEECAP_TRACEMALLOC_FRAMES") or 0)
+if frames:
+    tracemalloc.start(frames)
+
+def memory():
+    if frames:
+        top = tracemalloc.take_snapshot().statistics("traceback")
+        with open(out + ".memory.txt", "w") as f:
+            f.write(f"traced {sum(s.size for s in top) / 2**20:.1f} MiB in {len(top)} sites\n")
+            for s in top[:60]:
+                f.write(f"{s.size / 2**20:8.2f} MiB {s.count:9d} blocks\n" + "\n".join(
+                    "        " + line for line in s.traceback.format()) + "\n")
+
 signal.signal(signal.SIGUSR1, lambda *_: profile.enable())
-signal.signal(signal.SIGUSR2, lambda *_: (profile.disable(), profile.dump_stats(out)))
+signal.signal(signal.SIGUSR2, lambda *_: (profile.disable(), profile.dump_stats(out), memory()))
 from kneecap.cli import main
 sys.exit(main(sys.argv[2:]))
 """
@@ -229,7 +242,8 @@ def measure(args, ports: list[int], env: dict, tmp: Path, run: int) -> dict:
             argv = ["run", "--namespace", NS, "--standalone", *(["--tick", str(args.tick)] if args.tick else [])]
             entry = ["-c", PROFILED, str(args.profile), *argv] if args.profile else ["-m", "kneecap", *argv]
             op = subprocess.Popen([sys.executable, *entry],
-                                  env=dict(env, KUBECONFIG=str(kubeconfig)),
+                                  env=dict(env, KUBECONFIG=str(kubeconfig),
+                                           KNEECAP_TRACEMALLOC_FRAMES=str(args.tracemalloc)),
                                   stdout=open(tmp / "operator.log", "wb"), stderr=subprocess.STDOUT)
             t0 = time.monotonic()
             warmup, c_prev = [], 0.0
@@ -256,6 +270,11 @@ def measure(args, ports: list[int], env: dict, tmp: Path, run: int) -> dict:
             if args.profile:
                 op.send_signal(signal.SIGUSR2)
                 time.sleep(5)
+                memory = Path(str(args.profile) + ".memory.txt")
+                for _ in range(120 if args.tracemalloc else 0):  # a snapshot of every block takes a while
+                    if memory.exists() and memory.stat().st_size > 0:
+                        break
+                    time.sleep(1)
             if args.dump:
                 dump = args.dump.with_name(f"{args.dump.stem}.run{run + 1}{args.dump.suffix}")
                 dump.write_text(json.dumps(items, indent=1))
@@ -831,6 +850,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="runs (fresh API and operator each); the median is stated")
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder for operator_scale.{md,json}")
     ap.add_argument("--profile", type=Path, help="profile the operator's measured intervals (main-thread CPU time: worker threads, such as the fleet advice's packing, are not in it; /proc/PID/task/*/stat gives CPU per thread), stats to this file")
+    ap.add_argument("--tracemalloc", type=int, default=0, metavar="FRAMES",
+                    help="with --profile: trace the operator's allocations from its start (FRAMES frames each; "
+                         "slows it) and write the largest sites beside the profile (<profile>.memory.txt)")
     ap.add_argument("--tick", type=float, help="the operator's --tick (default: its own default)")
     ap.add_argument("--dump", type=Path,
                     help="write the LLMDeployments as each run ends (JSON) to this file, .runN before the suffix")

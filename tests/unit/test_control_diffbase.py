@@ -1,11 +1,11 @@
-"""The operator's diff-base storage builds kopf's own essence (without copying the status)."""
+"""The operator's diff-base and progress storages build kopf's own essences (without copying the status)."""
 
 import copy
 
 import kopf
 import pytest
 
-from kneecap.control.handlers import SpecDiffBaseStorage
+from kneecap.control.handlers import SpecDiffBaseStorage, SpecProgressStorage
 
 BODY = {"apiVersion": "kneecap.io/v1alpha1", "kind": "LLMDeployment",
         "metadata": {"name": "a", "namespace": "n", "uid": "u", "resourceVersion": "5", "generation": 3,
@@ -47,3 +47,17 @@ def test_essence_is_a_copy():
     essence = SpecDiffBaseStorage(prefix="kneecap.io", key="last-handled-configuration").build(body=kopf.Body(body))
     essence["spec"]["engine"]["extraArgs"].append("--changed")
     assert body["spec"]["engine"]["extraArgs"] == ["--enforce-eager"]
+
+
+@pytest.mark.parametrize("body", list(_variants()))
+def test_progress_clear_equals_kopfs_and_leaves_the_essence_it_got(body):
+    """The progress storage's ``clear`` (kopf runs it on both essences of every watch event) gives
+    kopf's result, on the essence the diff-base storage builds, and leaves that essence as it was."""
+    essence = SpecDiffBaseStorage(prefix="kneecap.io", key="last-handled-configuration").build(
+        body=kopf.Body(copy.deepcopy(body)), extra_fields=[("metadata", "finalizers")])
+    essence["metadata"].setdefault("annotations", {})["kneecap.io/control"] = '{"started": "x"}'
+    before = copy.deepcopy(essence)
+    got = SpecProgressStorage(prefix="kneecap.io").clear(essence=essence)
+    assert got == kopf.AnnotationsProgressStorage(prefix="kneecap.io").clear(essence=copy.deepcopy(essence))
+    assert not any(k.startswith("kneecap.io/") for k in got.get("metadata", {}).get("annotations", {}))
+    assert essence == before

@@ -258,6 +258,39 @@ def test_the_advisor_serves_every_timer_of_a_period_from_one_look_at_the_fleet()
     assert again.fingerprint != first.fingerprint and advisor.computations == 2
 
 
+def test_a_member_s_spec_is_parsed_again_only_when_the_spec_changes(monkeypatch):
+    """Every window moves the status keys the advice reads; the spec's schema and CEL check runs
+    again only for a changed spec, and an invalid spec stays excluded with its field named on
+    every look until it is fixed."""
+    parsed = []
+
+    def counting(raw):
+        parsed.append(raw)
+        return parse_spec(raw)
+
+    monkeypatch.setattr(fleet, "parse_spec", counting)
+    advisor = fleet.FleetAdvisor()
+    observed = lambda rps: {"workload": {"requestsPerSecond": rps, "inputLengthMean": 512,  # noqa: E731
+                                         "inputLengthCoefficientOfVariation": 0.5, "outputLengthMean": 128,
+                                         "outputLengthCoefficientOfVariation": 0.5}}
+    for t, rps in enumerate((0.5, 0.6, 0.7)):
+        entries = [fleet.index_entry(body(n, declared(), status=observed(rps))) for n in ("a", "b")]
+        advice = asyncio.run(advisor.advise(entries, 1000.0 + 1000.0 * t))  # (past the CPU budget's wait)
+        assert {m.key: m.deployment.rate_rps for m in advice.members} == {"serving/a": rps, "serving/b": rps}
+    assert len(parsed) == 2  # once per member, the status moving on every look
+    bad = body("b", declared(), status=observed(0.7))
+    bad["spec"]["slo"]["quantile"] = 2.0
+    for t in range(2):
+        advice = asyncio.run(advisor.advise([fleet.index_entry(body("a", declared(), status=observed(0.8 + t))),
+                                             fleet.index_entry(bad)], 5000.0 + 1000.0 * t))
+        (b,) = [m for m in advice.members if m.key == "serving/b"]
+        assert b.deployment is None and b.excluded == "invalid spec (spec.slo.quantile)"
+    assert len(parsed) == 3  # the invalid spec once
+    advice = asyncio.run(advisor.advise([fleet.index_entry(body(n, declared(), status=observed(0.9)))
+                                         for n in ("a", "b")], 9000.0))
+    assert len(parsed) == 4 and all(m.deployment is not None for m in advice.members)
+
+
 def dra(claim: str) -> dict:
     return declared(mechanism="dra", resourceClaimName=claim)
 

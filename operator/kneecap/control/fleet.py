@@ -118,14 +118,15 @@ def _workload(status: Mapping, spec: LLMDeploymentSpec) -> tuple[float, gauss.Wo
             "declared")
 
 
-def member(entry: Mapping) -> Member:
-    """The packing entry of one LLMDeployment (an :func:`index_entry` or a whole object)."""
+def member(entry: Mapping, parse=parse_spec) -> Member:
+    """The packing entry of one LLMDeployment (an :func:`index_entry` or a whole object);
+    ``parse``: :func:`~kneecap.control.spec.parse_spec`, or a cache of it."""
     meta = entry.get("metadata") or {}
     key = f"{meta.get('namespace')}/{meta.get('name')}"
     if meta.get("deletionTimestamp"):
         return Member(key, None, "being deleted")
     try:
-        spec = parse_spec(entry.get("spec"))
+        spec = parse(entry.get("spec"))
     except InputError as exc:
         if exc.field.startswith("spec.model.configMapRef"):
             return Member(key, None, "its model's shape is in a ConfigMap, which the fleet advice does not read")
@@ -396,6 +397,10 @@ class FleetAdvisor:
         self._structure: str | None = None
         self._next_s: float | None = None  # no rerun for drift alone before this time
         self._members: dict[str, tuple[str, Member]] = {}
+        # each member's spec as parsed (or the InputError it raised), by the spec's JSON: the
+        # status keys the advice reads move every window, the spec seldom, and its schema and
+        # CEL check is most of a member's cost
+        self._specs: dict[str, tuple[str, LLMDeploymentSpec | InputError]] = {}
         self._lock: asyncio.Lock | None = None
 
     def _member(self, entry) -> tuple[str | None, Member]:
@@ -403,11 +408,28 @@ class FleetAdvisor:
         if isinstance(entry, Member):
             return None, entry
         meta = entry.get("metadata") or {}
-        stamp = json.dumps([meta.get("uid"), meta.get("deletionTimestamp"), entry.get("spec"),
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        spec_stamp = json.dumps(entry.get("spec"), sort_keys=True, default=str)
+        stamp = json.dumps([meta.get("uid"), meta.get("deletionTimestamp"), spec_stamp,
                             {k: v for k, v in (entry.get("status") or {}).items() if k in STATUS_KEYS}],
                            sort_keys=True, default=str)
-        hit = self._members.get(f"{meta.get('namespace')}/{meta.get('name')}")
-        return stamp, (hit[1] if hit is not None and hit[0] == stamp else member(entry))
+        hit = self._members.get(key)
+        if hit is not None and hit[0] == stamp:
+            return stamp, hit[1]
+
+        def parse(raw):
+            parsed = self._specs.get(key)
+            if parsed is None or parsed[0] != spec_stamp:
+                try:
+                    parsed = spec_stamp, parse_spec(raw)
+                except InputError as exc:
+                    parsed = spec_stamp, exc
+                self._specs[key] = parsed
+            if isinstance(parsed[1], InputError):
+                raise parsed[1].with_traceback(None)  # (the kept error gathers no frames across raises)
+            return parsed[1]
+
+        return stamp, member(entry, parse)
 
     async def advise(self, entries, now_s: float | None = None) -> Advice:
         """The advice for ``entries`` (:func:`index_entry` dicts, whole objects or Members),
@@ -425,6 +447,7 @@ class FleetAdvisor:
                 if stamp is not None:
                     seen[m.key] = (stamp, m)
             self._members = seen  # forget what left the fleet
+            self._specs = {k: v for k, v in self._specs.items() if k in seen}
             members = tuple(members)
             fp = fingerprint(members)
             if self.advice is None or self.advice.fingerprint != fp:

@@ -139,6 +139,24 @@ class SpecDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         return super().build(body=kopf.Body(lean), extra_fields=extra_fields)
 
 
+class SpecProgressStorage(kopf.AnnotationsProgressStorage):
+    """kopf's annotation progress storage whose ``clear`` copies only what it changes (the
+    metadata and its annotations): kopf deep-copies the essence, spec included, twice per watch
+    event, and every status write brings one. The essences it gets are built afresh per event."""
+
+    def clear(self, *, essence):
+        meta = essence.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        out = dict(essence)
+        if "metadata" in essence:
+            out["metadata"] = dict(meta)
+            if "annotations" in meta:
+                out["metadata"]["annotations"] = {k: v for k, v in annotations.items()
+                                                  if not (self.prefix and k.startswith(f"{self.prefix}/"))}
+        self.remove_empty_stanzas(out)
+        return out
+
+
 # a deleted resource keeps its finalizer until its control timer's current tick ends; kopf checks
 # for that again after this many seconds (its default, 60 s, held every such deletion a minute)
 TIMER_EXIT_POLL_S = 1.0
@@ -173,7 +191,7 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
     @kopf.on.startup(registry=registry)
     async def startup(memo: kopf.Memo, settings: kopf.OperatorSettings, logger, **_):
         settings.persistence.finalizer = finalizer(config.selector)  # a shard's own (kneecap.control.shard)
-        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kneecap.io")
+        settings.persistence.progress_storage = SpecProgressStorage(prefix="kneecap.io")
         settings.persistence.diffbase_storage = SpecDiffBaseStorage(
             prefix="kneecap.io", key="last-handled-configuration")
         # kopf's own handler failures (logged at ERROR on the object's logger) become Warning/Error
