@@ -34,7 +34,7 @@ from kneecap.errors import InputError
 from kneecap.model.arch import GIB, ModelArch
 from kneecap.model.hardware import GPU
 from kneecap.model.memory import vllm_default_limits
-from kneecap.sim.roofline import DEFAULT_STEP_COST, StepCostParams, attention_flops, step_time_s
+from kneecap.sim.roofline import DEFAULT_STEP_COST, StepCostParams, StepPricer, attention_flops
 
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
 V0_WATERMARK = 0.01  # vLLM V0 BlockSpaceManager watermark: keep 1% of blocks free on admission
@@ -178,6 +178,7 @@ class Engine:
         self._ids = itertools.count()
         self._watermark = int(V0_WATERMARK * config.num_gpu_blocks)
         self._attn_per_token = attention_flops(config.arch, 1, 0)  # 4·L·D per attended token
+        self._step_time_s = StepPricer(config.arch, config.gpu, config.step_cost, config.tensor_parallel_size)
         # totals for benchmarks and gauges
         self.num_steps = 0
         self.num_preemptions = 0
@@ -357,9 +358,7 @@ class Engine:
             attn = self._attn_per_token * (kv_read + len(scheduled))  # attention_flops with n = 1
         else:
             attn = attention_flops(cfg.arch, [n for _, n in scheduled], [r.num_computed for r, _ in scheduled])
-        dt = step_time_s(cfg.arch, cfg.gpu, num_seqs=len(scheduled), num_tokens=num_tokens,
-                         kv_read_tokens=kv_read, attn_flops=attn, has_prefill=not decode_only,
-                         cost=cfg.step_cost, tensor_parallel_size=cfg.tensor_parallel_size)
+        dt = self._step_time_s(len(scheduled), num_tokens, kv_read, attn, not decode_only)
         end = start + dt
         tokens, finished = [], []
         for req, n in scheduled:

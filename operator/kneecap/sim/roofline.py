@@ -103,26 +103,53 @@ def step_time_s(arch: ModelArch, gpu: GPU, *, num_seqs: int, num_tokens: int, kv
                 tensor_parallel_size: int = 1) -> float:
     """Time of one engine step (module docstring), one TP rank's plus the all-reduces.
     ``kv_read_tokens``: earlier-context tokens read."""
-    if num_tokens <= 0:
-        return 0.0
-    tp = int(tensor_parallel_size)
-    weight_bytes, params = arch.weight_bytes, arch.params
-    if arch.moe:  # the step reads the experts its tokens route to and computes with k of them
-        routed_bytes = arch.routed_expert_params * arch.bytes_per_weight
-        touched = float(distinct_experts(arch.num_experts, arch.experts_per_token, num_tokens)) / arch.num_experts
-        weight_bytes, params = weight_bytes - routed_bytes * (1.0 - touched), arch.active_params
-    weight_bytes = weight_bytes / tp + replicated_kv_weight_bytes(arch, tp)
-    linear_flops = (2.0 * max(params - embedding_params(arch), 0.0) * num_tokens  # F_lin (module docstring)
-                    + 2.0 * arch.vocab * arch.hidden * num_seqs)
-    weight_s = weight_bytes / (cost.bw_efficiency * gpu.mem_bw_bytes_s)
-    gemm_s = linear_flops / tp / (cost.compute_efficiency * gpu.peak_flops)
-    linear_s = weight_s + gemm_s if has_prefill and cost.prefill_adds_weight_read else max(weight_s, gemm_s)
-    attn_s = max(kv_read_tokens * kv_bytes_per_token_per_gpu(arch, tp) / (cost.attn_bw_efficiency * gpu.mem_bw_bytes_s),
-                 attn_flops / tp / (cost.compute_efficiency * gpu.peak_flops))
-    eager = has_prefill or num_seqs > cost.cuda_graph_max_batch
-    return (cost.step_overhead_s + cost.per_seq_overhead_s * num_seqs + linear_s + attn_s
-            + (arch.layers * cost.eager_layer_overhead_s if eager else 0.0)
-            + float(allreduce_s_per_step(arch, gpu, tp, num_tokens)))
+    return StepPricer(arch, gpu, cost, tensor_parallel_size)(num_seqs, num_tokens, kv_read_tokens, attn_flops,
+                                                             has_prefill)
+
+
+class StepPricer:
+    """:func:`step_time_s` of one engine (model, GPU, costs, TP), its per-engine terms computed
+    once: the twin prices every step, and those terms were most of a step's cost. The arithmetic
+    per step is the same, operation for operation, so the times are bit-identical."""
+
+    def __init__(self, arch: ModelArch, gpu: GPU, cost: StepCostParams = DEFAULT_STEP_COST,
+                 tensor_parallel_size: int = 1):
+        tp = int(tensor_parallel_size)
+        self.arch, self.gpu, self.cost, self.tp = arch, gpu, cost, tp
+        params = arch.active_params if arch.moe else arch.params
+        self._flops_per_token = 2.0 * max(params - embedding_params(arch), 0.0)  # F_lin (module docstring)
+        self._head_flops_per_seq = 2.0 * arch.vocab * arch.hidden
+        self._weight_rate = cost.bw_efficiency * gpu.mem_bw_bytes_s
+        self._compute_rate = cost.compute_efficiency * gpu.peak_flops
+        self._kv_bytes_per_token = kv_bytes_per_token_per_gpu(arch, tp)
+        self._attn_rate = cost.attn_bw_efficiency * gpu.mem_bw_bytes_s
+        self._eager_s = arch.layers * cost.eager_layer_overhead_s
+        self._dense_weight_s = None if arch.moe else self._weight_s(arch.weight_bytes)
+
+    def _weight_s(self, weight_bytes: float) -> float:
+        return (weight_bytes / self.tp + replicated_kv_weight_bytes(self.arch, self.tp)) / self._weight_rate
+
+    def __call__(self, num_seqs: int, num_tokens: int, kv_read_tokens: float, attn_flops: float,
+                 has_prefill: bool) -> float:
+        if num_tokens <= 0:
+            return 0.0
+        arch, cost, tp = self.arch, self.cost, self.tp
+        weight_s = self._dense_weight_s
+        if weight_s is None:  # MoE: the step reads the experts its tokens route to
+            routed_bytes = arch.routed_expert_params * arch.bytes_per_weight
+            touched = float(distinct_experts(arch.num_experts, arch.experts_per_token, num_tokens)) / arch.num_experts
+            weight_s = self._weight_s(arch.weight_bytes - routed_bytes * (1.0 - touched))
+        linear_flops = self._flops_per_token * num_tokens + self._head_flops_per_seq * num_seqs
+        gemm_s = linear_flops / tp / self._compute_rate
+        linear_s = weight_s + gemm_s if has_prefill and cost.prefill_adds_weight_read else max(weight_s, gemm_s)
+        attn_s = max(kv_read_tokens * self._kv_bytes_per_token / self._attn_rate,
+                     attn_flops / tp / self._compute_rate)
+        eager = has_prefill or num_seqs > cost.cuda_graph_max_batch
+        t = (cost.step_overhead_s + cost.per_seq_overhead_s * num_seqs + linear_s + attn_s
+             + (self._eager_s if eager else 0.0))
+        if tp == 1:  # no all-reduces (their term is 0)
+            return t
+        return t + float(allreduce_s_per_step(arch, self.gpu, tp, num_tokens))
 
 
 def gauss_coefficients(arch: ModelArch, gpu: GPU, chunk_tokens: int, cost: StepCostParams = DEFAULT_STEP_COST):
