@@ -26,6 +26,7 @@ from tests.support.twins import ROOT
     (["--fleet-cpu-share", "0"], "--fleet-cpu-share"),
     (["--fleet-cpu-share", "1.5"], "--fleet-cpu-share"),
     (["--fleet-max-evaluations", "0"], "--fleet-max-evaluations"),
+    (["--max-concurrent-reconciles", "0"], "--max-concurrent-reconciles"),
 ])
 def test_kneecap_run_rejects_bad_flags(argv, needle):
     res = subprocess.run([sys.executable, "-m", "kneecap", "run", *argv], cwd=ROOT, capture_output=True, text=True,

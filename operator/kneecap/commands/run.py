@@ -51,6 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the most GAUSS tail evaluations (about a CPU-second each) one packing of the fleet "
                              "advice may spend; a fleet that needs more gets no recommendation, said why in "
                              "status.placement (kneecap pack has no bound; default 200)")
+    parser.add_argument("--max-concurrent-reconciles", type=int, default=None, metavar="N",
+                        help="LLMDeployments whose control tick or spec reconcile may run at once; the others "
+                             "wait for a slot (default 4; as controller-runtime's MaxConcurrentReconciles: past a "
+                             "few, one tick's CPU delays the others' API replies until they time out)")
     parser.add_argument("--verbose", action="store_true")
     common.add_json(parser, "log as JSON lines on stdout (kopf's JSON format, with the object each line is about)")
 
@@ -72,6 +76,8 @@ def _check(args) -> None:
         raise InputError("--fleet-interval", f"expected seconds > 0, got {args.fleet_interval}")
     if args.fleet_cpu_share is not None and not 0.0 < args.fleet_cpu_share <= 1.0:
         raise InputError("--fleet-cpu-share", f"expected a fraction of a core in (0, 1], got {args.fleet_cpu_share}")
+    if args.max_concurrent_reconciles is not None and args.max_concurrent_reconciles < 1:
+        raise InputError("--max-concurrent-reconciles", f"expected a count ≥ 1, got {args.max_concurrent_reconciles}")
     if args.fleet_max_evaluations is not None and args.fleet_max_evaluations < 1:
         raise InputError("--fleet-max-evaluations", f"expected a count ≥ 1, got {args.fleet_max_evaluations}")
     fleet_inventory(args)
@@ -132,7 +138,9 @@ def run(args) -> int:
             ", ".join(f"{o.gpu.key}={o.count}@{o.cost_per_hour:g}" for o in inventory))
     registry = build_registry(OperatorConfig(metrics=metrics, tick_s=args.tick, peering_priority=args.priority,
                                              selector=selector, fleet_s=args.fleet_interval,
-                                             fleet_inventory=inventory, **fleet_bounds(args)))
+                                             fleet_inventory=inventory, **fleet_bounds(args),
+                                             **({} if args.max_concurrent_reconciles is None
+                                                else {"max_concurrent_reconciles": args.max_concurrent_reconciles})))
     kwargs: dict = {
         "registry": registry,
         "standalone": args.standalone or args.peering is None,

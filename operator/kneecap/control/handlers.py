@@ -45,6 +45,9 @@ class OperatorConfig:
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     tick_s: float = 10.0  # how often timers wake to check whether spec.control.interval elapsed
     scrape_timeout_s: float = 5.0
+    # resources whose tick or spec pass may run at once (`kneecap run --max-concurrent-reconciles`,
+    # kneecap.control.lifecycle._slot); None: unbounded
+    max_concurrent_reconciles: int | None = lifecycle.MAX_CONCURRENT_RECONCILES
     now: Callable[[], float] = time.time
     scrape: loop.ScrapeFn | None = None
     # leader election (kopf peering; used when the operator runs with --peering): None picks
@@ -114,7 +117,8 @@ def _operator(config: OperatorConfig, memo: kopf.Memo) -> lifecycle.Operator:
                               gauss_runs=getattr(memo, "gauss_runs", None),
                               parse_cache=getattr(memo, "parse_cache", None),
                               histogram_cache=getattr(memo, "histogram_cache", None),
-                              sync_cache=getattr(memo, "sync_cache", None))
+                              sync_cache=getattr(memo, "sync_cache", None),
+                              reconcile_slots=getattr(memo, "reconcile_slots", None))
 
 
 def _sink(body, patch: kopf.Patch | dict, logger) -> lifecycle.Sink:
@@ -215,6 +219,8 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         memo.parse_cache = ParseCache()  # shared by every scrape (LoopContext.parse_cache)
         memo.histogram_cache = HistogramCache()  # shared by every window (LoopContext.histogram_cache)
         memo.sync_cache = InSyncCache()  # shared by every resource (LoopContext.sync_cache)
+        memo.reconcile_slots = (asyncio.Semaphore(config.max_concurrent_reconciles)
+                                if config.max_concurrent_reconciles else None)
         # the one fleet advice, shared by every resource's fleet timer
         memo.fleet_advisor = fleet.FleetAdvisor(inventory=config.fleet_inventory, recheck_s=config.fleet_s / 2,
                                                 cpu_share=config.fleet_cpu_share,

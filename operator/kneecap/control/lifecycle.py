@@ -11,6 +11,7 @@ resource's :class:`~kneecap.control.loop.LoopMemory` and reconcile lock, and a :
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -27,6 +28,9 @@ from kneecap.control.spec import GROUP, PLURAL, VERSION, LLMDeploymentSpec, chec
 from kneecap.errors import InputError
 from kneecap.observe.histogram import HistogramCache
 from kneecap.observe.scrape import ParseCache
+
+
+MAX_CONCURRENT_RECONCILES = 4  # default reconcile slots (:func:`_slot`)
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,7 @@ class Operator:
     parse_cache: ParseCache | None = None  # the scrapes' parser's (LoopContext.parse_cache)
     histogram_cache: HistogramCache | None = None  # the windows' bucket plans (LoopContext.histogram_cache)
     sync_cache: reconcile.InSyncCache | None = None  # Deployments found in sync (LoopContext.sync_cache)
+    reconcile_slots: asyncio.Semaphore | None = None  # bounds the ticks and spec passes under way (None: unbounded)
 
 
 @dataclass(frozen=True)
@@ -103,7 +108,7 @@ async def on_spec(operator: Operator, body: dict, lock: asyncio.Lock, reason: st
     if spec is None:
         return
     spec = fleet.effective_spec(body, spec)  # a shared GPU where spec.placement and the fleet advice say so
-    async with lock:
+    async with _slot(operator), lock:
         result = await reconcile.reconcile(operator.kube, dict(body), spec, sync_cache=operator.sync_cache)
     now = operator.now()
     gen = body["metadata"].get("generation")
@@ -152,6 +157,21 @@ async def on_timer(operator: Operator, body: dict, mem: loop.LoopMemory, lock: a
         if mem.spec is None or not due():
             return None
     mem.last_tick_s = now
+    async with _slot(operator):
+        return await _tick(operator, body, mem, lock, sink, stopping, fresh)
+
+
+def _slot(operator: Operator):
+    """One of the operator's reconcile slots (``kneecap run --max-concurrent-reconciles``), held
+    while a resource's tick or spec pass talks to the API. The event loop is one thread: past a
+    few resources at once, a tick's plan (CPU) delays every other's replies until their requests
+    time out, and each failure costs a retry and an Event; a slot makes the rest wait their turn,
+    as controller-runtime's MaxConcurrentReconciles does."""
+    return operator.reconcile_slots or contextlib.nullcontext()
+
+
+async def _tick(operator: Operator, body: dict, mem: loop.LoopMemory, lock: asyncio.Lock, sink: Sink,
+                stopping: Callable[[], bool], fresh: bool) -> dict | None:
     ctx = loop.LoopContext(kube=operator.kube, metrics=operator.metrics, now=operator.now,
                            scrape_timeout_s=operator.scrape_timeout_s, scrape=operator.scrape,
                            session=operator.session, reads=None if fresh else operator.reads,
