@@ -239,7 +239,8 @@ def measure(args, ports: list[int], env: dict, tmp: Path, run: int) -> dict:
                                   annotations={"kneecap.io/metrics-url": f"http://127.0.0.1:{port}/metrics/{pod}"})
             print(f"{args.resources} LLMDeployments, {args.resources * args.pods} pods in the API "
                   f"[{time.monotonic() - t:.0f}s]", flush=True)
-            argv = ["run", "--namespace", NS, "--standalone", *(["--tick", str(args.tick)] if args.tick else [])]
+            argv = ["run", "--namespace", NS, "--standalone", *(["--tick", str(args.tick)] if args.tick else []),
+                    *args.operator_arg]
             entry = ["-c", PROFILED, str(args.profile), *argv] if args.profile else ["-m", "kneecap", *argv]
             op = subprocess.Popen([sys.executable, *entry],
                                   env=dict(env, KUBECONFIG=str(kubeconfig),
@@ -564,7 +565,7 @@ def measure_real(args, canned_port: int, env: dict, tmp: Path, run: int) -> dict
         for k, (s, kc) in enumerate(zip(shards, kubeconfigs)):
             argv = ["run", "--namespace", NS, "--standalone",
                     *(["--selector", f"kneecap.io/shard={s}"] if args.shards > 1 else []),
-                    *(["--tick", str(args.tick)] if args.tick else [])]
+                    *(["--tick", str(args.tick)] if args.tick else []), *args.operator_arg]
             entry = ["-c", PROFILED, str(args.profile), *argv] if args.profile and k == 0 else ["-m", "kneecap", *argv]
             ops.append(subprocess.Popen([sys.executable, *entry], env=dict(env, KUBECONFIG=str(kc)),
                                         stdout=open(tmp / f"operator-{s}.log", "wb"), stderr=subprocess.STDOUT,
@@ -702,7 +703,7 @@ def main_real(args) -> int:
     res = {"mode": "real-api", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "resources": args.resources, "pods_per_resource": args.pods, "shards": shards,
            "interval_s": args.interval, "warmup_intervals": args.warmup_intervals, "intervals": args.intervals,
-           "tick_s": args.tick, **here, "repeat": args.repeat,
+           "tick_s": args.tick, "operator_args": args.operator_arg, **here, "repeat": args.repeat,
            "cpu_s_per_interval_per_shard_median": cpu, "core_fraction_at_30s_per_shard_median": [x / 30 for x in cpu],
            "rss_mb_max_per_shard_median": rss, "component_cpu_s_per_interval_median": comp,
            "operator_requests_per_interval_median": reqs,
@@ -715,7 +716,8 @@ def main_real(args) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "operator_scale.json"
     doc = json.loads(path.read_text()) if path.exists() else {}
-    doc.setdefault("real_api", {})[f"{args.resources}x{args.pods}x{shards}"] = res
+    key = f"{args.resources}x{args.pods}x{shards}" + "".join(f" {a}" for a in args.operator_arg)
+    doc.setdefault("real_api", {})[key] = res
     path.write_text(json.dumps(doc, indent=1))
     write_md(args.out, doc)
     return 0
@@ -725,7 +727,9 @@ def _real_md(res: dict) -> list[str]:
     n, p, s = res["resources"], res["pods_per_resource"], res["shards"]
     runs = res["runs"]
     la = lambda x: "/".join(f"{v:.2f}" for v in x)  # noqa: E731
-    md = [f"### {n} LLMDeployments × {p} pods, {s} shard{'s' if s > 1 else ''} ({res['date']})", "",
+    args = " ".join(res.get("operator_args") or [])
+    md = [f"### {n} LLMDeployments × {p} pods, {s} shard{'s' if s > 1 else ''}"
+          + (f", `kneecap run {args}`" if args else "") + f" ({res['date']})", "",
           f"{res['repeat']} run{'s' if res['repeat'] > 1 else ''}, each on a fresh control plane; interval {res['interval_s']:g} s, "
           f"{res['intervals']} intervals measured after {res['warmup_intervals']} of warm-up. Machine: "
           f"{res['machine']['cpu_model']}, {res['machine']['nproc']} CPUs, **shared with other workers**: load "
@@ -856,6 +860,9 @@ def main(argv=None) -> int:
                     help="with --profile: trace the operator's allocations from its start (FRAMES frames each; "
                          "slows it) and write the largest sites beside the profile (<profile>.memory.txt)")
     ap.add_argument("--tick", type=float, help="the operator's --tick (default: its own default)")
+    ap.add_argument("--operator-arg", action="append", default=[], metavar="ARG",
+                    help="one more argument to every operator's `kneecap run` (repeatable), e.g. "
+                         "--operator-arg=--max-concurrent-reconciles=16")
     ap.add_argument("--dump", type=Path,
                     help="write the LLMDeployments as each run ends (JSON) to this file, .runN before the suffix")
     args = ap.parse_args(argv)

@@ -484,7 +484,7 @@ async def advise_resource(operator, body: Mapping, entries, advisor: FleetAdviso
     (also when ``stopping()`` turned True while the advice was computed: kopf stopped the timer)."""
     from kneecap.control import loop
     from kneecap.control.kube import ApiFailure
-    from kneecap.control.lifecycle import status_path
+    from kneecap.control.lifecycle import reconcile_slot, status_path
 
     advice = await advisor.advise(entries, operator.now())
     if stopping():
@@ -504,7 +504,8 @@ async def advise_resource(operator, body: Mapping, entries, advisor: FleetAdviso
     try:
         # a merge patch: the keys the new block drops are nulled
         patch = {**{k: None for k in stored if k not in block}, **block}
-        await operator.kube.patch_status(status_path(dict(body)), {"placement": patch})
+        async with reconcile_slot(operator):  # hundreds of fleet timers fire together
+            await operator.kube.patch_status(status_path(dict(body)), {"placement": patch})
     except loop.API_EXCEPTIONS as exc:
         failure = ApiFailure.of(exc)
         operator.metrics.inc(operator.metrics.api_errors, failure.verb, failure.resource, str(failure.code))

@@ -46,7 +46,7 @@ class OperatorConfig:
     tick_s: float = 10.0  # how often timers wake to check whether spec.control.interval elapsed
     scrape_timeout_s: float = 5.0
     # resources whose tick or spec pass may run at once (`kneecap run --max-concurrent-reconciles`,
-    # kneecap.control.lifecycle._slot); None: unbounded
+    # kneecap.control.lifecycle.reconcile_slot); None: unbounded
     max_concurrent_reconciles: int | None = lifecycle.MAX_CONCURRENT_RECONCILES
     now: Callable[[], float] = time.time
     scrape: loop.ScrapeFn | None = None

@@ -30,7 +30,7 @@ from kneecap.observe.histogram import HistogramCache
 from kneecap.observe.scrape import ParseCache
 
 
-MAX_CONCURRENT_RECONCILES = 4  # default reconcile slots (:func:`_slot`)
+MAX_CONCURRENT_RECONCILES = 4  # default reconcile slots (:func:`reconcile_slot`)
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ async def on_spec(operator: Operator, body: dict, lock: asyncio.Lock, reason: st
     if spec is None:
         return
     spec = fleet.effective_spec(body, spec)  # a shared GPU where spec.placement and the fleet advice say so
-    async with _slot(operator), lock:
+    async with reconcile_slot(operator), lock:
         result = await reconcile.reconcile(operator.kube, dict(body), spec, sync_cache=operator.sync_cache)
     now = operator.now()
     gen = body["metadata"].get("generation")
@@ -157,17 +157,18 @@ async def on_timer(operator: Operator, body: dict, mem: loop.LoopMemory, lock: a
         if mem.spec is None or not due():
             return None
     mem.last_tick_s = now
-    async with _slot(operator):
+    async with reconcile_slot(operator):
         return await _tick(operator, body, mem, lock, sink, stopping, fresh)
 
 
-def _slot(operator: Operator):
+def reconcile_slot(operator: Operator):
     """One of the operator's reconcile slots (``kneecap run --max-concurrent-reconciles``), held
     while a resource's tick or spec pass talks to the API. The event loop is one thread: past a
     few resources at once, a tick's plan (CPU) delays every other's replies until their requests
     time out, and each failure costs a retry and an Event; a slot makes the rest wait their turn,
-    as controller-runtime's MaxConcurrentReconciles does."""
-    return operator.reconcile_slots or contextlib.nullcontext()
+    as controller-runtime's MaxConcurrentReconciles does. The fleet timer's status write takes
+    one too."""
+    return getattr(operator, "reconcile_slots", None) or contextlib.nullcontext()
 
 
 async def _tick(operator: Operator, body: dict, mem: loop.LoopMemory, lock: asyncio.Lock, sink: Sink,
