@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -813,11 +814,27 @@ def write_md(out: Path, doc: dict) -> None:
           "--namespace scale --standalone` per shard (`--selector kneecap.io/shard=X` when sharded; the "
           "resources labelled alternately), each as a ServiceAccount of its own (bound to cluster-admin, not the "
           "chart's ClusterRole: the request counts are the same) with a TokenRequest token. CPU from /proc/PID/stat "
-          "of each process, RSS from VmRSS. The warm-up is shorter than the emulated mode's 26 intervals "
-          "(observation rings not full, so statuses are smaller than at steady state); the controller-manager and "
+          "of each process, RSS from VmRSS. The 200 × 4 runs' warm-up (12 intervals) is shorter than the emulated "
+          "mode's 26 (observation rings not full, so statuses are smaller than at steady state); the 1000 × 8 runs "
+          "warm up 26 intervals as the emulated mode does. The controller-manager and "
           "scheduler run with --kube-api-qps 300 to create the pods faster.", "",
           "The emulated section above was measured on 7 Dec (715b9cf, on another machine of this kind); each "
-          "real-API section below says its date (the first 200 × 4 one and the 1000 × 8 one: 7 Dec on 0b5c98f). "
+          "real-API section below says its date (the 200 × 4 one: 7 Dec on 03729dc; the 1000 × 8 one: 7 Dec on "
+          "7f8a139, with the reconcile slots of `kneecap run --max-concurrent-reconciles`, 4 by default). "
+          "A 1000 × 8 run of the code before the slots (7 Dec, 0b5c98f, 26 warm-up intervals, one run, not in the "
+          "table) measured 20.9 and 20.2 CPU-s per interval per shard, 175-283 status writes per interval of 1,000 "
+          "and 1,071-1,896 Event creates per interval: every resource's tick ran at once, the event loop spent "
+          "seconds in other ticks' plans between a request and its reply, and in 15 minutes each shard logged about "
+          "4,000 status writes, 1,900-2,900 reads and 630-660 other writes that timed out (15 s), each a retry and a "
+          "Warning Event. The two 200 × 4 runs of the default (4 slots) measured a median of 5.72 CPU-s per "
+          "interval (7.44, 5.19, 3.57 and 5.47, 3.47, 9.20 in their intervals) where one run with no bound in effect "
+          "(`--max-concurrent-reconciles=1000`) measured 3.74 (3.82, 3.68, 3.73), with 403 MB against 447: while the "
+          "first SLIM fits saturate the CPU (intervals 3 to 8), fewer resources tick per interval in the slots' turn, "
+          "their observation rings fill later, and the refits of a growing ring (10 to 13 of 200 resources in their "
+          "last tick, none without the bound) and the fleet advice's repacks for the changes they bring (its worker "
+          "thread 129 CPU-s against 82 by the end of the warm-up, from /proc/PID/task) run on past the 12 warm-up "
+          "intervals. One run with 8 slots measured 10.79 (a fleet repack in its first interval: 400 status writes, "
+          "158 Events). The steady state after a longer warm-up is not measured here. "
           "What the 3 Dec runs found (ab25bb5, before the fleet fixes; the 1000 × 8 section of then, 21 of 1000 "
           "resources with a decision and no status write in its measured intervals, is replaced by the 7 Dec "
           "one): the operator fell behind and stayed behind at 200 "
@@ -832,7 +849,7 @@ def write_md(out: Path, doc: dict) -> None:
           "growing. At 50 × 4 (one run, 2 warm-up intervals, not in the table) it kept up: 50-55 status writes per "
           "interval, but 22.95 and 10.82 CPU-s in its two measured intervals (77% and 36% of a core; the profile above suggests mostly the fleet timer: 2,500 spec validations a minute).", ""]
     # keys: "<resources>x<pods>x<shards>", a suffix for a rerun of the same size ("..._steady_26_warmup")
-    for key in sorted(real, key=lambda k: ([int(x) for x in k.split("_", 1)[0].split("x")], k)):
+    for key in sorted(real, key=lambda k: ([int(x) for x in re.split(r"[_ ]", k, maxsplit=1)[0].split("x")], k)):
         md += _real_md(real[key])
     path.write_text(emulated + "\n".join(md))
 
