@@ -8,7 +8,6 @@ themselves. The guards (policy.py) decide afterwards whether a recommendation is
 from __future__ import annotations
 
 import datetime as _dt
-import functools
 import math
 from dataclasses import dataclass, fields, replace
 from typing import Sequence
@@ -350,24 +349,15 @@ def gauss_limits(spec: LLMDeploymentSpec, obs: Observation, settings: EngineSett
     return gauss.EngineLimits(max_num_seqs=int(settings.max_num_seqs), kv_capacity_tokens=max(int(kv), 1))
 
 
-@functools.lru_cache(maxsize=256)
-def _coefficients(arch_key: str, gpu_key: str, params: tuple, form: str, chunk_tokens: int, tp: int):
-    """``gauss.coefficients_for`` of catalog keys and a calibration's parameters, memoised: a
-    pure function of them, asked for with the same few arguments several times a tick."""
-    from kneecap.model import gauss
-
-    return gauss.coefficients_for(get_arch(arch_key), get_gpu(gpu_key), dict(params), form=form,
-                                  chunk_tokens=chunk_tokens, tensor_parallel_size=tp)
-
-
 def _gauss_model(arch_key: str, gpu_key: str, cal: calibrate.Calibration, obs: Observation, limits, tp: int):
     """(d(B, C), the window's clamped lengths, GAUSS's workload): the calibrated SLIM mapped to
     GAUSS's step costs (GAUSS §3.3) at the engine's ``limits`` (vLLM refuses a token budget
     below the cap), and lognormal lengths at the window's means and CVs."""
     from kneecap.model import gauss
 
-    coef = _coefficients(arch_key, gpu_key, tuple(sorted(cal.params.items())), cal.form,
-                         max(gauss.DEFAULT_MAX_NUM_BATCHED_TOKENS, limits.slots), tp)
+    coef = gauss.coefficients_for(get_arch(arch_key), get_gpu(gpu_key), cal.params, form=cal.form,
+                                  chunk_tokens=max(gauss.DEFAULT_MAX_NUM_BATCHED_TOKENS, limits.slots),
+                                  tensor_parallel_size=tp)
     lengths = (max(obs.input_len_mean, 1.0), max(obs.input_len_cv, 0.05),
                max(obs.output_len_mean, 1.0), max(obs.output_len_cv, 0.05))
     wl = gauss.Workload(input_tokens=gauss.LogNormalLength(lengths[0], lengths[1]),
