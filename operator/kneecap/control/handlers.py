@@ -18,7 +18,7 @@ from typing import Callable
 import aiohttp
 import kopf
 
-from kneecap.control import fleet, lifecycle, loop
+from kneecap.control import fleet, heap, lifecycle, loop
 from kneecap.control.auth import Credentials, CredentialsError
 from kneecap.control.gauss_reuse import GaussRuns
 from kneecap.control.informer import CachedReads
@@ -228,9 +228,14 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
         # one client session for every scrape; a connection per scrape (force_close): vLLM's
         # server drops idle keep-alive connections after 5 s, an interval is longer
         memo.scrape_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, force_close=True))
+        # what the planning bursts freed goes back to the OS once per tick (kneecap.control.heap)
+        memo.heap_release = asyncio.create_task(heap.release_periodically(config.tick_s))
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(memo: kopf.Memo, **_):
+        heap_release = getattr(memo, "heap_release", None)
+        if heap_release is not None:
+            heap_release.cancel()
         reads = getattr(memo, "reads", None)
         if reads is not None:
             await reads.close()
