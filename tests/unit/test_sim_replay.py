@@ -47,6 +47,15 @@ def test_operator_moves_the_cap_down_from_256_with_one_restart(tmp_path):
     s = score(cfg, run, trace.span_s)
     assert s["restarts"] <= 1 and s["mean_memory_released_gib"] > 0
     assert s["completed"] + s["lost"] == s["requests"]
+    # the report says what each control tick sized and why: one entry a tick, the applied one with
+    # the flags it applied, GAUSS's λ* per replica and the rate it sized the one replica for
+    ticks = s["ticks"]
+    assert [t["t_s"] for t in ticks] == [15.0 * (i + 1) for i in range(len(ticks))] and len(ticks) >= 9
+    assert [t["t_s"] for t in ticks if t["decision"] == "Applied"] == [d["t_s"] for d in applied]
+    at = next(t for t in ticks if t["t_s"] == applied[0]["t_s"])
+    assert at["target"] == at["live"] == first and at["replicas_sized"] >= 1  # the spec bounds it to 1
+    assert at["sustainable_rps_per_replica"] > 0 and at["observed_rps"] > 0 and at["calibration_error_pct"] < 30.0
+    assert ticks[-1]["live"]["maxNumSeqs"] == live
 
 
 def test_replay_cli_bad_input_names_the_field(tmp_path, capsys):

@@ -98,6 +98,7 @@ class OperatorDriver:
         self.metrics = OperatorMetrics()
         self.events: list[dict] = []
         self.decisions: list[dict] = []
+        self.ticks: list[dict] = []
         self.operator = lifecycle.Operator(kube=cluster.api, metrics=self.metrics, now=cluster.now, tick_s=tick_s,
                                            scrape=self.scrape, gauss_runs=cluster.gauss_runs,
                                            histogram_cache=cluster.histogram_cache, sync_cache=cluster.sync_cache)
@@ -150,6 +151,29 @@ class OperatorDriver:
         d = status.get("lastDecision") or {}
         self.decisions.append({"t_s": round(t_s, 3), "reason": d.get("reason"), "action": d.get("action"),
                                "target": d.get("target"), "applied": d.get("reason") == "Applied"})
+        self.ticks.append(tick_summary(t_s, status))
+
+
+def tick_summary(t_s: float, status: dict) -> dict:
+    """What one control tick's status says about the pool's size and flags: its decision and the
+    target it weighed, the flags and replicas live after it, the replicas GAUSS sized (before the
+    spec's bounds) and why (λ* per replica, the measured floor and ceiling on it, the rate it
+    sized for) and the calibration's error; a field is None where the tick wrote none."""
+    alloc = status.get("allocation") or {}
+    decision = status.get("lastDecision") or {}
+    return {"t_s": round(t_s, 3), "decision": decision.get("reason"), "target": _flags(decision.get("target")),
+            "live": _flags(status.get("applied")), "replicas_sized": alloc.get("replicas"),
+            "replicas_binding": alloc.get("binding"),
+            "sustainable_rps_per_replica": alloc.get("sustainableRequestsPerSecondPerReplica"),
+            "served_rps_per_replica": alloc.get("servedRequestsPerSecondPerReplica"),
+            "missed_rps_per_replica": alloc.get("missedRequestsPerSecondPerReplica"),
+            "measured_rate_factor": alloc.get("measuredRateFactor"),
+            "observed_rps": alloc.get("observedRequestsPerSecond"),
+            "calibration_error_pct": (status.get("calibration") or {}).get("meanErrorPercent")}
+
+
+def _flags(settings: dict | None) -> dict | None:
+    return {k: settings.get(k) for k in ("maxNumSeqs", "gpuMemoryUtilization", "replicas")} if settings else None
 
 
 class VirtualCluster:

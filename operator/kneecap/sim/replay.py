@@ -26,7 +26,9 @@ Policies (all on the same arrivals, the same twin engines and the same kubelet):
 
 Scores: goodput (requests meeting both SLOs per second of trace), SLO attainment (fraction of
 requests; fraction of windows whose quantile met both SLOs), TTFT/TPOT quantiles, GPU-hours,
-good requests per GPU-hour, reserved GPU memory, restarts and the requests they cut, decisions.
+good requests per GPU-hour, reserved GPU memory, restarts and the requests they cut, decisions;
+for the operator's policies, what each control tick sized and why (``ticks``:
+:func:`kneecap.sim.cluster.tick_summary`).
 """
 
 from __future__ import annotations
@@ -199,6 +201,7 @@ class Run:
     decisions: list[dict]
     settings: dict  # the static settings, or where the dynamic policy started
     operator_events: list[dict] = field(default_factory=list)
+    ticks: list[dict] = field(default_factory=list)  # the operator's, one per control tick (tick_summary)
 
 
 def _sampler(cluster: VirtualCluster, out: list[Sample]):
@@ -277,7 +280,8 @@ def run_policy(trace: Trace, cfg: ReplayConfig, policy: str, *, static: tuple[in
         decisions, events = hpa.scales, []
     else:
         decisions, events = [], []
-    return Run(policy, rq, samples, cluster, time.process_time() - wall0, decisions, settings, events)
+    return Run(policy, rq, samples, cluster, time.process_time() - wall0, decisions, settings, events,
+               op.ticks if op is not None else [])
 
 
 # ------------------------------------------------------------------ scores
@@ -385,6 +389,7 @@ def score(cfg: ReplayConfig, run: Run, span_s: float) -> dict:
         "interrupted_by_restarts": st.interrupted_restart,
         "interrupted_by_scale_down": st.interrupted_scale_down,
         "decisions": run.decisions,
+        "ticks": run.ticks,
         "flaps": _flaps(run.decisions, run.settings, cfg.cooldown_s) if run.policy in KNEECAP else 0,
         "simulated_s": _r(cl.t_s, 3),
         "engine_steps": cl.engine_steps,
