@@ -172,6 +172,8 @@ def test_e2e_quantiles_and_prefill_packing_switch(capsys):
     (["--num-gpu-blocks-override", "0"], "num_gpu_blocks_override"),
     (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization"),
     (["--block-size", "0"], "block_size"),
+    (["--max-model-len", "0"], "max_model_len"),
+    (["--num-gpu-blocks-override", "100", "--max-model-len", "2000"], "max_model_len"),  # 1,600 KV tokens
 ])
 def test_bad_engine_limits_exit_2_naming_the_flag(capsys, argv, field):
     code, out, err = run_json(capsys, ["--rate", "1", *ENGINE, "--samples", "1000", "--sweep-points", "0", *argv])
@@ -245,3 +247,26 @@ def test_a_calibration_used_on_another_gpu_is_transferred_through_its_hardware_t
                                   chunk_tokens=there["coefficients"]["chunk_tokens"])
     assert there["coefficients"]["decode_s_per_seq"] == pytest.approx(asdict(want)["decode_s_per_seq"])
     assert there["coefficients"]["decode_s_per_seq"] > here["coefficients"]["decode_s_per_seq"]  # A100: 1/3 the FLOP/s
+
+
+def test_max_model_len_is_vllms_start_up_check(capsys):
+    """vLLM V1 refuses to start when its KV cache cannot hold one request of max_model_len: Llama-3.1-70B
+    at TP 2 on H100s at vLLM's defaults (1,024 sequences' sampler buffers, 0.9) leaves 4,992 tokens.
+    Without --max-model-len (the model's 131,072-token context) the answer says so; a --max-model-len
+    the cache holds runs without the note, one it does not is refused naming the flag."""
+    wl = ["--model", "llama-3.1-70b", "--gpu", "h100-80gb", "--tensor-parallel-size", "2", "--input-mean", "1000",
+          "--output-mean", "200", "--samples", "20000", "--sweep-points", "0"]
+    code, out, _ = run_json(capsys, ["--rate", "0.1", *wl])
+    assert code == 0 and out["limits"]["kv_capacity_tokens"] == 4992
+    assert "131072" in out["startup_note"] and "4992" in out["startup_note"]
+    code, out, _ = run_json(capsys, ["--rate", "0.5", *wl])  # past the cache's stability limit: the note too
+    assert code == 1 and out["feasible"] is False and "would not start" in out["startup_note"]
+    code, out, _ = run_json(capsys, ["--rate", "0.1", *wl, "--max-model-len", "4096"])
+    assert code == 0 and out["startup_note"] is None
+    code, out, err = run_json(capsys, ["--rate", "0.1", *wl, "--max-model-len", "8192"])
+    (line,) = err.splitlines()
+    assert code == 2 and out is None and json.loads(line)["field"] == "max_model_len" and "4992" in line
+    code, out, err = run_json(capsys, ["--rate", "1", "--model", "llama-3.1-8b", "--gpu", "h100-80gb",
+                                       "--input-mean", "100", "--output-mean", "10", "--max-model-len", "200000"])
+    (line,) = err.splitlines()
+    assert code == 2 and json.loads(line)["field"] == "max_model_len" and "131072" in line

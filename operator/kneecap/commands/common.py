@@ -96,6 +96,9 @@ def add_engine_limits(group) -> None:
     memory.add_argument("--kv-cache-memory-bytes", type=human_int, help="KV cache size (e.g. 20G; needs --model)")
     group.add_argument("--num-gpu-blocks-override", type=int, help="KV cache in blocks (overrides the memory flags)")
     group.add_argument("--block-size", type=int, default=16)
+    group.add_argument("--max-model-len", type=human_int,
+                       help="longest request, prompt + output, vLLM serves (default: the model's context); vLLM "
+                            "refuses to start when its KV cache cannot hold one such request")
     group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                        help="cached prefix tokens (--cached-tokens) cost no prefill (vLLM V1's default: on)")
 
@@ -109,20 +112,25 @@ def engine_limits(args, arch=None, gpu=None, tensor_parallel_size: int = 1):
     from kneecap.model import gauss
 
     for name in ("max_num_seqs", "max_num_active_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes",
-                 "num_gpu_blocks_override", "block_size"):
+                 "num_gpu_blocks_override", "block_size", "max_model_len"):
         v = getattr(args, name)
         if v is not None and v < 1:
             raise InputError(name, f"expected a positive integer, got {v}")
     u = args.gpu_memory_utilization
     if not (math.isfinite(u) and 0 < u <= 1):
         raise InputError("gpu_memory_utilization", f"expected a fraction in (0, 1], got {u}")
+    if arch is not None and args.max_model_len is not None and args.max_model_len > arch.max_position:
+        raise InputError("max_model_len", f"expected at most {arch.max_position} (the context of {arch.key}), "
+                                          f"got {args.max_model_len}")
     if arch is not None and gpu is not None:
-        return gauss.engine_limits_for(
+        limits, budget = gauss.engine_limits_for(
             arch, gpu, max_num_seqs=args.max_num_seqs, max_num_active_seqs=args.max_num_active_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, gpu_memory_utilization=u,
             kv_cache_memory_bytes=args.kv_cache_memory_bytes, num_gpu_blocks_override=args.num_gpu_blocks_override,
             block_size=args.block_size, enable_prefix_caching=args.enable_prefix_caching,
             tensor_parallel_size=tensor_parallel_size)
+        _check_starts(args.max_model_len, limits.kv_capacity_tokens)
+        return limits, budget
     if args.kv_cache_memory_bytes is not None:
         raise InputError("kv_cache_memory_bytes", "--kv-cache-memory-bytes needs --model and --gpu (KV bytes per "
                                                   "token); or give --num-gpu-blocks-override")
@@ -130,7 +138,32 @@ def engine_limits(args, arch=None, gpu=None, tensor_parallel_size: int = 1):
     limits = gauss.EngineLimits(args.max_num_seqs or gauss.DEFAULT_MAX_NUM_SEQS, args.max_num_active_seqs,
                                 None if blocks is None else blocks * args.block_size, args.block_size,
                                 args.enable_prefix_caching)
+    _check_starts(args.max_model_len, limits.kv_capacity_tokens)
     return limits, args.max_num_batched_tokens or gauss.DEFAULT_MAX_NUM_BATCHED_TOKENS
+
+
+def _check_starts(max_model_len: int | None, kv_tokens: int | None) -> None:
+    """vLLM V1's start-up check (``check_enough_kv_cache_memory``): the KV cache must hold one
+    request of ``max_model_len`` tokens, or the engine refuses to start."""
+    from kneecap.errors import InputError
+
+    if max_model_len is not None and kv_tokens is not None and kv_tokens < max_model_len:
+        raise InputError("max_model_len", f"vLLM would not start: its KV cache holds {kv_tokens} tokens, fewer than "
+                                          f"one request of max_model_len {max_model_len}; lower --max-model-len to at "
+                                          f"most {kv_tokens} or give the cache more memory (--gpu-memory-utilization, "
+                                          "--kv-cache-memory-bytes)")
+
+
+def startup_note(args, arch, limits) -> str | None:
+    """Where --max-model-len is not given, vLLM serves the model's context: a note when the KV
+    cache cannot hold one request of it (vLLM would refuse to start; the numbers are for a
+    --max-model-len the cache holds)."""
+    if args.max_model_len is not None or arch is None or limits.kv_capacity_tokens is None \
+            or limits.kv_capacity_tokens >= arch.max_position:
+        return None
+    return (f"vLLM at its default max_model_len ({arch.max_position}, the context of {arch.key}) would not start: "
+            f"the KV cache holds {limits.kv_capacity_tokens} tokens; these numbers are for --max-model-len "
+            f"{limits.kv_capacity_tokens} or less")
 
 
 def add_tensor_parallel(parser, default: int | None = 1, default_text: str = "", short: bool = False) -> None:

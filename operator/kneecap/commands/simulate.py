@@ -122,7 +122,8 @@ def _coefficients(args):
         coef = gauss.coefficients_for(arch, gpu, params, form=form, chunk_tokens=budget, tensor_parallel_size=tp)
         if tp > 1:
             source += f", tensor parallel {tp} over {gpu.interconnect}"
-        return replace(coef, **explicit, prefill_packing=args.prefill_packing), source, limits, budget
+        return (replace(coef, **explicit, prefill_packing=args.prefill_packing), source, limits, budget,
+                common.startup_note(args, arch, limits))
     if not explicit:
         raise InputError("model", "engine mode needs --model/--gpu (optionally --calibration CALIB.json) or explicit "
                          "coefficients (--prefill-s-per-token, --decode-step-s, …); or use --service-mean for a raw queue")
@@ -132,7 +133,7 @@ def _coefficients(args):
     limits, budget = common.engine_limits(args)
     coef = gauss.ServiceCoefficients(**{"prefill_s_per_token": 0.0, **explicit}, chunk_tokens=budget,
                                      prefill_packing=args.prefill_packing)
-    return coef, "explicit coefficients", limits, budget
+    return coef, "explicit coefficients", limits, budget, None
 
 
 def _histogram(field: str, text: str) -> gauss.HistogramLength:
@@ -265,7 +266,7 @@ def _plot(path: str, r: gauss.GaussResult, slo_ttft, slo_tbt) -> None:
 def run(args) -> int:
     _check(args)
     rng = np.random.default_rng(args.seed)
-    coef, source, budget = None, "raw queue", None
+    coef, source, budget, note = None, "raw queue", None, None
     try:
         if args.service_mean is not None:
             mode = "queue"
@@ -276,7 +277,7 @@ def run(args) -> int:
                 slo_s=args.slo_ttft_s, quantile=args.quantile, sweep_points=args.sweep_points)
         else:
             mode = "engine"
-            coef, source, limits, budget = _coefficients(args)
+            coef, source, limits, budget, note = _coefficients(args)
             workload = gauss.Workload(
                 _length("input", args.input_mean, args.input_cv, args.input_histogram),
                 _length("output", args.output_mean, args.output_cv, args.output_histogram),
@@ -287,15 +288,16 @@ def run(args) -> int:
                 slo_tbt_s=args.slo_tpot_s, quantile=args.quantile, sweep_points=args.sweep_points, limits=limits)
     except gauss.Infeasible as exc:
         if args.json:
-            print(json.dumps({"feasible": False, "infeasible": str(exc), "stage": exc.stage, **exc.details}))
+            print(json.dumps({"feasible": False, "infeasible": str(exc), "stage": exc.stage, **exc.details,
+                              "startup_note": note}))
         else:
-            print(str(exc))
+            print(str(exc) + (f"\nnote: {note}" if note else ""))
         return 1
     if args.plot:
         _plot(args.plot, result, args.slo_ttft_s, args.slo_tpot_s)
     if args.json:
         print(json.dumps({**_to_json(result, mode, args.seed, coef, budget), "service_model": source,
-                          "tensor_parallel_size": args.tensor_parallel_size}))
+                          "tensor_parallel_size": args.tensor_parallel_size, "startup_note": note}))
         return 0
     rows = [("TTFT" if mode == "engine" else "sojourn", result.ttft), ("TBT", result.tbt), ("wait", result.wait),
             ("limits", result.admission_wait)]
@@ -325,5 +327,7 @@ def run(args) -> int:
               f"{result.preempted_fraction:.3g} of requests ({result.preemptions_per_request:.3g} preemptions per "
               f"request), +{result.preemption_mean_s:.3g} s each")
     print(f"service model      {source}")
+    if note:
+        print(f"note               {note}")
     print(f"samples            {result.samples} in {result.replications} replications, seed {args.seed}")
     return 0
