@@ -152,7 +152,7 @@ def main() -> None:
     args = ap.parse_args()
     raw = read_trace(TRACE)
     name70, _, cfg70 = LARGE_MODEL
-    cases = [drift(f"azure-conv ×5, Llama-3.1-8B on H100 (trace_replay.py)", compress(raw, 5), CONFIG, 3, args.windows),
+    cases = [drift("azure-conv ×5, Llama-3.1-8B on H100 (trace_replay.py)", compress(raw, 5), CONFIG, 3, args.windows),
              drift(f"{name70} ×1 (trace_suite.py)", raw, cfg70, 4, args.windows)]
     res = {"trace": TRACE.name, "cases": cases,
            "machine": {"nproc": os.cpu_count(), "python": platform.python_version(), "platform": platform.machine(),

@@ -112,16 +112,14 @@ def engine_limits(args, arch=None, gpu=None, tensor_parallel_size: int = 1):
     from kneecap.model import gauss
 
     for name in ("max_num_seqs", "max_num_active_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes",
-                 "num_gpu_blocks_override", "block_size", "max_model_len"):
+                 "num_gpu_blocks_override", "block_size"):
         v = getattr(args, name)
         if v is not None and v < 1:
             raise InputError(name, f"expected a positive integer, got {v}")
     u = args.gpu_memory_utilization
     if not (math.isfinite(u) and 0 < u <= 1):
         raise InputError("gpu_memory_utilization", f"expected a fraction in (0, 1], got {u}")
-    if arch is not None and args.max_model_len is not None and args.max_model_len > arch.max_position:
-        raise InputError("max_model_len", f"expected at most {arch.max_position} (the context of {arch.key}), "
-                                          f"got {args.max_model_len}")
+    check_max_model_len(args.max_model_len, arch)
     if arch is not None and gpu is not None:
         limits, budget = gauss.engine_limits_for(
             arch, gpu, max_num_seqs=args.max_num_seqs, max_num_active_seqs=args.max_num_active_seqs,
@@ -140,6 +138,18 @@ def engine_limits(args, arch=None, gpu=None, tensor_parallel_size: int = 1):
                                 args.enable_prefix_caching)
     _check_starts(args.max_model_len, limits.kv_capacity_tokens)
     return limits, args.max_num_batched_tokens or gauss.DEFAULT_MAX_NUM_BATCHED_TOKENS
+
+
+def check_max_model_len(max_model_len: int | None, arch=None, field: str = "max_model_len") -> None:
+    """--max-model-len (None: the model's context) is a positive count within ``arch``'s context."""
+    from kneecap.errors import InputError
+
+    if max_model_len is None:
+        return
+    if arch is None and max_model_len < 1:
+        raise InputError(field, f"expected a positive integer, got {max_model_len}")
+    if arch is not None and not 0 < max_model_len <= arch.max_position:
+        raise InputError(field, f"expected 1 to {arch.max_position} (the context of {arch.key}), got {max_model_len}")
 
 
 def _check_starts(max_model_len: int | None, kv_tokens: int | None) -> None:

@@ -35,9 +35,7 @@ def run(args) -> int:
     tp = common.tensor_parallel(args, arch)
     if args.max_num_batched_tokens is not None and args.max_num_batched_tokens <= 0:
         raise InputError("--max-num-batched-tokens", f"expected a positive integer, got {args.max_num_batched_tokens}")
-    if args.max_model_len is not None and not 0 < args.max_model_len <= arch.max_position:
-        raise InputError("--max-model-len", f"expected 1 to {arch.max_position} (the context of {arch.key}), "
-                                            f"got {args.max_model_len}")
+    common.check_max_model_len(args.max_model_len, arch, "--max-model-len")
     max_model_len = args.max_model_len or arch.max_position
     budget = args.max_num_batched_tokens or default_max_num_batched_tokens(max_model_len)
     if args.kv_tokens is not None:
