@@ -67,9 +67,10 @@ def test_one_replica_acts_and_the_other_takes_over_when_it_stops(control_plane: 
         last_keepalive = unix(plane.wait_for(lambda: (lambda s: s if s != seen else None)(
             peers(admin)["peer-a"]["lastseen"]), PEERING_LIFETIME_S, "the leader's next keep-alive"))
         stopped_at = time.time()
-        leader.stop()  # SIGTERM: kopf says goodbye (its entry removed) and exits
+        leader.stop()  # SIGTERM: its handlers under way finish, then kopf says goodbye (entry removed), exits
         exited_at = time.time()
         assert leader.process.returncode == 0, leader.tail()
+        assert "handler(s) under way finish before this replica leaves its peers" in leader.log.read_text(), leader.tail()
         gone = plane.wait_for(lambda: "peer-a" not in peers(admin) and peers(admin), 10, "the leader's goodbye")
         try:
             taken = plane.wait_for(lambda: work(cred_b), RESUME_SLACK_S + 10, "the follower's first write")
@@ -94,7 +95,9 @@ def test_one_replica_acts_and_the_other_takes_over_when_it_stops(control_plane: 
         ("create", "deployments"), ("create", "services"), ("patch", "llmdeployments")}
     assert [e for e in writes_b if audit_time(e) < stopped_at] == []
     # never both at once: the leader's last write before the follower's first, none after its exit
-    assert max(audit_time(e) for e in writes_a) <= took_over_at
+    late = [(e["verb"], e["objectRef"]["resource"], e["objectRef"].get("name"), round(audit_time(e) - stopped_at, 2))
+            for e in writes_a if audit_time(e) > took_over_at]
+    assert late == [], f"the leader wrote after the follower's first write (s after SIGTERM): {late}"
     assert [e for e in writes_a if audit_time(e) > exited_at] == []
     # on the goodbye, not on the expiry of the leader's last keep-alive
     assert took_over_at - stopped_at < RESUME_SLACK_S < last_keepalive + PEERING_LIFETIME_S - stopped_at

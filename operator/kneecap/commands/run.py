@@ -108,6 +108,7 @@ def run(args) -> int:
     _check(args)
     import kopf
 
+    from kneecap.control.drain import Drain
     from kneecap.control.handlers import OperatorConfig, build_registry, operator_settings
     from kneecap.control.metrics import OperatorMetrics
 
@@ -136,8 +137,9 @@ def run(args) -> int:
         logging.getLogger("kneecap.fleet").info(
             "fleet advice packs onto %s (advice only: spec.accelerator.gpu is never changed)",
             ", ".join(f"{o.gpu.key}={o.count}@{o.cost_per_hour:g}" for o in inventory))
+    drain = Drain()
     registry = build_registry(OperatorConfig(metrics=metrics, tick_s=args.tick, peering_priority=args.priority,
-                                             selector=selector, fleet_s=args.fleet_interval,
+                                             selector=selector, fleet_s=args.fleet_interval, drain=drain,
                                              fleet_inventory=inventory, **fleet_bounds(args),
                                              **({} if args.max_concurrent_reconciles is None
                                                 else {"max_concurrent_reconciles": args.max_concurrent_reconciles})))
@@ -154,8 +156,20 @@ def run(args) -> int:
         kwargs["clusterwide"] = True
     kwargs["settings"] = operator_settings(kwargs["namespaces"], clusterwide=kwargs["clusterwide"])
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(kopf.operator(**kwargs))
+        runner.run(_operate(kwargs, drain))
     return 0
+
+
+async def _operate(kwargs: dict, drain) -> None:
+    """kopf.operator, its SIGTERM/SIGINT handlers replaced by the drain's: the handlers under
+    way finish before kopf's stop removes this replica from its peers (kneecap.control.drain)."""
+    import kopf
+
+    existing = asyncio.all_tasks()
+    stop = asyncio.Event()
+    tasks = await kopf.spawn_tasks(stop_flag=stop, **kwargs)
+    drain.install(stop)
+    await kopf.run_tasks(tasks, ignored=existing)
 
 
 def _quiet_timer_successes(record: logging.LogRecord) -> bool:

@@ -20,6 +20,7 @@ import kopf
 
 from kneecap.control import fleet, heap, lifecycle, loop
 from kneecap.control.auth import Credentials, CredentialsError
+from kneecap.control.drain import Drain
 from kneecap.control.gauss_reuse import GaussRuns
 from kneecap.control.informer import CachedReads
 from kneecap.control.kube import KubeClient
@@ -68,6 +69,9 @@ class OperatorConfig:
     # a label-selector shard (`kneecap run --selector`): the handlers see only the LLMDeployments
     # it matches (kneecap.control.shard); None: all of them
     selector: LabelSelector | None = None
+    # the graceful stop (`kneecap run` installs it on SIGTERM/SIGINT): handlers run inside its
+    # work(), and the timers start no tick once it began (kneecap.control.drain)
+    drain: Drain = field(default_factory=Drain)
 
 
 def oldest_first_priority(now_s: float | None = None) -> int:
@@ -253,14 +257,17 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
     @kopf.on.update(*RESOURCE, field="spec", id="reconcile", registry=registry, **shard)
     async def reconcile(body, patch, memo, logger, reason, **_):
         release_other_finalizers(finalizer(config.selector), body, patch)  # a split or merge of shards
-        await lifecycle.on_spec(_operator(config, memo), body, reconcile_lock(memo), reason,
-                                _sink(body, patch, logger))
+        async with config.drain.work():
+            await lifecycle.on_spec(_operator(config, memo), body, reconcile_lock(memo), reason,
+                                    _sink(body, patch, logger))
 
     @kopf.timer(*RESOURCE, interval=config.tick_s, initial_delay=config.tick_s, id="control", registry=registry,
                 **shard)
     async def control(body, patch, memo, logger, stopped: kopf.DaemonStopped, **_):
-        await lifecycle.on_timer(_operator(config, memo), body, memo.setdefault("loop", loop.LoopMemory()),
-                                 reconcile_lock(memo), _sink(body, patch, logger), stopping=stopped.is_set)
+        async with config.drain.work():
+            await lifecycle.on_timer(_operator(config, memo), body, memo.setdefault("loop", loop.LoopMemory()),
+                                     reconcile_lock(memo), _sink(body, patch, logger),
+                                     stopping=lambda: stopped.is_set() or config.drain.draining)
 
     # every LLMDeployment of this shard: its spec and the status the fleet advice reads, kept by the
     # watch (a shard packs its own fleet)
@@ -271,13 +278,15 @@ def build_registry(config: OperatorConfig | None = None) -> kopf.OperatorRegistr
     @kopf.timer(*RESOURCE, interval=config.fleet_s, initial_delay=config.fleet_s, id="fleet", registry=registry,
                 **shard)
     async def fleet_advice(body, memo, logger, llmdeployments: kopf.Index, stopped: kopf.DaemonStopped, **_):
-        await fleet.advise_resource(_operator(config, memo), body, (e for store in llmdeployments.values()
-                                                                    for e in store),
-                                    memo.fleet_advisor, memo.setdefault("fleet", {}), _sink(body, {}, logger),
-                                    stopping=stopped.is_set)
+        async with config.drain.work():
+            await fleet.advise_resource(_operator(config, memo), body, (e for store in llmdeployments.values()
+                                                                        for e in store),
+                                        memo.fleet_advisor, memo.setdefault("fleet", {}), _sink(body, {}, logger),
+                                        stopping=lambda: stopped.is_set() or config.drain.draining)
 
     @kopf.on.delete(*RESOURCE, id="delete", registry=registry, **shard)
     async def delete(body, memo, logger, **_):
-        await lifecycle.on_delete(_operator(config, memo), body, logger)
+        async with config.drain.work():
+            await lifecycle.on_delete(_operator(config, memo), body, logger)
 
     return registry

@@ -137,7 +137,10 @@ async def on_timer(operator: Operator, body: dict, mem: loop.LoopMemory, lock: a
     written straight to the status subresource. The spec is parsed once per generation; an
     invalid one goes to ``sink.status`` once and no tick runs until the spec changes. Returns
     the status the tick wrote, None when none ran. ``stopping``: True once kopf has stopped the
-    timer (the operator exits, or pauses for a peer): a tick under way then writes nothing."""
+    timer (the operator exits, or pauses for a peer): no tick starts, and one under way writes
+    nothing more once it has gathered."""
+    if stopping():
+        return None
     now = operator.now()
     gen = body["metadata"].get("generation")
     gen = gen if gen is not None else repr(body.get("spec"))  # an API server without generations
@@ -158,6 +161,8 @@ async def on_timer(operator: Operator, body: dict, mem: loop.LoopMemory, lock: a
             return None
     mem.last_tick_s = now
     async with reconcile_slot(operator):
+        if stopping():  # began while the tick waited for its slot
+            return None
         return await _tick(operator, body, mem, lock, sink, stopping, fresh)
 
 
