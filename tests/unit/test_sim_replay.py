@@ -10,7 +10,7 @@ from kneecap import cli
 from kneecap.control import manifests, vllm_args
 from kneecap.control.kube import deployments_path
 from kneecap.control.spec import parse_spec
-from kneecap.sim.cluster import llmd_path
+from kneecap.sim.cluster import llmd_path, tick_summary
 from kneecap.sim.replay import NAME, ReplayConfig, run_policy, score
 from kneecap.sim.trace import read_trace
 from tests.support.replay_traces import replay_json, write_trace
@@ -56,6 +56,21 @@ def test_operator_moves_the_cap_down_from_256_with_one_restart(tmp_path):
     assert at["target"] == at["live"] == first and at["replicas_sized"] >= 1  # the spec bounds it to 1
     assert at["sustainable_rps_per_replica"] > 0 and at["observed_rps"] > 0 and at["calibration_error_pct"] < 30.0
     assert ticks[-1]["live"]["maxNumSeqs"] == live
+    # the stabilisation never sizes a pool below the highest count its history keeps
+    sized = [t for t in ticks if t["replicas_sized"] is not None]
+    assert sized and all(t["scale_down_floor"] >= t["replicas_sized"] for t in sized)
+
+
+def test_a_tick_says_the_fewest_replicas_its_scale_down_history_allows():
+    """The highest count kept in status.scaleDownRecommendations, a scale-up kept for the cooldown
+    included: what holds a pool larger than its rate needs (None: no history)."""
+    history = [{"recommendedUnixSeconds": 100.0, "replicas": 4}, {"recommendedUnixSeconds": 115.0, "replicas": 3},
+               {"recommendedUnixSeconds": 90.0, "replicas": 5, "scaleUp": True}]
+    assert tick_summary(120.0, {"scaleDownRecommendations": history})["scale_down_floor"] == 5
+    assert tick_summary(120.0, {"scaleDownRecommendations": history[:2]})["scale_down_floor"] == 4
+    assert tick_summary(120.0, {"scaleDownRecommendations": [None, {"replicas": "x"}, {"replicas": True}]}
+                        )["scale_down_floor"] is None
+    assert tick_summary(120.0, {})["scale_down_floor"] is None
 
 
 def test_replay_cli_bad_input_names_the_field(tmp_path, capsys):

@@ -158,18 +158,27 @@ def tick_summary(t_s: float, status: dict) -> dict:
     """What one control tick's status says about the pool's size and flags: its decision and the
     target it weighed, the flags and replicas live after it, the replicas GAUSS sized (before the
     spec's bounds) and why (λ* per replica, the measured floor and ceiling on it, the rate it
-    sized for) and the calibration's error; a field is None where the tick wrote none."""
+    sized for), the fewest replicas the scale-down stabilisation lets the pool shrink to, and the
+    calibration's error; a field is None where the tick wrote none."""
     alloc = status.get("allocation") or {}
     decision = status.get("lastDecision") or {}
     return {"t_s": round(t_s, 3), "decision": decision.get("reason"), "target": _flags(decision.get("target")),
             "live": _flags(status.get("applied")), "replicas_sized": alloc.get("replicas"),
             "replicas_binding": alloc.get("binding"),
+            "scale_down_floor": _scale_down_floor(status.get("scaleDownRecommendations")),
             "sustainable_rps_per_replica": alloc.get("sustainableRequestsPerSecondPerReplica"),
             "served_rps_per_replica": alloc.get("servedRequestsPerSecondPerReplica"),
             "missed_rps_per_replica": alloc.get("missedRequestsPerSecondPerReplica"),
             "measured_rate_factor": alloc.get("measuredRateFactor"),
             "observed_rps": alloc.get("observedRequestsPerSecond"),
             "calibration_error_pct": (status.get("calibration") or {}).get("meanErrorPercent")}
+
+
+def _scale_down_floor(history) -> int | None:
+    """The highest recommendation kept in status.scaleDownRecommendations (a scale-up's included,
+    kept for the cooldown): a pool shrinks to no fewer (replica_stabilisation.stabilised_replicas)."""
+    counts = [e.get("replicas") for e in history or [] if isinstance(e, dict)]
+    return max((int(n) for n in counts if isinstance(n, (int, float)) and not isinstance(n, bool)), default=None)
 
 
 def _flags(settings: dict | None) -> dict | None:
