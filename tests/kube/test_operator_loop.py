@@ -148,7 +148,9 @@ def test_enforce_patches_within_step_limit_and_respects_cooldown(control_plane, 
             # the Deployment controller replaces the pod; its twin runs the new cap
             wait_for(lambda: pods.sync() and 16 in pods.caps.values(), timeout_s=120, what="the restarted pod")
             # keep ticking (interval 5 s) well inside the 600 s cooldown
-            wait_for(lambda: events(admin, NS, "Cooldown", "enf"), timeout_s=90, what="a Cooldown decision")
+            wait_for(lambda: events(admin, NS, "Cooldown", "enf"), timeout_s=90, what="a Cooldown decision",
+                     explain=lambda: (status(admin, NS, "enf").get("lastDecision"), pods.caps,
+                                      [(e.get("reason"), e.get("message", "")[:160]) for e in events(admin, NS, None, "enf")]))
             sim.wait(10.0)
             st = status(admin, NS, "enf")
     finally:
