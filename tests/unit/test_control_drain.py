@@ -13,6 +13,17 @@ import pytest
 from kneecap.control.drain import Drain
 
 
+async def held_open(drain: Drain, release: asyncio.Event) -> asyncio.Task:
+    """A handler inside the drain's work() until ``release`` is set (started and inside on return)."""
+    async def handler():
+        async with drain.work():
+            await release.wait()
+
+    task = asyncio.create_task(handler())
+    await asyncio.sleep(0)
+    return task
+
+
 def test_the_stop_waits_for_the_handlers_under_way_and_new_work_sees_the_drain():
     async def scenario():
         drain, stop = Drain(timeout_s=30), asyncio.Event()
@@ -49,13 +60,7 @@ def test_nothing_under_way_stops_at_once_and_a_second_signal_does_not_wait():
 
         drain, stop = Drain(timeout_s=30), asyncio.Event()
         hold = asyncio.Event()
-
-        async def stuck():
-            async with drain.work():
-                await hold.wait()
-
-        task = asyncio.create_task(stuck())
-        await asyncio.sleep(0)
+        task = await held_open(drain, hold)
         drain.begin(stop)
         await asyncio.sleep(0.05)
         first = stop.is_set()
@@ -71,14 +76,7 @@ def test_nothing_under_way_stops_at_once_and_a_second_signal_does_not_wait():
 def test_a_handler_that_never_finishes_delays_the_stop_by_the_timeout_only(caplog):
     async def scenario():
         drain, stop = Drain(timeout_s=0.2), asyncio.Event()
-        forever = asyncio.Event()
-
-        async def hung():
-            async with drain.work():
-                await forever.wait()
-
-        task = asyncio.create_task(hung())
-        await asyncio.sleep(0)
+        task = await held_open(drain, asyncio.Event())  # never released
         loop = asyncio.get_running_loop()
         began = loop.time()
         drain.begin(stop)

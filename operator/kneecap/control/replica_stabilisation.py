@@ -13,6 +13,22 @@ import numpy as np
 from kneecap.control.spec import LLMDeploymentSpec
 
 
+def read_recommendations(history) -> list[tuple[float, int, bool]]:
+    """``status.scaleDownRecommendations`` as (unix seconds, replicas, scale-up) tuples: the
+    ``{"recommendedUnixSeconds", "replicas", "scaleUp"?}`` entries (and the positional
+    ``[unixSeconds, replicas, 1?]`` of earlier versions); unreadable entries are dropped."""
+    out = []
+    for e in history or []:
+        try:
+            if isinstance(e, dict):
+                out.append((float(e["recommendedUnixSeconds"]), int(e["replicas"]), bool(e.get("scaleUp", False))))
+            else:
+                out.append((float(e[0]), int(e[1]), len(e) > 2 and bool(e[2])))
+        except (TypeError, ValueError, IndexError, KeyError):
+            continue
+    return out
+
+
 def stabilised_replicas(want: int, want_down: int, history, current: int, now_s: float, window_s: float,
                         cooldown_s: float, min_recommendations: int = 1) -> tuple[int, list]:
     """(replicas, the history to keep in ``status.scaleDownRecommendations``).
@@ -25,17 +41,8 @@ def stabilised_replicas(want: int, want_down: int, history, current: int, now_s:
     ``history``: ``[{"recommendedUnixSeconds", "replicas", "scaleUp"?}, ...]`` (the positional
     ``[unixSeconds, replicas, 1?]`` of earlier versions read too); unreadable entries are
     dropped."""
-    kept: list[tuple[float, int, bool]] = []
-    for e in history or []:
-        try:
-            if isinstance(e, dict):
-                t_s, n, up = float(e["recommendedUnixSeconds"]), int(e["replicas"]), bool(e.get("scaleUp", False))
-            else:
-                t_s, n, up = float(e[0]), int(e[1]), len(e) > 2 and bool(e[2])
-        except (TypeError, ValueError, IndexError, KeyError):
-            continue
-        if 0.0 <= now_s - t_s < (cooldown_s if up else window_s):
-            kept.append((t_s, n, up))
+    kept = [(t_s, n, up) for t_s, n, up in read_recommendations(history)
+            if 0.0 <= now_s - t_s < (cooldown_s if up else window_s)]
 
     def as_status(entries):
         return [{"recommendedUnixSeconds": t_s, "replicas": n, **({"scaleUp": True} if up else {})}

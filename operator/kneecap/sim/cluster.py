@@ -37,6 +37,7 @@ from kneecap.control.gauss_reuse import GaussRuns
 from kneecap.control.kube import resource_path
 from kneecap.control.metrics import OperatorMetrics
 from kneecap.control.reconcile import InSyncCache
+from kneecap.control.replica_stabilisation import read_recommendations
 from kneecap.control.spec import GROUP, PLURAL, VERSION
 from kneecap.emulation.controllers import DeploymentController, ReplicaSetController
 from kneecap.emulation.store import Store
@@ -177,8 +178,7 @@ def tick_summary(t_s: float, status: dict) -> dict:
 def _scale_down_floor(history) -> int | None:
     """The highest recommendation kept in status.scaleDownRecommendations (a scale-up's included,
     kept for the cooldown): a pool shrinks to no fewer (replica_stabilisation.stabilised_replicas)."""
-    counts = [e.get("replicas") for e in history or [] if isinstance(e, dict)]
-    return max((int(n) for n in counts if isinstance(n, (int, float)) and not isinstance(n, bool)), default=None)
+    return max((n for _, n, _ in read_recommendations(history)), default=None)
 
 
 def _flags(settings: dict | None) -> dict | None:
